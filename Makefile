@@ -1,0 +1,46 @@
+# fedent: two commands for a newcomer: `make run` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG ?= configs/demo.yaml
+PROTO_SRC := $(wildcard proto/fedentrpc/v1/*.proto)
+
+.PHONY: setup run test lint proto proto-check simulate cluster bench reproduce clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The main job: always the most complete thing that exists (the local cluster on the demo config).
+run: $(STAMP)
+	$(BIN)/fedent cluster up --config $(CONFIG) --workers 2 --exit-when-done
+
+simulate: $(STAMP)
+	$(BIN)/fedent simulate --config $(CONFIG)
+
+lint: $(STAMP)
+	$(BIN)/ruff check fedent server client estimator tests benchmarks
+	$(BIN)/mypy
+
+test: $(STAMP) lint proto-check
+	$(BIN)/pytest -q
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. $(PROTO_SRC)
+
+proto-check: $(STAMP)
+	$(BIN)/python tools/check_proto.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+reproduce: $(STAMP)
+	$(BIN)/fedent reproduce --out results/reproduce
+
+clean:
+	rm -rf runs results .pytest_cache .mypy_cache .ruff_cache
