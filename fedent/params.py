@@ -1,0 +1,62 @@
+"""Operations on model state held as an ordered list of tensors (one per parameter).
+
+Every model in fedent has parameters only (no buffers: see docs/architecture.md), so a model's state
+*is* ``list(model.parameters())`` in order. Strategies, the simulator and the wire codec all use this
+representation; nothing copies state dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+Params = list[Tensor]
+
+
+def clone(params: Sequence[Tensor]) -> Params:
+    """Detached copies, so later in-place training does not alias the result."""
+    return [p.detach().clone() for p in params]
+
+
+def zeros_like(params: Sequence[Tensor]) -> Params:
+    return [torch.zeros_like(p) for p in params]
+
+
+def copy_into(dst: Sequence[Tensor], src: Sequence[Tensor]) -> None:
+    """In-place copy (no allocation): how a global model is loaded into the reused model object."""
+    with torch.no_grad():
+        torch._foreach_copy_(list(dst), list(src))
+
+
+def dot(x: Sequence[Tensor], y: Sequence[Tensor]) -> float:
+    """<x, y> over all tensors as one vector, accumulated in float64."""
+    return float(sum(torch.sum(a.double() * b.double()) for a, b in zip(x, y, strict=True)))
+
+
+def norm_sq(x: Sequence[Tensor]) -> float:
+    """||x||^2 over all tensors as one vector, accumulated in float64."""
+    return float(sum(torch.sum(a.double() * a.double()) for a in x))
+
+
+def sub(x: Sequence[Tensor], y: Sequence[Tensor]) -> Params:
+    return list(torch._foreach_sub(list(x), list(y)))
+
+
+def weighted_sum(tensor_lists: Sequence[Sequence[Tensor]], weights: Sequence[float]) -> Params:
+    """Σ_k weights[k] * tensor_lists[k], in the given order (deterministic for identical inputs)."""
+    if len(tensor_lists) != len(weights) or not tensor_lists:
+        raise ValueError("weighted_sum needs one weight per tensor list and at least one list")
+    out = [torch.zeros_like(p) for p in tensor_lists[0]]
+    for tl, w in zip(tensor_lists, weights, strict=True):
+        torch._foreach_add_(out, list(tl), alpha=float(w))
+    return out
+
+
+def num_elements(params: Sequence[Tensor]) -> int:
+    return sum(p.numel() for p in params)
+
+
+def all_finite(params: Sequence[Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params)

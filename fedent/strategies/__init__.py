@@ -1,0 +1,1 @@
+"""One strategy interface (base.py) and one file per algorithm."""

@@ -1,0 +1,157 @@
+"""The one strategy interface that the simulator and the distributed aggregator both drive.
+
+A round has up to three steps, each a method here:
+
+1. optional probe (client side, ``needs_probe``): each participant reports scalars computed at w(t),
+   e.g. FedEnt's (a_i, b_i, D_i) from one random batch;
+2. ``round_payload`` (server side): what the round's clients receive besides w(t) — e.g. FedEnt's
+   φ2(t+1) from the estimator, SCAFFOLD's server control variate;
+3. ``fit`` (client side) then ``aggregate`` (server side).
+
+Client state (FedDyn h_k, SCAFFOLD c_i, FedEnt η_i(t-1)) lives in ``ClientState`` objects that the
+caller stores per client and passes back in; strategies keep no per-client dicts of their own, so a
+worker process can persist and restore them. Server state is exposed by ``server_state`` /
+``load_server_state`` for checkpoints.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from fedent.params import Params, weighted_sum
+from fedent.trainer import LocalTrainer
+
+
+class StrategyError(ValueError):
+    """A domain error raised by a strategy (bad update, inconsistent inputs)."""
+
+
+@dataclass
+class ClientState:
+    """Per-client state that persists across rounds and restarts (serialisable: tensors and floats)."""
+
+    tensors: dict[str, Params] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """What a client needs to run its part of one round."""
+
+    cid: int
+    round: int
+    indices: Tensor  # the client's sample indices into the trainer's data tensors
+    lr: float  # base learning rate (Table IV)
+    epochs: int
+    seed: int  # run seed; batches come from fedent.rng.torch_generator(seed, "train", round, cid)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.indices.numel())
+
+
+@dataclass(frozen=True)
+class Probe:
+    cid: int
+    num_samples: int
+    scalars: dict[str, float]
+
+
+@dataclass
+class RoundPayload:
+    """Broadcast to the round's clients besides the global model (same bytes for every client)."""
+
+    round: int
+    tensors: dict[str, Params] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+    per_client: dict[int, dict[str, float]] = field(default_factory=dict)  # small per-client scalars
+
+
+@dataclass
+class ClientUpdate:
+    """A client's upload: its full local model w_i(t+1), plus algorithm extras and diagnostics."""
+
+    cid: int
+    params: Params
+    num_samples: int
+    train_loss: float
+    tensors: dict[str, Params] = field(default_factory=dict)  # e.g. SCAFFOLD's Δc_i
+    scalars: dict[str, float] = field(default_factory=dict)  # e.g. FedEnt's eta, eta_star
+
+
+@dataclass
+class AggregateResult:
+    params: Params
+    diagnostics: dict[str, Any] = field(default_factory=dict)  # goes into metrics.jsonl
+
+
+class Strategy(ABC):
+    """Base class; one subclass per algorithm, one file per subclass."""
+
+    name: ClassVar[str]
+    needs_probe: ClassVar[bool] = False
+
+    # ---- server side -------------------------------------------------------------------------
+    def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
+        """Called once before round 0 with the initial model and every client's sample count."""
+
+    def round_payload(self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]) -> RoundPayload:
+        return RoundPayload(round=rnd)
+
+    @abstractmethod
+    def aggregate(
+        self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
+    ) -> AggregateResult: ...
+
+    def server_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        if state:
+            raise StrategyError(f"{self.name} has no server state but was given {sorted(state)}")
+
+    # ---- client side -------------------------------------------------------------------------
+    def init_client_state(self, cid: int, num_samples: int) -> ClientState:
+        return ClientState()
+
+    def probe(
+        self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
+    ) -> Probe:
+        raise NotImplementedError(f"{self.name} has no probe step")
+
+    @abstractmethod
+    def fit(
+        self,
+        trainer: LocalTrainer,
+        global_params: Sequence[Tensor],
+        payload: RoundPayload,
+        task: ClientTask,
+        state: ClientState,
+    ) -> ClientUpdate: ...
+
+
+def sample_weights(updates: Sequence[ClientUpdate]) -> list[float]:
+    """θ_i = D_i / Σ_j D_j over the given updates (Eq. w_global_static_update)."""
+    total = float(sum(u.num_samples for u in updates))
+    if total <= 0:
+        raise StrategyError("cannot aggregate: the updates hold no samples")
+    return [u.num_samples / total for u in updates]
+
+
+def weighted_average(updates: Sequence[ClientUpdate]) -> Params:
+    """FedAvg's Σθ_i w_i, in the order given (callers sort by cid for determinism)."""
+    if not updates:
+        raise StrategyError("cannot aggregate zero updates")
+    return weighted_sum([u.params for u in updates], sample_weights(updates))
+
+
+def train_generator(task: ClientTask) -> torch.Generator:
+    from fedent.rng import torch_generator
+
+    return torch_generator(task.seed, "train", task.round, task.cid)

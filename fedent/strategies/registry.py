@@ -1,0 +1,53 @@
+"""Name -> strategy class. Each strategy declares ``Options``, a frozen dataclass of its hyperparameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedent.config import AlgorithmConfig, ConfigError, dataclass_from_mapping
+from fedent.strategies.base import Strategy
+from fedent.strategies.fedavg import FedAvg
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    FedAvg.name: FedAvg,
+}
+
+
+def _register_optional() -> None:
+    """Import the other algorithm modules; each is one file (see fedent/strategies/)."""
+    import importlib
+
+    for mod in ("fedadam", "fedyogi", "fedprox", "feddyn", "fedcos", "fednorm", "fedent", "scaffold"):
+        try:
+            m = importlib.import_module(f"fedent.strategies.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name == f"fedent.strategies.{mod}":
+                continue
+            raise
+        cls = m.STRATEGY
+        STRATEGIES[cls.name] = cls
+
+
+_register_optional()
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {', '.join(sorted(STRATEGIES))}") from None
+
+
+def validate_algorithm(spec: AlgorithmConfig) -> Any:
+    cls = strategy_class(spec.name)
+    opts = dataclass_from_mapping(cls.Options, dict(spec.options), "algorithm")  # type: ignore[attr-defined]
+    check = getattr(opts, "validate", None)
+    if check is not None:
+        check()
+    return opts
+
+
+def build_strategy(spec: AlgorithmConfig, **kwargs: Any) -> Strategy:
+    """Instantiate with validated options; kwargs carry runtime collaborators (e.g. an estimator)."""
+    cls = strategy_class(spec.name)
+    return cls(validate_algorithm(spec), **kwargs)  # type: ignore[call-arg]

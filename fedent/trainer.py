@@ -1,0 +1,117 @@
+"""Local training on a reused model object and on data tensors that stay on the device.
+
+The simulator and the cluster worker both train through this class. There is no DataLoader and no
+per-batch Python beyond the step itself: batches are index gathers from tensors already on the device,
+the SGD step is one foreach kernel, and the loss is summed on the device and read once per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedent.params import Params, copy_into
+
+# A hook that may modify the gradients in place before each SGD step: (params, grads) -> None.
+GradHook = Callable[[Sequence[Tensor], Sequence[Tensor]], None]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: float  # mean training loss over the steps taken
+    steps: int
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when present, else cpu; an unavailable cuda request is an error, not a crash later."""
+    dev = _pick_device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    return dev
+
+
+class LocalTrainer:
+    """One model object reused for every client; the whole train set lives on ``device`` as tensors."""
+
+    def __init__(self, model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> None:
+        self.device = device
+        self.model = model.to(device)
+        self.x = x.to(device)
+        self.y = y.to(device)
+        self.batch_size = int(batch_size)
+        self.params: Params = list(self.model.parameters())
+        # Dropout draws from torch's global RNG; it is re-seeded from the client's generator per call
+        # so that a worker process and the simulator draw identical masks.
+        self._stochastic = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.model.modules())
+
+    def load(self, params: Sequence[Tensor]) -> None:
+        """Copy a global model into the reused model in place."""
+        copy_into(self.params, params)
+
+    def _batches(self, indices: Tensor, generator: torch.Generator) -> list[Tensor]:
+        perm = torch.randperm(indices.numel(), generator=generator)
+        order = indices[perm].to(self.device, non_blocking=True)
+        return list(torch.split(order, self.batch_size))
+
+    def train(
+        self,
+        indices: Tensor,
+        lr: float,
+        epochs: int,
+        generator: torch.Generator,
+        grad_hook: GradHook | None = None,
+    ) -> TrainResult:
+        """E epochs of minibatch SGD with a fixed rate on the client's samples ``indices``."""
+        model, params = self.model, self.params
+        model.train()
+        if self._stochastic:
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        total = torch.zeros((), device=self.device)
+        steps = 0
+        for _ in range(epochs):
+            for idx in self._batches(indices, generator):
+                out = model(self.x[idx])
+                loss = F.cross_entropy(out, self.y[idx])
+                grads = torch.autograd.grad(loss, params)
+                if grad_hook is not None:
+                    grads = list(grads)
+                    grad_hook(params, grads)
+                with torch.no_grad():
+                    torch._foreach_add_(params, grads, alpha=-lr)
+                total += loss.detach()
+                steps += 1
+        return TrainResult(loss=float(total) / max(steps, 1), steps=steps)
+
+    def gradient(self, indices: Tensor, generator: torch.Generator, batch_size: int | None = None) -> Params:
+        """∇F_i at the current parameters on one random batch (FedEnt's probe, Algorithm 2 line 4)."""
+        bs = min(batch_size or self.batch_size, indices.numel())
+        pick = torch.randperm(indices.numel(), generator=generator)[:bs]
+        idx = indices[pick].to(self.device)
+        self.model.train()
+        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        return [g.detach() for g in torch.autograd.grad(loss, self.params)]
+
+    @torch.no_grad()
+    def evaluate(self, x: Tensor, y: Tensor, batch_size: int = 1000) -> tuple[float, float]:
+        """(mean loss, accuracy) of the current parameters on (x, y)."""
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        n = int(y.shape[0])
+        for s in range(0, n, batch_size):
+            xb = x[s : s + batch_size].to(self.device, non_blocking=True)
+            yb = y[s : s + batch_size].to(self.device, non_blocking=True)
+            out = self.model(xb)
+            loss_sum += F.cross_entropy(out, yb, reduction="sum").double()
+            correct += (out.argmax(1) == yb).sum()
+        return float(loss_sum) / max(n, 1), int(correct) / max(n, 1)
