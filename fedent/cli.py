@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def _available() -> dict[str, object]:
-    mods = {}
+    mods: dict[str, object] = {}
     for name, modname in SUBCOMMANDS.items():
         try:
             mods[name] = importlib.import_module(modname)

@@ -166,7 +166,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     allowed = {"name", "data", "model", "train", "algorithm", "out_dir"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        listed = ", ".join(sorted(allowed))
+        raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}; allowed: {listed}")
     algo_raw = dict(raw.get("algorithm") or {})
     algo_name = algo_raw.pop("name", "fedent")
     if not isinstance(algo_name, str):

@@ -82,9 +82,8 @@ class LocalTrainer:
             for idx in self._batches(indices, generator):
                 out = model(self.x[idx])
                 loss = F.cross_entropy(out, self.y[idx])
-                grads = torch.autograd.grad(loss, params)
+                grads = list(torch.autograd.grad(loss, params))
                 if grad_hook is not None:
-                    grads = list(grads)
                     grad_hook(params, grads)
                 with torch.no_grad():
                     torch._foreach_add_(params, grads, alpha=-lr)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from fedent.params import clone
 from fedent.strategies.base import (
     AggregateResult,
     ClientState,
@@ -17,7 +18,6 @@ from fedent.strategies.base import (
     train_generator,
     weighted_average,
 )
-from fedent.params import clone
 from fedent.trainer import LocalTrainer
 
 

@@ -35,7 +35,8 @@ def strategy_class(name: str) -> type[Strategy]:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {', '.join(sorted(STRATEGIES))}") from None
+        listed = ", ".join(sorted(STRATEGIES))
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}") from None
 
 
 def validate_algorithm(spec: AlgorithmConfig) -> Any:
