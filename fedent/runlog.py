@@ -1,0 +1,299 @@
+"""The run directory: layout, atomic JSON files, the metrics.jsonl log and its reader.
+
+Written by the simulator and the cluster aggregator alike and read by ``fedent plot`` and the dashboard,
+so nothing here knows who is writing. Live files (status.json, clients.json) are replaced atomically
+(temp file, fsync, rename) so a reader polling them never sees half a file; metrics.jsonl is append-only
+and its reader skips a torn last line, which is what a crash mid-write leaves behind.
+
+Times (``started_at``, ``updated_at``, ``last_heartbeat``) are Unix epoch seconds (float, UTC).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Keys of one metrics.jsonl line; always present, null when not measured that round (docs/architecture.md).
+METRIC_KEYS = (
+    "round", "algorithm", "test_acc", "test_loss", "train_loss", "clients", "num_clients",
+    "wall_s", "elapsed_s", "fedent", "diagnostics",
+)
+PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "done", "failed")
+STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "rounds", "started_at", "updated_at", "state")
+CLIENT_KEYS = (
+    "cid", "worker", "state", "device", "samples", "participation", "bytes", "eta", "eta_star", "last_heartbeat",
+)
+# Config keys whose values never reach disk (cluster configs may carry tokens or key passwords).
+_SECRET_KEY = re.compile(r"(secret|password|passwd|token|private_key|api_key)", re.IGNORECASE)
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where each file of a run lives; the one place that spells the layout."""
+
+    root: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def partition(self) -> Path:
+        return self.root / "partition.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def clients(self) -> Path:
+        return self.root / "clients.json"
+
+    @property
+    def estimator(self) -> Path:
+        return self.root / "estimator.json"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model_final.pt"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+
+def new_run_id(name: str, algorithm: str, seed: int, now: float | None = None) -> str:
+    """``<name>-<algorithm>-s<seed>-<UTC timestamp>``, filesystem-safe."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-{algorithm}-s{seed}")
+    return f"{safe}-{stamp}"
+
+
+def create_run_dir(root: str | Path, exist_ok: bool = False) -> RunPaths:
+    """Make the run directory (and plots/); a taken name gets a numeric suffix unless exist_ok."""
+    base = Path(root)
+    path = base
+    if not exist_ok:
+        n = 1
+        while path.exists() and any(path.iterdir()):
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(path)
+    paths.plots.mkdir(exist_ok=True)
+    return paths
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types only: numpy/torch scalars and arrays become Python values, NaN/inf become null.
+
+    Browsers reject the NaN literal that json.dumps would otherwise emit, and a diverged run must still
+    produce a readable log.
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    tolist = getattr(obj, "tolist", None)  # numpy arrays/scalars, torch tensors
+    if callable(tolist):
+        return jsonable(tolist())
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return jsonable(item())
+    raise TypeError(f"cannot store {type(obj).__name__} in a run log")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write to a temp file beside ``path``, fsync it, rename over ``path`` (readers see old or new, never half)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 1) -> None:
+    atomic_write_text(path, json.dumps(jsonable(obj), indent=indent, allow_nan=False) + "\n")
+
+
+def read_json(path: str | Path, default: Any = None) -> Any:
+    """The file's JSON, or ``default`` when it does not exist yet."""
+    p = Path(path)
+    if not p.exists():
+        return default
+    return json.loads(p.read_text())
+
+
+def redact(obj: Any) -> Any:
+    """A copy of a nested config with secret-looking keys' values replaced by ``***``."""
+    if isinstance(obj, Mapping):
+        return {k: (REDACTED if _SECRET_KEY.search(str(k)) and v is not None else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def write_config(path: str | Path, config: Mapping[str, Any]) -> None:
+    """The resolved config as YAML, secrets redacted."""
+    atomic_write_text(path, yaml.safe_dump(jsonable(redact(config)), sort_keys=False))
+
+
+# ---- metrics.jsonl ---------------------------------------------------------------------------------
+
+def metrics_record(**values: Any) -> dict[str, Any]:
+    """One metrics line with every documented key present (null when not given); unknown keys are errors."""
+    unknown = sorted(set(values) - set(METRIC_KEYS))
+    if unknown:
+        raise ValueError(f"unknown metrics key(s): {', '.join(unknown)}")
+    rec: dict[str, Any] = {k: values.get(k) for k in METRIC_KEYS}
+    if rec["diagnostics"] is None:
+        rec["diagnostics"] = {}
+    return rec
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl: one JSON object per completed round, flushed and fsynced per line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        line = json.dumps(jsonable(record), allow_nan=False, separators=(",", ":"))
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete lines of a metrics.jsonl (a torn last line from a crash or a live writer is skipped)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+# ---- live status ------------------------------------------------------------------------------------
+
+def status_record(
+    run_id: str,
+    algorithm: str,
+    phase: str,
+    round: int | None,
+    rounds: int,
+    started_at: float,
+    state: Mapping[str, Any] | None = None,
+    updated_at: float | None = None,
+) -> dict[str, Any]:
+    """status.json's content; ``state`` holds free-form extras (e.g. an error message when failed)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+    return {
+        "run_id": run_id,
+        "algorithm": algorithm,
+        "phase": phase,
+        "round": round,
+        "rounds": int(rounds),
+        "started_at": float(started_at),
+        "updated_at": float(time.time() if updated_at is None else updated_at),
+        "state": dict(state or {}),
+    }
+
+
+def client_row(cid: int, **values: Any) -> dict[str, Any]:
+    """One clients.json row with every documented key present (null when unknown)."""
+    unknown = sorted(set(values) - set(CLIENT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown client key(s): {', '.join(unknown)}")
+    row: dict[str, Any] = {k: values.get(k) for k in CLIENT_KEYS}
+    row["cid"] = int(cid)
+    return row
+
+
+def write_clients(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    atomic_write_json(path, {"clients": list(rows), "updated_at": time.time()}, indent=None)
+
+
+def read_clients(path: str | Path) -> list[dict[str, Any]]:
+    data = read_json(path, default={"clients": []})
+    rows = data.get("clients", []) if isinstance(data, dict) else data
+    return list(rows)
+
+
+def final_accuracy(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """The last measured test accuracy of a run's metrics (None if never evaluated)."""
+    for rec in reversed(records):
+        if rec.get("test_acc") is not None:
+            return float(rec["test_acc"])
+    return None

@@ -1,0 +1,92 @@
+"""fedent.runlog: atomic files, the metrics log and its tolerant reader, layout, redaction."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from fedent import runlog
+
+
+def test_atomic_write_json_replaces_whole_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    p = tmp_path / "status.json"
+    runlog.atomic_write_json(p, {"a": 1})
+    runlog.atomic_write_json(p, {"b": [1, 2]})
+    assert json.loads(p.read_text()) == {"b": [1, 2]}
+    assert sorted(os.listdir(tmp_path)) == ["status.json"]
+
+
+def test_atomic_write_failure_keeps_old_content(tmp_path: Path) -> None:
+    p = tmp_path / "x.json"
+    runlog.atomic_write_json(p, {"ok": True})
+    with pytest.raises(TypeError):
+        runlog.atomic_write_json(p, {"bad": object()})
+    assert json.loads(p.read_text()) == {"ok": True}
+    assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+def test_jsonable_converts_numpy_torch_and_non_finite() -> None:
+    out = runlog.jsonable({"a": np.float32(0.5), "b": torch.tensor([1, 2]), "c": math.nan, "d": (np.int64(3),),
+                           "e": float("inf")})
+    assert out == {"a": 0.5, "b": [1, 2], "c": None, "d": [3], "e": None}
+    json.dumps(out, allow_nan=False)
+
+
+def test_metrics_log_roundtrip_and_torn_last_line(tmp_path: Path) -> None:
+    log = runlog.MetricsLog(tmp_path / "metrics.jsonl")
+    for r in range(3):
+        log.append(runlog.metrics_record(round=r, algorithm="fedavg", test_acc=0.1 * r))
+    with open(log.path, "a") as f:
+        f.write('{"round": 3, "algo')  # a writer died mid-line
+    recs = runlog.read_metrics(log.path)
+    assert [r["round"] for r in recs] == [0, 1, 2]
+    assert all(set(r) == set(runlog.METRIC_KEYS) for r in recs)
+    assert recs[0]["test_loss"] is None and recs[0]["diagnostics"] == {}
+    assert runlog.final_accuracy(recs) == pytest.approx(0.2)
+    assert runlog.read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_metrics_record_rejects_unknown_keys() -> None:
+    with pytest.raises(ValueError, match="acc"):
+        runlog.metrics_record(round=0, acc=0.5)
+
+
+def test_status_and_client_rows(tmp_path: Path) -> None:
+    st = runlog.status_record("r1", "fedent", "training", 2, 5, started_at=10.0)
+    assert set(st) == set(runlog.STATUS_KEYS) and st["phase"] == "training"
+    with pytest.raises(ValueError, match="phase"):
+        runlog.status_record("r1", "fedent", "sleeping", 0, 5, started_at=0.0)
+    row = runlog.client_row(3, samples=10, eta=0.01)
+    assert set(row) == set(runlog.CLIENT_KEYS) and row["worker"] is None
+    runlog.write_clients(tmp_path / "clients.json", [row])
+    assert runlog.read_clients(tmp_path / "clients.json") == [row]
+    assert runlog.read_clients(tmp_path / "nope.json") == []
+
+
+def test_create_run_dir_never_reuses_a_full_directory(tmp_path: Path) -> None:
+    a = runlog.create_run_dir(tmp_path / "run")
+    (a.root / "metrics.jsonl").write_text("")
+    b = runlog.create_run_dir(tmp_path / "run")
+    assert a.root != b.root and b.plots.is_dir()
+    assert runlog.create_run_dir(tmp_path / "run", exist_ok=True).root == a.root
+
+
+def test_write_config_redacts_secrets(tmp_path: Path) -> None:
+    p = tmp_path / "config.yaml"
+    runlog.write_config(p, {"train": {"lr": 0.1}, "tls": {"key_password": "hunter2", "api_token": None}})
+    loaded = yaml.safe_load(p.read_text())
+    assert loaded["train"]["lr"] == 0.1
+    assert loaded["tls"]["key_password"] == runlog.REDACTED and loaded["tls"]["api_token"] is None
+    assert "hunter2" not in p.read_text()
+
+
+def test_new_run_id_is_filesystem_safe() -> None:
+    rid = runlog.new_run_id("my exp/1", "fedent", 3, now=0.0)
+    assert rid == "my_exp_1-fedent-s3-19700101-000000"
