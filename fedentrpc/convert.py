@@ -1,0 +1,389 @@
+"""The one place where protobuf messages and core types meet.
+
+Tensor lists travel as raw bytes (each tensor's dtype and shape in a header, a blake2b checksum of the
+streamed bytes) split into chunks of at most 4 MiB, so a model larger than gRPC's message limit still
+travels. Optional fp16/bf16 casting and zlib compression are transfer settings. Everything else here is
+a small, explicit mapping between a core dataclass (``Probe``, ``RoundPayload``, ``ClientUpdate``) and
+its message. Decoding validates and raises ``WireError`` (a ``ValueError``) with a one-line message;
+servicers map it to ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
+from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import tensor_pb2 as pb
+
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+CHECKSUM_PREFIX = "blake2b-128:"
+PARAMS_GROUP = "params"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_WIRE_DTYPES = {
+    "native": pb.WIRE_DTYPE_NATIVE,
+    "float16": pb.WIRE_DTYPE_FLOAT16,
+    "bfloat16": pb.WIRE_DTYPE_BFLOAT16,
+}
+_WIRE_TORCH = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
+_COMPRESSIONS = {"none": pb.COMPRESSION_NONE, "zlib": pb.COMPRESSION_ZLIB}
+
+
+class WireError(ValueError):
+    """A malformed or corrupted message (bad header, wrong sizes, checksum mismatch)."""
+
+
+# ---- transfer settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransferSpec:
+    """How tensors are encoded: ``wire_dtype`` native|float16|bfloat16, ``compression`` none|zlib."""
+
+    wire_dtype: str = "native"
+    compression: str = "none"
+    chunk_bytes: int = MAX_CHUNK_BYTES
+    zlib_level: int = 1
+
+    def __post_init__(self) -> None:
+        if self.wire_dtype not in _WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {', '.join(_WIRE_DTYPES)}, got {self.wire_dtype!r}")
+        if self.compression not in _COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(_COMPRESSIONS)}, got {self.compression!r}")
+        if not 1 <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be in [1, {MAX_CHUNK_BYTES}], got {self.chunk_bytes}")
+        if not 0 <= self.zlib_level <= 9:
+            raise ValueError(f"zlib_level must be in [0, 9], got {self.zlib_level}")
+
+
+def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
+    return pb.TransferSettings(
+        wire_dtype=_WIRE_DTYPES[spec.wire_dtype],
+        compression=_COMPRESSIONS[spec.compression],
+        chunk_bytes=spec.chunk_bytes,
+    )
+
+
+def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:
+    wire = {v: k for k, v in _WIRE_DTYPES.items()}.get(msg.wire_dtype)
+    comp = {v: k for k, v in _COMPRESSIONS.items()}.get(msg.compression)
+    if wire is None or comp is None:
+        raise WireError("transfer settings: unknown wire dtype or compression")
+    chunk = int(msg.chunk_bytes) or MAX_CHUNK_BYTES
+    if chunk > MAX_CHUNK_BYTES:
+        raise WireError(f"transfer settings: chunk_bytes {chunk} exceeds {MAX_CHUNK_BYTES}")
+    return TransferSpec(wire_dtype=wire, compression=comp, chunk_bytes=chunk)
+
+
+# ---- tensor bundles ------------------------------------------------------------------------------
+
+Bundle = dict[str, list[Tensor]]
+
+
+@dataclass(frozen=True)
+class EncodedTensors:
+    """A tensor bundle serialised once; ``chunks`` can be streamed to any number of receivers."""
+
+    chunks: tuple[pb.TensorChunk, ...]
+    raw_bytes: int
+    wire_bytes: int
+
+    def __iter__(self) -> Iterator[pb.TensorChunk]:
+        return iter(self.chunks)
+
+
+def _tensor_bytes(t: Tensor, wire: int) -> bytes:
+    t = t.detach().to("cpu")
+    if wire in _WIRE_TORCH and t.is_floating_point():
+        t = t.to(_WIRE_TORCH[wire])
+    t = t.contiguous().reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
+    """Serialise named tensor lists (dict order kept) into checksummed chunks of ≤ ``chunk_bytes``."""
+    spec = spec or TransferSpec()
+    wire = _WIRE_DTYPES[spec.wire_dtype]
+    specs, groups, parts = [], [], []
+    for name, tensors in bundle.items():
+        groups.append(pb.TensorGroup(name=name, count=len(tensors)))
+        for t in tensors:
+            if t.dtype not in _DTYPE_NAMES:
+                raise WireError(f"cannot send tensors of dtype {t.dtype}")
+            specs.append(pb.TensorSpec(dtype=_DTYPE_NAMES[t.dtype], shape=list(t.shape)))
+            parts.append(_tensor_bytes(t, wire))
+    raw = b"".join(parts)
+    payload = zlib.compress(raw, spec.zlib_level) if spec.compression == "zlib" else raw
+    size = spec.chunk_bytes
+    pieces = [payload[i : i + size] for i in range(0, len(payload), size)] or [b""]
+    header = pb.TensorListHeader(
+        tensors=specs,
+        groups=groups,
+        wire_dtype=wire,
+        compression=_COMPRESSIONS[spec.compression],
+        raw_bytes=len(raw),
+        wire_bytes=len(payload),
+        checksum=CHECKSUM_PREFIX + hashlib.blake2b(payload, digest_size=16).hexdigest(),
+        num_chunks=len(pieces),
+    )
+    chunks = [pb.TensorChunk(index=i, data=p) for i, p in enumerate(pieces)]
+    chunks[0].header.CopyFrom(header)
+    return EncodedTensors(tuple(chunks), len(raw), len(payload))
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class TensorAssembler:
+    """Collects streamed chunks in order and rebuilds the bundle, checking sizes and the checksum."""
+
+    def __init__(self) -> None:
+        self.header: pb.TensorListHeader | None = None
+        self._parts: list[bytes] = []
+        self._received = 0
+        self._hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        if chunk.index != len(self._parts):
+            raise WireError(f"tensor chunk {chunk.index} arrived out of order (expected {len(self._parts)})")
+        if chunk.index == 0:
+            if not chunk.HasField("header"):
+                raise WireError("the first tensor chunk carries no header")
+            self.header = chunk.header
+        elif chunk.HasField("header"):
+            raise WireError("only the first tensor chunk may carry a header")
+        assert self.header is not None
+        if len(chunk.data) > MAX_CHUNK_BYTES:
+            raise WireError(f"tensor chunk of {len(chunk.data)} bytes exceeds {MAX_CHUNK_BYTES}")
+        if chunk.index >= max(self.header.num_chunks, 1):
+            raise WireError(f"more tensor chunks than the header's {self.header.num_chunks}")
+        self._received += len(chunk.data)
+        if self._received > self.header.wire_bytes:
+            raise WireError("tensor stream longer than its header says")
+        self._hash.update(chunk.data)
+        self._parts.append(chunk.data)
+
+    @property
+    def wire_bytes(self) -> int:
+        return self._received
+
+    def finish(self) -> Bundle:
+        h = self.header
+        if h is None:
+            raise WireError("empty tensor stream")
+        if len(self._parts) != max(h.num_chunks, 1) or self._received != h.wire_bytes:
+            raise WireError(f"tensor stream truncated: {self._received} of {h.wire_bytes} bytes")
+        digest = CHECKSUM_PREFIX + self._hash.hexdigest()
+        if digest != h.checksum:
+            raise WireError("tensor checksum mismatch (corrupted transfer)")
+        payload = b"".join(self._parts)
+        if h.compression == pb.COMPRESSION_ZLIB:
+            try:
+                raw = zlib.decompress(payload)
+            except zlib.error as e:
+                raise WireError(f"bad zlib payload ({e})") from None
+        elif h.compression == pb.COMPRESSION_NONE:
+            raw = payload
+        else:
+            raise WireError(f"unknown compression {h.compression}")
+        if len(raw) != h.raw_bytes:
+            raise WireError(f"tensor payload is {len(raw)} bytes, header says {h.raw_bytes}")
+        return _split(h, raw)
+
+
+def _split(h: pb.TensorListHeader, raw: bytes) -> Bundle:
+    if sum(g.count for g in h.groups) != len(h.tensors):
+        raise WireError("tensor groups do not cover the tensor list")
+    wire_dtype = _WIRE_TORCH.get(h.wire_dtype)
+    if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
+        raise WireError(f"unknown wire dtype {h.wire_dtype}")
+    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    tensors: list[Tensor] = []
+    offset = 0
+    for s in h.tensors:
+        dtype = _DTYPES.get(s.dtype)
+        if dtype is None:
+            raise WireError(f"unknown tensor dtype {s.dtype!r}")
+        if any(d < 0 for d in s.shape):
+            raise WireError(f"negative dimension in shape {list(s.shape)}")
+        numel = math.prod(s.shape)
+        sent = wire_dtype if (wire_dtype is not None and dtype.is_floating_point) else dtype
+        store = torch.uint8 if sent == torch.bool else sent
+        nbytes = numel * _element_size(store)
+        if offset + nbytes > len(raw):
+            raise WireError("tensor payload shorter than its shapes need")
+        t = buf[offset : offset + nbytes].clone().view(store)
+        if store != dtype:
+            t = t.to(dtype)
+        tensors.append(t.reshape(tuple(s.shape)))
+        offset += nbytes
+    if offset != len(raw):
+        raise WireError(f"tensor payload has {len(raw) - offset} trailing bytes")
+    out: Bundle = {}
+    pos = 0
+    for g in h.groups:
+        if g.name in out:
+            raise WireError(f"duplicate tensor group {g.name!r}")
+        out[g.name] = tensors[pos : pos + g.count]
+        pos += g.count
+    return out
+
+
+def decode_tensors(chunks: Iterable[pb.TensorChunk]) -> Bundle:
+    asm = TensorAssembler()
+    for c in chunks:
+        asm.add(c)
+    return asm.finish()
+
+
+def check_shapes(got: Sequence[Tensor], like: Sequence[Tensor], what: str) -> None:
+    """Raise WireError unless ``got`` has the same number, shapes and dtypes as ``like``."""
+    if len(got) != len(like):
+        raise WireError(f"{what}: {len(got)} tensors, expected {len(like)}")
+    for i, (g, ref) in enumerate(zip(got, like, strict=True)):
+        if g.shape != ref.shape or g.dtype != ref.dtype:
+            raise WireError(
+                f"{what}: tensor {i} is {g.dtype} {tuple(g.shape)}, expected {ref.dtype} {tuple(ref.shape)}"
+            )
+
+
+# ---- scalars -------------------------------------------------------------------------------------
+
+
+def _scalars(m: Mapping[str, float]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in m.items()}
+
+
+# ---- probes --------------------------------------------------------------------------------------
+
+
+def probe_to_msg(p: Probe) -> agg_pb.ProbeMsg:
+    return agg_pb.ProbeMsg(cid=p.cid, num_samples=p.num_samples, scalars=_scalars(p.scalars))
+
+
+def probe_from_msg(m: agg_pb.ProbeMsg) -> Probe:
+    if m.num_samples < 0:
+        raise WireError(f"probe of client {m.cid}: negative sample count")
+    return Probe(cid=int(m.cid), num_samples=int(m.num_samples), scalars=_scalars(m.scalars))
+
+
+# ---- round payload -------------------------------------------------------------------------------
+
+
+def payload_to_msg(p: RoundPayload, tensors_blob: str = "") -> agg_pb.RoundPayloadMsg:
+    """The payload's tensors travel separately as a blob (``payload_bundle``); this carries the rest."""
+    return agg_pb.RoundPayloadMsg(
+        round=p.round,
+        scalars=_scalars(p.scalars),
+        per_client={int(c): pb.ScalarMap(values=_scalars(v)) for c, v in p.per_client.items()},
+        tensors_blob=tensors_blob,
+    )
+
+
+def payload_bundle(p: RoundPayload) -> Bundle:
+    return {k: list(v) for k, v in p.tensors.items()}
+
+
+def payload_from_msg(m: agg_pb.RoundPayloadMsg, tensors: Bundle | None = None) -> RoundPayload:
+    return RoundPayload(
+        round=int(m.round),
+        tensors=dict(tensors or {}),
+        scalars=_scalars(m.scalars),
+        per_client={int(c): _scalars(v.values) for c, v in m.per_client.items()},
+    )
+
+
+# ---- client updates ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpdateMeta:
+    """Routing fields of an upload that are not part of the core ``ClientUpdate``."""
+
+    worker_id: str
+    task_id: int
+    round: int
+    train_s: float = 0.0
+    wire_bytes: int = 0
+
+
+def update_to_parts(
+    u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None
+) -> Iterator[agg_pb.UpdatePart]:
+    """Header first, then the tensors: group "params" = w_i(t+1), then the update's extra groups."""
+    if PARAMS_GROUP in u.tensors:
+        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
+    yield agg_pb.UpdatePart(
+        header=agg_pb.UpdateHeader(
+            worker_id=meta.worker_id,
+            task_id=meta.task_id,
+            round=meta.round,
+            cid=u.cid,
+            num_samples=u.num_samples,
+            train_loss=float(u.train_loss),
+            scalars=_scalars(u.scalars),
+            train_s=meta.train_s,
+        )
+    )
+    bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
+    for chunk in encode_tensors(bundle, spec):
+        yield agg_pb.UpdatePart(chunk=chunk)
+
+
+@dataclass
+class DecodedUpdate:
+    meta: UpdateMeta
+    update: ClientUpdate
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def update_from_parts(parts: Iterable[agg_pb.UpdatePart]) -> DecodedUpdate:
+    it = iter(parts)
+    first = next(it, None)
+    if first is None or first.WhichOneof("part") != "header":
+        raise WireError("an update stream must start with its header")
+    h = first.header
+    asm = TensorAssembler()
+    for part in it:
+        if part.WhichOneof("part") != "chunk":
+            raise WireError("an update stream carries one header, then tensor chunks only")
+        asm.add(part.chunk)
+    bundle = asm.finish()
+    if PARAMS_GROUP not in bundle:
+        raise WireError("update carries no 'params' tensor group")
+    params = bundle.pop(PARAMS_GROUP)
+    if h.num_samples < 0:
+        raise WireError(f"update of client {h.cid}: negative sample count")
+    update = ClientUpdate(
+        cid=int(h.cid),
+        params=params,
+        num_samples=int(h.num_samples),
+        train_loss=float(h.train_loss),
+        tensors=bundle,
+        scalars=_scalars(h.scalars),
+    )
+    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), float(h.train_s), asm.wire_bytes)
+    return DecodedUpdate(meta, update)

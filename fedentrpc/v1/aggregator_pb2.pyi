@@ -1,0 +1,258 @@
+from fedentrpc.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker_name", "token", "client_ids", "device", "hostname", "pid", "version")
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker_name: str
+    token: str
+    client_ids: _containers.RepeatedScalarFieldContainer[int]
+    device: str
+    hostname: str
+    pid: int
+    version: str
+    def __init__(self, worker_name: _Optional[str] = ..., token: _Optional[str] = ..., client_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("worker_id", "run_id", "config_yaml", "partition_md5", "transfer", "heartbeat_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_MD5_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    run_id: str
+    config_yaml: str
+    partition_md5: str
+    transfer: _tensor_pb2.TransferSettings
+    heartbeat_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
+
+class ClientInfo(_message.Message):
+    __slots__ = ("cid", "num_samples")
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    cid: int
+    num_samples: int
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class ReadyRequest(_message.Message):
+    __slots__ = ("worker_id", "partition_md5", "clients")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_MD5_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    partition_md5: str
+    clients: _containers.RepeatedCompositeFieldContainer[ClientInfo]
+    def __init__(self, worker_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ...) -> None: ...
+
+class WorkRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class TaskHeader(_message.Message):
+    __slots__ = ("task_id", "round", "client_ids", "model_blob", "lr", "epochs", "seed", "deadline_unix")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BLOB_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    round: int
+    client_ids: _containers.RepeatedScalarFieldContainer[int]
+    model_blob: str
+    lr: float
+    epochs: int
+    seed: int
+    deadline_unix: float
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., client_ids: _Optional[_Iterable[int]] = ..., model_blob: _Optional[str] = ..., lr: _Optional[float] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., deadline_unix: _Optional[float] = ...) -> None: ...
+
+class ProbeTask(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskHeader
+    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ...) -> None: ...
+
+class RoundPayloadMsg(_message.Message):
+    __slots__ = ("round", "scalars", "per_client", "tensors_blob")
+    class ScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class PerClientEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: _tensor_pb2.ScalarMap
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[_tensor_pb2.ScalarMap, _Mapping]] = ...) -> None: ...
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
+    PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_BLOB_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    scalars: _containers.ScalarMap[str, float]
+    per_client: _containers.MessageMap[int, _tensor_pb2.ScalarMap]
+    tensors_blob: str
+    def __init__(self, round: _Optional[int] = ..., scalars: _Optional[_Mapping[str, float]] = ..., per_client: _Optional[_Mapping[int, _tensor_pb2.ScalarMap]] = ..., tensors_blob: _Optional[str] = ...) -> None: ...
+
+class FitTask(_message.Message):
+    __slots__ = ("task", "payload")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    task: TaskHeader
+    payload: RoundPayloadMsg
+    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., payload: _Optional[_Union[RoundPayloadMsg, _Mapping]] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("reason", "failed")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    failed: bool
+    def __init__(self, reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
+
+class WorkItem(_message.Message):
+    __slots__ = ("probe", "fit", "shutdown")
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    FIT_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    probe: ProbeTask
+    fit: FitTask
+    shutdown: Shutdown
+    def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+
+class ProbeMsg(_message.Message):
+    __slots__ = ("cid", "num_samples", "scalars")
+    class ScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
+    cid: int
+    num_samples: int
+    scalars: _containers.ScalarMap[str, float]
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., scalars: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ProbeReport(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "probes")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    probes: _containers.RepeatedCompositeFieldContainer[ProbeMsg]
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeMsg, _Mapping]]] = ...) -> None: ...
+
+class UpdateHeader(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars", "train_s")
+    class ScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    cid: int
+    num_samples: int
+    train_loss: float
+    scalars: _containers.ScalarMap[str, float]
+    train_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ..., train_s: _Optional[float] = ...) -> None: ...
+
+class UpdatePart(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    chunk: _tensor_pb2.TensorChunk
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class TaskFailure(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "cid", "message")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    cid: int
+    message: str
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunStatus(_message.Message):
+    __slots__ = ("run_id", "algorithm", "phase", "round", "rounds", "state", "workers", "clients")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    algorithm: str
+    phase: str
+    round: int
+    rounds: int
+    state: str
+    workers: int
+    clients: int
+    def __init__(self, run_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., state: _Optional[str] = ..., workers: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...

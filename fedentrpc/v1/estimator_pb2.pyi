@@ -1,0 +1,209 @@
+from fedentrpc.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FedEntParams(_message.Message):
+    __slots__ = ("beta", "gamma", "variant", "tol", "max_iter", "extra")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    TOL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITER_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    beta: float
+    gamma: float
+    variant: str
+    tol: float
+    max_iter: int
+    extra: _containers.ScalarMap[str, float]
+    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., variant: _Optional[str] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ClientScalars(_message.Message):
+    __slots__ = ("cid", "a", "b", "num_samples")
+    CID_FIELD_NUMBER: _ClassVar[int]
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    cid: int
+    a: float
+    b: float
+    num_samples: int
+    def __init__(self, cid: _Optional[int] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class SolveOnlineRequest(_message.Message):
+    __slots__ = ("run_id", "round", "c", "clients", "params", "phi2_init")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    C_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PHI2_INIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    c: float
+    clients: _containers.RepeatedCompositeFieldContainer[ClientScalars]
+    params: FedEntParams
+    phi2_init: float
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., c: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientScalars, _Mapping]]] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., phi2_init: _Optional[float] = ...) -> None: ...
+
+class SolveOnlineReply(_message.Message):
+    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics")
+    class EtaStarEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    class DiagnosticsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    PHI2_NEXT_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    CONVERGED_FIELD_NUMBER: _ClassVar[int]
+    ETA_STAR_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    phi2_next: float
+    iterations: int
+    converged: bool
+    eta_star: _containers.ScalarMap[int, float]
+    diagnostics: _containers.ScalarMap[str, float]
+    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class StartOfflineRequest(_message.Message):
+    __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    INIT_BLOB_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    EPS1_FIELD_NUMBER: _ClassVar[int]
+    EPS2_FIELD_NUMBER: _ClassVar[int]
+    MAX_SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_WORKERS_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    init_blob: str
+    clients: _containers.RepeatedCompositeFieldContainer[OfflineClient]
+    rounds: int
+    params: FedEntParams
+    eps1: float
+    eps2: float
+    max_sweeps: int
+    seed: int
+    batch_size: int
+    wait_workers_s: float
+    def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ...) -> None: ...
+
+class OfflineClient(_message.Message):
+    __slots__ = ("cid", "num_samples")
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    cid: int
+    num_samples: int
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class GetOfflineRequest(_message.Message):
+    __slots__ = ("job_id", "wait_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    wait_s: float
+    def __init__(self, job_id: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class OfflineJob(_message.Message):
+    __slots__ = ("job_id", "state", "sweep", "message", "phi2", "stop_reason", "report_json")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PHI2_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    sweep: int
+    message: str
+    phi2: _containers.RepeatedScalarFieldContainer[float]
+    stop_reason: str
+    report_json: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., sweep: _Optional[int] = ..., message: _Optional[str] = ..., phi2: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., report_json: _Optional[str] = ...) -> None: ...
+
+class OracleHello(_message.Message):
+    __slots__ = ("worker_id", "run_id", "client_ids", "token")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    run_id: str
+    client_ids: _containers.RepeatedScalarFieldContainer[int]
+    token: str
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., client_ids: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class OracleRequest(_message.Message):
+    __slots__ = ("request_id", "sweep", "t", "client_ids", "point_blob", "seed", "batch_size")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    POINT_BLOB_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    sweep: int
+    t: int
+    client_ids: _containers.RepeatedScalarFieldContainer[int]
+    point_blob: str
+    seed: int
+    batch_size: int
+    def __init__(self, request_id: _Optional[int] = ..., sweep: _Optional[int] = ..., t: _Optional[int] = ..., client_ids: _Optional[_Iterable[int]] = ..., point_blob: _Optional[str] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class OracleResultHeader(_message.Message):
+    __slots__ = ("request_id", "cid", "num_samples")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    cid: int
+    num_samples: int
+    def __init__(self, request_id: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class OracleError(_message.Message):
+    __slots__ = ("request_id", "cid", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    cid: int
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., cid: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class OracleMessage(_message.Message):
+    __slots__ = ("hello", "result", "chunk", "error")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    hello: OracleHello
+    result: OracleResultHeader
+    chunk: _tensor_pb2.TensorChunk
+    error: OracleError
+    def __init__(self, hello: _Optional[_Union[OracleHello, _Mapping]] = ..., result: _Optional[_Union[OracleResultHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ..., error: _Optional[_Union[OracleError, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,118 @@
+"""The tensor codec: exact round trips, chunking below 4 MiB, lossy casts, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
+from fedentrpc import convert
+from fedentrpc.convert import TransferSpec, WireError, decode_tensors, encode_tensors
+from fedentrpc.v1 import tensor_pb2 as pb
+
+
+def _bundle() -> dict[str, list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "params": [torch.randn(3, 4, generator=g), torch.randn(5, generator=g), torch.zeros(0)],
+        "extra": [torch.arange(7, dtype=torch.int64), torch.tensor([True, False]), torch.randn(2, 2).double()],
+    }
+
+
+@pytest.mark.parametrize("compression", ["none", "zlib"])
+def test_native_round_trip_is_exact(compression: str) -> None:
+    b = _bundle()
+    out = decode_tensors(encode_tensors(b, TransferSpec(compression=compression, chunk_bytes=16)))
+    assert list(out) == ["params", "extra"]
+    for name in b:
+        for x, y in zip(b[name], out[name], strict=True):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_half_precision_casts_floats_only(wire: str) -> None:
+    b = _bundle()
+    enc = encode_tensors(b, TransferSpec(wire_dtype=wire))
+    out = decode_tensors(enc)
+    assert enc.raw_bytes < encode_tensors(b).raw_bytes
+    assert out["params"][0].dtype == torch.float32
+    assert torch.allclose(out["params"][0], b["params"][0], rtol=1e-2, atol=1e-2)
+    assert not torch.equal(out["params"][0], b["params"][0])  # it really was cast
+    assert torch.equal(out["extra"][0], b["extra"][0])  # integers travel exactly
+
+
+def test_large_model_is_chunked_at_most_4mib() -> None:
+    big = {"params": [torch.randn(3 * 1024 * 1024)]}  # 12 MiB of float32
+    enc = encode_tensors(big)
+    assert len(enc.chunks) == 3
+    assert all(len(c.data) <= convert.MAX_CHUNK_BYTES for c in enc.chunks)
+    assert all(c.ByteSize() < 4 * 1024 * 1024 + 1024 for c in enc.chunks)
+    assert torch.equal(decode_tensors(enc)["params"][0], big["params"][0])
+
+
+def test_corrupted_bytes_fail_the_checksum() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
+    data = bytearray(chunks[0].data)
+    data[5] ^= 0xFF
+    chunks[0].data = bytes(data)
+    with pytest.raises(WireError, match="checksum"):
+        decode_tensors(chunks)
+
+
+def test_truncated_and_reordered_streams_are_rejected() -> None:
+    chunks = list(encode_tensors(_bundle(), TransferSpec(chunk_bytes=32)))
+    with pytest.raises(WireError, match="truncated"):
+        decode_tensors(chunks[:-1])
+    with pytest.raises(WireError, match="out of order"):
+        decode_tensors([chunks[1], chunks[0], *chunks[2:]])
+    with pytest.raises(WireError, match="empty"):
+        decode_tensors([])
+
+
+def test_header_that_lies_about_shapes_is_rejected() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors({"p": [torch.ones(4)]})]
+    chunks[0].header.tensors[0].shape[:] = [5]
+    with pytest.raises(WireError, match="shorter"):
+        decode_tensors(chunks)
+
+
+def test_transfer_spec_validates() -> None:
+    with pytest.raises(ValueError, match="wire_dtype"):
+        TransferSpec(wire_dtype="int4")
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        TransferSpec(chunk_bytes=8 * 1024 * 1024)
+    spec = TransferSpec(wire_dtype="bfloat16", compression="zlib", chunk_bytes=1024)
+    assert convert.transfer_from_msg(convert.transfer_to_msg(spec)) == spec
+
+
+def test_update_round_trip() -> None:
+    u = ClientUpdate(cid=7, params=[torch.randn(2, 3)], num_samples=40, train_loss=0.5,
+                     tensors={"delta_c": [torch.ones(2)]}, scalars={"eta": 0.01})
+    meta = convert.UpdateMeta(worker_id="w1", task_id=3, round=2)
+    dec = convert.update_from_parts(list(convert.update_to_parts(u, meta)))
+    assert dec.meta.worker_id == "w1" and dec.meta.round == 2 and dec.meta.task_id == 3
+    assert dec.update.cid == 7 and dec.update.num_samples == 40 and dec.update.scalars == {"eta": 0.01}
+    assert torch.equal(dec.update.params[0], u.params[0])
+    assert torch.equal(dec.update.tensors["delta_c"][0], u.tensors["delta_c"][0])
+
+
+def test_update_without_header_is_rejected() -> None:
+    u = ClientUpdate(cid=1, params=[torch.ones(1)], num_samples=1, train_loss=0.0)
+    parts = list(convert.update_to_parts(u, convert.UpdateMeta("w", 1, 0)))
+    with pytest.raises(WireError, match="header"):
+        convert.update_from_parts(parts[1:])
+
+
+def test_probe_and_payload_round_trip() -> None:
+    p = Probe(cid=4, num_samples=12, scalars={"a": 1.5, "b": 2.0})
+    assert convert.probe_from_msg(convert.probe_to_msg(p)) == p
+    rp = RoundPayload(round=3, scalars={"phi2_next": 4.0}, per_client={4: {"eta_prev": 0.1}})
+    back = convert.payload_from_msg(convert.payload_to_msg(rp, "blob-x"))
+    assert back == rp
+
+
+def test_check_shapes() -> None:
+    convert.check_shapes([torch.ones(2)], [torch.zeros(2)], "u")
+    with pytest.raises(WireError, match="expected"):
+        convert.check_shapes([torch.ones(3)], [torch.zeros(2)], "u")
