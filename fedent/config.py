@@ -69,6 +69,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     target_accuracy: float | None = None  # for "rounds to reach" in comparisons
+    local_eval: int = 0  # evaluate this many uploaded local models per eval round (paper Fig. client_dev)
 
     def validate(self) -> None:
         _check(self.rounds >= 1, "train.rounds", "must be >= 1")
@@ -77,6 +78,7 @@ class TrainConfig:
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.eval_every >= 1, "train.eval_every", "must be >= 1")
+        _check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", "must be auto, cpu, cuda or cuda:N")
 
