@@ -155,3 +155,18 @@ def train_generator(task: ClientTask) -> torch.Generator:
     from fedent.rng import torch_generator
 
     return torch_generator(task.seed, "train", task.round, task.cid)
+
+
+def tensor_lists_from_state(state: dict[str, Any], keys: Sequence[str], owner: str) -> dict[str, Params]:
+    """Validate a checkpointed server state made of tensor lists under exactly ``keys``; return copies."""
+    if set(state) != set(keys):
+        raise StrategyError(f"{owner} server state needs keys {sorted(keys)}, got {sorted(state)}")
+    out: dict[str, Params] = {}
+    for k in keys:
+        val = state[k]
+        if not isinstance(val, (list, tuple)) or not all(isinstance(t, Tensor) for t in val):
+            raise StrategyError(f"{owner} server state {k!r} must be a list of tensors")
+        out[k] = [t.detach().clone() for t in val]
+    if len({len(v) for v in out.values()}) > 1:
+        raise StrategyError(f"{owner} server state tensor lists differ in length")
+    return out

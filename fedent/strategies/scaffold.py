@@ -1,0 +1,166 @@
+"""SCAFFOLD (Karimireddy et al. 2020) with option II control variates.
+
+Server control variate c (server state, initially 0) goes to the round's clients in
+``payload.tensors["c"]``. Client i (control variate c_i in its ClientState, initially 0) starts from
+x = w(t) and runs local SGD with rate η_l on the corrected gradient ∇F_i(y) − c_i + c. After K steps
+(K = the SGD steps actually taken, TrainResult.steps) it sets
+
+    c_i⁺ = c_i − c + (x − y_i) / (K η_l)                                     (option II)
+
+and uploads y_i (as ClientUpdate.params, from which Δy_i = y_i − x) and Δc_i = c_i⁺ − c_i in
+``ClientUpdate.tensors["delta_c"]``. The server, with S the participants and N all clients, applies
+
+    x ← x + η_g (1/|S|) Σ Δy_i,        c ← c + (|S|/N) (1/|S|) Σ Δc_i.
+
+Averages are unweighted, as in the SCAFFOLD paper. N comes from ``setup``. A client whose upload is lost
+after it updated c_i leaves the server's c without that Δc_i, as in any SCAFFOLD deployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedent.config import ConfigError
+from fedent.params import Params, clone, sub, weighted_sum, zeros_like
+from fedent.strategies.base import (
+    AggregateResult,
+    ClientState,
+    ClientTask,
+    ClientUpdate,
+    Probe,
+    RoundPayload,
+    Strategy,
+    StrategyError,
+    tensor_lists_from_state,
+    train_generator,
+)
+from fedent.trainer import GradHook, LocalTrainer
+
+C = "c"  # payload.tensors key of the server's c, and ClientState.tensors key of c_i
+DELTA_C = "delta_c"  # ClientUpdate.tensors key of Δc_i
+
+
+@dataclass(frozen=True)
+class ScaffoldOptions:
+    global_lr: float = 1.0  # η_g
+
+    def validate(self) -> None:
+        if not self.global_lr > 0:
+            raise ConfigError(f"algorithm.global_lr: must be > 0, got {self.global_lr}")
+
+
+def same_shapes(a: Sequence[Tensor], b: Sequence[Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape for x, y in zip(a, b, strict=True))
+
+
+def correction_hook(correction: Sequence[Tensor]) -> GradHook:
+    """grad += c − c_i (formed once per fit)."""
+    corr = list(correction)
+
+    def hook(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
+        with torch.no_grad():
+            torch._foreach_add_(list(grads), corr)
+
+    return hook
+
+
+def control_variate_delta(
+    x: Sequence[Tensor], y: Sequence[Tensor], c: Sequence[Tensor], steps: int, lr: float
+) -> Params:
+    """Δc_i = c_i⁺ − c_i = −c + (x − y) / (K η_l) (option II); zero when no step was taken."""
+    if steps <= 0:
+        return zeros_like(c)
+    delta = sub(x, y)
+    torch._foreach_mul_(delta, 1.0 / (steps * lr))
+    torch._foreach_sub_(delta, list(c))
+    return delta
+
+
+class Scaffold(Strategy):
+    name = "scaffold"
+    Options = ScaffoldOptions
+
+    def __init__(self, options: ScaffoldOptions | None = None) -> None:
+        self.options = options or ScaffoldOptions()
+        self.options.validate()
+        self._num_clients = 0
+        self._c: Params | None = None
+
+    # ---- server side -----------------------------------------------------------------------------
+    def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
+        if not client_sizes:
+            raise StrategyError("scaffold: setup needs at least one client")
+        self._num_clients = len(client_sizes)
+
+    def _server_c(self, global_params: Sequence[Tensor]) -> Params:
+        if self._c is None:
+            self._c = zeros_like(global_params)
+        if not same_shapes(self._c, global_params):
+            raise StrategyError("scaffold: the server control variate does not match the model's shapes")
+        return self._c
+
+    def round_payload(
+        self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]
+    ) -> RoundPayload:
+        return RoundPayload(round=rnd, tensors={C: clone(self._server_c(global_params))})
+
+    def aggregate(
+        self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
+    ) -> AggregateResult:
+        if self._num_clients <= 0:
+            raise StrategyError("scaffold: setup(global_params, client_sizes) must be called before round 0")
+        if not updates:
+            raise StrategyError("cannot aggregate zero updates")
+        x = list(global_params)
+        c = self._server_c(x)
+        for u in updates:
+            if not same_shapes(u.tensors.get(DELTA_C, []), x):
+                raise StrategyError(f"scaffold: client {u.cid}'s upload lacks {DELTA_C!r} matching the model")
+        s = len(updates)
+        # x + η_g · mean(y_i − x)
+        new = sub(weighted_sum([u.params for u in updates], [1.0 / s] * s), x)
+        torch._foreach_mul_(new, self.options.global_lr)
+        torch._foreach_add_(new, x)
+        # c + (|S|/N) · mean(Δc_i) = c + (1/N) Σ Δc_i
+        inv_n = 1.0 / self._num_clients
+        torch._foreach_add_(c, weighted_sum([u.tensors[DELTA_C] for u in updates], [inv_n] * s))
+        return AggregateResult(new)
+
+    def server_state(self) -> dict[str, Any]:
+        return {} if self._c is None else {C: clone(self._c)}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        self._c = tensor_lists_from_state(state, (C,), self.name)[C] if state else None
+
+    # ---- client side -----------------------------------------------------------------------------
+    def fit(
+        self,
+        trainer: LocalTrainer,
+        global_params: Sequence[Tensor],
+        payload: RoundPayload,
+        task: ClientTask,
+        state: ClientState,
+    ) -> ClientUpdate:
+        trainer.load(global_params)
+        x = clone(trainer.params)  # on the trainer's device
+        device = x[0].device if x else None
+        c = [t.to(device) for t in payload.tensors.get(C, [])]
+        if not same_shapes(c, x):
+            raise StrategyError(f"scaffold: the round payload lacks a tensors[{C!r}] matching the model")
+        c_i = [t.to(device) for t in state.tensors.get(C, zeros_like(x))]
+        if not same_shapes(c_i, x):
+            raise StrategyError(f"scaffold: client {task.cid}'s state does not match the model's shapes")
+        hook = correction_hook(sub(c, c_i))
+        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task), grad_hook=hook)
+        y = clone(trainer.params)
+        delta_c = control_variate_delta(x, y, c, res.steps, task.lr)
+        state.tensors[C] = list(torch._foreach_add(c_i, delta_c))
+        return ClientUpdate(task.cid, y, task.num_samples, res.loss, tensors={DELTA_C: delta_c})
+
+
+STRATEGY = Scaffold
