@@ -104,9 +104,15 @@ class ExperimentConfig:
         self.train.validate()
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["algorithm"] = {"name": self.algorithm.name, **dict(self.algorithm.options)}
-        return d
+        # asdict() would deep-copy the read-only options mapping, which cannot be pickled: build by hand.
+        return {
+            "name": self.name,
+            "data": dataclasses.asdict(self.data),
+            "model": dataclasses.asdict(self.model),
+            "train": dataclasses.asdict(self.train),
+            "algorithm": {"name": self.algorithm.name, **dict(self.algorithm.options)},
+            "out_dir": self.out_dir,
+        }
 
 
 def _check(ok: bool, key: str, why: str) -> None:
