@@ -1,0 +1,165 @@
+"""The dashboard's FastAPI app: read-only JSON routes, Prometheus metrics, an SSE change feed and the page.
+
+``create_app`` only needs a run directory, so the aggregator mounts it on its live run and
+``fedent dashboard RUN_DIR`` serves a finished simulator run with the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from fastapi.staticfiles import StaticFiles
+
+from server.dashboard import auth, prometheus, views
+from server.dashboard.models import (
+    ClientsOut,
+    ConfigOut,
+    EstimatorOut,
+    Health,
+    PartitionOut,
+    RoundsPage,
+    StatusOut,
+)
+from server.dashboard.rundir import RunDirReader
+
+STATIC_DIR = Path(__file__).parent / "static"
+MAX_PAGE = 1000
+# The page loads only its own files and talks only to this server; no inline script or style.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                               "frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer",  # the page may be opened with ?token=
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def _sse(event: str, data: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def create_app(
+    run_dir: Path,
+    token: str | None = None,
+    *,
+    poll_interval_s: float = 0.5,
+    keepalive_s: float = 10.0,
+    stale_after_s: float = 30.0,
+    clock: Callable[[], float] = time.time,
+) -> FastAPI:
+    """Build the app for one run directory; with ``token`` set, data routes require ``Authorization: Bearer``."""
+    if token is not None and not token.strip():
+        raise ValueError("dashboard token must not be empty")
+    reader = RunDirReader(Path(run_dir))
+    app = FastAPI(
+        title="FedEnt dashboard",
+        version="1",
+        description="Read-only status of one FedEnt run directory (simulator or cluster).",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.reader = reader
+    app.state.stopping = threading.Event()  # set by the server handle so open SSE streams end promptly
+
+    def require_token(request: Request, _: HTTPAuthorizationCredentials | None = Depends(auth.bearer_scheme)) -> None:
+        auth.check(token, request)
+
+    api = APIRouter(prefix="/api", tags=["api"])
+    guarded = [Depends(require_token)]
+
+    @api.get("/status", response_model=StatusOut, dependencies=guarded)
+    def get_status() -> StatusOut:
+        return views.build_status(reader.snapshot(), clock())
+
+    @api.get("/rounds", response_model=RoundsPage, dependencies=guarded)
+    def get_rounds(
+        offset: int = Query(0, ge=0, description="first round row to return"),
+        limit: int = Query(100, ge=1, le=MAX_PAGE, description="rows per page"),
+    ) -> RoundsPage:
+        return views.build_rounds(reader.snapshot(), offset, limit)
+
+    @api.get("/clients", response_model=ClientsOut, dependencies=guarded)
+    def get_clients() -> ClientsOut:
+        return views.build_clients(reader.snapshot(), clock(), stale_after_s)
+
+    @api.get("/estimator", response_model=EstimatorOut, dependencies=guarded)
+    def get_estimator() -> EstimatorOut:
+        return views.build_estimator(reader.snapshot())
+
+    @api.get("/config", response_model=ConfigOut, dependencies=guarded)
+    def get_config() -> ConfigOut:
+        return views.build_config(reader.snapshot())
+
+    @api.get("/partition", response_model=PartitionOut, dependencies=guarded)
+    def get_partition() -> PartitionOut:
+        return views.build_partition(reader.snapshot())
+
+    @api.get("/events", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+    async def get_events(
+        request: Request,
+        token_param: str | None = Query(None, alias="token", description="bearer token (EventSource sends no headers)"),
+    ) -> StreamingResponse:
+        """``change`` events naming the run files that changed; polled every ``poll_interval_s`` seconds."""
+        auth.check(token, request, allow_query=True)
+        del token_param  # read via auth.check; declared only for the OpenAPI schema
+        return StreamingResponse(
+            _event_stream(request), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def _event_stream(request: Request) -> AsyncIterator[str]:
+        stopping: threading.Event = app.state.stopping
+        last = reader.stamps()
+        yield "retry: 1000\n\n"
+        yield _sse("hello", _brief(list(last)))
+        quiet_since = time.monotonic()
+        while not stopping.is_set():
+            await asyncio.sleep(poll_interval_s)
+            if await request.is_disconnected():
+                break
+            now = reader.stamps()
+            changed = [name for name, stamp in now.items() if last.get(name) != stamp]
+            if changed:
+                last = now
+                quiet_since = time.monotonic()
+                yield _sse("change", _brief(changed))
+            elif time.monotonic() - quiet_since > keepalive_s:
+                quiet_since = time.monotonic()
+                yield ": keepalive\n\n"
+
+    def _brief(files: list[str]) -> dict[str, Any]:
+        st = views.mapping(reader.status())
+        return {"files": files, "phase": views.text(st.get("phase")), "round": views.integer(st.get("round"))}
+
+    app.include_router(api)
+
+    @app.get("/healthz", response_model=Health, tags=["ops"])
+    def healthz() -> Health:
+        return Health()
+
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=guarded, tags=["ops"])
+    def metrics() -> PlainTextResponse:
+        snap = reader.snapshot()
+        now = clock()
+        body = prometheus.render(
+            views.build_status(snap, now), views.round_rows(snap.metrics),
+            views.build_clients(snap, now, stale_after_s), views.build_estimator(snap), snap.status,
+        )
+        return PlainTextResponse(body, media_type=prometheus.CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app

@@ -1,0 +1,127 @@
+"""Response models of the dashboard API: they are the OpenAPI schema and the contract the page relies on.
+
+Every field the run directory may lack is optional, because the dashboard must answer (with empty data)
+for a run that has only just started or whose files are damaged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Health(BaseModel):
+    status: str = "ok"
+
+
+class StatusOut(BaseModel):
+    run_id: str
+    algorithm: str | None = None
+    phase: str = Field(description="starting, estimating, training, aggregating, evaluating, done, failed or unknown")
+    round: int | None = Field(None, description="round in progress (0-based), as status.json says")
+    rounds: int | None = Field(None, description="configured number of rounds")
+    rounds_completed: int = Field(0, description="lines in metrics.jsonl")
+    progress: float = Field(0.0, description="rounds_completed / rounds, in [0, 1]")
+    started_at: float | None = Field(None, description="Unix epoch seconds")
+    updated_at: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = Field(None, description="estimated seconds to finish (mean round time x rounds left)")
+    error: str | None = Field(None, description="failure message of a failed run")
+
+
+class FedentClientDiag(BaseModel):
+    client: int
+    theta: float | None = None
+    a: float | None = None
+    b: float | None = None
+    c: float | None = None
+    phi2_next: float | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    variant: str | None = None
+    eta_star: float | None = None
+    eta: float | None = None
+
+
+class FedentRound(BaseModel):
+    phi2_pred: float | None = None
+    phi2_actual: float | None = None
+    entropy: float | None = None
+    guards: int | None = None
+    clients: list[FedentClientDiag] = []
+
+
+class RoundOut(BaseModel):
+    round: int
+    algorithm: str | None = None
+    test_acc: float | None = None
+    test_loss: float | None = None
+    train_loss: float | None = None
+    clients: list[int] = []
+    num_clients: int | None = None
+    wall_s: float | None = None
+    elapsed_s: float | None = None
+    fedent: FedentRound | None = None
+    diagnostics: dict[str, Any] = {}
+
+
+class RoundsPage(BaseModel):
+    total: int
+    offset: int
+    limit: int
+    items: list[RoundOut]
+
+
+class ClientOut(BaseModel):
+    cid: int
+    worker: str | None = None
+    state: str | None = None
+    health: str = Field(description="ok, stale (no recent heartbeat), down (failed/lost) or unknown")
+    device: str | None = None
+    samples: int | None = None
+    participation: int = 0
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+    bytes_total: int | None = Field(None, description="bytes both ways (sent + received, or the writer's total)")
+    eta: float | None = Field(None, description="FedEnt learning rate used in the client's last round")
+    eta_star: float | None = Field(None, description="FedEnt's last η* before the decay")
+    last_heartbeat: float | None = Field(None, description="Unix epoch seconds")
+    heartbeat_age_s: float | None = None
+
+
+class ClientsOut(BaseModel):
+    source: str = Field(description="clients.json, metrics.jsonl (fallback) or none")
+    clients: list[ClientOut]
+
+
+class TrajectoryPoint(BaseModel):
+    round: int
+    phi2_pred: float | None = None
+    phi2_actual: float | None = None
+    entropy: float | None = None
+    guards: int | None = None
+
+
+class EstimatorOut(BaseModel):
+    available: bool
+    mode: str | None = None
+    trajectory: list[TrajectoryPoint]
+    report: dict[str, Any] = Field(default_factory=dict, description="Algorithm 1's convergence report etc.")
+
+
+class ConfigOut(BaseModel):
+    available: bool
+    config: dict[str, Any]
+    redacted: list[str] = Field(default_factory=list, description="dotted keys whose values were hidden")
+
+
+class PartitionOut(BaseModel):
+    available: bool
+    scheme: str | None = None
+    seed: int | None = None
+    num_clients: int = 0
+    num_classes: int = 0
+    md5: str | None = None
+    sizes: list[int] = []
+    label_counts: list[list[int]] = []

@@ -1,0 +1,381 @@
+"""Turn raw run-directory JSON into the API's response models.
+
+Pure functions of a ``Snapshot`` and the current time, so they are unit-testable without a server. The
+input is untrusted (any JSON value may be missing, null, NaN or of the wrong type), so each value goes
+through a small coercion helper and bad values become null instead of a 500.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from fedent.runlog import PHASES, jsonable, redact
+from server.dashboard.models import (
+    ClientOut,
+    ClientsOut,
+    ConfigOut,
+    EstimatorOut,
+    FedentClientDiag,
+    FedentRound,
+    PartitionOut,
+    RoundOut,
+    RoundsPage,
+    StatusOut,
+    TrajectoryPoint,
+)
+from server.dashboard.rundir import Snapshot
+
+ACTIVE_PHASES = ("starting", "estimating", "training", "aggregating", "evaluating")
+DOWN_STATES = ("failed", "lost", "dead", "error", "disconnected", "evicted")
+REDACTED = "***"
+# Wider than fedent.runlog's writer-side list: the dashboard also hides any key that names key material.
+_SECRET_KEY = re.compile(r"token|secret|passw|key|credential|cert_?pem|auth", re.IGNORECASE)
+
+
+# ---- coercion of untrusted JSON values ---------------------------------------------------------------
+
+def num(x: Any) -> float | None:
+    """A finite float, or None (bools, strings, NaN and inf are not numbers here)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def integer(x: Any) -> int | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and math.isfinite(x) and x.is_integer():
+        return int(x)
+    return None
+
+
+def text(x: Any) -> str | None:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return str(x)
+    return None
+
+
+def timestamp(x: Any) -> float | None:
+    """Unix epoch seconds from a number or an ISO-8601 string (writers should use numbers)."""
+    f = num(x)
+    if f is not None:
+        return f
+    if isinstance(x, str):
+        try:
+            dt = datetime.fromisoformat(x.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return dt.timestamp()
+    return None
+
+
+def mapping(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def free_json(x: Any) -> dict[str, Any]:
+    """A free-form JSON object made safe to serve (NaN -> null); anything else -> {}."""
+    if not isinstance(x, Mapping):
+        return {}
+    try:
+        out = jsonable(x)
+    except TypeError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+# ---- rounds ---------------------------------------------------------------------------------------------
+
+def _fedent_round(raw: Any) -> FedentRound | None:
+    if not isinstance(raw, Mapping):
+        return None
+    diags = []
+    for c in raw.get("clients") or []:
+        c = mapping(c)
+        cid = integer(c.get("client"))
+        if cid is None:
+            continue
+        diags.append(FedentClientDiag(
+            client=cid, variant=text(c.get("variant")),
+            **{k: num(c.get(k)) for k in ("theta", "a", "b", "c", "phi2_next", "beta", "gamma", "eta_star", "eta")},
+        ))
+    return FedentRound(
+        phi2_pred=num(raw.get("phi2_pred")), phi2_actual=num(raw.get("phi2_actual")),
+        entropy=num(raw.get("entropy")), guards=integer(raw.get("guards")), clients=diags,
+    )
+
+
+def round_row(rec: Mapping[str, Any]) -> RoundOut | None:
+    """One metrics.jsonl record as a typed row (None when it has no usable round number)."""
+    r = integer(rec.get("round"))
+    if r is None:
+        return None
+    clients = rec.get("clients")
+    cids = [c for c in (integer(v) for v in clients) if c is not None] if isinstance(clients, list) else []
+    return RoundOut(
+        round=r, algorithm=text(rec.get("algorithm")),
+        test_acc=num(rec.get("test_acc")), test_loss=num(rec.get("test_loss")), train_loss=num(rec.get("train_loss")),
+        clients=cids, num_clients=integer(rec.get("num_clients")),
+        wall_s=num(rec.get("wall_s")), elapsed_s=num(rec.get("elapsed_s")),
+        fedent=_fedent_round(rec.get("fedent")), diagnostics=free_json(rec.get("diagnostics")),
+    )
+
+
+def round_rows(metrics: list[dict[str, Any]]) -> list[RoundOut]:
+    return [row for row in (round_row(m) for m in metrics) if row is not None]
+
+
+def build_rounds(snap: Snapshot, offset: int, limit: int) -> RoundsPage:
+    rows = round_rows(snap.metrics)
+    return RoundsPage(total=len(rows), offset=offset, limit=limit, items=rows[offset:offset + limit])
+
+
+# ---- status ---------------------------------------------------------------------------------------------
+
+def _round_durations(rows: list[RoundOut]) -> list[float]:
+    walls = [r.wall_s for r in rows if r.wall_s is not None]
+    if walls:
+        return walls
+    elapsed = [r.elapsed_s for r in rows if r.elapsed_s is not None]
+    return [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False) if b >= a]
+
+
+def build_status(snap: Snapshot, now: float) -> StatusOut:
+    st = mapping(snap.status)
+    cfg = mapping(snap.config)
+    rows = round_rows(snap.metrics)
+    completed = len(rows)
+    rounds = integer(st.get("rounds"))
+    if rounds is None:
+        rounds = integer(mapping(cfg.get("train")).get("rounds"))
+    algorithm = text(st.get("algorithm")) or text(mapping(cfg.get("algorithm")).get("name"))
+    if algorithm is None and rows:
+        algorithm = rows[-1].algorithm
+    phase = text(st.get("phase"))
+    if phase not in PHASES:
+        phase = "done" if rounds is not None and completed >= rounds > 0 else "unknown"
+    cur = integer(st.get("round"))
+    started, updated = timestamp(st.get("started_at")), timestamp(st.get("updated_at"))
+    elapsed: float | None = None
+    if started is not None:
+        end = updated if phase in ("done", "failed") and updated is not None else now
+        elapsed = max(0.0, end - started)
+    elif rows and rows[-1].elapsed_s is not None:
+        elapsed = rows[-1].elapsed_s
+    eta: float | None = None
+    if phase == "done":
+        eta = 0.0
+    elif phase != "failed" and rounds is not None:
+        durations = _round_durations(rows)
+        if durations:
+            eta = max(0, rounds - completed) * (sum(durations) / len(durations))
+    progress = min(1.0, completed / rounds) if rounds else (1.0 if phase == "done" else 0.0)
+    state = mapping(st.get("state"))
+    error = text(state.get("error")) if phase == "failed" else None
+    return StatusOut(
+        run_id=text(st.get("run_id")) or snap.run_id, algorithm=algorithm, phase=phase, round=cur, rounds=rounds,
+        rounds_completed=completed, progress=progress, started_at=started, updated_at=updated,
+        elapsed_s=elapsed, eta_s=eta, error=error,
+    )
+
+
+# ---- clients --------------------------------------------------------------------------------------------
+
+def _client_rows(raw: Any) -> list[Mapping[str, Any]]:
+    """clients.json as rows: accepts {"clients": [...]}, a bare list, or a {cid: row} object."""
+    if isinstance(raw, Mapping):
+        inner = raw.get("clients")
+        if isinstance(inner, list):
+            raw = inner
+        elif isinstance(inner, Mapping):
+            raw = [{"cid": k, **mapping(v)} for k, v in inner.items()]
+        else:
+            return []
+    if not isinstance(raw, list):
+        return []
+    return [r for r in raw if isinstance(r, Mapping)]
+
+
+def _bytes(row: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(sent, received, total): clients.json's "bytes" may be a total or a {sent, received} object."""
+    b = row.get("bytes")
+    sent, recv = integer(row.get("bytes_sent")), integer(row.get("bytes_received"))
+    total = integer(b)
+    if isinstance(b, Mapping):
+        sent = sent if sent is not None else integer(b.get("sent"))
+        recv = recv if recv is not None else integer(b.get("received", b.get("recv")))
+        total = integer(b.get("total"))
+    elif isinstance(b, list) and len(b) == 2:
+        sent, recv = integer(b[0]), integer(b[1])
+    if total is None and (sent is not None or recv is not None):
+        total = (sent or 0) + (recv or 0)
+    return sent, recv, total
+
+
+def _health(state: str | None, age: float | None, run_active: bool, stale_after_s: float, listed: bool) -> str:
+    if state is not None and state.lower() in DOWN_STATES:
+        return "down"
+    if age is not None and run_active and age > stale_after_s:
+        return "stale"
+    return "ok" if listed else "unknown"
+
+
+def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> ClientsOut:
+    """clients.json rows, with participation and η filled in from metrics.jsonl where the file lacks them."""
+    rows = round_rows(snap.metrics)
+    participation: dict[int, int] = {}
+    last_eta: dict[int, tuple[float | None, float | None]] = {}
+    for r in rows:
+        for cid in r.clients:
+            participation[cid] = participation.get(cid, 0) + 1
+        if r.fedent is not None:
+            for d in r.fedent.clients:
+                last_eta[d.client] = (d.eta, d.eta_star)
+    part = mapping(snap.partition)
+    raw_sizes = part.get("sizes")
+    sizes: list[Any] = raw_sizes if isinstance(raw_sizes, list) else []
+    listed: dict[int, Mapping[str, Any]] = {}
+    for listed_row in _client_rows(snap.clients):
+        key = integer(listed_row.get("cid", listed_row.get("client", listed_row.get("id"))))
+        if key is not None:
+            listed[key] = listed_row
+    n_part = integer(part.get("num_clients")) or len(sizes)
+    cids = sorted(set(listed) | set(participation) | set(last_eta) | set(range(n_part or 0)))
+    run_active = text(mapping(snap.status).get("phase")) in ACTIVE_PHASES
+    out = []
+    for cid in cids:
+        row: Mapping[str, Any] = listed.get(cid, {})
+        state = text(row.get("state"))
+        hb = timestamp(row.get("last_heartbeat"))
+        age = max(0.0, now - hb) if hb is not None else None
+        sent, recv, total = _bytes(row)
+        m_eta, m_eta_star = last_eta.get(cid, (None, None))
+        eta, eta_star = num(row.get("eta")), num(row.get("eta_star"))
+        samples = integer(row.get("samples"))
+        if samples is None and 0 <= cid < len(sizes):
+            samples = integer(sizes[cid])
+        out.append(ClientOut(
+            cid=cid, worker=text(row.get("worker")), state=state,
+            health=_health(state, age, run_active, stale_after_s, cid in listed), device=text(row.get("device")),
+            samples=samples, participation=integer(row.get("participation")) or participation.get(cid, 0),
+            bytes_sent=sent, bytes_received=recv, bytes_total=total,
+            eta=eta if eta is not None else m_eta, eta_star=eta_star if eta_star is not None else m_eta_star,
+            last_heartbeat=hb, heartbeat_age_s=age,
+        ))
+    source = "clients.json" if listed else ("metrics.jsonl" if out else "none")
+    return ClientsOut(source=source, clients=out)
+
+
+# ---- estimator ------------------------------------------------------------------------------------------
+
+def _pick(d: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return None
+
+
+def build_estimator(snap: Snapshot) -> EstimatorOut:
+    """estimator.json's trajectory overlaid with what each round actually recorded in metrics.jsonl."""
+    est = mapping(snap.estimator)
+    points: dict[int, TrajectoryPoint] = {}
+    traj = est.get("trajectory")
+    if isinstance(traj, list):
+        for i, p in enumerate(traj):
+            p = mapping(p)
+            r = integer(_pick(p, "round", "t"))
+            r = i if r is None else r
+            points[r] = TrajectoryPoint(
+                round=r, phi2_pred=num(_pick(p, "phi2_pred", "predicted", "phi2")),
+                phi2_actual=num(_pick(p, "phi2_actual", "actual")), entropy=num(p.get("entropy")),
+                guards=integer(p.get("guards")),
+            )
+    for row in round_rows(snap.metrics):
+        f = row.fedent
+        if f is None:
+            continue
+        old = points.get(row.round, TrajectoryPoint(round=row.round))
+        points[row.round] = TrajectoryPoint(
+            round=row.round,
+            phi2_pred=f.phi2_pred if f.phi2_pred is not None else old.phi2_pred,
+            phi2_actual=f.phi2_actual if f.phi2_actual is not None else old.phi2_actual,
+            entropy=f.entropy if f.entropy is not None else old.entropy,
+            guards=f.guards if f.guards is not None else old.guards,
+        )
+    report = free_json({k: v for k, v in est.items() if k != "trajectory"})
+    inner = report.pop("report", None)
+    if isinstance(inner, dict):
+        report = {**report, **inner}
+    mode = text(report.get("mode"))
+    return EstimatorOut(
+        available=bool(points) or bool(report), mode=mode,
+        trajectory=[points[k] for k in sorted(points)], report=report,
+    )
+
+
+# ---- config and partition ---------------------------------------------------------------------------------
+
+def redact_config(obj: Any, prefix: str = "") -> tuple[Any, list[str]]:
+    """Hide values under secret-looking keys and any PEM block; return the copy and the dotted keys hidden."""
+    hidden: list[str] = []
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if _SECRET_KEY.search(str(k)) and v is not None and not isinstance(v, (Mapping, bool)):
+                out[str(k)] = REDACTED
+                hidden.append(path)
+            else:
+                out[str(k)], sub = redact_config(v, path)
+                hidden += sub
+        return out, hidden
+    if isinstance(obj, list):
+        items = []
+        for i, v in enumerate(obj):
+            red, sub = redact_config(v, f"{prefix}[{i}]")
+            items.append(red)
+            hidden += sub
+        return items, hidden
+    if isinstance(obj, str) and "-----BEGIN" in obj:
+        return REDACTED, [prefix]
+    return obj, hidden
+
+
+def build_config(snap: Snapshot) -> ConfigOut:
+    if not isinstance(snap.config, Mapping):
+        return ConfigOut(available=False, config={})
+    cleaned, hidden = redact_config(redact(free_json(snap.config)))
+    return ConfigOut(available=True, config=cleaned, redacted=hidden)
+
+
+def build_partition(snap: Snapshot) -> PartitionOut:
+    p = mapping(snap.partition)
+    counts_raw = p.get("label_counts")
+    counts: list[list[int]] = []
+    if isinstance(counts_raw, list):
+        for row in counts_raw:
+            if not isinstance(row, list):
+                counts = []
+                break
+            counts.append([max(0, integer(v) or 0) for v in row])
+    if counts and len({len(r) for r in counts}) != 1:
+        counts = []  # ragged: not a matrix, do not draw a lie
+    sizes_raw = p.get("sizes")
+    sizes = [max(0, integer(v) or 0) for v in sizes_raw] if isinstance(sizes_raw, list) else []
+    if not sizes and counts:
+        sizes = [sum(r) for r in counts]
+    num_classes = integer(p.get("num_classes")) or (len(counts[0]) if counts else 0)
+    return PartitionOut(
+        available=bool(p), scheme=text(p.get("scheme")), seed=integer(p.get("seed")),
+        num_clients=integer(p.get("num_clients")) or len(counts) or len(sizes), num_classes=num_classes,
+        md5=text(p.get("md5")), sizes=sizes, label_counts=counts,
+    )
