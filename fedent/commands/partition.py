@@ -1,0 +1,153 @@
+"""``fedent partition``: split a dataset's train labels over clients, write the JSON and an optional heatmap.
+
+The JSON is the same ``partition.json`` the simulator writes into a run directory, so a split can be
+inspected (and its md5 compared) before a run. Errors are one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedent.config import ConfigError, DataConfig, dataclass_from_mapping
+from fedent.data.datasets import DATASETS, DatasetError, load_dataset
+from fedent.data.partition import FLAVOURS, SCHEMES, PartitionError, make_partition
+
+# CLI flag (argparse dest) -> DataConfig field; a flag given on the command line beats the --config file.
+_FLAG_TO_FIELD = {
+    "dataset": "name",
+    "data_root": "root",
+    "download": "download",
+    "scheme": "partition",
+    "alpha": "alpha",
+    "flavour": "dirichlet_flavour",
+    "clients": "num_clients",
+    "min_samples": "min_samples",
+    "shards_per_client": "shards_per_client",
+    "max_train_samples": "max_train_samples",
+    "synthetic_train": "synthetic_train",
+}
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "partition",
+        help="split a dataset over clients (iid, pathological, dirichlet) and write partition JSON + heatmap",
+        description="Split a dataset's train set over clients; writes label counts per client and an md5.",
+    )
+    p.add_argument("--config", help="YAML experiment config; its data section gives the defaults")
+    p.add_argument("--dataset", choices=DATASETS, default=None, help="dataset name (default fashion-mnist)")
+    p.add_argument("--scheme", choices=SCHEMES, default=None, help="partition scheme (default pathological)")
+    p.add_argument("--alpha", type=float, default=None, help="Dirichlet concentration alpha_d (default 0.5)")
+    p.add_argument("--flavour", choices=FLAVOURS, default=None, help="Dirichlet flavour (default client)")
+    p.add_argument("--clients", type=int, default=None, help="number of clients N (default 100)")
+    p.add_argument("--seed", type=int, default=None, help="partition seed (default: train.seed of --config, else 0)")
+    p.add_argument("--data-root", default=None, help="directory holding the dataset (searched first)")
+    p.add_argument("--download", action="store_true", default=None, help="allow torchvision to download it")
+    p.add_argument("--min-samples", type=int, default=None, help="minimum samples per client (Dirichlet)")
+    p.add_argument("--shards-per-client", type=int, default=None, help="shards per client (pathological)")
+    p.add_argument("--max-train-samples", type=int, default=None, help="seeded subsample of the train set first")
+    p.add_argument("--synthetic-train", type=int, default=None, help="train size of the synthetic dataset")
+    p.add_argument("--out", required=True, help="where to write the partition JSON")
+    p.add_argument("--heatmap", default=None, help="also write the clients x classes label heatmap PNG here")
+
+
+def _config_data(path: str) -> tuple[dict[str, Any], int | None]:
+    """The data section and train.seed of a YAML config file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    data = raw.get("data") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: data: expected a mapping")
+    seed = (raw.get("train") or {}).get("seed") if isinstance(raw.get("train"), dict) else None
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigError(f"{p}: train.seed: expected an integer, got {seed!r}")
+    return dict(data), seed
+
+
+def resolve(args: argparse.Namespace) -> tuple[DataConfig, int]:
+    """DataConfig and seed from --config (if any) overridden by the flags given explicitly."""
+    data: dict[str, Any] = {}
+    seed: int | None = None
+    if args.config:
+        data, seed = _config_data(args.config)
+    for flag, fname in _FLAG_TO_FIELD.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            data[fname] = value
+    cfg: DataConfig = dataclass_from_mapping(DataConfig, data, "data")
+    cfg.validate()
+    return cfg, int(args.seed if args.seed is not None else (seed or 0))
+
+
+def _dumps_one_key_per_line(obj: dict[str, Any]) -> str:
+    """Valid JSON with one top-level key per line: readable, yet a 100 x 10 count matrix stays one line."""
+    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items())
+    return "{\n" + body + "\n}\n"
+
+
+def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(_dumps_one_key_per_line(obj))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg, seed = resolve(args)
+        ds = load_dataset(cfg, seed=seed)
+        labels = ds.y_train.numpy()
+        part = make_partition(labels, cfg, seed, num_classes=ds.num_classes)
+        doc = part.to_json(labels)
+        doc = {
+            "dataset": ds.name,
+            "source": ds.source,
+            "num_samples": int(labels.size),
+            **doc,
+            "data_config": dataclasses.asdict(cfg),
+        }
+        out = Path(args.out)
+        _write_json_atomic(out, doc)
+        if args.heatmap:
+            from fedent.data.heatmap import plot_label_heatmap  # matplotlib only when asked for
+
+            title = f"{ds.name} {part.scheme}" + (
+                f" (alpha={cfg.alpha}, {cfg.dirichlet_flavour})" if part.scheme == "dirichlet" else ""
+            )
+            plot_label_heatmap(part.label_counts(labels), Path(args.heatmap), title=title)
+    except (DatasetError, PartitionError, ConfigError, OSError) as e:
+        msg = " ".join(str(e).split())
+        print(f"fedent partition: error: {msg}", file=sys.stderr)
+        return 2
+    sizes = part.sizes()
+    counts = part.label_counts(labels)
+    classes_per_client = (counts > 0).sum(axis=1)
+    desc = part.scheme + (f"(alpha={cfg.alpha}, flavour={cfg.dirichlet_flavour})" if part.scheme == "dirichlet" else "")
+    print(
+        f"partition {desc} of {ds.name} ({ds.source}), seed {seed}: {part.num_clients} clients, "
+        f"sizes {min(sizes)}..{max(sizes)}, classes/client {classes_per_client.min()}..{classes_per_client.max()}, "
+        f"{sum(sizes)}/{labels.size} samples used, md5 {part.md5()} -> {out}"
+        + (f" + {args.heatmap}" if args.heatmap else "")
+    )
+    return 0
