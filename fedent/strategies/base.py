@@ -101,6 +101,13 @@ class Strategy(ABC):
     def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
         """Called once before round 0 with the initial model and every client's sample count."""
 
+    def prepare(
+        self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int], rounds: int
+    ) -> dict[str, Any]:
+        """Called by the simulator before round 0 with a gradient oracle over all clients
+        (fedent.meanfield.oracle); FedEnt's offline mode runs Algorithm 1 here. Returns a report."""
+        return {}
+
     def round_payload(self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]) -> RoundPayload:
         return RoundPayload(round=rnd)
 
