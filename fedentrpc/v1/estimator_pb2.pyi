@@ -31,16 +31,18 @@ class FedEntParams(_message.Message):
     def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., variant: _Optional[str] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ClientScalars(_message.Message):
-    __slots__ = ("cid", "a", "b", "num_samples")
+    __slots__ = ("cid", "a", "b", "num_samples", "theta")
     CID_FIELD_NUMBER: _ClassVar[int]
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    THETA_FIELD_NUMBER: _ClassVar[int]
     cid: int
     a: float
     b: float
     num_samples: int
-    def __init__(self, cid: _Optional[int] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    theta: float
+    def __init__(self, cid: _Optional[int] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., num_samples: _Optional[int] = ..., theta: _Optional[float] = ...) -> None: ...
 
 class SolveOnlineRequest(_message.Message):
     __slots__ = ("run_id", "round", "c", "clients", "params", "phi2_init")
@@ -59,7 +61,7 @@ class SolveOnlineRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., c: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientScalars, _Mapping]]] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., phi2_init: _Optional[float] = ...) -> None: ...
 
 class SolveOnlineReply(_message.Message):
-    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics")
+    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics", "report_json")
     class EtaStarEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,12 +81,14 @@ class SolveOnlineReply(_message.Message):
     CONVERGED_FIELD_NUMBER: _ClassVar[int]
     ETA_STAR_FIELD_NUMBER: _ClassVar[int]
     DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
     phi2_next: float
     iterations: int
     converged: bool
     eta_star: _containers.ScalarMap[int, float]
     diagnostics: _containers.ScalarMap[str, float]
-    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    report_json: str
+    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ..., report_json: _Optional[str] = ...) -> None: ...
 
 class StartOfflineRequest(_message.Message):
     __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s")
