@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -87,7 +88,7 @@ class _Run:
         self.trainer = LocalTrainer(model, data.x_train, data.y_train, cfg.train.batch_size, device)
         self.x_test = data.x_test.to(device)
         self.y_test = data.y_test.to(device)
-        self.indices: list[Tensor] = [torch.as_tensor(ix, dtype=torch.int64) for ix in inputs.client_indices]
+        self.indices: list[Tensor] = [torch.tensor(np.asarray(ix), dtype=torch.int64) for ix in inputs.client_indices]
         self.sizes = inputs.client_sizes()
         self.states: dict[int, ClientState] = {}
         self.global_params: Params = clone(self.trainer.params)

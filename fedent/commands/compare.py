@@ -1,0 +1,59 @@
+"""``fedent compare``: several algorithms x seeds on identical partitions and sampling -> compare.md + figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedent.config import ConfigError, load_config
+from fedent.sim.errors import check_device, input_error_types, one_line
+
+DEFAULT_ALGORITHMS = "fedavg,fedadam,fedprox,feddyn,fedent"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "compare", help="compare algorithms on identical partitions and client sampling",
+        description="Run several algorithms for several seeds on identical data, partitions and client sampling; "
+                    "write compare.md (final/best accuracy, rounds to target) and paper-style figures.")
+    p.add_argument("--config", required=True, help="experiment YAML (its algorithm section is the default options)")
+    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS, help=f"comma-separated (default {DEFAULT_ALGORITHMS})")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key for every run (repeatable)")
+    p.add_argument("--algo-set", dest="algo_overrides", action="append", default=[], metavar="ALGO.KEY=VALUE",
+                   help="an option of one algorithm, e.g. fedprox.mu=0.1 (repeatable)")
+    p.add_argument("--target", type=float, default=None,
+                   help="accuracy for 'rounds to reach' (default: train.target_accuracy)")
+    p.add_argument("--local-eval", type=int, default=None, metavar="K",
+                   help="evaluate K uploaded local models per eval round (deviation figure)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
+    p.add_argument("--out", default=None, help="output directory (default: <out_dir>/compare-<name>)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedent.sim.compare import parse_list, run_comparison
+
+    cfg = load_config(args.config, args.overrides)
+    algorithms = parse_list(args.algorithms, "algorithms", str)
+    seeds = parse_list(args.seeds, "seeds", int)
+    if args.target is not None and not 0.0 < args.target <= 1.0:
+        raise ConfigError("--target: must be an accuracy in (0, 1]")
+    if args.local_eval is not None and args.local_eval < 0:
+        raise ConfigError("--local-eval: must be >= 0")
+    check_device(cfg, args.device)
+    out = Path(args.out) if args.out else Path(cfg.out_dir) / f"compare-{cfg.name}"
+    try:
+        res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
+                             device=args.device, progress=not args.no_progress, local_eval=args.local_eval)
+    except input_error_types() as e:
+        print(f"fedent compare: {one_line(e)}", file=sys.stderr)
+        return 2
+    from fedent.sim.compare import markdown_table
+
+    print(markdown_table(res.summaries, res.target))
+    print(f"wrote {out / 'compare.md'} and {len(res.figures)} figures in {out / 'figures'}")
+    failed = sum(s.failed for s in res.summaries)
+    return 1 if failed else 0

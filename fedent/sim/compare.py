@@ -1,0 +1,257 @@
+"""Several algorithms x seeds on identical partitions and client sampling, summarised as a table and figures.
+
+For one seed every algorithm gets the same data, partition, initial model and participants per round
+(fedent.rng.sample_clients depends only on the seed), so differences come from the algorithms alone. The
+summary checks that claim from the logs themselves (participants per round and partition md5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedent import runlog
+from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
+from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.sim.simulator import SimulationError, run_simulation
+from fedent.strategies.registry import validate_algorithm
+
+Records = Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    algorithm: str
+    seed: int
+    run_dir: Path
+    final_acc: float | None
+    best_acc: float | None
+    rounds_to_target: int | None  # number of rounds until test_acc >= target (None: never)
+    wall_s: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AlgorithmSummary:
+    algorithm: str
+    runs: int
+    final: tuple[float, float] | None  # (mean, std) over seeds that finished
+    best: tuple[float, float] | None
+    reach: tuple[float, float] | None  # over seeds that reached the target
+    reached: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class ComparisonResult:
+    out_dir: Path
+    runs: list[RunSummary]
+    summaries: list[AlgorithmSummary]
+    target: float | None
+    same_sampling: bool
+    figures: list[Path] = field(default_factory=list)
+
+
+def rounds_to_target(records: Records, target: float | None) -> int | None:
+    """Rounds (1-based count) until the global test accuracy first reaches ``target``."""
+    if target is None:
+        return None
+    for r in records:
+        acc = r.get("test_acc")
+        if acc is not None and acc >= target:
+            return int(r["round"]) + 1
+    return None
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float] | None:
+    if not values:
+        return None
+    arr = np.asarray(values, dtype=float)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def summarize(runs: Sequence[RunSummary], algorithms: Sequence[str]) -> list[AlgorithmSummary]:
+    out = []
+    for algo in algorithms:
+        mine = [r for r in runs if r.algorithm == algo]
+        ok = [r for r in mine if r.error is None]
+        out.append(AlgorithmSummary(
+            algorithm=algo,
+            runs=len(mine),
+            final=_mean_std([r.final_acc for r in ok if r.final_acc is not None]),
+            best=_mean_std([r.best_acc for r in ok if r.best_acc is not None]),
+            reach=_mean_std([float(r.rounds_to_target) for r in ok if r.rounds_to_target is not None]),
+            reached=sum(r.rounds_to_target is not None for r in ok),
+            failed=len(mine) - len(ok),
+        ))
+    return out
+
+
+def _pct(ms: tuple[float, float] | None) -> str:
+    return "—" if ms is None else f"{100 * ms[0]:.2f} ± {100 * ms[1]:.2f}"
+
+
+def _reach(s: AlgorithmSummary, target: float | None) -> str:
+    if target is None:
+        return "—"
+    if s.reach is None:
+        return f"not reached (0/{s.runs})"
+    mean, std = s.reach
+    return f"{mean:.1f} ± {std:.1f} ({s.reached}/{s.runs})"
+
+
+def markdown_table(summaries: Sequence[AlgorithmSummary], target: float | None) -> str:
+    """The comparison table: accuracies in percent, mean ± sample std over seeds."""
+    tgt = f"{100 * target:.1f}%" if target is not None else "target (unset)"
+    lines = [
+        f"| algorithm | final accuracy (%) | best accuracy (%) | rounds to {tgt} | failed runs |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for s in summaries:
+        lines.append(f"| {s.algorithm} | {_pct(s.final)} | {_pct(s.best)} | {_reach(s, target)} | {s.failed} |")
+    return "\n".join(lines)
+
+
+def sampling_identical(records_by_run: Mapping[tuple[str, int], Records]) -> bool:
+    """True when, for every seed, all algorithms logged the same participants in every round they share."""
+    by_seed: dict[int, list[dict[int, list[int]]]] = {}
+    for (_, seed), recs in records_by_run.items():
+        by_seed.setdefault(seed, []).append({int(r["round"]): list(r["clients"]) for r in recs})
+    for runs in by_seed.values():
+        for other in runs[1:]:
+            common = set(runs[0]) & set(other)
+            if any(runs[0][t] != other[t] for t in common):
+                return False
+    return True
+
+
+def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str]) -> AlgorithmConfig:
+    """Options for ``name``: the config's own options when it names that algorithm, then ``NAME.KEY=VALUE``."""
+    for o in overrides:
+        if "." not in o.partition("=")[0]:
+            raise ConfigError(f"--algo-set {o!r}: expected ALGORITHM.KEY=VALUE, e.g. fedprox.mu=0.1")
+    opts: dict[str, Any] = dict(base.algorithm.options) if base.algorithm.name == name else {}
+    mine = [o.partition(".")[2] for o in overrides if o.partition(".")[0] == name]
+    opts = apply_overrides(opts, mine)
+    spec = AlgorithmConfig(name=name, options=opts)
+    validate_algorithm(spec)
+    return spec
+
+
+def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"--{what}: expected a comma-separated list")
+    try:
+        values = [cast(t) for t in items]
+    except ValueError:
+        raise ConfigError(f"--{what}: cannot parse {text!r}") from None
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--{what}: duplicate entries in {text!r}")
+    return values
+
+
+def run_comparison(
+    cfg: ExperimentConfig,
+    algorithms: Sequence[str],
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    *,
+    target: float | None = None,
+    algo_overrides: Sequence[str] = (),
+    device: str | None = None,
+    progress: bool = True,
+    local_eval: int | None = None,
+    inputs_for: Callable[[ExperimentConfig], SimInputs] = load_inputs,
+) -> ComparisonResult:
+    """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures."""
+    out = Path(out_dir)
+    specs = {a: algorithm_config(a, cfg, algo_overrides) for a in algorithms}  # fail before any training
+    unknown = sorted({o.partition(".")[0] for o in algo_overrides} - set(algorithms))
+    if unknown:
+        raise ConfigError(f"--algo-set: {', '.join(unknown)} is not among --algorithms")
+    target = target if target is not None else cfg.train.target_accuracy
+    runs: list[RunSummary] = []
+    records: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    md5s: dict[int, Any] = {}
+    for seed in seeds:
+        cfg_s = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=int(seed)))
+        inputs = inputs_for(cfg_s)
+        md5s[int(seed)] = inputs.partition_info.get("md5")
+        for algo in algorithms:
+            cfg_a = dataclasses.replace(cfg_s, algorithm=specs[algo], name=f"{cfg.name}-{algo}")
+            run_dir = out / "runs" / f"{algo}-s{seed}"
+            try:
+                res = run_simulation(cfg_a, run_dir, device=device, progress=progress, inputs=inputs,
+                                     local_eval=local_eval, label=f"{algo} s{seed}")
+            except SimulationError as e:
+                recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
+                records[(algo, int(seed))] = recs
+                runs.append(RunSummary(algo, int(seed), run_dir, None, None, None, None, error=str(e)))
+                continue
+            records[(algo, int(seed))] = res.records
+            runs.append(RunSummary(algo, int(seed), run_dir, res.final_acc, res.best_acc,
+                                   rounds_to_target(res.records, target), res.wall_s))
+    summaries = summarize(runs, algorithms)
+    same = sampling_identical(records)
+    from fedent.plots import plot_groups
+
+    groups = {a: [records[(a, int(s))] for s in seeds if records.get((a, int(s)))] for a in algorithms}
+    figures = plot_groups(groups, out / "figures", title=cfg.name)
+    result = ComparisonResult(out, runs, summaries, target, same, figures)
+    write_report(result, cfg, seeds, md5s)
+    return result
+
+
+def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequence[int],
+                 md5s: Mapping[int, Any]) -> None:
+    """compare.md (human) and summary.json (machine) in the comparison directory."""
+    out = result.out_dir
+    d, t = cfg.data, cfg.train
+    part = d.partition + (f" (α={d.alpha})" if d.partition == "dirichlet" else "")
+    lines = [
+        f"# Comparison: {cfg.name}",
+        "",
+        f"- data: {d.name}, {part}, {d.num_clients} clients, {100 * t.fraction:g}% per round; "
+        f"model {cfg.model.name}",
+        f"- training: {t.rounds} rounds, {t.local_epochs} local epochs, batch {t.batch_size}, lr {t.lr:g}",
+        f"- seeds: {', '.join(str(s) for s in seeds)} (accuracy: mean ± sample std over seeds)",
+        f"- partition md5 per seed: {', '.join(f'{s}: {md5s.get(int(s))}' for s in seeds)}",
+        f"- identical participants per round across algorithms: {'yes' if result.same_sampling else 'NO'}",
+        "",
+        markdown_table(result.summaries, result.target),
+        "",
+        "## Runs",
+        "",
+        "| algorithm | seed | final (%) | best (%) | rounds to target | wall (s) | run dir |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in result.runs:
+        fin = "—" if r.final_acc is None else f"{100 * r.final_acc:.2f}"
+        best = "—" if r.best_acc is None else f"{100 * r.best_acc:.2f}"
+        reach = "—" if r.rounds_to_target is None else str(r.rounds_to_target)
+        wall = f"failed: {r.error}" if r.error else f"{r.wall_s:.1f}"
+        lines.append(f"| {r.algorithm} | {r.seed} | {fin} | {best} | {reach} | {wall} | "
+                     f"{r.run_dir.relative_to(out)} |")
+    if result.figures:
+        lines += ["", "## Figures", ""]
+        lines += [f"![{p.stem}]({p.relative_to(out)})" for p in result.figures]
+    runlog.atomic_write_text(out / "compare.md", "\n".join(lines) + "\n")
+
+    def ms(v: tuple[float, float] | None) -> dict[str, float] | None:
+        return None if v is None or any(math.isnan(x) for x in v) else {"mean": v[0], "std": v[1]}
+
+    runlog.atomic_write_json(out / "summary.json", {
+        "config": cfg.to_dict(), "seeds": list(seeds), "target": result.target,
+        "same_sampling": result.same_sampling,
+        "algorithms": [{"algorithm": s.algorithm, "runs": s.runs, "final_acc": ms(s.final), "best_acc": ms(s.best),
+                        "rounds_to_target": ms(s.reach), "reached": s.reached, "failed": s.failed}
+                       for s in result.summaries],
+        "runs": [dataclasses.asdict(r) | {"run_dir": str(r.run_dir)} for r in result.runs],
+    })

@@ -1,0 +1,29 @@
+"""Turning expected failures into one-line CLI errors (and their exit codes) without a traceback."""
+
+from __future__ import annotations
+
+from fedent.config import ConfigError, ExperimentConfig
+from fedent.trainer import resolve_device
+
+
+def input_error_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean "fix your inputs" (exit 2): missing or unreadable dataset files."""
+    try:
+        from fedent.data import DatasetError
+    except ImportError:  # the data package is optional for this check
+        return (FileNotFoundError,)
+    return (DatasetError, FileNotFoundError)
+
+
+def check_device(cfg: ExperimentConfig, device: str | None) -> None:
+    """Fail before any work when the requested device does not exist (a config error, not a crash)."""
+    try:
+        resolve_device(device or cfg.train.device)
+    except (ValueError, RuntimeError) as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def one_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name when the message is empty."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
