@@ -1,0 +1,187 @@
+"""Algorithm 1: the offline mean-field fixed point φ1(t), φ2(t), t = 0..T (spec §3 "offline").
+
+Each sweep k runs forward over t (spec §3):
+
+1. φ1ᵏ(0) = w(0);
+2. at each t every client evaluates g_i at φ1ᵏ(t) (through a ``GradientOracle``: the estimator
+   never sees data);
+3. η*_i(t) solves Eq. (eta_solve_t_1) with φ2ᵏ⁻¹(t+1) from the previous sweep (‖w(0)‖² in sweep 1);
+4. φ1ᵏ(t+1) = Σθ_i(φ1ᵏ(t) − η*_i g_i) (Eq. (phi_1)) and φ2ᵏ(t+1) = Σθ_i q_i(η*_i) (Eq. (phi_calc)).
+
+The sweep stops when the largest relative change over t of φ1 (L2) is below ε1 *and* that of φ2 is
+below ε2 (the paper's "simultaneously"), or after ``max_sweeps``. Sweep 1 is compared with the
+initial guess φ1⁰(t) = w(0), φ2⁰(t) = ‖w(0)‖². Each sweep costs T·N gradient evaluations; only one
+trajectory (T+1 models) is held in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import Tensor
+
+from fedent.meanfield.lr import VARIANTS, q_value, solve_eta
+from fedent.params import Params, clone, dot, norm_sq
+
+_TINY = 1e-300
+
+
+class GradientOracle(Protocol):
+    """∇F_i at a point, for client ``cid`` at step ``t`` (a random batch fixed by (t, cid))."""
+
+    def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params: ...
+
+
+@dataclass(frozen=True)
+class FixedPointReport:
+    """How Algorithm 1 ended: sweeps, final residuals, which test stopped it, per-sweep history."""
+
+    sweeps: int
+    stop_reason: str  # "converged" | "max_sweeps"
+    stopped_by: str  # "eps1+eps2" when converged, else "max_sweeps"
+    phi1_converged: bool  # state of the ε1 test at the last sweep
+    phi2_converged: bool  # state of the ε2 test at the last sweep
+    phi1_residual: float
+    phi2_residual: float
+    history: tuple[tuple[float, float], ...]  # (φ1 residual, φ2 residual) per sweep
+    gradient_evaluations: int
+    guards: int  # guarded η* solves over all sweeps
+    eps1: float
+    eps2: float
+
+    @property
+    def converged(self) -> bool:
+        return self.stop_reason == "converged"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweeps": self.sweeps,
+            "stop_reason": self.stop_reason,
+            "stopped_by": self.stopped_by,
+            "phi1_converged": self.phi1_converged,
+            "phi2_converged": self.phi2_converged,
+            "phi1_residual": self.phi1_residual,
+            "phi2_residual": self.phi2_residual,
+            "history": [list(h) for h in self.history],
+            "gradient_evaluations": self.gradient_evaluations,
+            "guards": self.guards,
+            "eps1": self.eps1,
+            "eps2": self.eps2,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class FixedPointResult:
+    phi1: list[Params]  # φ1(t), t = 0..T
+    phi2: NDArray[np.float64]  # φ2(t), t = 0..T (φ2(0) = ‖w(0)‖²)
+    eta_star: NDArray[np.float64]  # η*_i(t) of the last sweep, shape (T, N), clients in the given order
+    report: FixedPointReport
+
+
+def solve_fixed_point(
+    oracle: GradientOracle,
+    w0: Sequence[Tensor],
+    client_ids: Sequence[int],
+    thetas: Sequence[float],
+    horizon: int,
+    beta: float,
+    variant: str = "exact",
+    eps1: float = 1e-3,
+    eps2: float = 1e-3,
+    max_sweeps: int = 20,
+) -> FixedPointResult:
+    """Run Algorithm 1 over ``client_ids`` (θ over them, summing to 1) for t = 0..``horizon``."""
+    _validate(client_ids, thetas, horizon, beta, variant, eps1, eps2, max_sweeps)
+    th = np.asarray(thetas, dtype=np.float64)
+    n = len(client_ids)
+    start = clone(w0)
+    c0 = norm_sq(start)
+    phi1: list[Params] = [clone(start) for _ in range(horizon + 1)]  # φ1⁰(t) = w(0)
+    phi2 = np.full(horizon + 1, c0)  # φ2⁰(t) = ‖w(0)‖²
+    etas = np.zeros((horizon, n))
+    history: list[tuple[float, float]] = []
+    evals = guards = 0
+    ok1 = ok2 = False
+    for _ in range(max_sweeps):
+        res1 = res2 = 0.0
+        point = phi1[0]
+        new_phi2 = phi2.copy()
+        for t in range(horizon):
+            c = norm_sq(point)
+            step = [torch.zeros_like(p) for p in point]  # Σθ_i η_i g_i
+            q_sum = 0.0
+            for j, cid in enumerate(client_ids):
+                g = oracle.gradient(t, int(cid), point)
+                evals += 1
+                a, b = dot(point, g), norm_sq(g)
+                sol = solve_eta(a, b, c, th[j], phi2[t + 1], beta, variant)
+                eta = float(sol.eta_star[0])
+                guards += sol.guards
+                etas[t, j] = eta
+                if eta != 0.0:
+                    torch._foreach_add_(step, list(g), alpha=float(th[j] * eta))
+                q_sum += float(th[j] * q_value(eta, a, b, c))
+            nxt = list(torch._foreach_sub(list(point), step))
+            old = phi1[t + 1]
+            res1 = max(res1, _rel(norm_sq(torch._foreach_sub(nxt, old)) ** 0.5, norm_sq(old) ** 0.5))
+            res2 = max(res2, _rel(abs(q_sum - phi2[t + 1]), abs(phi2[t + 1])))
+            phi1[t + 1] = nxt
+            new_phi2[t + 1] = q_sum
+            point = nxt
+        phi2 = new_phi2
+        history.append((res1, res2))
+        ok1, ok2 = res1 < eps1, res2 < eps2
+        if ok1 and ok2:
+            break
+    converged = ok1 and ok2
+    report = FixedPointReport(
+        sweeps=len(history),
+        stop_reason="converged" if converged else "max_sweeps",
+        stopped_by="eps1+eps2" if converged else "max_sweeps",
+        phi1_converged=ok1,
+        phi2_converged=ok2,
+        phi1_residual=history[-1][0],
+        phi2_residual=history[-1][1],
+        history=tuple(history),
+        gradient_evaluations=evals,
+        guards=guards,
+        eps1=eps1,
+        eps2=eps2,
+    )
+    return FixedPointResult(phi1=phi1, phi2=phi2, eta_star=etas, report=report)
+
+
+def _rel(diff: float, scale: float) -> float:
+    return diff / max(scale, _TINY) if diff > 0 else 0.0
+
+
+def _validate(
+    client_ids: Sequence[int],
+    thetas: Sequence[float],
+    horizon: int,
+    beta: float,
+    variant: str,
+    eps1: float,
+    eps2: float,
+    max_sweeps: int,
+) -> None:
+    if len(client_ids) == 0 or len(client_ids) != len(thetas):
+        raise ValueError("need one theta per client and at least one client")
+    th = np.asarray(thetas, dtype=np.float64)
+    if not np.all(np.isfinite(th)) or np.any(th < 0) or abs(float(th.sum()) - 1.0) > 1e-9:
+        raise ValueError("thetas must be finite, non-negative and sum to 1")
+    if horizon < 1:
+        raise ValueError(f"horizon T must be >= 1, got {horizon}")
+    if not (0.0 < beta < 1.0):
+        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if not (eps1 > 0 and eps2 > 0):
+        raise ValueError("eps1 and eps2 must be > 0")
+    if max_sweeps < 1:
+        raise ValueError(f"max_sweeps must be >= 1, got {max_sweeps}")

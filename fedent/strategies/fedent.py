@@ -1,0 +1,203 @@
+"""FedEnt (Algorithm 2): per-client adaptive rates from the entropy objective via mean-field terms.
+
+Round t: each participant probes g_i at w(t) on one random batch and reports (a_i, b_i, D_i)
+(Algorithm 2, line 4); the server asks the estimator for φ2(t+1) and broadcasts (φ2', c, ΣD); each
+client solves η*_i by Proposition 1 (Eq. (eta_solve_t_1)), decays it with its own previous rate
+(Eq. (eta_deacy)), runs E epochs of SGD at that fixed rate, and the server takes the θ-weighted mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from fedent.config import ConfigError
+from fedent.meanfield.decay import ETA_STATE_KEY, decayed_rate, previous_rate
+from fedent.meanfield.diagnostics import ParticipantReport, fedent_round_record
+from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator, Phi2Estimator
+from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
+from fedent.meanfield.lr import VARIANTS, solve_eta
+from fedent.params import clone, dot, norm_sq
+from fedent.rng import torch_generator
+from fedent.strategies.base import (
+    AggregateResult,
+    ClientState,
+    ClientTask,
+    ClientUpdate,
+    Probe,
+    RoundPayload,
+    Strategy,
+    StrategyError,
+    train_generator,
+    weighted_average,
+)
+from fedent.trainer import LocalTrainer
+
+ESTIMATORS = ("online", "offline")
+_PROBE_ROUND = "probe_round"
+
+
+@dataclass(frozen=True)
+class FedEntOptions:
+    beta: float = 0.99
+    gamma: float = 0.99
+    variant: str = "exact"
+    estimator: str = "online"
+    eps1: float = 1e-3
+    eps2: float = 1e-3
+    max_sweeps: int = 20
+    probe_batch_size: int | None = None  # None: the training batch size
+
+    def validate(self) -> None:
+        if not 0.0 < self.beta < 1.0:
+            raise ConfigError("algorithm.beta: must be in (0, 1)")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError("algorithm.gamma: must be in [0, 1]")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"algorithm.variant: must be one of {', '.join(VARIANTS)}")
+        if self.estimator not in ESTIMATORS:
+            raise ConfigError(f"algorithm.estimator: must be one of {', '.join(ESTIMATORS)}")
+        if not (self.eps1 > 0 and self.eps2 > 0):
+            raise ConfigError("algorithm.eps1/eps2: must be > 0")
+        if self.max_sweeps < 1:
+            raise ConfigError("algorithm.max_sweeps: must be >= 1")
+        if self.probe_batch_size is not None and self.probe_batch_size < 1:
+            raise ConfigError("algorithm.probe_batch_size: must be >= 1 or null")
+
+
+class FedEnt(Strategy):
+    name = "fedent"
+    needs_probe = True
+    Options = FedEntOptions
+
+    def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:
+        self.options = options or FedEntOptions()
+        self.options.validate()
+        self._injected = estimator is not None
+        if estimator is not None:
+            self.estimator: Phi2Estimator | None = estimator
+        elif self.options.estimator == "online":
+            self.estimator = OnlinePhi2Estimator(self.options.beta, self.options.variant)
+        else:
+            self.estimator = None  # installed by prepare() or load_server_state()
+
+    # ---- server side -------------------------------------------------------------------------
+    def prepare(
+        self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int], rounds: int
+    ) -> dict[str, Any]:
+        """Offline mode: Algorithm 1 over ALL clients (θ over the population) for T = ``rounds``."""
+        if self.options.estimator != "offline" or self._injected:
+            return {}
+        total = float(sum(client_sizes))
+        if total <= 0:
+            raise StrategyError("offline estimator: the clients hold no samples")
+        cids = [i for i, n in enumerate(client_sizes) if n > 0]
+        thetas = [client_sizes[i] / total for i in cids]
+        oracle_: GradientOracle = oracle
+        o = self.options
+        res = solve_fixed_point(
+            oracle_, global_params, cids, thetas, rounds, o.beta, o.variant, o.eps1, o.eps2, o.max_sweeps
+        )
+        self.estimator = OfflinePhi2Estimator.from_result(res)
+        return {"phi2": [float(v) for v in res.phi2], **res.report.to_dict()}
+
+    def round_payload(self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]) -> RoundPayload:
+        if self.estimator is None:
+            raise StrategyError("fedent: the offline estimator needs prepare() (Algorithm 1) before round 0")
+        if not probes:
+            raise StrategyError("fedent: round_payload needs the participants' probes")
+        total = float(sum(p.num_samples for p in probes))
+        if total <= 0:
+            raise StrategyError("fedent: the round's participants hold no samples")
+        try:
+            a = [float(p.scalars["a"]) for p in probes]
+            b = [float(p.scalars["b"]) for p in probes]
+        except KeyError as e:
+            raise StrategyError(f"fedent: a probe lacks scalar {e}") from None
+        c = norm_sq(global_params)
+        thetas = [p.num_samples / total for p in probes]
+        try:
+            est = self.estimator.estimate(rnd, c, thetas, a, b)
+        except ValueError as e:
+            raise StrategyError(f"fedent estimator: {e}") from None
+        return RoundPayload(round=rnd, scalars={"phi2_next": est.phi2_next, "c": c, "total_samples": total})
+
+    def aggregate(
+        self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
+    ) -> AggregateResult:
+        params = weighted_average(updates)
+        o = self.options
+        parts = [ParticipantReport(u.cid, u.num_samples, norm_sq(u.params), u.scalars) for u in updates]
+        try:
+            record = fedent_round_record(parts, o.beta, o.gamma, o.variant)
+        except KeyError as e:
+            raise StrategyError(f"fedent: an update lacks scalar {e}") from None
+        return AggregateResult(params, {"fedent": record})
+
+    def server_state(self) -> dict[str, Any]:
+        if isinstance(self.estimator, OfflinePhi2Estimator):
+            return {"offline": self.estimator.state()}
+        return {}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        unknown = sorted(set(state) - {"offline"})
+        if unknown:
+            raise StrategyError(f"fedent: unknown server state keys {unknown}")
+        if "offline" in state:
+            off = state["offline"]
+            self.estimator = OfflinePhi2Estimator(off["phi2"], off.get("report"))
+
+    # ---- client side -------------------------------------------------------------------------
+    def _probe_scalars(
+        self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask
+    ) -> tuple[float, float]:
+        """(a, b) = (⟨w(t), g⟩, ‖g‖²) with g on one random batch at w(t) (Algorithm 2, line 4)."""
+        trainer.load(global_params)
+        gen = torch_generator(task.seed, "probe", task.round, task.cid)
+        g = trainer.gradient(task.indices, gen, self.options.probe_batch_size)
+        return dot(global_params, g), norm_sq(g)
+
+    def probe(
+        self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
+    ) -> Probe:
+        a, b = self._probe_scalars(trainer, global_params, task)
+        state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
+        return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+
+    def fit(
+        self,
+        trainer: LocalTrainer,
+        global_params: Sequence[Tensor],
+        payload: RoundPayload,
+        task: ClientTask,
+        state: ClientState,
+    ) -> ClientUpdate:
+        try:
+            phi2, c, total = (float(payload.scalars[k]) for k in ("phi2_next", "c", "total_samples"))
+        except KeyError as e:
+            raise StrategyError(f"fedent: the round payload lacks {e}") from None
+        if total <= 0:
+            raise StrategyError("fedent: payload total_samples must be > 0")
+        if state.scalars.get(_PROBE_ROUND) == float(task.round) and "a" in state.scalars:
+            a, b = state.scalars["a"], state.scalars["b"]
+        else:  # e.g. a worker restarted between probe and fit: the probe batch is deterministic
+            a, b = self._probe_scalars(trainer, global_params, task)
+        theta = task.num_samples / total
+        o = self.options
+        sol = solve_eta(a, b, c, theta, phi2, o.beta, o.variant)
+        eta_star = float(sol.eta_star[0])
+        eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, o.gamma)
+        state.scalars[ETA_STATE_KEY] = eta
+        trainer.load(global_params)
+        res = trainer.train(task.indices, eta, task.epochs, train_generator(task))
+        scalars = {
+            "eta_star": eta_star, "eta": eta, "a": a, "b": b, "c": c, "theta": theta,
+            "phi2_next": phi2, "guarded": float(sol.guards),
+        }
+        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss, scalars=scalars)
+
+
+STRATEGY = FedEnt
