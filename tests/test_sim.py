@@ -1,0 +1,232 @@
+"""The simulator on tiny learnable inputs: run dir contents, learning, determinism, client state, hooks."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch import Tensor
+
+from fedent import runlog
+from fedent.params import clone
+from fedent.rng import sample_clients
+from fedent.sim.progress import ProgressBar, format_duration
+from fedent.sim.simulator import SimulationError, is_eval_round, run_simulation
+from fedent.strategies.base import (
+    AggregateResult,
+    ClientState,
+    ClientTask,
+    ClientUpdate,
+    Probe,
+    RoundPayload,
+    train_generator,
+    weighted_average,
+)
+from fedent.strategies.fedavg import FedAvg
+from fedent.trainer import LocalTrainer
+from test_sim_support import tiny_config, tiny_inputs
+
+
+def test_run_dir_is_complete_and_accuracy_improves(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=4, lr=0.1)
+    res = run_simulation(cfg, tmp_path / "run", progress=False, inputs=tiny_inputs(), local_eval=2)
+    paths = runlog.RunPaths(tmp_path / "run")
+    for p in (paths.config, paths.partition, paths.metrics, paths.status, paths.clients, paths.model):
+        assert p.is_file(), p
+    assert sorted(x.name for x in paths.plots.iterdir()) == ["accuracy.png", "local_acc.png", "test_loss.png",
+                                                              "train_loss.png"]
+    recs = runlog.read_metrics(paths.metrics)
+    assert [r["round"] for r in recs] == [0, 1, 2, 3]
+    for r in recs:
+        assert list(r) == list(runlog.METRIC_KEYS)
+        assert r["algorithm"] == "fedavg" and r["fedent"] is None
+        assert r["clients"] == sample_clients(0, r["round"], 10, 0.3) and r["num_clients"] == 3
+        assert r["wall_s"] > 0 and r["elapsed_s"] >= r["wall_s"]
+        assert len(r["diagnostics"]["local_acc"]) == 2
+        assert 0.0 <= r["test_acc"] <= 1.0 and r["train_loss"] > 0
+    assert recs[-1]["test_acc"] >= recs[0]["test_acc"] + 0.15, [r["test_acc"] for r in recs]
+    assert res.final_acc == recs[-1]["test_acc"] and res.final_acc > 0.8
+    status = json.loads(paths.status.read_text())
+    assert status["phase"] == "done" and status["round"] == 3 and status["rounds"] == 4
+    assert yaml.safe_load(paths.config.read_text())["train"]["rounds"] == 4
+    saved = torch.load(paths.model)
+    assert all(torch.equal(a, b) for a, b in zip(saved, res.params, strict=True))
+    rows = runlog.read_clients(paths.clients)
+    taken = [c for r in recs for c in r["clients"]]
+    assert [row["participation"] for row in rows] == [taken.count(c) for c in range(10)]
+
+
+def test_same_seed_same_model_and_other_algorithm_same_participants(tmp_path: Path) -> None:
+    a = run_simulation(tiny_config(rounds=3), tmp_path / "a", progress=False, inputs=tiny_inputs(), plots=False)
+    b = run_simulation(tiny_config(rounds=3), tmp_path / "b", progress=False, inputs=tiny_inputs(), plots=False)
+    assert all(torch.equal(x, y) for x, y in zip(a.params, b.params, strict=True))
+    c = run_simulation(tiny_config("fedprox", rounds=3), tmp_path / "c", progress=False, inputs=tiny_inputs(),
+                       plots=False)
+    assert [r["clients"] for r in c.records] == [r["clients"] for r in a.records]
+    assert not all(torch.equal(x, y) for x, y in zip(a.params, c.params, strict=True))
+    d = run_simulation(tiny_config(rounds=3, seed=5), tmp_path / "d", progress=False, inputs=tiny_inputs(),
+                       plots=False)
+    assert [r["clients"] for r in d.records] != [r["clients"] for r in a.records]
+
+
+class CountingStrategy(FedAvg):
+    """FedAvg that counts visits in client state and checks the probe -> payload -> fit wiring."""
+
+    name = "counting"
+    needs_probe = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.payload_probes: list[list[int]] = []
+        self.setup_sizes: list[int] = []
+
+    def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
+        self.setup_sizes = list(client_sizes)
+
+    def probe(self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask,
+              state: ClientState) -> Probe:
+        return Probe(task.cid, task.num_samples, {"visits_before": state.scalars.get("visits", 0.0)})
+
+    def round_payload(self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]) -> RoundPayload:
+        self.payload_probes.append([p.cid for p in probes])
+        return RoundPayload(rnd, scalars={"tag": float(rnd)})
+
+    def fit(self, trainer: LocalTrainer, global_params: Sequence[Tensor], payload: RoundPayload, task: ClientTask,
+            state: ClientState) -> ClientUpdate:
+        assert payload.scalars["tag"] == task.round
+        state.scalars["visits"] = state.scalars.get("visits", 0.0) + 1
+        state.scalars["last"] = float(task.round)
+        trainer.load(global_params)
+        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
+        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss,
+                            scalars={"eta": state.scalars["visits"], "eta_star": state.scalars["last"]})
+
+
+def test_client_state_persists_across_skipped_rounds(tmp_path: Path) -> None:
+    strat = CountingStrategy()
+    inputs = tiny_inputs()
+    res = run_simulation(tiny_config(rounds=6, fraction=0.2), tmp_path / "r", progress=False, inputs=inputs,
+                         strategy=strat, plots=False)
+    assert strat.setup_sizes == inputs.client_sizes()
+    assert strat.payload_probes == [r["clients"] for r in res.records]
+    rows = {row["cid"]: row for row in runlog.read_clients(runlog.RunPaths(tmp_path / "r").clients)}
+    skipped_then_back = 0
+    for cid in range(10):
+        rounds_in = [r["round"] for r in res.records if cid in r["clients"]]
+        if not rounds_in:
+            assert rows[cid]["eta"] is None
+            continue
+        assert rows[cid]["eta"] == len(rounds_in)  # the count survived the rounds the client sat out
+        assert rows[cid]["eta_star"] == rounds_in[-1]
+        skipped_then_back += any(b - a > 1 for a, b in zip(rounds_in, rounds_in[1:], strict=False))
+    assert skipped_then_back > 0  # the seed actually exercises a gap
+
+
+def test_fedent_eta_state_persists_when_registered(tmp_path: Path) -> None:
+    from fedent.strategies.registry import STRATEGIES
+
+    if "fedent" not in STRATEGIES:
+        pytest.skip("fedent strategy not available yet")
+    res = run_simulation(tiny_config("fedent", rounds=4, fraction=0.2), tmp_path / "f", progress=False,
+                         inputs=tiny_inputs(), plots=False)
+    gamma = 0.99
+    last_eta: dict[int, float] = {}
+    for r in res.records:
+        fd = r["fedent"]
+        assert fd is not None and {"phi2_pred", "phi2_actual", "entropy", "clients"} <= set(fd)
+        for row in fd["clients"]:
+            prev = last_eta.get(row["client"], 0.05)  # eta(-1) is the base lr
+            assert row["eta"] == pytest.approx(gamma * prev + (1 - gamma) * row["eta_star"], rel=1e-9, abs=1e-12)
+            last_eta[row["client"]] = row["eta"]
+    assert runlog.RunPaths(tmp_path / "f").estimator.is_file()
+
+
+class PreparingFedAvg(FedAvg):
+    name = "preparing"
+
+    def prepare(self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int],
+                rounds: int) -> dict[str, Any]:
+        g = oracle.gradient(0, 1, global_params)
+        return {"rounds": rounds, "clients": len(client_sizes), "grad_tensors": len(g)}
+
+
+def test_prepare_hook_report_goes_to_estimator_json(tmp_path: Path) -> None:
+    pytest.importorskip("fedent.meanfield.oracle")
+    run_simulation(tiny_config(rounds=2), tmp_path / "p", progress=False, inputs=tiny_inputs(),
+                   strategy=PreparingFedAvg(), plots=False)
+    est = json.loads(runlog.RunPaths(tmp_path / "p").estimator.read_text())
+    assert est["report"] == {"rounds": 2, "clients": 10, "grad_tensors": 4}
+
+
+def test_eval_every_and_last_round(tmp_path: Path) -> None:
+    res = run_simulation(tiny_config(rounds=5, eval_every=2), tmp_path / "e", progress=False,
+                         inputs=tiny_inputs(), plots=False)
+    assert [r["test_acc"] is not None for r in res.records] == [False, True, False, True, True]
+    assert [is_eval_round(t, 5, 2) for t in range(5)] == [False, True, False, True, True]
+
+
+class ExplodingFedAvg(FedAvg):
+    name = "exploding"
+
+    def aggregate(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]) -> AggregateResult:
+        params = weighted_average(updates)
+        if rnd == 1:
+            params[0] = params[0] * float("nan")
+        return AggregateResult(params)
+
+
+def test_divergence_fails_cleanly(tmp_path: Path) -> None:
+    with pytest.raises(SimulationError, match="not finite after round 1"):
+        run_simulation(tiny_config(rounds=3), tmp_path / "x", progress=False, inputs=tiny_inputs(),
+                       strategy=ExplodingFedAvg(), plots=False)
+    paths = runlog.RunPaths(tmp_path / "x")
+    status = json.loads(paths.status.read_text())
+    assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+    assert [r["round"] for r in runlog.read_metrics(paths.metrics)] == [0]
+
+
+def test_partition_size_mismatch_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SimulationError, match="partition has 5 clients"):
+        run_simulation(tiny_config(), tmp_path / "m", progress=False, inputs=tiny_inputs(num_clients=5))
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_only_on_a_tty() -> None:
+    quiet = io.StringIO()
+    bar = ProgressBar(4, stream=quiet)
+    bar.update(1, 0.5)
+    bar.close()
+    assert quiet.getvalue() == ""
+    tty = FakeTTY()
+    bar = ProgressBar(4, label="fedavg", stream=tty)
+    bar.update(2, 0.75)
+    bar.close()
+    assert "round 2/4" in tty.getvalue() and "acc 0.7500" in tty.getvalue() and tty.getvalue().endswith("\n")
+    assert ProgressBar(4, stream=tty).line(2, None, 10.0).endswith("ETA 10s")
+    assert format_duration(3725) == "1h02m" and format_duration(65) == "1m05s"
+
+
+def test_fedent_offline_runs_algorithm_1_first(tmp_path: Path) -> None:
+    from fedent.config import config_from_dict
+    from fedent.strategies.registry import STRATEGIES
+
+    if "fedent" not in STRATEGIES:
+        pytest.skip("fedent strategy not available yet")
+    raw = tiny_config(rounds=2).to_dict()
+    raw["algorithm"] = {"name": "fedent", "estimator": "offline", "max_sweeps": 3}
+    res = run_simulation(config_from_dict(raw), tmp_path / "o", progress=False, inputs=tiny_inputs(), plots=False)
+    est = json.loads(runlog.RunPaths(tmp_path / "o").estimator.read_text())
+    assert len(est["report"]["phi2"]) >= 2 and est["report"]
+    assert [t["round"] for t in est["trajectory"]] == [0, 1]
+    for rec, traj in zip(res.records, est["trajectory"], strict=True):
+        assert rec["fedent"]["phi2_pred"] == traj["phi2_pred"]
