@@ -339,7 +339,7 @@ def test_scaffold_server_update_by_hand() -> None:
     out = s.aggregate(0, vec(1.0), [upd(0, [3.0], delta_c=[0.4]), upd(1, [1.0], delta_c=[0.8])]).params
     assert close(out, vec(1.5))
     assert close(s.round_payload(1, out, []).tensors["c"], vec(0.3))
-    with pytest.raises(StrategyError, match="delta_c"):
+    with pytest.raises(StrategyError, match="Δc"):
         s.aggregate(1, out, [upd(0, [1.0])])
 
 

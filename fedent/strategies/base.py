@@ -177,3 +177,10 @@ def tensor_lists_from_state(state: dict[str, Any], keys: Sequence[str], owner: s
     if len({len(v) for v in out.values()}) > 1:
         raise StrategyError(f"{owner} server state tensor lists differ in length")
     return out
+
+
+def align_state(state: Sequence[Tensor], like: Sequence[Tensor], what: str) -> Params:
+    """``state`` checked against the model's shapes and moved to its device (checkpoints load on the CPU)."""
+    if len(state) != len(like) or any(a.shape != b.shape for a, b in zip(state, like, strict=True)):
+        raise StrategyError(f"{what} does not match the model's parameter shapes")
+    return [a if a.device == b.device else a.to(b.device) for a, b in zip(state, like, strict=True)]

@@ -31,7 +31,7 @@ from fedent.strategies.base import (
     ClientUpdate,
     RoundPayload,
     Strategy,
-    StrategyError,
+    align_state,
     tensor_lists_from_state,
     train_generator,
     weighted_average,
@@ -96,8 +96,8 @@ class FedAdam(Strategy):
         if self._m is None or self._v is None:
             self._m = [torch.zeros_like(p) for p in w]
             self._v = [torch.full_like(p, o.tau * o.tau) for p in w]
-        if len(self._m) != len(w) or any(a.shape != b.shape for a, b in zip(self._m, w, strict=True)):
-            raise StrategyError(f"{self.name}: server moments do not match the model's parameter shapes")
+        self._m = align_state(self._m, w, f"{self.name}: the server's first moment")
+        self._v = align_state(self._v, w, f"{self.name}: the server's second moment")
         torch._foreach_mul_(self._m, o.beta1)
         torch._foreach_add_(self._m, delta, alpha=1.0 - o.beta1)
         self._update_second_moment(self._v, list(torch._foreach_mul(delta, delta)))

@@ -42,6 +42,7 @@ from fedent.strategies.base import (
     RoundPayload,
     Strategy,
     StrategyError,
+    align_state,
     tensor_lists_from_state,
     train_generator,
 )
@@ -117,6 +118,7 @@ class FedDyn(Strategy):
         w_srv = list(global_params)
         if self._lambda_sum is None:
             self._lambda_sum = zeros_like(w_srv)
+        self._lambda_sum = align_state(self._lambda_sum, w_srv, "feddyn: the server's Σλ")
         models = [u.params for u in updates]
         # Σλ += Σ_{k∈S} (w_k − w_srv): the participants' λ increments, derived from their uploads
         # exactly as each client computes its own (so server and client sums agree bit for bit).
@@ -150,11 +152,7 @@ class FedDyn(Strategy):
         trainer.load(global_params)
         w_srv = clone(trainer.params)  # on the trainer's device
         lam = state.tensors.get(LAMBDA)
-        if lam is None:
-            lam = zeros_like(w_srv)
-        elif len(lam) != len(w_srv) or any(a.shape != b.shape for a, b in zip(lam, w_srv, strict=True)):
-            raise StrategyError(f"feddyn: client {task.cid}'s state does not match the model's shapes")
-        lam = [t.to(w_srv[0].device) for t in lam] if w_srv else lam
+        lam = zeros_like(w_srv) if lam is None else align_state(lam, w_srv, f"feddyn: client {task.cid}'s λ")
         hook = dynamic_hook(w_srv, lam, alpha_k)
         res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task), grad_hook=hook)
         w_k = clone(trainer.params)

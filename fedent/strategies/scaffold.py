@@ -36,6 +36,7 @@ from fedent.strategies.base import (
     RoundPayload,
     Strategy,
     StrategyError,
+    align_state,
     tensor_lists_from_state,
     train_generator,
 )
@@ -52,10 +53,6 @@ class ScaffoldOptions:
     def validate(self) -> None:
         if not self.global_lr > 0:
             raise ConfigError(f"algorithm.global_lr: must be > 0, got {self.global_lr}")
-
-
-def same_shapes(a: Sequence[Tensor], b: Sequence[Tensor]) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape for x, y in zip(a, b, strict=True))
 
 
 def correction_hook(correction: Sequence[Tensor]) -> GradHook:
@@ -100,8 +97,7 @@ class Scaffold(Strategy):
     def _server_c(self, global_params: Sequence[Tensor]) -> Params:
         if self._c is None:
             self._c = zeros_like(global_params)
-        if not same_shapes(self._c, global_params):
-            raise StrategyError("scaffold: the server control variate does not match the model's shapes")
+        self._c = align_state(self._c, global_params, "scaffold: the server control variate c")
         return self._c
 
     def round_payload(
@@ -118,9 +114,8 @@ class Scaffold(Strategy):
             raise StrategyError("cannot aggregate zero updates")
         x = list(global_params)
         c = self._server_c(x)
-        for u in updates:
-            if not same_shapes(u.tensors.get(DELTA_C, []), x):
-                raise StrategyError(f"scaffold: client {u.cid}'s upload lacks {DELTA_C!r} matching the model")
+        ups = list(updates)
+        deltas = [align_state(u.tensors.get(DELTA_C, []), x, f"scaffold: client {u.cid}'s Δc") for u in ups]
         s = len(updates)
         # x + η_g · mean(y_i − x)
         new = sub(weighted_sum([u.params for u in updates], [1.0 / s] * s), x)
@@ -128,7 +123,7 @@ class Scaffold(Strategy):
         torch._foreach_add_(new, x)
         # c + (|S|/N) · mean(Δc_i) = c + (1/N) Σ Δc_i
         inv_n = 1.0 / self._num_clients
-        torch._foreach_add_(c, weighted_sum([u.tensors[DELTA_C] for u in updates], [inv_n] * s))
+        torch._foreach_add_(c, weighted_sum(deltas, [inv_n] * s))
         return AggregateResult(new)
 
     def server_state(self) -> dict[str, Any]:
@@ -148,13 +143,9 @@ class Scaffold(Strategy):
     ) -> ClientUpdate:
         trainer.load(global_params)
         x = clone(trainer.params)  # on the trainer's device
-        device = x[0].device if x else None
-        c = [t.to(device) for t in payload.tensors.get(C, [])]
-        if not same_shapes(c, x):
-            raise StrategyError(f"scaffold: the round payload lacks a tensors[{C!r}] matching the model")
-        c_i = [t.to(device) for t in state.tensors.get(C, zeros_like(x))]
-        if not same_shapes(c_i, x):
-            raise StrategyError(f"scaffold: client {task.cid}'s state does not match the model's shapes")
+        c = align_state(payload.tensors.get(C, []), x, f"scaffold: the round payload's tensors[{C!r}]")
+        c_i = state.tensors.get(C)
+        c_i = zeros_like(x) if c_i is None else align_state(c_i, x, f"scaffold: client {task.cid}'s c_i")
         hook = correction_hook(sub(c, c_i))
         res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task), grad_hook=hook)
         y = clone(trainer.params)
