@@ -11,16 +11,20 @@ servicers map it to ``INVALID_ARGUMENT``.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
@@ -387,3 +391,81 @@ def update_from_parts(parts: Iterable[agg_pb.UpdatePart]) -> DecodedUpdate:
     )
     meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), float(h.train_s), asm.wire_bytes)
     return DecodedUpdate(meta, update)
+
+
+# ---- estimator service ---------------------------------------------------------------------------
+
+
+def solve_online_request(
+    run_id: str, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float],
+    beta: float, variant: str,
+) -> est_pb.SolveOnlineRequest:
+    """The Phi2Estimator.estimate arguments as a SolveOnline request (clients numbered by position)."""
+    if not len(thetas) == len(a) == len(b):
+        raise WireError("thetas, a and b must have one entry per participant")
+    return est_pb.SolveOnlineRequest(
+        run_id=run_id, round=rnd, c=float(c),
+        clients=[est_pb.ClientScalars(cid=i, a=float(ai), b=float(bi), theta=float(th))
+                 for i, (th, ai, bi) in enumerate(zip(thetas, a, b, strict=True))],
+        params=est_pb.FedEntParams(beta=float(beta), variant=variant),
+    )
+
+
+def estimate_from_reply(reply: est_pb.SolveOnlineReply) -> Phi2Estimate:
+    report: dict[str, Any] = {}
+    if reply.report_json:
+        try:
+            loaded = json.loads(reply.report_json)
+        except ValueError:
+            raise WireError("estimator reply: report_json is not JSON") from None
+        if not isinstance(loaded, dict):
+            raise WireError("estimator reply: report_json must be a JSON object")
+        report = loaded
+    report.setdefault("iterations", int(reply.iterations))
+    report.setdefault("converged", bool(reply.converged))
+    return Phi2Estimate(float(reply.phi2_next), report)
+
+
+def start_offline_request(
+    run_id: str, init_blob: str, sizes: Sequence[int], rounds: int, beta: float, gamma: float, variant: str,
+    eps1: float, eps2: float, max_sweeps: int, seed: int, batch_size: int,
+) -> est_pb.StartOfflineRequest:
+    """Algorithm 1's inputs: w(0) (a blob already uploaded), every client's D_i, T and FedEnt's options."""
+    return est_pb.StartOfflineRequest(
+        run_id=run_id, init_blob=init_blob,
+        clients=[est_pb.OfflineClient(cid=i, num_samples=int(n)) for i, n in enumerate(sizes)],
+        rounds=int(rounds), params=est_pb.FedEntParams(beta=beta, gamma=gamma, variant=variant),
+        eps1=eps1, eps2=eps2, max_sweeps=max_sweeps, seed=seed, batch_size=batch_size,
+    )
+
+
+def offline_estimator_from_job(job: est_pb.OfflineJob) -> OfflinePhi2Estimator:
+    """A finished Algorithm 1 job as the in-process OfflinePhi2Estimator FedEnt reads φ2(t+1) from."""
+    if job.state != "done":
+        raise WireError(f"offline job {job.job_id} is {job.state}: {job.message}")
+    report: dict[str, Any] = {}
+    if job.report_json:
+        try:
+            loaded = json.loads(job.report_json)
+        except ValueError:
+            raise WireError("offline job: report_json is not JSON") from None
+        report = loaded if isinstance(loaded, dict) else {}
+    report.setdefault("stop_reason", job.stop_reason)
+    report.setdefault("sweeps", int(job.sweep))
+    try:
+        return OfflinePhi2Estimator(list(job.phi2), report)
+    except ValueError as e:
+        raise WireError(f"offline job: {e}") from None
+
+
+def oracle_request_cids(req: est_pb.OracleRequest) -> list[int]:
+    return [int(c) for c in req.client_ids]
+
+
+def oracle_result_messages(request_id: int, cid: int, num_samples: int, grads: Sequence[Tensor],
+                           spec: TransferSpec | None = None) -> Iterator[est_pb.OracleMessage]:
+    """One gradient answer on the Oracle stream: a header, then its tensor chunks."""
+    yield est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=request_id, cid=cid,
+                                                                num_samples=num_samples))
+    for chunk in encode_tensors({"grad": list(grads)}, spec):
+        yield est_pb.OracleMessage(chunk=chunk)

@@ -1,0 +1,57 @@
+"""``python -m client``: run a worker hosting some simulated clients of an aggregator's run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m client", description="fedent worker (dials out to the aggregator)")
+    p.add_argument("--aggregator", required=True, help="HOST:PORT of the aggregator")
+    p.add_argument("--estimator", default="", help="HOST:PORT of the estimator service (FedEnt offline mode)")
+    ids = p.add_mutually_exclusive_group(required=True)
+    ids.add_argument("--clients", help="a range or list of client ids, e.g. 0-9 or 0-4,10-14")
+    ids.add_argument("--client-ids", nargs="+", type=int, help="client ids, e.g. --client-ids 3 5 7")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--data-root", default=None, help="where this machine keeps the dataset files")
+    p.add_argument("--name", default="", help="worker name shown on the dashboard")
+    p.add_argument("--token", default="", help="registration token, when the aggregator requires one")
+    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s worker %(levelname)s %(message)s")
+    try:
+        cids = parse_client_ids(args.clients) if args.clients else tuple(sorted(set(args.client_ids)))
+        settings = WorkerSettings(aggregator=args.aggregator, client_ids=cids, estimator=args.estimator,
+                                  device=args.device, data_root=args.data_root, name=args.name, token=args.token,
+                                  connect_timeout_s=args.connect_timeout)
+        worker = Worker(settings)
+    except ValueError as e:
+        print(f"worker: {e}", file=sys.stderr)
+        return 2
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return 0 if worker.run() else 1
+    except WorkerError as e:
+        print(f"worker: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The worker: hosts one or more simulated clients and runs their client-side steps for the aggregator.
+
+It only dials out (works behind NAT): Register -> rebuild the partition locally from the config and seed
+the aggregator sends (data never leaves the machine) and check its md5 -> Ready -> open the Work stream
+and execute each pushed task. Per-client state (``ClientState``) lives here across rounds. The global
+model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
+clients this worker hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+import yaml
+from torch import Tensor
+
+from fedent.config import ExperimentConfig, config_from_dict
+from fedent.params import Params
+from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
+from fedent.strategies.registry import build_strategy, validate_algorithm
+from fedent.trainer import LocalTrainer, resolve_device
+from fedentrpc import convert
+from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+
+log = logging.getLogger("fedent.worker")
+MAX_MESSAGE = 8 * 1024 * 1024
+
+
+class WorkerError(RuntimeError):
+    """The worker cannot go on (bad registration, partition mismatch, lost aggregator); one-line message."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    aggregator: str  # HOST:PORT
+    client_ids: tuple[int, ...]
+    estimator: str = ""  # HOST:PORT, for FedEnt offline mode (Algorithm 1's gradient requests)
+    device: str = "auto"
+    data_root: str | None = None  # overrides data.root of the aggregator's config (data stays local)
+    name: str = ""
+    token: str = ""
+    connect_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.client_ids:
+            raise ValueError("a worker must host at least one client")
+        if ":" not in self.aggregator:
+            raise ValueError(f"aggregator address must be HOST:PORT, got {self.aggregator!r}")
+        if self.connect_timeout_s <= 0:
+            raise ValueError("connect_timeout_s must be > 0")
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def parse_client_ids(text: str) -> tuple[int, ...]:
+    """``0-9``, ``3,5,7`` or ``0-4,10-14`` -> sorted unique ids; a clear error otherwise."""
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise ValueError(f"bad client id list {text!r}: use e.g. 0-9 or 1,4,7") from None
+    if not out or min(out) < 0:
+        raise ValueError(f"bad client id list {text!r}: ids must be >= 0 and at least one is needed")
+    return tuple(sorted(out))
+
+
+def config_from_yaml(text: str, data_root: str | None) -> ExperimentConfig:
+    raw = yaml.safe_load(text) or {}
+    if data_root is not None:
+        raw.setdefault("data", {})["root"] = data_root
+    cfg = config_from_dict(raw)
+    validate_algorithm(cfg.algorithm)
+    return cfg
+
+
+class Worker:
+    """Connects, registers, and serves tasks until the aggregator says the run is over."""
+
+    def __init__(self, settings: WorkerSettings, inputs: SimInputs | None = None) -> None:
+        self.settings = settings
+        self._inputs_override = inputs
+        self.name = settings.name or f"{socket.gethostname()}-{os.getpid()}-c{settings.client_ids[0]}"
+        self.device = resolve_device(settings.device)
+        self.channel = grpc.insecure_channel(settings.aggregator, options=channel_options())
+        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.worker_id = ""
+        self.transfer = convert.TransferSpec()
+        self.states: dict[int, ClientState] = {}
+        self._blob_cache: dict[str, convert.Bundle] = {}
+        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
+        self._stop = threading.Event()
+        self.tasks_done = 0
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def connect(self) -> None:
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=self.settings.connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            raise WorkerError(f"cannot reach the aggregator at {self.settings.aggregator} "
+                              f"within {self.settings.connect_timeout_s:.0f}s") from None
+
+    def register(self) -> None:
+        s = self.settings
+        reply = self._call(self.stub.Register, pb.RegisterRequest(
+            worker_name=self.name, token=s.token, client_ids=list(s.client_ids), device=str(self.device),
+            hostname=socket.gethostname(), pid=os.getpid(), version="1"))
+        self.worker_id = reply.worker_id
+        self.transfer = convert.transfer_from_msg(reply.transfer)
+        self.heartbeat_s = reply.heartbeat_s
+        try:
+            self.cfg = config_from_yaml(reply.config_yaml, s.data_root)
+        except ValueError as e:
+            raise WorkerError(f"the aggregator's config is not usable here: {e}") from None
+        self.inputs = self._inputs_override or load_inputs(self.cfg)
+        md5 = str(self.inputs.partition_info.get("md5", ""))
+        if md5 != reply.partition_md5:
+            raise WorkerError(f"partition md5 {md5} differs from the aggregator's {reply.partition_md5}: "
+                              "check the dataset files (--data-root) and the package version")
+        if max(s.client_ids) >= self.inputs.num_clients:
+            raise WorkerError(f"client ids up to {max(s.client_ids)} but the run has {self.inputs.num_clients}")
+        self.strategy: Strategy = build_strategy(self.cfg.algorithm)
+        data = self.inputs.data
+        self.trainer = LocalTrainer(self.inputs.make_model(), data.x_train, data.y_train, self.cfg.train.batch_size,
+                                    self.device)
+        self.indices: dict[int, Tensor] = {
+            c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
+        sizes = [pb.ClientInfo(cid=c, num_samples=int(self.indices[c].numel())) for c in s.client_ids]
+        self._call(self.stub.Ready, pb.ReadyRequest(worker_id=self.worker_id, partition_md5=md5, clients=sizes))
+        log.info("worker %s ready: %d clients on %s", self.worker_id, len(s.client_ids), self.device)
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.settings.connect_timeout_s)
+        except grpc.RpcError as e:
+            raise WorkerError(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
+                              f"{e.code().name}: {e.details()}") from None
+
+    def state_of(self, cid: int) -> ClientState:
+        st = self.states.get(cid)
+        if st is None:
+            st = self.strategy.init_client_state(cid, int(self.indices[cid].numel()))
+            self.states[cid] = st
+        return st
+
+    # ---- tasks ---------------------------------------------------------------------------------
+    def fetch(self, blob_id: str) -> convert.Bundle:
+        """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
+        got = self._blob_cache.get(blob_id)
+        if got is None:
+            stream = self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob_id, worker_id=self.worker_id))
+            got = convert.decode_tensors(stream)
+            prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
+            self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
+            self._blob_cache[blob_id] = got
+        return got
+
+    def _model(self, blob_id: str) -> Params:
+        return [t.to(self.device) for t in self.fetch(blob_id)[convert.PARAMS_GROUP]]
+
+    def _task(self, h: pb.TaskHeader, cid: int) -> ClientTask:
+        return ClientTask(cid=cid, round=h.round, indices=self.indices[cid], lr=h.lr, epochs=h.epochs, seed=h.seed)
+
+    def _check_cids(self, h: pb.TaskHeader) -> list[int]:
+        cids = [int(c) for c in h.client_ids]
+        unknown = [c for c in cids if c not in self.indices]
+        if unknown:
+            raise WorkerError(f"task {h.task_id} names clients {unknown} this worker does not host")
+        return cids
+
+    def do_probe(self, t: pb.ProbeTask) -> None:
+        h = t.task
+        cids = self._check_cids(h)
+        w = self._model(h.model_blob)
+        probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c)) for c in cids]
+        self._call(self.stub.SubmitProbes, pb.ProbeReport(
+            worker_id=self.worker_id, task_id=h.task_id, round=h.round,
+            probes=[convert.probe_to_msg(p) for p in probes]))
+
+    def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
+        h = t.task
+        cids = self._check_cids(h)
+        w = self._model(h.model_blob)
+        tensors = self.fetch(t.payload.tensors_blob) if t.payload.tensors_blob else {}
+        tensors = {k: [x.to(self.device) for x in v] for k, v in tensors.items()}
+        payload: RoundPayload = convert.payload_from_msg(t.payload, tensors)
+        pending = []
+        for c in cids:
+            t0 = time.perf_counter()
+            try:
+                update = self.strategy.fit(self.trainer, w, payload, self._task(h, c), self.state_of(c))
+            except Exception as e:  # one client's failure must not lose the others' updates
+                log.exception("client %d failed in round %d", c, h.round)
+                self._report(h, c, f"{type(e).__name__}: {e}")
+                continue
+            update.params = [p.detach().cpu() for p in update.params]
+            update.tensors = {k: [x.detach().cpu() for x in v] for k, v in update.tensors.items()}
+            meta = convert.UpdateMeta(self.worker_id, h.task_id, h.round, time.perf_counter() - t0)
+            pending.append(self._uploader.submit(self._upload, update, meta))  # overlaps with the next client
+        return pending
+
+    def _upload(self, update: Any, meta: convert.UpdateMeta) -> None:
+        parts: Iterator[pb.UpdatePart] = convert.update_to_parts(update, meta, self.transfer)
+        try:
+            self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
+        except grpc.RpcError as e:
+            log.warning("update of client %d rejected: %s: %s", update.cid, e.code().name, e.details())
+
+    def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
+        try:
+            self.stub.ReportFailure(pb.TaskFailure(worker_id=self.worker_id, task_id=h.task_id, round=h.round,
+                                                   cid=cid, message=message[:500]), timeout=10)
+        except grpc.RpcError:
+            pass
+
+    # ---- main loop -----------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id), timeout=10)
+            except grpc.RpcError:
+                pass
+
+    def serve(self) -> bool:
+        """Execute pushed tasks until shutdown; True when the run finished cleanly."""
+        hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        hb.start()
+        try:
+            for item in self.stub.Work(pb.WorkRequest(worker_id=self.worker_id)):
+                kind = item.WhichOneof("kind")
+                if kind == "shutdown":
+                    log.info("aggregator: %s", item.shutdown.reason)
+                    return not item.shutdown.failed
+                try:
+                    if kind == "probe":
+                        self.do_probe(item.probe)
+                    elif kind == "fit":
+                        for f in self.do_fit(item.fit):
+                            f.result()
+                    self.tasks_done += 1
+                except (WorkerError, convert.WireError, ValueError) as e:
+                    h = item.probe.task if kind == "probe" else item.fit.task
+                    log.error("task %d failed: %s", h.task_id, e)
+                    self._report(h, -1, str(e))
+            raise WorkerError("the aggregator closed the work stream")
+        except grpc.RpcError as e:
+            raise WorkerError(f"lost the aggregator: {e.code().name}: {e.details()}") from None
+        finally:
+            self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._uploader.shutdown(wait=True)
+        self.channel.close()
+
+    def run(self) -> bool:
+        try:
+            self.connect()
+            self.register()
+            return self.serve()
+        finally:
+            self.close()
+

@@ -1,0 +1,88 @@
+"""``python -m server``: a standalone aggregator (the launcher hosts one in-process instead)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from fedent import runlog
+from fedent.config import ConfigError, load_config
+from server.app import save_port, start_aggregator
+from server.settings import AggregatorSettings, SettingsError
+
+
+def add_settings_args(p: argparse.ArgumentParser) -> None:
+    """The aggregator's process-edge settings as flags (shared with ``fedent cluster up``)."""
+    d = AggregatorSettings()
+    p.add_argument("--host", default=d.host, help="interface to bind (0.0.0.0 for workers on other machines)")
+    p.add_argument("--round-deadline", type=float, default=d.round_deadline_s, help="seconds per round phase")
+    p.add_argument("--quorum", type=float, default=d.quorum, help="fraction of participants needed per round")
+    p.add_argument("--register-timeout", type=float, default=d.register_timeout_s,
+                   help="seconds to wait for workers to cover every client")
+    p.add_argument("--wire-dtype", default=d.wire_dtype, choices=["native", "float16", "bfloat16"])
+    p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
+    p.add_argument("--token", default="", help="registration token workers must present")
+    p.add_argument("--estimator", default="", help="HOST:PORT of the estimator service (FedEnt)")
+
+
+def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
+    return AggregatorSettings(host=args.host, port=port, token=args.token, round_deadline_s=args.round_deadline,
+                              quorum=args.quorum, register_timeout_s=args.register_timeout,
+                              wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m server", description="fedent aggregator")
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--port", type=int, default=50051, help="0 picks a free port (see --port-file)")
+    p.add_argument("--port-file", default=None, help="write the bound port here")
+    p.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>)")
+    p.add_argument("--dashboard-port", type=int, default=None, help="serve the dashboard on this port")
+    p.add_argument("--device", default=None)
+    add_settings_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.config, args.set)
+        if args.device:
+            from fedent.sim.simulator import with_device
+
+            cfg = with_device(cfg, args.device)
+        settings = settings_from_args(args, args.port)
+        run_dir = Path(args.out) if args.out else Path(cfg.out_dir) / runlog.new_run_id(
+            cfg.name, cfg.algorithm.name, cfg.train.seed)
+        handle = start_aggregator(cfg, settings, run_dir, dashboard=args.dashboard_port is not None,
+                                  dashboard_host=args.host, dashboard_port=args.dashboard_port or 0)
+    except (ConfigError, SettingsError, ValueError, OSError) as e:
+        print(f"aggregator: {e}", file=sys.stderr)
+        return 2
+    if args.port_file:
+        save_port(args.port_file, handle.port)
+    print(f"aggregator listening on {settings.host}:{handle.port}, run dir {handle.run_dir}", flush=True)
+    if handle.dashboard_url:
+        print(f"dashboard: {handle.dashboard_url}", flush=True)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        handle.wait()
+    except KeyboardInterrupt:
+        print("aggregator: interrupted", file=sys.stderr)
+        handle.stop()
+        return 130
+    handle.stop()
+    if handle.run.error:
+        print(f"aggregator: run failed: {handle.run.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

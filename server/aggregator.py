@@ -1,0 +1,171 @@
+"""The aggregator gRPC service: a thin servicer over ``server.engine.ClusterRun``.
+
+Each method decodes its request with ``fedentrpc.convert``, calls the engine, encodes the reply and maps
+domain errors to status codes (invalid -> INVALID_ARGUMENT, precondition -> FAILED_PRECONDITION, ...).
+A bad request never takes the service down: it gets a status with a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fedent.strategies.base import StrategyError
+from fedentrpc import convert
+from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+from server.engine import ClusterError, ClusterRun, Task
+from server.settings import AggregatorSettings
+
+log = logging.getLogger("fedent.aggregator")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
+MAX_MESSAGE = 8 * 1024 * 1024  # chunks are ≤ 4 MiB; headroom for the chunk's header
+CODES = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "conflict": grpc.StatusCode.ALREADY_EXISTS,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+}
+T = TypeVar("T")
+
+
+def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    """Run ``fn``; domain errors become a gRPC status (context.abort raises, so this never returns None)."""
+    try:
+        return fn()
+    except ClusterError as e:
+        context.abort(CODES.get(e.code, grpc.StatusCode.INVALID_ARGUMENT), str(e))
+    except (convert.WireError, StrategyError) as e:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    raise AssertionError("unreachable")
+
+
+def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkItem:
+    if task.kind == "shutdown":
+        return pb.WorkItem(shutdown=pb.Shutdown(reason=task.reason, failed=task.failed))
+    header = pb.TaskHeader(task_id=task.task_id, round=task.round, client_ids=list(task.cids),
+                           model_blob=task.model_blob, lr=cfg_lr, epochs=epochs, seed=seed,
+                           deadline_unix=task.deadline_unix)
+    if task.kind == "probe":
+        return pb.WorkItem(probe=pb.ProbeTask(task=header))
+    assert task.payload is not None
+    return pb.WorkItem(fit=pb.FitTask(task=header, payload=convert.payload_to_msg(task.payload, task.payload_blob)))
+
+
+class AggregatorServicer(pb_grpc.AggregatorServicer):
+    def __init__(self, run: ClusterRun) -> None:
+        self.run = run
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+        reg = _guard(context, lambda: self.run.register(request.worker_name, request.token, list(request.client_ids),
+                                                        request.device, request.hostname))
+        log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
+                 _span(request.client_ids))
+        return pb.RegisterReply(worker_id=reg.worker_id, run_id=reg.run_id, config_yaml=reg.config_yaml,
+                                partition_md5=reg.partition_md5, transfer=convert.transfer_to_msg(reg.transfer),
+                                heartbeat_s=reg.heartbeat_s)
+
+    def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> tpb.Ack:
+        sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
+        _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes))
+        return tpb.Ack(ok=True)
+
+    def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkItem]:
+        w = _guard(context, lambda: self.run.attach(request.worker_id))
+        context.add_callback(lambda: w.tasks.put(None))  # wake the generator when the worker hangs up
+        tr = self.run.cfg.train
+        try:
+            while True:
+                task = w.tasks.get()  # blocks: an idle round costs nothing
+                if task is None or not context.is_active():
+                    return
+                yield task_to_item(task, tr.lr, tr.local_epochs, tr.seed)
+                if task.kind == "shutdown":
+                    return
+        finally:
+            self.run.detach(w)
+
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+        enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
+        yield from enc.chunks
+
+    def SubmitProbes(self, request: pb.ProbeReport, context: grpc.ServicerContext) -> tpb.Ack:
+        def go() -> None:
+            probes = [convert.probe_from_msg(p) for p in request.probes]
+            self.run.submit_probes(request.worker_id, request.task_id, request.round, probes)
+
+        _guard(context, go)
+        return tpb.Ack(ok=True)
+
+    def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
+        def go() -> None:
+            dec = convert.update_from_parts(request_iterator)
+            m = dec.meta
+            self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
+
+        _guard(context, go)
+        return tpb.Ack(ok=True)
+
+    def ReportFailure(self, request: pb.TaskFailure, context: grpc.ServicerContext) -> tpb.Ack:
+        log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
+                    request.message)
+        _guard(context, lambda: self.run.report_failure(request.worker_id, request.task_id, request.round,
+                                                        request.cid, request.message))
+        return tpb.Ack(ok=True)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        return pb.HeartbeatReply(known=self.run.heartbeat(request.worker_id))
+
+    def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+        r = self.run
+        with r.lock:
+            workers = sum(1 for w in r.workers.values() if not w.gone)
+        return pb.RunStatus(run_id=r.paths.run_id, algorithm=r.strategy.name, phase=r.phase,
+                            round=-1 if r.round is None else r.round, rounds=r.rounds, state=r.error or "",
+                            workers=workers, clients=len(r.sizes))
+
+
+def _span(cids: Any) -> str:
+    c = sorted(int(x) for x in cids)
+    return f"{c[0]}-{c[-1]} ({len(c)})" if len(c) > 3 else str(c)
+
+
+def grpc_options() -> list[tuple[str, Any]]:
+    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+
+
+def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
+    """grpc.health.v1 (every service SERVING) and server reflection, as every fedent service offers."""
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    for name in ["", *service_names]:
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    return hs
+
+
+def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun) -> tuple[grpc.Server, int]:
+    """A started aggregator server bound to ``settings.host:settings.port`` (0 = free port) and that port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options())
+    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
+    add_health_and_reflection(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot bind the aggregator to {settings.host}:{settings.port}")
+    server.start()
+    return server, port
+
+
+def hostname() -> str:
+    return os.environ.get("HOSTNAME") or socket.gethostname()

@@ -1,0 +1,146 @@
+"""Assemble a running aggregator: run directory, data, strategy (with its estimator), gRPC server, dashboard.
+
+Used by ``python -m server`` (a standalone aggregator, e.g. in a container) and by the local launcher
+(``fedent cluster up``), which hosts the aggregator and the dashboard in its own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from torch import Tensor
+
+from fedent import runlog
+from fedent.config import ExperimentConfig
+from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.strategies.base import Strategy
+from fedent.strategies.registry import build_strategy, validate_algorithm
+from fedent.trainer import resolve_device
+from server.aggregator import create_aggregator_server
+from server.engine import ClusterRun
+from server.settings import AggregatorSettings
+
+log = logging.getLogger("fedent.aggregator")
+
+# (w(0), client sizes, rounds) -> the estimator to inject into FedEnt (Algorithm 1 on the service)
+OfflineRunner = Callable[[Sequence[Tensor], Sequence[int], int], Any]
+
+
+def config_yaml(cfg: ExperimentConfig) -> str:
+    """What workers receive at registration: the resolved config (secrets redacted)."""
+    return yaml.safe_dump(runlog.redact(cfg.to_dict()), sort_keys=False)
+
+
+def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
+    """'online' / 'offline' when the algorithm takes a φ2 estimator (FedEnt), else None."""
+    if cfg.algorithm.name != "fedent":
+        return None
+    return str(getattr(validate_algorithm(cfg.algorithm), "estimator", "online"))
+
+
+def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str) -> Strategy:
+    """The same strategy as the simulator's; FedEnt online gets the estimator service adapter when configured."""
+    mode = uses_fedent_estimator(cfg)
+    if mode == "online" and settings.estimator:
+        from server.estimator_adapter import RemotePhi2Estimator
+
+        opts = validate_algorithm(cfg.algorithm)
+        return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(
+            settings.estimator, opts.beta, opts.variant, run_id))
+    return build_strategy(cfg.algorithm)
+
+
+@dataclass
+class AggregatorHandle:
+    run: ClusterRun
+    server: grpc.Server
+    port: int
+    thread: threading.Thread
+    dashboard: Any = None
+    dashboard_url: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.paths.root
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """True when the run has finished (successfully or not) within the timeout."""
+        return self.run.finished.wait(timeout_s)
+
+    @property
+    def ok(self) -> bool:
+        return self.run.finished.is_set() and self.run.error is None
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.run.stop.set()
+        col = self.run.collector
+        if col is not None:
+            with col.cond:
+                col.cond.notify_all()
+        with self.run.registry_changed:
+            self.run.registry_changed.notify_all()
+        self.thread.join(grace_s + 5)
+        self.server.stop(grace_s).wait(grace_s + 1)
+        if self.dashboard is not None:
+            self.dashboard.stop()
+
+
+def start_dashboard(run_dir: Path, host: str, port: int) -> tuple[Any, str | None]:
+    """The dashboard app served by uvicorn in this process; (None, None) if the dashboard is not installed."""
+    try:
+        from server.dashboard.app import create_app
+        from server.dashboard.serve import serve_dashboard
+    except ModuleNotFoundError as e:
+        log.warning("dashboard unavailable (%s)", e)
+        return None, None
+    handle, _ = serve_dashboard(create_app(run_dir), host=host, port=port)
+    return handle, handle.url
+
+
+def start_aggregator(
+    cfg: ExperimentConfig,
+    settings: AggregatorSettings,
+    run_dir: str | Path,
+    *,
+    inputs: SimInputs | None = None,
+    dashboard: bool = False,
+    dashboard_host: str = "127.0.0.1",
+    dashboard_port: int = 0,
+    offline: OfflineRunner | None = None,
+) -> AggregatorHandle:
+    """Start serving and run the rounds in a background thread; returns at once with the bound port."""
+    paths = runlog.create_run_dir(run_dir, exist_ok=True)
+    device = resolve_device(cfg.train.device)
+    inputs = inputs or load_inputs(cfg)
+    if inputs.num_clients != cfg.data.num_clients:
+        raise ValueError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
+                         f"{cfg.data.num_clients}")
+    strategy = build_cluster_strategy(cfg, settings, paths.run_id)
+    if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
+        from server.offline import service_offline_runner
+
+        offline = service_offline_runner(settings.estimator, cfg, paths.run_id)
+
+    def rebuild(estimator: Any) -> Strategy:
+        return build_strategy(cfg.algorithm, estimator=estimator)
+
+    run = ClusterRun(cfg, settings, paths, inputs, strategy, device, config_yaml(cfg),
+                     offline=offline, rebuild_strategy=rebuild)
+    server, port = create_aggregator_server(settings, run)
+    dash, url = start_dashboard(paths.root, dashboard_host, dashboard_port) if dashboard else (None, None)
+    thread = threading.Thread(target=run.run, name="rounds", daemon=True)
+    thread.start()
+    return AggregatorHandle(run, server, port, thread, dash, url)
+
+
+def save_port(path: str | Path, port: int) -> None:
+    """Announce the bound port to a parent process (written atomically, so a reader never sees half)."""
+    runlog.atomic_write_text(path, f"{port}\n")
+

@@ -1,0 +1,50 @@
+"""FedEnt's φ2 estimator in the cluster: the Phi2Estimator protocol over the estimator service's RPC.
+
+``fedent.strategies`` FedEnt asks its injected estimator once per round (Step 2, online mode:
+φ2(t+1) = Σθ_i q_i(η*_i(φ2)) from the participants' scalars). In the simulator that estimator is
+in-process; here every call is one SolveOnline RPC, so the aggregator never solves the fixed point itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from fedent.meanfield.estimator import Phi2Estimate
+from fedentrpc import convert
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
+
+
+class EstimatorUnavailable(RuntimeError):
+    """The estimator service did not answer (a one-line message with the address and gRPC status)."""
+
+
+class RemotePhi2Estimator:
+    """Implements ``fedent.meanfield.estimator.Phi2Estimator`` by calling ``Estimator.SolveOnline``."""
+
+    def __init__(self, address: str, beta: float, variant: str = "exact", run_id: str = "",
+                 timeout_s: float = 30.0, channel: grpc.Channel | None = None) -> None:
+        self.address = address
+        self.beta = float(beta)
+        self.variant = variant
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        self.channel = channel or grpc.insecure_channel(address)
+        self.stub = est_grpc.EstimatorStub(self.channel)
+
+    def estimate(
+        self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float]
+    ) -> Phi2Estimate:
+        req = convert.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant)
+        try:
+            reply = self.stub.SolveOnline(req, timeout=self.timeout_s, wait_for_ready=True)
+        except grpc.RpcError as e:
+            raise EstimatorUnavailable(f"estimator service at {self.address}: {e.code().name}: {e.details()}") from None
+        est = convert.estimate_from_reply(reply)
+        est.report.setdefault("mode", "online")
+        est.report["service"] = self.address
+        return est
+
+    def close(self) -> None:
+        self.channel.close()
