@@ -40,7 +40,8 @@ def _state_to_payload(cid: int, rnd: int, state: ClientState) -> dict[str, Any]:
             raise TypeError(f"client {cid}: state tensors {name!r} must be a list of tensors")
         tensors[str(name)] = [t.detach().to("cpu").clone() for t in tl]
     scalars = {str(k): float(v) for k, v in state.scalars.items()}
-    return {"kind": "client_state", "cid": int(cid), "round": int(rnd), "tensors": tensors, "scalars": scalars}
+    return {"kind": "client_state", "cid": int(cid), "round": int(rnd),
+            "tensors": tensors, "scalars": scalars}
 
 
 def _state_from_payload(payload: Any, cid: int, where: str) -> ClientState:

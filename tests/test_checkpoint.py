@@ -134,12 +134,13 @@ def test_non_storable_state_is_refused_before_writing(tmp_path: Path) -> None:
 
 def test_config_fingerprint_and_mismatch(tmp_path: Path) -> None:
     a = config_from_dict({"train": {"rounds": 3, "seed": 1}})
-    same_but_device = config_from_dict({"train": {"rounds": 3, "seed": 1, "device": "cpu"}, "out_dir": "elsewhere"})
+    same_but_device = config_from_dict({"train": {"rounds": 3, "seed": 1, "device": "cpu"}, "out_dir": "x"})
     other = config_from_dict({"train": {"rounds": 3, "seed": 2}})
     assert config_fingerprint(a) == config_fingerprint(same_but_device)
     assert config_fingerprint(a) != config_fingerprint(other)
     save_checkpoint(tmp_path, _ckpt(0, fp=config_fingerprint(a)))
-    assert load_latest_checkpoint(tmp_path, expect_fingerprint=config_fingerprint(same_but_device)) is not None
+    resumed = load_latest_checkpoint(tmp_path, expect_fingerprint=config_fingerprint(same_but_device))
+    assert resumed is not None
     with pytest.raises(CheckpointMismatchError, match="different config") as ei:
         load_latest_checkpoint(tmp_path, expect_fingerprint=config_fingerprint(other))
     assert isinstance(ei.value, ConfigError) and "\n" not in str(ei.value)

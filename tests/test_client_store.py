@@ -69,7 +69,7 @@ def test_versions_are_kept_and_pruned(tmp_path: Path) -> None:
 
 
 def test_before_round_picks_state_for_a_replayed_round(tmp_path: Path) -> None:
-    """Aggregator resumed from its round-4 checkpoint and re-runs round 5, which this client already fitted."""
+    """The aggregator resumed from its round-4 checkpoint and re-runs round 5, already fitted here."""
     store = ClientStateStore(tmp_path)
     store.save(2, _state(3.0), rnd=3)
     store.save(2, _state(5.0), rnd=5)

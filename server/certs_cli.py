@@ -1,0 +1,58 @@
+"""``fedent certs``: make a development CA, TLS certificates and worker tokens, or revoke workers.
+
+Prints the paths it wrote, never a token or a key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from server.certs import DEFAULT_HOSTS, DEFAULT_WORKERS, CertsError, make_dev_pki, revoke_workers
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "certs",
+        help="make a development CA, TLS certificates and per-worker tokens (or revoke a worker)",
+        description="Writes ca.crt/key, server.crt/key, clients/<worker>.crt/key and tokens.json (0600) "
+                    "under --out. With --revoke, adds workers to tokens.json's revocation list instead.",
+    )
+    p.add_argument("--out", required=True, type=Path, help="directory to write into")
+    p.add_argument("--hosts", type=_csv, default=list(DEFAULT_HOSTS),
+                   help="comma-separated DNS names / IPs for the server certificate (default: %(default)s)")
+    p.add_argument("--workers", type=_csv, default=list(DEFAULT_WORKERS),
+                   help="comma-separated worker ids: one client certificate and token each (default: %(default)s)")
+    p.add_argument("--days", type=int, default=30, help="validity in days (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace an existing CA in --out")
+    p.add_argument("--revoke", type=_csv, default=None, metavar="W1,W2",
+                   help="revoke these workers in OUT/tokens.json instead of generating anything")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.revoke is not None:
+            if not args.revoke:
+                raise CertsError("--revoke needs at least one worker id")
+            revoked = revoke_workers(Path(args.out) / "tokens.json", args.revoke)
+            print(f"revoked in {Path(args.out) / 'tokens.json'}: {', '.join(revoked)}")
+            return 0
+        bundle = make_dev_pki(args.out, hosts=args.hosts, workers=args.workers, days=args.days, force=args.force)
+    except (CertsError, OSError) as e:
+        print(f"fedent certs: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote a development PKI to {bundle.out_dir} (valid {args.days} days)")
+    print(f"  CA:      {bundle.ca_cert} (key {bundle.ca_key}, keep private)")
+    print(f"  server:  {bundle.server_cert} for {', '.join(args.hosts)}")
+    for w, (crt, _key) in bundle.client_certs.items():
+        print(f"  client:  {crt} ({w})")
+    if bundle.tokens_file is not None:
+        print(f"  tokens:  {bundle.tokens_file} and {bundle.out_dir / 'tokens'}/<worker>.token (mode 0600)")
+    return 0

@@ -1,0 +1,373 @@
+"""TLS, mutual TLS and token authentication on real gRPC servers (port 0), plus log/config redaction.
+
+The protected service is grpc_health's servicer with the interceptor told to protect it (by default
+health checks stay open, which is also tested).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from server.certs import CertBundle, make_dev_pki, revoke_workers
+from server.security import (
+    AuthInterceptor,
+    ClientSecurity,
+    RedactingFilter,
+    SecurityConfigError,
+    ServerSecurity,
+    TokenRegistry,
+    add_client_security_args,
+    add_server_security_args,
+    bearer_token,
+    bind,
+    client_security_from_args,
+    install_log_redaction,
+    open_channel,
+    read_worker_token,
+    redact_config,
+    redact_text,
+    server_security_from_args,
+    token_hash,
+)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+TIMEOUT = 5.0
+
+
+@pytest.fixture(scope="module")
+def pki_master(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
+    return make_dev_pki(tmp_path_factory.mktemp("pki"), hosts=["localhost", "127.0.0.1"],
+                        workers=["worker-0", "worker-1"], days=1)
+
+
+@pytest.fixture()
+def pki(pki_master: CertBundle, tmp_path: Path) -> CertBundle:
+    """A per-test copy, so revoking in one test does not leak into another."""
+    out = tmp_path / "pki"
+    shutil.copytree(pki_master.out_dir, out)
+    return make_bundle_at(out)
+
+
+def make_bundle_at(out: Path) -> CertBundle:
+    return CertBundle(out_dir=out, ca_cert=out / "ca.crt", ca_key=out / "ca.key", server_cert=out / "server.crt",
+                      server_key=out / "server.key",
+                      client_certs={w: (out / "clients" / f"{w}.crt", out / "clients" / f"{w}.key")
+                                    for w in ("worker-0", "worker-1")},
+                      tokens_file=out / "tokens.json",
+                      token_files={w: out / "tokens" / f"{w}.token" for w in ("worker-0", "worker-1")})
+
+
+def token_of(pki: CertBundle, worker: str) -> str:
+    assert pki.tokens_file is not None
+    return json.loads(pki.tokens_file.read_text())["workers"][worker]
+
+
+ServerFactory = Callable[..., int]
+
+
+@pytest.fixture()
+def serve() -> Iterator[ServerFactory]:
+    """Start a health server with the given security; returns its port. Stopped at teardown."""
+    servers: list[grpc.Server] = []
+
+    def start(sec: ServerSecurity, protect_health: bool = True, tokens: TokenRegistry | None = None) -> int:
+        interceptors = []
+        if sec.authenticates:
+            reg = tokens or (TokenRegistry(sec.token_file, min_reload_interval_s=0.0) if sec.token_file else None)
+            interceptors.append(AuthInterceptor(tokens=reg, accept_client_certs=sec.require_client_auth,
+                                                open_prefixes=() if protect_health else
+                                                ("/grpc.health.v1.Health/",)))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=interceptors)
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+        port = bind(server, "127.0.0.1:0", sec)
+        server.start()
+        servers.append(server)
+        return port
+
+    yield start
+    for s in servers:
+        s.stop(None)
+
+
+def check(port: int, sec: ClientSecurity, host: str = "localhost") -> int:
+    with open_channel(f"{host}:{port}", sec) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT).status
+
+
+def code_of(port: int, sec: ClientSecurity, host: str = "localhost") -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as ei:
+        check(port, sec, host)
+    return ei.value.code()  # type: ignore[attr-defined]
+
+
+def tls_server(pki: CertBundle, mtls: bool = False, tokens: bool = True) -> ServerSecurity:
+    return ServerSecurity(cert=pki.server_cert, key=pki.server_key, ca=pki.ca_cert if mtls else None,
+                          require_client_auth=mtls, token_file=pki.tokens_file if tokens else None).validate()
+
+
+def client(pki: CertBundle, token: str | None = None, cert_of: str | None = None) -> ClientSecurity:
+    crt, key = pki.client_certs[cert_of] if cert_of else (None, None)
+    return ClientSecurity(ca=pki.ca_cert, cert=crt, key=key, token=token).validate()
+
+
+# ---- TLS and mutual TLS ------------------------------------------------------------------------------
+
+def test_tls_handshake_with_generated_ca_and_right_token(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki))
+    assert check(port, client(pki, token_of(pki, "worker-0"))) == SERVING
+    assert check(port, client(pki, token_of(pki, "worker-1")), host="127.0.0.1") == SERVING  # IP SAN
+
+
+def test_plaintext_client_to_tls_server_fails(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki, tokens=False))
+    assert code_of(port, ClientSecurity(insecure=True)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_client_trusting_another_ca_fails(pki: CertBundle, serve: ServerFactory, tmp_path: Path) -> None:
+    other = make_dev_pki(tmp_path / "other", workers=["worker-0"])
+    port = serve(tls_server(pki, tokens=False))
+    assert code_of(port, ClientSecurity(ca=other.ca_cert)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mtls_without_client_cert_fails(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki, mtls=True))
+    # even a valid token does not get past a missing client certificate
+    assert code_of(port, client(pki, token_of(pki, "worker-0"))) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mtls_identity_alone_authenticates(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki, mtls=True))
+    assert check(port, client(pki, cert_of="worker-1")) == SERVING
+
+
+def test_mtls_cert_and_token_must_name_the_same_worker(pki: CertBundle, serve: ServerFactory,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    port = serve(tls_server(pki, mtls=True))
+    tok0 = token_of(pki, "worker-0")
+    assert check(port, client(pki, tok0, cert_of="worker-0")) == SERVING
+    with caplog.at_level(logging.WARNING, logger="fedent.security"):
+        assert code_of(port, client(pki, tok0, cert_of="worker-1")) == grpc.StatusCode.UNAUTHENTICATED
+    assert "certificate of worker-1" in caplog.text and tok0 not in caplog.text
+
+
+def test_mtls_revoked_certificate_is_rejected(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki, mtls=True))
+    assert pki.tokens_file is not None
+    revoke_workers(pki.tokens_file, ["worker-1"])
+    assert code_of(port, client(pki, cert_of="worker-1")) == grpc.StatusCode.UNAUTHENTICATED
+    assert check(port, client(pki, cert_of="worker-0")) == SERVING
+
+
+# ---- tokens ------------------------------------------------------------------------------------------
+
+def test_wrong_or_missing_token_is_unauthenticated(pki: CertBundle, serve: ServerFactory,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    port = serve(tls_server(pki))
+    wrong = "x" * 43
+    with caplog.at_level(logging.WARNING, logger="fedent.security"):
+        assert code_of(port, client(pki, wrong)) == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(port, client(pki, None)) == grpc.StatusCode.UNAUTHENTICATED
+    assert "unknown token" in caplog.text and "no credentials" in caplog.text
+    assert "/grpc.health.v1.Health/Check" in caplog.text and "127.0.0.1" in caplog.text  # method and peer
+    assert wrong not in caplog.text
+
+
+def test_revoked_token_is_unauthenticated_after_reload(pki: CertBundle, serve: ServerFactory,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    port = serve(tls_server(pki))
+    tok1 = token_of(pki, "worker-1")
+    assert check(port, client(pki, tok1)) == SERVING
+    assert pki.tokens_file is not None
+    revoke_workers(pki.tokens_file, ["worker-1"])  # the running server picks the change up
+    with caplog.at_level(logging.INFO, logger="fedent.security"):
+        assert code_of(port, client(pki, tok1)) == grpc.StatusCode.UNAUTHENTICATED
+    assert "(worker worker-1): revoked" in caplog.text and tok1 not in caplog.text
+    assert check(port, client(pki, token_of(pki, "worker-0"))) == SERVING
+
+
+def test_streaming_method_is_protected_too(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki))
+    with open_channel(f"localhost:{port}", client(pki, "y" * 43)) as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+        with pytest.raises(grpc.RpcError) as ei:
+            next(stream)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    with open_channel(f"localhost:{port}", client(pki, token_of(pki, "worker-0"))) as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+        assert next(stream).status == SERVING
+        stream.cancel()
+
+
+def test_health_stays_open_by_default(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(tls_server(pki), protect_health=False)
+    assert check(port, client(pki, None)) == SERVING
+
+
+def test_insecure_mode_still_checks_tokens(pki: CertBundle, serve: ServerFactory) -> None:
+    port = serve(ServerSecurity(insecure=True, token_file=pki.tokens_file).validate())
+    assert check(port, ClientSecurity(insecure=True, token=token_of(pki, "worker-0"))) == SERVING
+    assert code_of(port, ClientSecurity(insecure=True, token="z" * 43)) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_token_never_reaches_captured_logs(pki: CertBundle, serve: ServerFactory,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Every path that logs (rejections, insecure-channel warning, reload) keeps tokens out."""
+    tok0, tok1 = token_of(pki, "worker-0"), token_of(pki, "worker-1")
+    with caplog.at_level(logging.DEBUG):
+        port = serve(tls_server(pki))
+        check(port, client(pki, tok0))
+        code_of(port, client(pki, tok0[::-1]))
+        assert pki.tokens_file is not None
+        revoke_workers(pki.tokens_file, ["worker-1"])
+        code_of(port, client(pki, tok1))
+        iport = serve(ServerSecurity(insecure=True, token_file=pki.tokens_file).validate())
+        check(iport, ClientSecurity(insecure=True, token=tok0))
+    assert caplog.records, "expected some log lines"
+    for secret in (tok0, tok1, tok0[::-1], token_hash(tok0)):
+        assert secret not in caplog.text
+
+
+def test_token_registry_hashes_reload_and_bad_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"workers": {"a": "tok-a-123456789", "b": "sha256:" + token_hash("tok-b-123456789")}}))
+    reg = TokenRegistry(path, min_reload_interval_s=0.0)
+    assert reg.identify("tok-a-123456789") == "a" and reg.identify("tok-b-123456789") == "b"
+    assert reg.identify("nope") is None and reg.workers == ["a", "b"]
+    assert "tok-a-123456789" not in repr(vars(reg))  # only hashes are kept
+    path.write_text("{ half written")
+    with caplog.at_level(logging.ERROR, logger="fedent.security"):
+        reg.reload_if_due()
+    assert reg.identify("tok-a-123456789") == "a" and "keeping the previous" in caplog.text
+    with pytest.raises(SecurityConfigError, match="expected"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("[]")
+        TokenRegistry(bad)
+
+
+def test_bearer_token_parsing() -> None:
+    assert bearer_token([("authorization", "Bearer abc")]) == "abc"
+    assert bearer_token([("Authorization", "bearer  abc ")]) == "abc"
+    assert bearer_token([("authorization", "Basic abc")]) is None
+    assert bearer_token([("x", "Bearer abc")]) is None and bearer_token(None) is None
+
+
+def test_interceptor_needs_some_credential_source() -> None:
+    with pytest.raises(SecurityConfigError):
+        AuthInterceptor(tokens=None, accept_client_certs=False)
+
+
+# ---- settings at the process edge -------------------------------------------------------------------
+
+def _parse(add: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add(p)
+    return p.parse_args(argv)
+
+
+def test_server_settings_flags_env_and_errors(pki: CertBundle) -> None:
+    env = {"FEDENT_TLS_CERT": str(pki.server_cert), "FEDENT_TLS_KEY": str(pki.server_key),
+           "FEDENT_TOKEN_FILE": str(pki.tokens_file)}
+    sec = server_security_from_args(_parse(add_server_security_args, []), env=env)
+    assert sec.cert == pki.server_cert and sec.token_file == pki.tokens_file and not sec.insecure
+    sec2 = server_security_from_args(_parse(add_server_security_args, ["--tls-ca", str(pki.ca_cert),
+                                                                       "--require-client-auth"]), env=env)
+    assert sec2.require_client_auth and sec2.ca == pki.ca_cert
+    with pytest.raises(SecurityConfigError, match="--insecure"):
+        server_security_from_args(_parse(add_server_security_args, []), env={})
+    assert server_security_from_args(_parse(add_server_security_args, ["--insecure"]), env={}).insecure
+    assert server_security_from_args(_parse(add_server_security_args, []), env={"FEDENT_INSECURE": "1"}).insecure
+    with pytest.raises(SecurityConfigError, match="excludes"):
+        server_security_from_args(_parse(add_server_security_args, ["--insecure"]), env=env)
+    with pytest.raises(SecurityConfigError, match="not found"):
+        server_security_from_args(_parse(add_server_security_args, ["--tls-cert", "/nope.crt"]), env=env)
+    with pytest.raises(SecurityConfigError, match="--tls-ca"):
+        server_security_from_args(_parse(add_server_security_args, ["--require-client-auth"]), env=env)
+
+
+def test_client_settings_and_token_files(pki: CertBundle, tmp_path: Path) -> None:
+    tok = token_of(pki, "worker-1")
+    args = _parse(add_client_security_args, ["--tls-ca", str(pki.ca_cert), "--token-file", str(pki.tokens_file)])
+    sec = client_security_from_args(args, worker="worker-1", env={})
+    assert sec.token == tok and tok not in repr(sec)
+    one = _parse(add_client_security_args, ["--tls-ca", str(pki.ca_cert),
+                                            "--token-file", str(pki.token_files["worker-1"])])
+    assert client_security_from_args(one, env={}).token == tok
+    with pytest.raises(SecurityConfigError, match="--worker-id"):
+        client_security_from_args(args, worker=None, env={})
+    with pytest.raises(SecurityConfigError, match="no usable token"):
+        client_security_from_args(args, worker="worker-9", env={})
+    with pytest.raises(SecurityConfigError, match="--tls-ca"):
+        client_security_from_args(_parse(add_client_security_args, []), env={})
+    with pytest.raises(SecurityConfigError, match="both"):
+        ClientSecurity(ca=pki.ca_cert, cert=pki.client_certs["worker-0"][0]).validate()
+    two = tmp_path / "two.token"
+    two.write_text("a b")
+    with pytest.raises(SecurityConfigError, match="exactly one"):
+        read_worker_token(two)
+    with pytest.raises(SecurityConfigError, match="cannot read"):
+        read_worker_token(tmp_path / "missing")
+
+
+# ---- redaction ---------------------------------------------------------------------------------------
+
+def test_redact_text_variants() -> None:
+    tok = "AbC123-_xyzXYZ987654"
+    for line in (f"authorization: Bearer {tok}", f"Authorization=bearer%20{tok}", f"token={tok}",
+                 f"{{'authorization': 'Bearer {tok}'}}", f'"token": "{tok}"'):
+        out = redact_text(line)
+        assert tok not in out and "***" in out, line
+    assert redact_text("round 3 done, 12 tokens of text") == "round 3 done, 12 tokens of text"
+    assert redact_text(f"worker says {tok}", secrets=[tok]) == "worker says ***"
+
+
+def test_log_filter_scrubs_messages_args_and_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    tok = "s3cr3t-token-value-42"
+    logger = logging.getLogger("fedent.test.redact")
+    filt = RedactingFilter([tok])
+    caplog.handler.addFilter(filt)
+    try:
+        with caplog.at_level(logging.INFO, logger="fedent.test.redact"):
+            logger.info("metadata %s", [("authorization", f"Bearer {tok}")])
+            logger.info("plain %s", tok)
+            try:
+                raise RuntimeError(f"failed with {tok}")
+            except RuntimeError:
+                logger.exception("call failed")
+    finally:
+        caplog.handler.removeFilter(filt)
+    assert tok not in caplog.text and caplog.text.count("***") >= 3
+
+
+def test_install_log_redaction_on_root_handlers() -> None:
+    root = logging.getLogger()
+    handler = logging.StreamHandler()
+    root.addHandler(handler)
+    try:
+        filt = install_log_redaction(["topsecret-123456"])
+        assert filt in handler.filters and filt in root.filters
+    finally:
+        root.removeHandler(handler)
+        root.removeFilter(filt)
+
+
+def test_redact_config_for_dashboard() -> None:
+    cfg = {"train": {"rounds": 3, "lr": 0.1}, "cluster": {"token": "abcdefgh12", "tls_key": "/x/server.key",
+                                                          "api_key": "k", "monkey": "banana", "keys": None,
+                                                          "note": "Bearer abcdefghijk"},
+           "workers": [{"password": "p"}]}
+    red = redact_config(cfg)
+    assert red["train"] == {"rounds": 3, "lr": 0.1}
+    assert red["cluster"]["token"] == red["cluster"]["tls_key"] == red["cluster"]["api_key"] == "***"
+    assert red["cluster"]["monkey"] == "banana" and red["cluster"]["keys"] is None
+    assert red["cluster"]["note"] == "Bearer ***" and red["workers"][0]["password"] == "***"
+    assert cfg["cluster"]["token"] == "abcdefgh12"  # the input is not modified
