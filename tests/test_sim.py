@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from test_sim_support import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog
@@ -30,7 +31,6 @@ from fedent.strategies.base import (
 )
 from fedent.strategies.fedavg import FedAvg
 from fedent.trainer import LocalTrainer
-from test_sim_support import tiny_config, tiny_inputs
 
 
 def test_run_dir_is_complete_and_accuracy_improves(tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""The simulate/compare/plot commands: one-line errors with exit code 2, and a real end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_sim_support import write_tiny_config_file
+
+from fedent import runlog
+from fedent.cli import main
+
+
+def test_bad_config_unknown_key_and_bad_set_exit_2_one_line(tmp_path: Path) -> None:
+    """Through the real console entry point, in subprocesses (run concurrently to save interpreter start-ups)."""
+    cfg = write_tiny_config_file(tmp_path / "c.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: {rounds: 2\n")
+    cases = [
+        (["--config", str(broken)], "not valid YAML"),
+        (["--config", str(cfg), "--set", "train.bogus=1"], "unknown key(s) bogus"),
+        (["--config", str(cfg), "--set", "train.rounds"], "expected key=value"),
+    ]
+    procs = [subprocess.Popen([sys.executable, "-m", "fedent.cli", "simulate", *args, "--out", str(tmp_path / "r")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args, _ in cases]
+    for proc, (args, needle) in zip(procs, cases, strict=True):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (args, err)
+        assert needle in err and err.startswith("fedent simulate: config error:"), err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--set", "train.lr=-1"], "train.lr: must be > 0"),
+        (["--set", "algorithm.name=nope"], "unknown algorithm 'nope'"),
+        (["--set", "algorithm.beta=2"], "algorithm.beta"),
+        (["--local-eval", "-1"], "--local-eval"),
+        (["missing"], "config file not found"),
+    ],
+)
+def test_simulate_bad_values_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+                                    needle: str) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml", algorithm="fedent")
+    if extra == ["missing"]:
+        cfg, extra = tmp_path / "missing.yaml", []
+    rc = main(["simulate", "--config", str(cfg), "--out", str(tmp_path / "runs"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_dataset_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml")
+    rc = main(["simulate", "--config", str(cfg), "--set", "data.name=cifar10", "--set", f"data.root={tmp_path}",
+               "--out", str(tmp_path / "runs"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cifar10" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_rejects_bad_lists_and_algo_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml")
+    for extra, needle in ((["--algorithms", "fedavg,nope"], "unknown algorithm 'nope'"),
+                          (["--seeds", "0,x"], "--seeds: cannot parse"),
+                          (["--algo-set", "fedprox.bogus=1", "--algorithms", "fedprox"], "unknown key(s) bogus"),
+                          (["--algo-set", "mu=1"], "expected ALGORITHM.KEY=VALUE"),
+                          (["--target", "1.5"], "--target")):
+        rc = main(["compare", "--config", str(cfg), "--out", str(tmp_path / "cmp"), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err, (extra, err)
+    assert not (tmp_path / "cmp").exists()  # rejected before any training
+
+
+def test_simulate_end_to_end_then_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml", algorithm="fedent", rounds=2)
+    rc = main(["simulate", "--config", str(cfg), "--set", "model.name=lenet5", "--out", str(tmp_path / "runs"),
+               "--run-id", "r1", "--no-progress", "--no-plots"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "run dir" in out
+    paths = runlog.RunPaths(tmp_path / "runs" / "r1")
+    recs = runlog.read_metrics(paths.metrics)
+    assert [r["round"] for r in recs] == [0, 1] and all(r["fedent"] for r in recs)
+    part = json.loads(paths.partition.read_text())
+    assert part["num_clients"] == 10 and len(part["md5"]) == 32 and sum(part["sizes"]) <= 400
+    assert json.loads(paths.status.read_text())["phase"] == "done"
+    assert main(["plot", str(paths.root), "--out", str(tmp_path / "p")]) == 0
+    made = sorted(p.name for p in (tmp_path / "p").iterdir())
+    assert {"accuracy.png", "eta.png", "phi2.png", "train_loss.png"} <= set(made)
+    rc = main(["plot", str(tmp_path)])
+    assert rc == 2 and "not a run directory" in capsys.readouterr().err
