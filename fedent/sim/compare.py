@@ -189,7 +189,7 @@ def run_comparison(
             run_dir = out / "runs" / f"{algo}-s{seed}"
             try:
                 res = run_simulation(cfg_a, run_dir, device=device, progress=progress, inputs=inputs,
-                                     local_eval=local_eval, label=f"{algo} s{seed}")
+                                     local_eval=local_eval, label=f"{algo} s{seed}", plots=False)
             except SimulationError as e:
                 recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
                 records[(algo, int(seed))] = recs
