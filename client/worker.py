@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -34,6 +35,8 @@ from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import convert
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger("fedent.worker")
@@ -120,6 +123,9 @@ class Worker:
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._stop = threading.Event()
         self.tasks_done = 0
+        self.run_id = ""
+        self._trainer_lock = threading.Lock()
+        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | None] | None = None
 
     # ---- setup ---------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -135,6 +141,7 @@ class Worker:
             worker_name=self.name, token=s.token, client_ids=list(s.client_ids), device=str(self.device),
             hostname=socket.gethostname(), pid=os.getpid(), version="1"))
         self.worker_id = reply.worker_id
+        self.run_id = reply.run_id
         self.transfer = convert.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
         try:
@@ -242,6 +249,62 @@ class Worker:
         except grpc.RpcError:
             pass
 
+    # ---- Algorithm 1's gradient oracle (FedEnt offline mode) ---------------------------------------
+    def wants_oracle(self) -> bool:
+        if not self.settings.estimator or self.cfg.algorithm.name != "fedent":
+            return False
+        return str(getattr(validate_algorithm(self.cfg.algorithm), "estimator", "online")) == "offline"
+
+    def start_oracle(self) -> threading.Thread:
+        """Open the Oracle stream to the estimator service (dialling out) and answer its gradient requests."""
+        t = threading.Thread(target=self._oracle_loop, name="oracle", daemon=True)
+        t.start()
+        return t
+
+    def _oracle_loop(self) -> None:
+        from fedent.meanfield.oracle import TrainerOracle
+
+        outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
+        self._oracle_outbox = outbox
+        outbox.put(est_pb.OracleMessage(hello=est_pb.OracleHello(
+            worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
+            token=self.settings.token)))
+
+        def outgoing() -> Iterator[est_pb.OracleMessage]:
+            while True:
+                m = outbox.get()
+                if m is None:
+                    return
+                yield m
+
+        channel = grpc.insecure_channel(self.settings.estimator, options=channel_options())
+        stub = est_grpc.EstimatorStub(channel)
+        points: dict[str, Params] = {}
+        try:
+            for req in stub.Oracle(outgoing(), wait_for_ready=True):
+                try:
+                    if req.point_blob not in points:
+                        got = convert.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(
+                            blob_id=req.point_blob, worker_id=self.worker_id)))
+                        points = {req.point_blob: [x.to(self.device) for x in got[convert.PARAMS_GROUP]]}
+                    oracle = TrainerOracle(self.trainer, self.indices, req.seed or self.cfg.train.seed,
+                                           req.batch_size or None)
+                    for cid in convert.oracle_request_cids(req):
+                        with self._trainer_lock:
+                            grads = [g.detach().cpu() for g in oracle.gradient(req.t, cid, points[req.point_blob])]
+                        for m in convert.oracle_result_messages(req.request_id, cid, int(self.indices[cid].numel()),
+                                                                grads, self.transfer):
+                            outbox.put(m)
+                except (KeyError, ValueError, grpc.RpcError) as e:
+                    for cid in req.client_ids:
+                        outbox.put(est_pb.OracleMessage(error=est_pb.OracleError(
+                            request_id=req.request_id, cid=cid, message=str(e)[:500])))
+        except grpc.RpcError as e:
+            if not self._stop.is_set():
+                log.warning("oracle stream to %s ended: %s: %s", self.settings.estimator, e.code().name, e.details())
+        finally:
+            channel.close()
+
     # ---- main loop -----------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -260,12 +323,15 @@ class Worker:
                 if kind == "shutdown":
                     log.info("aggregator: %s", item.shutdown.reason)
                     return not item.shutdown.failed
+                pending: list[Future[None]] = []
                 try:
-                    if kind == "probe":
-                        self.do_probe(item.probe)
-                    elif kind == "fit":
-                        for f in self.do_fit(item.fit):
-                            f.result()
+                    with self._trainer_lock:
+                        if kind == "probe":
+                            self.do_probe(item.probe)
+                        elif kind == "fit":
+                            pending = self.do_fit(item.fit)
+                    for f in pending:
+                        f.result()
                     self.tasks_done += 1
                 except (WorkerError, convert.WireError, ValueError) as e:
                     h = item.probe.task if kind == "probe" else item.fit.task
@@ -279,6 +345,8 @@ class Worker:
 
     def close(self) -> None:
         self._stop.set()
+        if self._oracle_outbox is not None:
+            self._oracle_outbox.put(None)
         self._uploader.shutdown(wait=True)
         self.channel.close()
 
@@ -286,6 +354,8 @@ class Worker:
         try:
             self.connect()
             self.register()
+            if self.wants_oracle():
+                self.start_oracle()
             return self.serve()
         finally:
             self.close()

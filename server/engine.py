@@ -271,7 +271,8 @@ class ClusterRun:
             w.gone = True
             self.registry_changed.notify_all()
             for c in w.cids:
-                self.clients[c]["state"] = "disconnected"
+                self.clients[c]["state"] = "finished" if self.finished.is_set() or self.phase == "done" \
+                    else "disconnected"
         col = self.collector
         if col is not None:
             for c in w.cids:

@@ -1,0 +1,176 @@
+"""``fedent cluster up``: the whole cluster as local processes, without Docker.
+
+The aggregator (and the dashboard, served by uvicorn in the same process) runs here; the estimator
+service and N workers are child processes. Every service binds port 0 and reports the port it got, which
+is passed on to the processes that dial it, so nothing collides with a fixed port. SIGINT/SIGTERM
+terminate the children (then kill them after a grace period).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedent import runlog
+from fedent.config import ExperimentConfig
+from server.app import AggregatorHandle, start_aggregator, uses_fedent_estimator
+from server.settings import AggregatorSettings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(RuntimeError):
+    """The cluster could not start or a required process died; the message is one line."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    workers: int = 2
+    device: str | None = None  # passed to the workers (and the aggregator's evaluation)
+    dashboard: bool = True
+    use_estimator_service: bool = True  # FedEnt: start `python -m estimator` (fallback: in-process)
+    start_timeout_s: float = 60.0
+    grace_s: float = 5.0
+    quiet_children: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+
+
+def split_clients(num_clients: int, workers: int) -> list[tuple[int, ...]]:
+    """Contiguous, near-equal blocks of client ids, one per worker (never an empty block)."""
+    n = min(workers, num_clients)
+    base, extra = divmod(num_clients, n)
+    out, start = [], 0
+    for i in range(n):
+        size = base + (1 if i < extra else 0)
+        out.append(tuple(range(start, start + size)))
+        start += size
+    return out
+
+
+def _span(ids: tuple[int, ...]) -> str:
+    return f"{ids[0]}-{ids[-1]}"
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def wait_port_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> int:
+    """Block until ``proc`` writes its bound port to ``path`` (the child binds port 0 itself)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            text = path.read_text().strip()
+            if text.isdigit():
+                return int(text)
+        if proc.poll() is not None:
+            raise LaunchError(f"{what} exited with code {proc.returncode} before it was listening")
+        time.sleep(0.05)
+    raise LaunchError(f"{what} did not report a port within {timeout_s:.0f}s")
+
+
+@dataclass
+class Cluster:
+    cfg: ExperimentConfig
+    run_dir: Path
+    settings: LaunchSettings
+    aggregator: AggregatorHandle | None = None
+    estimator: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    estimator_address: str = ""
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    # ---- start -------------------------------------------------------------------------------
+    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+        out = subprocess.DEVNULL if self.settings.quiet_children else None
+        return subprocess.Popen([sys.executable, *args], env=_child_env(), cwd=str(REPO_ROOT), stdout=out, stderr=out)
+
+    def start_estimator(self) -> str:
+        """`python -m estimator` on a free port; '' (in-process fallback) when the service is not installed."""
+        if importlib.util.find_spec("estimator.__main__") is None:
+            return ""
+        assert self._tmp is not None
+        port_file = Path(self._tmp.name) / "estimator.port"
+        self.estimator = self._spawn(["-m", "estimator", "--host", "127.0.0.1", "--port", "0",
+                                      "--port-file", str(port_file)])
+        port = wait_port_file(port_file, self.estimator, self.settings.start_timeout_s, "the estimator service")
+        return f"127.0.0.1:{port}"
+
+    def start(self, agg_settings: AggregatorSettings | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="fedent-cluster-")
+        agg_settings = agg_settings or AggregatorSettings()
+        try:
+            if uses_fedent_estimator(self.cfg) and self.settings.use_estimator_service and not agg_settings.estimator:
+                self.estimator_address = self.start_estimator()
+                if self.estimator_address:
+                    from dataclasses import replace
+
+                    agg_settings = replace(agg_settings, estimator=self.estimator_address)
+            self.aggregator = start_aggregator(self.cfg, agg_settings, self.run_dir, dashboard=self.settings.dashboard)
+            address = f"127.0.0.1:{self.aggregator.port}"
+            for ids in split_clients(self.cfg.data.num_clients, self.settings.workers):
+                args = ["-m", "client", "--aggregator", address, "--clients", _span(ids),
+                        "--name", f"worker-{_span(ids)}"]
+                if self.settings.device:
+                    args += ["--device", self.settings.device]
+                if self.cfg.data.root:
+                    args += ["--data-root", self.cfg.data.root]
+                if self.estimator_address:
+                    args += ["--estimator", self.estimator_address]
+                if agg_settings.token:
+                    args += ["--token", agg_settings.token]
+                self.workers.append(self._spawn(args))
+        except BaseException:
+            self.stop()
+            raise
+
+    # ---- run ---------------------------------------------------------------------------------
+    def wait(self, poll_s: float = 0.5) -> bool:
+        """Until the run finishes; fails fast when every worker (or the estimator) died first."""
+        agg = self.aggregator
+        assert agg is not None
+        while not agg.wait(poll_s):
+            if self.workers and all(p.poll() is not None for p in self.workers) and not agg.wait(2.0):
+                codes = sorted({p.returncode for p in self.workers})
+                raise LaunchError(f"all workers exited (codes {codes}) before the run finished")
+            if self.estimator is not None and self.estimator.poll() is not None:
+                raise LaunchError(f"the estimator service exited with code {self.estimator.returncode}")
+        return agg.ok
+
+    def stop(self) -> None:
+        """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard."""
+        procs = [*self.workers, *([self.estimator] if self.estimator is not None else [])]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + self.settings.grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.aggregator is not None:
+            self.aggregator.stop()
+            self.aggregator = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def default_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
+    if out:
+        return Path(out)
+    return Path(cfg.out_dir) / runlog.new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)

@@ -1,0 +1,84 @@
+"""``fedent cluster up --config FILE --workers N``: run the local cluster (see server.launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from dataclasses import replace
+from types import FrameType
+from typing import Any
+
+from fedent.config import load_config
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("cluster", help="run the aggregator, estimator, workers and dashboard locally")
+    sub = p.add_subparsers(dest="cluster_command", required=True)
+    up = sub.add_parser("up", help="start a local cluster for one config")
+    up.add_argument("--config", required=True, help="experiment YAML")
+    up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    up.add_argument("--workers", type=int, default=2, help="worker processes (clients are split between them)")
+    up.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>)")
+    up.add_argument("--exit-when-done", action="store_true", help="exit when the run finishes (0 = success)")
+    up.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (workers and evaluation)")
+    up.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard")
+    up.add_argument("--no-estimator-service", action="store_true",
+                    help="FedEnt: solve φ2 in the aggregator process instead of the estimator service")
+    from server.__main__ import add_settings_args
+
+    add_settings_args(up)
+
+
+def run(args: argparse.Namespace) -> int:
+    from server.__main__ import settings_from_args
+    from server.launcher import Cluster, LaunchError, LaunchSettings, default_run_dir
+    from server.settings import SettingsError
+
+    cfg = load_config(args.config, args.set)
+    if args.device:
+        cfg = replace(cfg, train=replace(cfg.train, device=args.device))
+    try:
+        agg = settings_from_args(args, port=0)
+        launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
+                                use_estimator_service=not args.no_estimator_service)
+    except (SettingsError, ValueError) as e:
+        print(f"fedent cluster: {e}", file=sys.stderr)
+        return 2
+    cluster = Cluster(cfg, default_run_dir(cfg, args.out), launch)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        try:
+            cluster.start(agg)
+        except (LaunchError, OSError, ValueError) as e:
+            print(f"fedent cluster: {e}", file=sys.stderr)
+            return 1
+        handle = cluster.aggregator
+        assert handle is not None
+        print(f"fedent cluster: run dir {handle.run_dir}", flush=True)
+        print(f"fedent cluster: aggregator on 127.0.0.1:{handle.port}, {len(cluster.workers)} workers"
+              + (f", estimator on {cluster.estimator_address}" if cluster.estimator_address else ""), flush=True)
+        if handle.dashboard_url:
+            print(f"fedent cluster: dashboard {handle.dashboard_url}", flush=True)
+        try:
+            ok = cluster.wait()
+        except LaunchError as e:
+            print(f"fedent cluster: {e}", file=sys.stderr)
+            return 1
+        if ok:
+            print(f"fedent cluster: run finished; final model {handle.run.paths.model}", flush=True)
+        else:
+            print(f"fedent cluster: run failed: {handle.run.error}", file=sys.stderr)
+        if not args.exit_when_done and handle.dashboard_url:
+            print("fedent cluster: dashboard stays up; Ctrl-C to stop", flush=True)
+            signal.pause()
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        print("fedent cluster: stopping", file=sys.stderr)
+        return 130
+    finally:
+        cluster.stop()

@@ -1,0 +1,285 @@
+"""The aggregator service over real gRPC on loopback (port 0) with in-thread workers and hand-driven fakes.
+
+Covers: equality with the simulator, one model fetch per worker per round, status codes for bad input,
+exclusion of bad updates, deadlines/quorum, disconnects, health checking and reflection.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from conftest import tiny_config, tiny_inputs
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from fedent.params import weighted_sum
+from fedent.runlog import read_json, read_metrics
+from fedent.sim.inputs import SimInputs
+from fedent.sim.simulator import run_simulation
+from fedent.strategies.base import ClientUpdate
+from fedentrpc import convert
+from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+from server.app import AggregatorHandle, start_aggregator
+from server.launcher import split_clients
+from server.settings import AggregatorSettings, SettingsError
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    handles: list[AggregatorHandle] = []
+
+    def go(cfg: Any, inputs: SimInputs, **settings: Any) -> AggregatorHandle:
+        s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
+        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
+        handles.append(h)
+        return h
+
+    yield go
+    for h in handles:
+        h.stop(grace_s=0.5)
+
+
+def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorStub:
+    return pb_grpc.AggregatorStub(grpc.insecure_channel(f"127.0.0.1:{h.port}"))
+
+
+def _run_workers(h: AggregatorHandle, inputs: SimInputs, groups: list[tuple[int, ...]]) -> list[Worker]:
+    workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
+                                     connect_timeout_s=10), inputs=inputs) for g in groups]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    assert h.wait(60), "the run did not finish"
+    for t in threads:
+        t.join(10)
+    return workers
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedent", "feddyn", "scaffold"])
+def test_inthread_cluster_equals_simulation(start: Any, tmp_path: Path, algorithm: str) -> None:
+    cfg = tiny_config(algorithm, rounds=3)
+    inputs = tiny_inputs()
+    h = start(cfg, inputs)
+    _run_workers(h, inputs, [(0, 1), (2, 3)])
+    assert h.run.error is None
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    got = torch.load(h.run_dir / "model_final.pt")
+    for a, b in zip(got, sim.params, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    recs = read_metrics(h.run_dir / "metrics.jsonl")
+    assert [r["clients"] for r in recs] == [r["clients"] for r in sim.records]
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"
+    if algorithm == "fedent":
+        assert recs[0]["fedent"] is not None and sim.records[0]["fedent"] is not None
+
+
+def test_model_is_fetched_once_per_round_per_worker(start: Any) -> None:
+    cfg = tiny_config("fedavg", rounds=3, fraction=1.0)
+    inputs = tiny_inputs()
+    h = start(cfg, inputs)
+    _run_workers(h, inputs, [(0, 1, 2, 3)])
+    blob = convert.encode_tensors({convert.PARAMS_GROUP: [p.detach() for p in inputs.make_model().parameters()]})
+    (w,) = h.run.workers.values()
+    assert w.bytes_down == 3 * blob.wire_bytes  # 4 clients hosted, yet one download per round
+
+
+def _register(stub: pb_grpc.AggregatorStub, cids: list[int], md5: str, sizes: int = 12, token: str = "") -> str:
+    wid = stub.Register(pb.RegisterRequest(worker_name="fake", client_ids=cids, token=token)).worker_id
+    stub.Ready(pb.ReadyRequest(worker_id=wid, partition_md5=md5,
+                               clients=[pb.ClientInfo(cid=c, num_samples=sizes) for c in cids]))
+    return wid
+
+
+def _code(fn: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code()
+
+
+def test_registration_errors_map_to_status_codes(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config(), inputs, token="s3cret")
+    stub = _stub(h)
+    md5 = inputs.partition_info["md5"]
+    assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[0], token="nope"))) == \
+        grpc.StatusCode.UNAUTHENTICATED
+    assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[9], token="s3cret"))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[], token="s3cret"))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    wid = _register(stub, [0, 1], md5, token="s3cret")
+    assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[1, 2], token="s3cret"))) == \
+        grpc.StatusCode.ALREADY_EXISTS
+    other = stub.Register(pb.RegisterRequest(client_ids=[2], token="s3cret")).worker_id
+    assert _code(lambda: stub.Ready(pb.ReadyRequest(worker_id=other, partition_md5="0" * 32))) == \
+        grpc.StatusCode.FAILED_PRECONDITION
+    assert _code(lambda: stub.Ready(pb.ReadyRequest(worker_id="w-nobody", partition_md5=md5))) == \
+        grpc.StatusCode.NOT_FOUND
+    assert _code(lambda: list(stub.FetchBlob(tpb.FetchBlobRequest(blob_id="r99-model")))) == grpc.StatusCode.NOT_FOUND
+    assert _code(lambda: stub.SubmitProbes(pb.ProbeReport(worker_id=wid, task_id=1, round=0))) == \
+        grpc.StatusCode.FAILED_PRECONDITION
+    assert stub.Heartbeat(pb.HeartbeatRequest(worker_id=wid)).known
+    assert not stub.Heartbeat(pb.HeartbeatRequest(worker_id="w-nobody")).known
+
+
+class FakeWorker:
+    """A hand-driven worker: collects pushed work items so a test can answer (or not) as it likes."""
+
+    def __init__(self, h: AggregatorHandle, cids: list[int], md5: str) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{h.port}")
+        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.wid = _register(self.stub, cids, md5)
+        self.items: queue.Queue[pb.WorkItem] = queue.Queue()
+        self.call = self.stub.Work(pb.WorkRequest(worker_id=self.wid))
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for item in self.call:
+                self.items.put(item)
+        except grpc.RpcError:
+            pass
+
+    def next(self, kind: str) -> Any:
+        while True:
+            item = self.items.get(timeout=20)
+            if item.WhichOneof("kind") == kind:
+                return getattr(item, kind)
+
+    def model(self, blob: str) -> list[torch.Tensor]:
+        return convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
+
+    def upload(self, task: pb.TaskHeader, cid: int, params: list[torch.Tensor], n: int = 12) -> None:
+        u = ClientUpdate(cid=cid, params=params, num_samples=n, train_loss=0.1)
+        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
+
+
+def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)
+    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    assert list(fit.client_ids) == [0, 1, 2, 3]
+    w = fake.model(fit.model_blob)
+    nan = [p.clone() for p in w]
+    nan[0][0, 0] = float("nan")
+    with pytest.raises(grpc.RpcError) as e:
+        fake.upload(fit, 0, nan)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not finite" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        fake.upload(fit, 1, [w[0][:, :4].clone(), w[1].clone()])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected" in e.value.details()
+    headless = list(convert.update_to_parts(ClientUpdate(2, w, 12, 0.0), convert.UpdateMeta(fake.wid, 0, 0)))[1:]
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitUpdate(iter(headless))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        fake.upload(fit, 2, [p + 1 for p in w], n=999)  # lies about its sample count
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    good3 = [p + 2 for p in w]
+    fake.upload(fit, 3, good3)
+    with pytest.raises(grpc.RpcError) as e:
+        fake.upload(fit, 3, good3)  # a second upload for the same client
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION or e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert h.wait(20) and h.run.error is None
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    # 1 of 4 valid updates is below the quorum (2): the round is skipped and the model kept
+    assert "skipped" in rec["diagnostics"] and set(rec["diagnostics"]["failed_clients"]) == {"0", "1", "2"}
+    final = torch.load(h.run_dir / "model_final.pt")
+    assert all(torch.equal(a, b) for a, b in zip(final, w, strict=True))
+
+
+def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)
+    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    ups = {c: [p + c for p in w] for c in (1, 2, 3)}
+    bad = [p.clone() for p in w]
+    bad[1][0] = float("inf")
+    with pytest.raises(grpc.RpcError):
+        fake.upload(fit, 0, bad)
+    for c, params in ups.items():
+        fake.upload(fit, c, params)
+    assert h.wait(20) and h.run.error is None
+    final = torch.load(h.run_dir / "model_final.pt")
+    expect = weighted_sum([ups[1], ups[2], ups[3]], [1 / 3] * 3)
+    assert all(torch.allclose(a, b) for a, b in zip(final, expect, strict=True))
+
+
+def test_silent_worker_hits_the_deadline_and_the_run_goes_on(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, round_deadline_s=0.4)
+    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    t0 = time.monotonic()
+    assert h.wait(20) and h.run.error is None
+    assert time.monotonic() - t0 < 10
+    recs = read_metrics(h.run_dir / "metrics.jsonl")
+    assert len(recs) == 2 and all("skipped" in r["diagnostics"] for r in recs)
+    assert recs[0]["diagnostics"]["failed_clients"]["0"] == "deadline"
+    fake.channel.close()
+
+
+def test_disconnect_fails_the_clients_at_once_not_at_the_deadline(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, round_deadline_s=60)
+    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake.next("fit")
+    t0 = time.monotonic()
+    fake.call.cancel()
+    assert h.wait(20), "a dropped worker must not hang the round until its deadline"
+    assert time.monotonic() - t0 < 10
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert rec["diagnostics"]["failed_clients"]["0"] == "worker disconnected"
+
+
+def test_health_and_reflection(start: Any) -> None:
+    h = start(tiny_config(), tiny_inputs())
+    ch = grpc.insecure_channel(f"127.0.0.1:{h.port}")
+    health = health_pb2_grpc.HealthStub(ch)
+    for name in ("", "fedentrpc.v1.Aggregator"):
+        assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
+            health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+    (resp,) = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in resp.list_services_response.service}
+    assert {"fedentrpc.v1.Aggregator", "grpc.health.v1.Health"} <= names
+
+
+def test_worker_refuses_a_different_partition(start: Any) -> None:
+    h = start(tiny_config(), tiny_inputs())
+    other = tiny_inputs(per_client=11)
+    w = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=(0, 1), device="cpu",
+                              connect_timeout_s=10), inputs=other)
+    with pytest.raises(WorkerError, match="partition md5"):
+        w.run()
+
+
+def test_parse_client_ids_and_split() -> None:
+    assert parse_client_ids("0-3,7, 9") == (0, 1, 2, 3, 7, 9)
+    for bad in ("", "3-1", "a", "-2"):
+        with pytest.raises(ValueError, match="client id"):
+            parse_client_ids(bad)
+    assert split_clients(10, 3) == [(0, 1, 2, 3), (4, 5, 6), (7, 8, 9)]
+    assert split_clients(2, 5) == [(0,), (1,)]
+
+
+def test_settings_reject_unknown_keys_and_bad_values() -> None:
+    with pytest.raises(SettingsError, match="unknown"):
+        AggregatorSettings.from_mapping({"deadline": 3})
+    with pytest.raises(SettingsError, match="quorum"):
+        AggregatorSettings(quorum=2.0)
+    with pytest.raises(SettingsError, match="wire_dtype"):
+        AggregatorSettings(wire_dtype="int8")
