@@ -29,7 +29,7 @@ from fedent.checkpoint import (
 )
 from fedent.config import ConfigError, config_from_dict
 from fedent.strategies.fedadam import FedAdam
-from fedent.strategies.registry import build_strategy
+from fedent.strategies.registry import STRATEGIES, build_strategy
 
 
 def _ckpt(rnd: int, fp: str = "fp", value: float | None = None) -> Checkpoint:
@@ -222,3 +222,35 @@ def test_sigkill_in_tight_save_loop_leaves_a_loadable_checkpoint(tmp_path: Path)
     assert state.scalars["eta"] == float(newest_state)
     assert torch.equal(state.tensors["h"][0], torch.full((200_000,), float(newest_state)))
     assert not list(cs_dir.glob(".*.tmp"))
+
+
+def _same_state(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same_state, a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+def test_every_strategys_server_state_survives_a_checkpoint(tmp_path: Path, algorithm: str) -> None:
+    """Whatever Strategy.server_state() holds after real rounds is storable and loads back unchanged."""
+    from conftest import tiny_config, tiny_inputs
+
+    from fedent.sim.simulator import run_simulation
+
+    cfg = tiny_config(algorithm, rounds=1)
+    inputs = tiny_inputs()
+    strat = build_strategy(cfg.algorithm)
+    res = run_simulation(cfg, tmp_path / "run", progress=False, inputs=inputs, strategy=strat, plots=False)
+    state = strat.server_state()
+    save_checkpoint(tmp_path / "ck", Checkpoint(round=1, global_params=res.params, config_fingerprint="f",
+                                                seed=cfg.train.seed, server_state=state))
+    got = load_latest_checkpoint(tmp_path / "ck")
+    assert got is not None and _same_state(got.server_state, state)
+    fresh = build_strategy(cfg.algorithm)
+    fresh.setup([p.detach() for p in inputs.make_model().parameters()], inputs.client_sizes())
+    fresh.load_server_state(got.server_state)
+    assert _same_state(fresh.server_state(), state)
