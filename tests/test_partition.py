@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import time
 
 import numpy as np
@@ -184,6 +185,13 @@ def test_md5_sees_every_index() -> None:
     # the documented layout: client count, then per client its size and its indices, all int64 little-endian
     le = b"".join(int(v).to_bytes(8, "little") for v in (2, 2, 0, 1, 2, 2, 3))
     assert base.md5() == hashlib.md5(le).hexdigest()
+
+
+def test_partition_pickles() -> None:
+    """Workers may receive a Partition through multiprocessing."""
+    p = make_partition(mnist_like_labels(per_class=30), DataConfig(num_clients=4, partition="dirichlet"), seed=0)
+    q = pickle.loads(pickle.dumps(p))
+    assert q.md5() == p.md5() and dict(q.params) == dict(p.params)
 
 
 def test_to_json_document() -> None:

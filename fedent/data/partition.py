@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -79,7 +78,7 @@ def _finish(scheme: str, groups: list[np.ndarray], num_classes: int, params: dic
         a = np.sort(np.asarray(g, dtype=np.int64))
         a.setflags(write=False)
         frozen.append(a)
-    return Partition(scheme, len(groups), num_classes, tuple(frozen), MappingProxyType(params))
+    return Partition(scheme, len(groups), num_classes, tuple(frozen), dict(params))
 
 
 # ------------------------------------------------------------------------------------------- schemes
