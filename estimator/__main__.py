@@ -1,0 +1,80 @@
+"""``python -m estimator``: the estimator calculator service (FedEnt's mean-field fixed points).
+
+Binds ``--host:--port`` (0 picks a free port) and announces the bound port with one machine-readable
+line, ``LISTENING port=NNNN``, on stdout (and in ``--port-file`` when given) for the launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from estimator.service import create_estimator_service
+from estimator.settings import EstimatorSettings, SettingsError
+from fedent import runlog
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = EstimatorSettings()
+    p = argparse.ArgumentParser(prog="python -m estimator",
+                                description="fedent estimator calculator (mean-field fixed points over gRPC)")
+    p.add_argument("--host", default=d.host, help="interface to bind (0.0.0.0 for other machines)")
+    p.add_argument("--port", type=int, default=50052, help="0 picks a free port (see --port-file)")
+    p.add_argument("--port-file", default=None, help="write the bound port here (atomically)")
+    p.add_argument("--run-dir", default=None, help="persist finished offline jobs here")
+    p.add_argument("--token", default="", help="token the workers' oracle streams must present")
+    p.add_argument("--max-workers", type=int, default=d.max_workers, help="gRPC thread pool size")
+    p.add_argument("--oracle-timeout", type=float, default=d.oracle_timeout_s,
+                   help="seconds one gradient request to a worker may take")
+    p.add_argument("--oracle-retries", type=int, default=d.oracle_retries,
+                   help="re-sends of a failed or timed-out gradient request")
+    p.add_argument("--oracle-prefetch", type=int, default=d.oracle_prefetch,
+                   help="clients asked at once at the same point (memory: this many gradients)")
+    p.add_argument("--wait-workers", type=float, default=d.wait_workers_s,
+                   help="default seconds to wait for the workers' oracle streams")
+    p.add_argument("--blob-cache-mb", type=int, default=d.blob_cache_bytes // 2**20,
+                   help="cap on the tensor blobs held (MiB)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
+    return EstimatorSettings(host=args.host, port=args.port, token=args.token, max_workers=args.max_workers,
+                             oracle_timeout_s=args.oracle_timeout, oracle_retries=args.oracle_retries,
+                             oracle_prefetch=args.oracle_prefetch, wait_workers_s=args.wait_workers,
+                             blob_cache_bytes=args.blob_cache_mb * 2**20, run_dir=args.run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s estimator %(levelname)s %(message)s")
+    try:
+        settings = settings_from_args(args)
+        handle = create_estimator_service(settings)
+    except (SettingsError, OSError, RuntimeError) as e:
+        print(f"estimator: {e}", file=sys.stderr)
+        return 2
+    if args.port_file:
+        runlog.atomic_write_text(args.port_file, f"{handle.port}\n")
+    print(f"LISTENING port={handle.port}", flush=True)
+    logging.getLogger("fedent.estimator").info("estimator service on %s:%d", settings.host, handle.port)
+
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not done.wait(1.0):
+        pass
+    handle.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""FedEnt offline mode on the service: Algorithm 1 (fedent.meanfield.fixed_point) with remote gradients.
+
+``RpcGradientOracle`` implements ``fedent.meanfield.fixed_point.GradientOracle`` by asking the workers
+that host each client (over their Oracle streams, see ``estimator.hub``) for g_i at φ1(t): the point is
+stored once as a blob that the workers fetch, up to ``prefetch`` clients are asked at once, every call
+has a deadline and is retried (possibly on a reconnected worker) before the job fails.
+``OfflineJobs`` runs each StartOffline request in a background thread and answers long polls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from estimator.blobs import BlobStore
+from estimator.hub import Gradient, OracleCallError, OracleHub
+from fedent import runlog
+from fedent.meanfield.fixed_point import solve_fixed_point
+from fedent.meanfield.lr import VARIANTS
+from fedent.params import Params
+from fedentrpc import convert
+from fedentrpc.v1 import estimator_pb2 as est_pb
+
+log = logging.getLogger("fedent.estimator")
+
+
+class OracleFailure(RuntimeError):
+    """A gradient could not be obtained within the deadline and retries; fails the offline job."""
+
+
+class JobCancelled(RuntimeError):
+    """The service is shutting down."""
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    timeout_s: float
+    retries: int
+    prefetch: int
+    seed: int
+    batch_size: int
+
+
+class RpcGradientOracle:
+    """g_i(φ1(t)) from the worker hosting client i (Algorithm 1, Step 2: clients compute, the service never
+    sees data). Answers are checked against the point's shapes and dtypes."""
+
+    def __init__(self, hub: OracleHub, blobs: BlobStore, run_id: str, client_order: Sequence[int],
+                 settings: OracleSettings, on_sweep: Callable[[int], None] | None = None,
+                 cancelled: threading.Event | None = None) -> None:
+        self.hub = hub
+        self.blobs = blobs
+        self.run_id = run_id
+        self.order = [int(c) for c in client_order]
+        self._next = {c: self.order[i + 1 :] for i, c in enumerate(self.order)}
+        self.settings = settings
+        self.on_sweep = on_sweep
+        self.cancelled = cancelled or threading.Event()
+        self.sweep = 0
+        self.calls = 0
+        self.retries_used = 0
+        self._point: Sequence[Tensor] | None = None
+        self._point_blob = ""
+        self._t = -1
+        self._cache: dict[int, Future[Gradient]] = {}
+
+    # ---- GradientOracle ----------------------------------------------------------------------------
+    def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
+        if self.cancelled.is_set():
+            raise JobCancelled("the estimator service is shutting down")
+        if t == 0 and cid == self.order[0]:  # every sweep starts at φ1(0) = w(0) with the first client
+            self.sweep += 1
+            if self.on_sweep is not None:
+                self.on_sweep(self.sweep)
+        self._move_to(t, point)
+        self.calls += 1
+        if cid not in self._cache:
+            self._ask([cid, *[c for c in self._next.get(cid, []) if c not in self._cache]][: self.settings.prefetch])
+        fut = self._cache.pop(cid)
+        attempts = 1 + self.settings.retries
+        last = ""
+        for attempt in range(attempts):
+            if attempt > 0:
+                self.retries_used += 1
+                log.warning("retrying the gradient of client %d at t=%d (attempt %d of %d): %s",
+                            cid, t, attempt + 1, attempts, last)
+                fut = self._ask([cid])[cid]
+                self._cache.pop(cid, None)
+            try:
+                grads = self._wait(fut)
+            except OracleCallError as e:
+                last = str(e)
+                continue
+            except FutureTimeout:
+                self.hub.cancel([fut])
+                last = f"no answer within {self.settings.timeout_s:g}s"
+                continue
+            try:
+                convert.check_shapes(grads, point, f"gradient of client {cid}")
+            except convert.WireError as e:
+                raise OracleFailure(str(e)) from None
+            return [g.to(p.device) for g, p in zip(grads, point, strict=True)]
+        raise OracleFailure(f"gradient of client {cid} at t={t} (sweep {self.sweep}) failed after "
+                            f"{attempts} attempt(s): {last}")
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _wait(self, fut: Future[Gradient]) -> Gradient:
+        deadline = time.monotonic() + self.settings.timeout_s
+        while True:  # in short slices, so a shutdown does not wait out a long deadline
+            if self.cancelled.is_set():
+                self.hub.cancel([fut])
+                raise JobCancelled("the estimator service is shutting down")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FutureTimeout()
+            try:
+                return fut.result(timeout=min(left, 0.5))
+            except FutureTimeout:
+                continue
+
+    def _move_to(self, t: int, point: Sequence[Tensor]) -> None:
+        """A new φ1(t): store it once as a blob the workers fetch; forget the previous point's answers."""
+        if point is self._point and t == self._t:
+            return
+        self.close()
+        enc = convert.encode_tensors({convert.PARAMS_GROUP: [p.detach().cpu() for p in point]})
+        self._point_blob = self.blobs.put(enc, prefix=f"point-s{self.sweep}-t{t}", pin=True)
+        self._point, self._t = point, t
+
+    def _ask(self, cids: list[int]) -> dict[int, Future[Gradient]]:
+        """One OracleRequest per hosting worker for ``cids``; a client without a worker waits for one."""
+        by_conn: dict[int, tuple[Any, list[int]]] = {}
+        out: dict[int, Future[Gradient]] = {}
+        for cid in cids:
+            conn = self.hub.host_of(cid, self.run_id)
+            if conn is None:
+                missing = self.hub.wait_hosts([cid], self.run_id, self.settings.timeout_s)
+                conn = None if missing else self.hub.host_of(cid, self.run_id)
+            if conn is None:
+                fut: Future[Gradient] = Future()
+                fut.set_exception(OracleCallError(f"no worker hosts client {cid} (waited "
+                                                  f"{self.settings.timeout_s:g}s for one)"))
+                out[cid] = fut
+                continue
+            by_conn.setdefault(conn.serial, (conn, []))[1].append(cid)
+        for conn, group in by_conn.values():
+            out.update(self.hub.submit(conn, group, self._point_blob, self._t, self.sweep, self.settings.seed,
+                                       self.settings.batch_size))
+        self._cache.update(out)
+        return out
+
+    def close(self) -> None:
+        """Drop outstanding requests and the current point's blob."""
+        if self._cache:
+            self.hub.cancel(self._cache.values())
+            self._cache.clear()
+        if self._point_blob:
+            self.blobs.drop(self._point_blob)
+            self._point_blob = ""
+        self._point = None
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OfflineSpec:
+    """A validated StartOffline request."""
+
+    run_id: str
+    w0: Params
+    client_ids: tuple[int, ...]
+    thetas: tuple[float, ...]
+    rounds: int
+    beta: float
+    variant: str
+    eps1: float
+    eps2: float
+    max_sweeps: int
+    seed: int
+    batch_size: int
+    wait_workers_s: float
+
+
+def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default_wait_s: float) -> OfflineSpec:
+    """Validate a StartOffline request (ValueError with a one-line message on bad input)."""
+    if not req.init_blob:
+        raise ValueError("init_blob is empty: upload w(0) with PutBlob first")
+    bundle = blobs.decode(req.init_blob)
+    w0 = bundle.get(convert.PARAMS_GROUP)
+    if not w0:
+        raise ValueError(f"blob {req.init_blob!r} carries no {convert.PARAMS_GROUP!r} tensors")
+    if not all(t.is_floating_point() for t in w0):
+        raise ValueError("w(0) must hold floating-point tensors")
+    if not all(bool(torch.isfinite(t).all()) for t in w0):
+        raise ValueError("w(0) holds non-finite values")
+    if not req.clients:
+        raise ValueError("no clients given")
+    cids = [int(c.cid) for c in req.clients]
+    if len(set(cids)) != len(cids):
+        raise ValueError("duplicate client ids")
+    if any(c < 0 for c in cids):
+        raise ValueError("client ids must be >= 0")
+    sizes = [int(c.num_samples) for c in req.clients]
+    if any(n < 0 for n in sizes):
+        raise ValueError("num_samples must be >= 0")
+    total = float(sum(sizes))
+    if total <= 0:
+        raise ValueError("the clients hold no samples")
+    # θ over the population (spec §3): clients without samples take no part, as in FedEnt.prepare.
+    kept = [(c, n / total) for c, n in zip(cids, sizes, strict=True) if n > 0]
+    p = req.params
+    variant = p.variant or "exact"
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if not 0.0 < p.beta < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got {p.beta}")
+    if req.rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {req.rounds}")
+    eps1, eps2 = req.eps1 or 1e-3, req.eps2 or 1e-3
+    if not (eps1 > 0 and eps2 > 0):
+        raise ValueError("eps1 and eps2 must be > 0")
+    max_sweeps = req.max_sweeps or 20
+    if max_sweeps < 1:
+        raise ValueError(f"max_sweeps must be >= 1, got {max_sweeps}")
+    if req.batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {req.batch_size}")
+    if req.wait_workers_s < 0 or req.wait_workers_s != req.wait_workers_s:
+        raise ValueError("wait_workers_s must be >= 0")
+    return OfflineSpec(
+        run_id=req.run_id, w0=list(w0),
+        client_ids=tuple(c for c, _ in kept), thetas=tuple(th for _, th in kept), rounds=int(req.rounds),
+        beta=float(p.beta), variant=variant, eps1=float(eps1), eps2=float(eps2), max_sweeps=int(max_sweeps),
+        seed=int(req.seed), batch_size=int(req.batch_size), wait_workers_s=float(req.wait_workers_s or default_wait_s),
+    )
+
+
+@dataclass
+class OfflineJob:
+    job_id: str
+    run_id: str
+    state: str = "pending"  # pending | running | done | failed
+    sweep: int = 0
+    message: str = ""
+    phi2: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_msg(self) -> est_pb.OfflineJob:
+        return est_pb.OfflineJob(job_id=self.job_id, state=self.state, sweep=self.sweep, message=self.message,
+                                 phi2=self.phi2, stop_reason=self.stop_reason,
+                                 report_json=json.dumps(runlog.jsonable(self.report)) if self.report else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "run_id": self.run_id, "state": self.state, "sweep": self.sweep,
+                "message": self.message, "phi2": self.phi2, "stop_reason": self.stop_reason, "report": self.report}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OfflineJob:
+        return cls(job_id=str(d["job_id"]), run_id=str(d.get("run_id", "")), state=str(d["state"]),
+                   sweep=int(d.get("sweep", 0)), message=str(d.get("message", "")),
+                   phi2=[float(v) for v in d.get("phi2", [])], stop_reason=str(d.get("stop_reason", "")),
+                   report=dict(d.get("report") or {}))
+
+
+class JobNotFound(KeyError):
+    def __str__(self) -> str:
+        return f"unknown offline job {self.args[0]!r}"
+
+
+def _stop_reason(core_reason: str) -> str:
+    """The proto's vocabulary: Algorithm 1 stops when both tests pass ("both") or after max_sweeps."""
+    return "both" if core_reason == "converged" else core_reason
+
+
+class OfflineJobs:
+    """Runs Algorithm 1 jobs in background threads; finished jobs are persisted under ``run_dir``."""
+
+    def __init__(self, hub: OracleHub, blobs: BlobStore, oracle_timeout_s: float, oracle_retries: int,
+                 prefetch: int, run_dir: str | None = None) -> None:
+        self.hub = hub
+        self.blobs = blobs
+        self.timeout_s = oracle_timeout_s
+        self.retries = oracle_retries
+        self.prefetch = prefetch
+        self.dir = Path(run_dir) / "estimator-jobs" if run_dir else None
+        self._jobs: dict[str, OfflineJob] = {}
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._cancel = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, spec: OfflineSpec) -> OfflineJob:
+        with self._cond:
+            job = OfflineJob(f"job-{int(time.time())}-{next(self._ids)}", spec.run_id)
+            self._jobs[job.job_id] = job
+        th = threading.Thread(target=self._run, args=(job, spec), name=f"offline-{job.job_id}", daemon=True)
+        self._threads.append(th)
+        th.start()
+        return self.snapshot(job.job_id)
+
+    def snapshot(self, job_id: str) -> OfflineJob:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                job = self._load(job_id)
+            return OfflineJob(**{**job.__dict__, "phi2": list(job.phi2), "report": dict(job.report)})
+
+    def wait(self, job_id: str, wait_s: float) -> OfflineJob:
+        """Long poll: the job once it is done or failed, or its state after ``wait_s`` seconds."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        with self._cond:
+            while True:
+                job = self._jobs.get(job_id)
+                if job is None or job.state in ("done", "failed"):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        return self.snapshot(job_id)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._cancel.set()
+        for th in self._threads:
+            th.join(timeout_s)
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _update(self, job: OfflineJob, **changes: Any) -> None:
+        with self._cond:
+            for k, v in changes.items():
+                setattr(job, k, v)
+            self._cond.notify_all()
+
+    def _run(self, job: OfflineJob, spec: OfflineSpec) -> None:
+        oracle = RpcGradientOracle(
+            self.hub, self.blobs, spec.run_id, spec.client_ids,
+            OracleSettings(self.timeout_s, self.retries, self.prefetch, spec.seed, spec.batch_size),
+            on_sweep=lambda k: self._update(job, sweep=k), cancelled=self._cancel)
+        try:
+            self._update(job, state="running", message="waiting for the workers' oracle streams")
+            missing = self.hub.wait_hosts(spec.client_ids, spec.run_id, spec.wait_workers_s)
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+                raise OracleFailure(f"no worker opened an oracle stream for client(s) {shown} within "
+                                    f"{spec.wait_workers_s:g}s")
+            self._update(job, message="sweeping")
+            t0 = time.perf_counter()
+            res = solve_fixed_point(oracle, spec.w0, spec.client_ids, spec.thetas, spec.rounds, spec.beta,
+                                    spec.variant, spec.eps1, spec.eps2, spec.max_sweeps)
+            report = {"phi2": [float(v) for v in res.phi2], **res.report.to_dict(), "mode": "offline",
+                      "wall_s": time.perf_counter() - t0, "oracle_retries": oracle.retries_used,
+                      "clients": len(spec.client_ids)}
+            self._update(job, state="done", sweep=res.report.sweeps, phi2=[float(v) for v in res.phi2],
+                         stop_reason=_stop_reason(res.report.stop_reason), report=report,
+                         message=f"{res.report.stop_reason} after {res.report.sweeps} sweep(s)")
+            log.info("offline job %s done: %s", job.job_id, job.message)
+        except (OracleFailure, JobCancelled, ValueError) as e:
+            self._update(job, state="failed", message=str(e))
+            log.error("offline job %s failed: %s", job.job_id, e)
+        except Exception as e:  # a bug must fail the job visibly, not hang the aggregator's long poll
+            log.exception("offline job %s crashed", job.job_id)
+            self._update(job, state="failed", message=f"{type(e).__name__}: {e}")
+        finally:
+            oracle.close()
+            self._save(job)
+
+    def _save(self, job: OfflineJob) -> None:
+        if self.dir is None:
+            return
+        try:
+            runlog.atomic_write_json(self.dir / f"{job.job_id}.json", self.snapshot(job.job_id).to_dict())
+        except OSError as e:
+            log.warning("cannot persist offline job %s: %s", job.job_id, e)
+
+    def _load(self, job_id: str) -> OfflineJob:
+        """A finished job from an earlier process (``run_dir``), else JobNotFound."""
+        safe = job_id.replace("/", "").replace("\\", "").replace("..", "")
+        if self.dir is not None and safe == job_id and job_id:
+            raw = runlog.read_json(self.dir / f"{job_id}.json")
+            if isinstance(raw, dict):
+                try:
+                    job = OfflineJob.from_dict(raw)
+                except (KeyError, TypeError, ValueError):
+                    raise JobNotFound(job_id) from None
+                self._jobs[job_id] = job
+                return job
+        raise JobNotFound(job_id)

@@ -1,0 +1,95 @@
+"""FedEnt online mode on the service: one scalar fixed point per round (fedent.meanfield.online).
+
+The request carries c = ‖w(t)‖² and each participant's (a_i, b_i, θ_i or D_i); the reply is φ2(t+1) of
+φ2' = Σθ_i q_i(η*_i(φ2')) (Eq. (phi_next_t_2)) with η*_i of Eq. (eta_solve_t_1) at it. Inputs that
+cannot come from real vectors are rejected here with one-line messages (INVALID_ARGUMENT), instead of
+being silently guarded, because a service caller with NaNs has a bug worth seeing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from fedent.meanfield.lr import VARIANTS
+from fedent.meanfield.online import solve_online
+from fedentrpc.v1 import estimator_pb2 as est_pb
+
+DEFAULT_RTOL = 1e-12
+DEFAULT_MAX_ITER = 200
+THETA_SUM_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class OnlineInputs:
+    cids: tuple[int, ...]
+    c: float
+    thetas: tuple[float, ...]
+    a: tuple[float, ...]
+    b: tuple[float, ...]
+    beta: float
+    variant: str
+    rtol: float
+    max_iter: int
+
+
+def _finite(name: str, v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError(f"{name} is not finite ({v})")
+    return float(v)
+
+
+def online_inputs(req: est_pb.SolveOnlineRequest) -> OnlineInputs:
+    """Validate a SolveOnline request; ValueError with a one-line message when it is unusable."""
+    if not req.clients:
+        raise ValueError("no clients: a round needs at least one participant's scalars")
+    c = _finite("c", req.c)
+    if c < 0:
+        raise ValueError(f"c = ‖w(t)‖² must be >= 0, got {c}")
+    cids = tuple(int(x.cid) for x in req.clients)
+    if len(set(cids)) != len(cids):
+        raise ValueError("duplicate client ids in one round")
+    a = tuple(_finite(f"a of client {x.cid}", x.a) for x in req.clients)
+    b = tuple(_finite(f"b of client {x.cid}", x.b) for x in req.clients)
+    if any(v < 0 for v in b):
+        raise ValueError("b = ‖g‖² must be >= 0 for every client")
+    thetas = tuple(_finite(f"theta of client {x.cid}", x.theta) for x in req.clients)
+    if all(t == 0 for t in thetas):  # θ not sent: derive it from the sample counts D_i
+        sizes = [int(x.num_samples) for x in req.clients]
+        if any(n < 0 for n in sizes) or sum(sizes) <= 0:
+            raise ValueError("give theta per client, or non-negative num_samples with a positive sum")
+        thetas = tuple(n / sum(sizes) for n in sizes)
+    if any(t < 0 for t in thetas):
+        raise ValueError("theta must be >= 0 for every client")
+    if abs(sum(thetas) - 1.0) > THETA_SUM_TOL:
+        raise ValueError(f"thetas must sum to 1 over the round's participants, got {sum(thetas):.9g}")
+    p = req.params
+    if not 0.0 < p.beta < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got {p.beta}")
+    variant = p.variant or "exact"
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    rtol = p.tol or DEFAULT_RTOL
+    if not (math.isfinite(rtol) and 0 < rtol < 1):
+        raise ValueError(f"tol must be in (0, 1), got {rtol}")
+    max_iter = p.max_iter or DEFAULT_MAX_ITER
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    return OnlineInputs(cids, c, thetas, a, b, float(p.beta), variant, float(rtol), int(max_iter))
+
+
+def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineReply:
+    """Solve the round's fixed point exactly as the in-process ``OnlinePhi2Estimator`` does."""
+    x = online_inputs(req)
+    sol = solve_online(x.c, x.thetas, x.a, x.b, x.beta, x.variant, rtol=x.rtol, max_iter=x.max_iter)
+    report = {"mode": "online", **sol.to_dict()}
+    return est_pb.SolveOnlineReply(
+        phi2_next=sol.phi2_next,
+        iterations=sol.iterations,
+        converged=sol.bracketed,
+        eta_star={cid: float(e) for cid, e in zip(x.cids, sol.eta_star, strict=True)},
+        diagnostics={"residual": sol.residual, "guards": float(sol.guards), "bracket_lo": sol.bracket[0],
+                     "bracket_hi": sol.bracket[1]},
+        report_json=json.dumps(report),
+    )

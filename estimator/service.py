@@ -1,0 +1,170 @@
+"""The estimator calculator's gRPC service: a thin servicer over fedent.meanfield.
+
+Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls the core, and encodes the
+reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
+blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
+The server also offers grpc.health.v1 and server reflection.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from estimator.blobs import BlobNotFound, BlobStore
+from estimator.hub import OracleHub
+from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
+from estimator.online import solve_online_reply
+from estimator.settings import EstimatorSettings
+from fedentrpc import convert
+from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+
+log = logging.getLogger("fedent.estimator")
+
+SERVICE_NAME = est_pb.DESCRIPTOR.services_by_name["Estimator"].full_name
+MAX_MESSAGE = 8 * 1024 * 1024  # tensor chunks are ≤ 4 MiB; headroom for the chunk's header
+MAX_LONG_POLL_S = 60.0
+T = TypeVar("T")
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message.splitlines()[0] if message else code.name)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _guard(context: grpc.ServicerContext, what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``; map domain errors to a status with a one-line message."""
+    try:
+        return fn()
+    except (BlobNotFound, JobNotFound) as e:
+        _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: {e}")
+    except ValueError as e:  # includes convert.WireError
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {e}")
+
+
+class EstimatorServicer(est_grpc.EstimatorServicer):
+    def __init__(self, settings: EstimatorSettings, blobs: BlobStore, hub: OracleHub, jobs: OfflineJobs) -> None:
+        self.settings = settings
+        self.blobs = blobs
+        self.hub = hub
+        self.jobs = jobs
+
+    # ---- online mode ---------------------------------------------------------------------------------
+    def SolveOnline(self, request: est_pb.SolveOnlineRequest,
+                    context: grpc.ServicerContext) -> est_pb.SolveOnlineReply:
+        return _guard(context, "SolveOnline", lambda: solve_online_reply(request))
+
+    # ---- blobs ---------------------------------------------------------------------------------------
+    def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
+        def go() -> tpb.BlobRef:
+            asm = convert.TensorAssembler()
+            chunks = []
+            for c in request_iterator:
+                asm.add(c)
+                chunks.append(c)
+            asm.finish()  # validates sizes, checksum and shapes before anything is stored
+            raw = asm.header.raw_bytes if asm.header is not None else 0
+            enc = convert.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
+            return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
+
+        return _guard(context, "PutBlob", go)
+
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+        enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
+        yield from enc.chunks
+
+    # ---- offline mode (Algorithm 1) ------------------------------------------------------------------
+    def StartOffline(self, request: est_pb.StartOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
+        spec = _guard(context, "StartOffline",
+                      lambda: spec_from_request(request, self.blobs, self.settings.wait_workers_s))
+        job = self.jobs.start(spec)
+        log.info("offline job %s started: run %r, %d clients, T=%d", job.job_id, spec.run_id,
+                 len(spec.client_ids), spec.rounds)
+        return job.to_msg()
+
+    def GetOffline(self, request: est_pb.GetOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
+        wait_s = request.wait_s if request.wait_s == request.wait_s else 0.0  # NaN -> no wait
+        wait_s = min(max(0.0, wait_s), MAX_LONG_POLL_S)
+        if context.time_remaining() is not None:
+            wait_s = min(wait_s, max(0.0, context.time_remaining() - 1.0))
+        job = _guard(context, "GetOffline", lambda: self.jobs.wait(request.job_id, wait_s))
+        return job.to_msg()
+
+    def Oracle(self, request_iterator: Iterator[est_pb.OracleMessage],
+               context: grpc.ServicerContext) -> Iterator[est_pb.OracleRequest]:
+        """A worker's gradient stream: hello first, then answers; requests flow back down the stream."""
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Oracle: the first message must be an OracleHello")
+        hello = first.hello
+        if self.settings.token and hello.token != self.settings.token:
+            _abort(context, grpc.StatusCode.UNAUTHENTICATED, "Oracle: bad or missing token")
+        conn = _guard(context, "Oracle", lambda: self.hub.attach(hello))
+        context.add_callback(lambda: self.hub.detach(conn, "disconnected"))
+        reader = threading.Thread(target=self.hub.consume, args=(conn, request_iterator),
+                                  name=f"oracle-{conn.worker_id}", daemon=True)
+        reader.start()
+        while True:
+            req = conn.outbox.get()
+            if req is None or not context.is_active():
+                return
+            yield req
+
+
+@dataclass
+class EstimatorHandle:
+    """What ``create_estimator_service`` started, for an orderly stop."""
+
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    hub: OracleHub
+    jobs: OfflineJobs
+    blobs: BlobStore
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while streams drain
+        self.jobs.shutdown(grace_s)
+        self.hub.close_all()
+        self.server.stop(grace_s).wait(grace_s + 1)
+
+
+def grpc_options() -> list[tuple[str, Any]]:
+    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+
+
+def create_estimator_service(settings: EstimatorSettings) -> EstimatorHandle:
+    """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts."""
+    blobs = BlobStore(settings.blob_cache_bytes)
+    hub = OracleHub()
+    jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,
+                       settings.run_dir)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
+                         options=grpc_options())
+    est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    for name in ("", SERVICE_NAME):
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot bind the estimator service to {settings.host}:{settings.port}")
+    server.start()
+    return EstimatorHandle(server, port, hs, hub, jobs, blobs)
+
+
+def create_estimator_server(settings: EstimatorSettings) -> tuple[grpc.Server, int]:
+    """The started server and its bound port (the handle's other parts stay reachable through it)."""
+    h = create_estimator_service(settings)
+    return h.server, h.port
