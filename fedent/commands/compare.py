@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fedent.config import ConfigError, load_config
-from fedent.sim.errors import check_device, input_error_types, one_line
+from fedent.sim.errors import check_device, input_error_types, one_line, set_threads
 
 DEFAULT_ALGORITHMS = "fedavg,fedadam,fedprox,feddyn,fedent"
 
@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="evaluate K uploaded local models per eval round (deviation figure)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--out", default=None, help="output directory (default: <out_dir>/compare-<name>)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
     check_device(cfg, args.device)
+    set_threads(args.threads)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"compare-{cfg.name}"
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedent.config import ConfigError, load_config
 from fedent.runlog import new_run_id
-from fedent.sim.errors import check_device, input_error_types, one_line
+from fedent.sim.errors import check_device, input_error_types, one_line, set_threads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--run-id", default=None, help="name of the run directory (default: name-algorithm-seed-time)")
     p.add_argument("--local-eval", type=int, default=None, metavar="K",
                    help="evaluate K uploaded local models per eval round (deviation analysis)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's choice; 1 is fastest on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
@@ -34,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
     check_device(cfg, args.device)
+    set_threads(args.threads)
     out = Path(args.out if args.out is not None else cfg.out_dir)
     run_id = args.run_id or new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
     try:

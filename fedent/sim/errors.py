@@ -27,3 +27,14 @@ def one_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name when the message is empty."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply a CLI --threads flag (the process-wide torch setting belongs to the command, not the core)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError("--threads: must be >= 1")
+    import torch
+
+    torch.set_num_threads(threads)
