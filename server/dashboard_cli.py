@@ -66,3 +66,15 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn_config(create_app(run_dir, token=token)))
     server.run(sockets=[sock])  # in the main thread, so Ctrl-C / SIGTERM stop it cleanly
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m server.dashboard_cli RUN_DIR ...``: the same command without importing the simulator stack."""
+    parser = argparse.ArgumentParser(prog="fedent")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["dashboard", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -135,7 +135,8 @@ class Chromium:
             desc = d.get("exception", {}).get("description") or d.get("text", "exception")
             self.exceptions.append(str(desc).splitlines()[0])
         elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
-            self.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+            args = params.get("args", [])
+            self.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in args))
 
     def evaluate(self, expression: str) -> Any:
         res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)

@@ -47,7 +47,9 @@ class DashboardServer:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); IPv6 when the host is an IPv6 literal."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when the proto says TCP; without it
+    # keep-alive responses stall ~40 ms on delayed ACKs.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

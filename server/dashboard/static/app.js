@@ -440,7 +440,7 @@
       fig._heat = null;
       return;
     }
-    $("#partition-meta").textContent = `${p.scheme || "?"} · ${n} clients (columns) × ${c} classes (rows)`;
+    $("#partition-meta").textContent = `${p.scheme || "?"} · ${n} clients × ${c} classes`;
     const m = { l: 26, r: 6, t: 4, b: 18 };
     const cw = (w - m.l - m.r) / n, ch = (h - m.t - m.b) / c;
     let maxShare = 0;

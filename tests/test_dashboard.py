@@ -1,0 +1,399 @@
+"""The dashboard against a REAL FedEnt simulator run: REST API through uvicorn on port 0, SSE, token, CLI,
+and the live page in headless Chromium (skipped only when /usr/bin/chromium is missing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import yaml
+
+from fedent import runlog
+from fedent.cli import main as fedent_main
+from fedent.config import config_from_dict
+from fedent.sim.simulator import run_simulation
+from server.dashboard import DashboardServer, create_app, serve_dashboard
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+TOKEN = "dash-T0ken-6f1c"
+ROUNDS = 3
+NUM_CLIENTS = 4
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny but real FedEnt simulation (synthetic data, LeNet-5), so every run file is the genuine article."""
+    cfg = config_from_dict({
+        "name": "dash",
+        "data": {"name": "synthetic", "num_clients": NUM_CLIENTS, "partition": "dirichlet", "alpha": 0.5,
+                 "synthetic_train": 160, "synthetic_test": 40, "min_samples": 5},
+        "model": {"name": "lenet5"},
+        "train": {"rounds": ROUNDS, "fraction": 0.5, "local_epochs": 1, "batch_size": 32, "lr": 0.05,
+                  "device": "cpu", "seed": 3},
+        "algorithm": {"name": "fedent"},
+    })
+    run_dir = tmp_path_factory.mktemp("dash") / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a busy 2-core box, one thread is ~10x faster than two contending ones
+    try:
+        run_simulation(cfg, run_dir, progress=False, plots=False)
+    finally:
+        torch.set_num_threads(threads)
+    return run_dir
+
+
+def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
+    return runlog.read_metrics(run_dir / "metrics.jsonl")
+
+
+@pytest.fixture()
+def serve() -> Iterator[Any]:
+    """serve(run_dir, **create_app kwargs) -> base URL; every server is stopped after the test."""
+    handles: list[DashboardServer] = []
+
+    def start(run_dir: Path, **kw: Any) -> str:
+        handle, port = serve_dashboard(create_app(run_dir, **kw), port=0)
+        handles.append(handle)
+        assert port > 0 and handle.port == port
+        return handle.url
+
+    yield start
+    for h in handles:
+        h.stop()
+        assert not h.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def api(real_run: Path) -> Iterator[str]:
+    handle, _ = serve_dashboard(create_app(real_run), port=0)
+    yield handle.url
+    handle.stop()
+
+
+_HTTP = httpx.Client(timeout=10)  # one client: building an SSL context per request costs ~50 ms
+
+
+def get(url: str, **kw: Any) -> httpx.Response:
+    return _HTTP.get(url, **kw)
+
+
+# ---- the API over a real run ------------------------------------------------------------------------------------
+
+def test_status_of_the_finished_run(api: str, real_run: Path) -> None:
+    st = get(api + "/api/status").json()
+    assert st["run_id"] == real_run.name and st["algorithm"] == "fedent"
+    assert (st["phase"], st["rounds"], st["rounds_completed"], st["progress"], st["eta_s"]) == (
+        "done", ROUNDS, ROUNDS, 1.0, 0.0)
+    assert st["elapsed_s"] > 0
+
+
+def test_rounds_are_paged_and_match_metrics_jsonl(api: str, real_run: Path) -> None:
+    recs = metrics_of(real_run)
+    page = get(api + "/api/rounds", params={"offset": 1, "limit": 1}).json()
+    assert (page["total"], page["offset"], page["limit"]) == (ROUNDS, 1, 1)
+    assert [r["round"] for r in page["items"]] == [1]
+    assert page["items"][0]["test_acc"] == recs[1]["test_acc"]
+    assert page["items"][0]["fedent"]["phi2_pred"] == recs[1]["fedent"]["phi2_pred"]
+    everything = get(api + "/api/rounds").json()
+    assert [r["round"] for r in everything["items"]] == list(range(ROUNDS))
+    assert get(api + "/api/rounds", params={"offset": 50}).json()["items"] == []
+
+
+@pytest.mark.parametrize("params", [
+    {"limit": 0}, {"limit": "ten"}, {"offset": -1}, {"limit": 100000}, {"offset": "1.5"},
+])
+def test_bad_paging_params_are_422(api: str, params: dict[str, Any]) -> None:
+    r = get(api + "/api/rounds", params=params)
+    assert r.status_code == 422, r.text
+
+
+def test_clients_carry_participation_and_fedent_eta(api: str, real_run: Path) -> None:
+    recs = metrics_of(real_run)
+    out = get(api + "/api/clients").json()
+    assert out["source"] == "clients.json"
+    rows = {c["cid"]: c for c in out["clients"]}
+    assert sorted(rows) == list(range(NUM_CLIENTS))
+    sizes = json.loads((real_run / "partition.json").read_text())["sizes"]
+    assert [rows[i]["samples"] for i in range(NUM_CLIENTS)] == sizes
+    assert sum(c["participation"] for c in rows.values()) == sum(r["num_clients"] for r in recs)
+    last_eta: dict[int, float] = {}
+    for r in recs:
+        for d in r["fedent"]["clients"]:
+            last_eta[d["client"]] = d["eta"]
+    assert last_eta, "a FedEnt run records per-client eta"
+    for cid, eta in last_eta.items():
+        assert rows[cid]["eta"] == pytest.approx(eta)
+    assert all(c["health"] == "ok" for c in rows.values())
+
+
+def test_estimator_trajectory_matches_the_rounds(api: str, real_run: Path) -> None:
+    recs = metrics_of(real_run)
+    est = get(api + "/api/estimator").json()
+    assert est["available"]
+    assert [p["round"] for p in est["trajectory"]] == list(range(ROUNDS))
+    for p, r in zip(est["trajectory"], recs, strict=True):
+        assert p["phi2_pred"] == r["fedent"]["phi2_pred"] and p["phi2_actual"] == r["fedent"]["phi2_actual"]
+        assert p["entropy"] == r["fedent"]["entropy"]
+
+
+def test_partition_and_config(api: str, real_run: Path) -> None:
+    part = json.loads((real_run / "partition.json").read_text())
+    p = get(api + "/api/partition").json()
+    assert p["available"] and p["label_counts"] == part["label_counts"] and p["num_clients"] == NUM_CLIENTS
+    cfg = get(api + "/api/config").json()
+    assert cfg["available"] and cfg["config"]["algorithm"]["name"] == "fedent"
+    assert cfg["config"]["train"]["rounds"] == ROUNDS
+
+
+def test_prometheus_metrics(api: str, real_run: Path) -> None:
+    r = get(api + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    values = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+              for ln in r.text.splitlines() if ln and not ln.startswith("#")}
+    clients = json.loads((real_run / "clients.json").read_text())["clients"]
+    assert values["fedent_rounds_completed"] == ROUNDS
+    assert values["fedent_round_duration_seconds_count"] == ROUNDS
+    assert values["fedent_bytes_total"] == sum(c["bytes"] for c in clients)
+    assert values['fedent_phase{phase="done"}'] == 1
+    assert values["fedent_errors_total"] == 0
+    for name in ("fedent_connected_clients", "fedent_bytes_sent_total", "fedent_bytes_received_total"):
+        assert name in values
+
+
+def test_openapi_documents_every_route(api: str) -> None:
+    paths = get(api + "/openapi.json").json()["paths"]
+    for route in ("/api/status", "/api/rounds", "/api/clients", "/api/estimator", "/api/config", "/api/partition",
+                  "/api/events", "/healthz", "/metrics"):
+        assert route in paths, route
+
+
+def test_page_and_assets_are_served(api: str) -> None:
+    page = get(api + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    assert 'id="chart-accuracy"' in page.text and "http" not in page.text.replace("http-equiv", "")  # no CDN
+    for asset in ("static/app.js", "static/style.css"):
+        assert get(f"{api}/{asset}").status_code == 200
+
+
+# ---- damaged, missing and live run directories ------------------------------------------------------------------
+
+def test_empty_and_missing_run_dirs_give_empty_200s(serve: Any, tmp_path: Path) -> None:
+    for run_dir in (tmp_path / "empty", tmp_path / "not-created-yet"):
+        if run_dir.name == "empty":
+            run_dir.mkdir()
+        url = serve(run_dir)
+        for route in ("/api/status", "/api/rounds", "/api/clients", "/api/estimator", "/api/config",
+                      "/api/partition", "/metrics", "/healthz"):
+            assert get(url + route).status_code == 200, route
+        assert get(url + "/api/status").json()["phase"] == "unknown"
+        assert get(url + "/api/rounds").json()["total"] == 0
+        assert get(url + "/api/clients").json()["clients"] == []
+        assert get(url + "/api/estimator").json()["available"] is False
+        assert get(url + "/api/partition").json()["available"] is False
+        assert get(url + "/api/config").json() == {"available": False, "config": {}, "redacted": []}
+
+
+def test_torn_and_garbage_files_do_not_break_the_api(serve: Any, real_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "test_acc": 0.')  # a writer caught mid-line
+    (run / "status.json").write_text('{"phase": "train')
+    (run / "clients.json").write_text("[1, 2, null]")
+    (run / "estimator.json").write_text('{"trajectory": "nope", "report": [1, NaN]}')
+    (run / "partition.json").write_text('{"label_counts": [[1, 2], "x"]}')
+    url = serve(run)
+    assert get(url + "/api/rounds").json()["total"] == ROUNDS
+    st = get(url + "/api/status").json()
+    assert st["phase"] == "done" and st["rounds"] == ROUNDS  # falls back to config.yaml + metrics
+    assert get(url + "/api/partition").json()["label_counts"] == []
+    assert get(url + "/api/estimator").json()["trajectory"][0]["round"] == 0  # from metrics.jsonl
+    assert get(url + "/api/clients").json()["source"] == "metrics.jsonl"
+    assert get(url + "/metrics").status_code == 200
+
+
+def test_config_secrets_are_redacted(serve: Any, real_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["cluster"] = {"auth_token": "very-secret-1", "tls": {"private_key": "-----BEGIN KEY-----abc"}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    body = get(serve(run) + "/api/config").text
+    assert "very-secret-1" not in body and "BEGIN KEY" not in body
+    assert json.loads(body)["config"]["cluster"]["auth_token"] == "***"
+
+
+def test_token_guards_data_routes_but_not_healthz(serve: Any, real_run: Path) -> None:
+    url = serve(real_run, token=TOKEN)
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    for route in ("/api/status", "/api/rounds", "/api/clients", "/api/estimator", "/api/config", "/api/partition",
+                  "/metrics"):
+        assert get(url + route).status_code == 401, route
+        assert get(url + route, headers={"Authorization": "Bearer wrong"}).status_code == 401, route
+        assert get(url + route, params={"token": TOKEN}).status_code == 401, route  # query only for SSE
+        ok = get(url + route, headers=good)
+        assert ok.status_code == 200, route
+        assert TOKEN not in ok.text
+    unauth = get(url + "/api/status")
+    assert unauth.headers["www-authenticate"] == "Bearer" and TOKEN not in unauth.text
+    assert get(url + "/healthz").status_code == 200
+    assert TOKEN not in get(url + "/").text
+    assert get(url + "/api/events").status_code == 401
+    with httpx.stream("GET", url + "/api/events", params={"token": TOKEN}, timeout=10) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+
+
+def test_event_stream_reports_run_dir_changes(serve: Any, real_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    url = serve(run, poll_interval_s=0.05)
+    with httpx.stream("GET", url + "/api/events", timeout=10) as r:
+        lines = r.iter_lines()
+        events: list[tuple[str, dict[str, Any]]] = []
+
+        def next_event() -> tuple[str, dict[str, Any]]:
+            name = None
+            for line in lines:
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: ") and name is not None:
+                    events.append((name, json.loads(line[6:])))
+                    return events[-1]
+            raise AssertionError("stream ended")
+
+        name, hello = next_event()
+        assert name == "hello" and hello["phase"] == "done"
+        runlog.atomic_write_json(run / "status.json", {**json.loads((run / "status.json").read_text()),
+                                                       "phase": "training", "round": 3})
+        name, change = next_event()
+        assert name == "change" and change["files"] == ["status.json"] and change["phase"] == "training"
+        runlog.MetricsLog(run / "metrics.jsonl").append(dict(metrics_of(run)[-1], round=3))
+        name, change = next_event()
+        assert name == "change" and "metrics.jsonl" in change["files"]
+
+
+# ---- CLI --------------------------------------------------------------------------------------------------------
+
+def test_cli_rejects_bad_input_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fedent_main(["dashboard", str(tmp_path / "nope")]) == 2
+    assert fedent_main(["dashboard", str(tmp_path), "--port", "70000"]) == 2
+    assert fedent_main(["dashboard", str(tmp_path), "--token", " "]) == 2
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        assert fedent_main(["dashboard", str(tmp_path), "--port", str(taken.getsockname()[1])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("fedent dashboard: ") for line in err)
+    assert "Traceback" not in "".join(err)
+
+
+def test_cli_serves_until_terminated(real_run: Path, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    proc = subprocess.Popen(
+        # the light entry point (no torch import) of the same command that `fedent dashboard` dispatches to
+        [sys.executable, "-m", "server.dashboard_cli", str(real_run), "--port", "0", "--token-file", str(token_file)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert TOKEN not in line
+        url = line.split(" at ", 1)[1].split()[0].rstrip("/")
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                r = get(url + "/api/status", headers={"Authorization": f"Bearer {TOKEN}"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "CLI server never answered"
+                time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["rounds_completed"] == ROUNDS
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=15)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the process reports how it ended
+    assert proc.returncode in (0, -15), err
+    assert "Traceback" not in err and TOKEN not in out + err
+
+
+# ---- the live page in headless Chromium ----------------------------------------------------------------------------
+
+def _truncate_to(run: Path, full: list[dict[str, Any]], n: int, phase: str) -> None:
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in full[:n]))
+    est = json.loads((run / "estimator.json").read_text())
+    est["trajectory"] = est["trajectory"][:n]
+    runlog.atomic_write_json(run / "estimator.json", est)
+    status = json.loads((run / "status.json").read_text())
+    runlog.atomic_write_json(run / "status.json", {**status, "phase": phase, "round": n, "updated_at": time.time()})
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
+def test_live_page_in_headless_chromium(serve: Any, real_run: Path, tmp_path: Path) -> None:
+    from browser import Chromium
+
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    full = metrics_of(real_run)
+    full_est = json.loads((real_run / "estimator.json").read_text())
+    part = json.loads((real_run / "partition.json").read_text())
+    _truncate_to(run, full, 1, "training")
+    url = serve(run, token=TOKEN, poll_interval_s=0.1)
+
+    def chart(cid: str, attr: str = "points") -> str:
+        return f"document.querySelector('#{cid}').dataset.{attr}"
+
+    with Chromium(width=1366, height=768) as page:
+        page.navigate(f"{url}/?token={TOKEN}")
+        page.wait_for(f"{chart('chart-accuracy')} === '1' && document.querySelector('#live').dataset.state === 'live'",
+                      20)
+        assert page.evaluate("document.querySelector('#round').textContent") == "1"
+        assert page.evaluate("document.querySelector('#phase').textContent") == "training"
+        assert TOKEN not in page.evaluate("location.href")  # dropped from the address bar
+        assert page.evaluate(chart("heatmap")) == str(len(part["label_counts"]) * len(part["label_counts"][0]))
+        assert page.evaluate("document.querySelector('#clients').dataset.rows") == str(NUM_CLIENTS)
+        assert page.evaluate(chart("chart-eta")) == str(len(full[0]["fedent"]["clients"]))
+        assert page.evaluate(chart("chart-phi2")) == "2"  # predicted and actual for round 0
+        assert float(page.evaluate(chart("chart-accuracy", "last"))) == pytest.approx(full[0]["test_acc"])
+
+        # the run moves on: rounds appear in the DOM without a reload
+        marker = page.evaluate("window.__marker = 42")
+        log = runlog.MetricsLog(run / "metrics.jsonl")
+        log.append(full[1])
+        page.wait_for(f"{chart('chart-accuracy')} === '2' && document.querySelector('#round').textContent === '2'", 15)
+        log.append(full[2])
+        runlog.atomic_write_json(run / "estimator.json", full_est)
+        runlog.atomic_write_json(run / "status.json", json.loads((real_run / "status.json").read_text()))
+        page.wait_for(f"{chart('chart-accuracy')} === '{ROUNDS}' && "
+                      "document.querySelector('#phase').textContent === 'done'", 15)
+        assert page.evaluate("window.__marker") == marker == 42  # same document: live, not reloaded
+        assert page.evaluate(chart("chart-phi2")) == str(2 * ROUNDS)
+        assert page.evaluate(chart("chart-loss")) == str(2 * ROUNDS)  # test and train loss
+        assert page.evaluate("document.querySelector('#progress-fill').style.width") == "100%"
+        assert page.evaluate("document.querySelector('#error').hidden") is True
+        page.wait_for("document.querySelector('#progress-fill').getBoundingClientRect().width >= "
+                      "document.querySelector('#progress').getBoundingClientRect().width - 1", 5)  # CSS transition
+        shot = page.screenshot(ARTIFACTS / "dashboard.png")
+        page.screenshot(ARTIFACTS / "dashboard-full.png", full_page=True)
+        assert shot.stat().st_size > 10_000
+        assert page.exceptions == [] and page.console_errors == []
+
+        # without the token (fresh tab storage, no ?token=) the page says so instead of showing data
+        page.evaluate("sessionStorage.clear()")
+        page.navigate(url + "/")
+        text = page.wait_for("!document.querySelector('#error').hidden && document.querySelector('#error').textContent")
+        assert "Unauthorized" in text
+        assert page.evaluate(chart("chart-accuracy")) == "0"
