@@ -60,8 +60,19 @@ def _span(ids: tuple[int, ...]) -> str:
     return f"{ids[0]}-{ids[-1]}"
 
 
-def _child_env() -> dict[str, str]:
+def _worker_supports(flag: str) -> bool:
+    """Whether ``python -m client`` accepts ``flag`` (the security flags arrive with the auth/TLS issue)."""
+    from client.__main__ import build_parser
+
+    return flag in build_parser()._option_string_actions
+
+
+def _child_env(threads: int | None = None) -> dict[str, str]:
+    """The children's environment: the repo importable, unbuffered output, and, for CPU workers, an even
+    share of the cores (N processes each spinning up all cores' worth of OpenMP threads oversubscribe)."""
     env = dict(os.environ)
+    if threads is not None and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -93,9 +104,10 @@ class Cluster:
     _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # ---- start -------------------------------------------------------------------------------
-    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], threads: int | None = None) -> subprocess.Popen[bytes]:
         out = subprocess.DEVNULL if self.settings.quiet_children else None
-        return subprocess.Popen([sys.executable, *args], env=_child_env(), cwd=str(REPO_ROOT), stdout=out, stderr=out)
+        return subprocess.Popen([sys.executable, *args], env=_child_env(threads), cwd=str(REPO_ROOT), stdout=out,
+                                stderr=out)
 
     def start_estimator(self) -> str:
         """`python -m estimator` on a free port; '' (in-process fallback) when the service is not installed."""
@@ -120,7 +132,8 @@ class Cluster:
                     agg_settings = replace(agg_settings, estimator=self.estimator_address)
             self.aggregator = start_aggregator(self.cfg, agg_settings, self.run_dir, dashboard=self.settings.dashboard)
             address = f"127.0.0.1:{self.aggregator.port}"
-            for ids in split_clients(self.cfg.data.num_clients, self.settings.workers):
+            groups = split_clients(self.cfg.data.num_clients, self.settings.workers)
+            for ids in groups:
                 args = ["-m", "client", "--aggregator", address, "--clients", _span(ids),
                         "--name", f"worker-{_span(ids)}"]
                 if self.settings.device:
@@ -131,7 +144,9 @@ class Cluster:
                     args += ["--estimator", self.estimator_address]
                 if agg_settings.token:
                     args += ["--token", agg_settings.token]
-                self.workers.append(self._spawn(args))
+                if _worker_supports("--insecure"):
+                    args += ["--insecure"]  # loopback only: the launcher never exposes these ports
+                self.workers.append(self._spawn(args, threads=max(1, (os.cpu_count() or 1) // len(groups))))
         except BaseException:
             self.stop()
             raise
