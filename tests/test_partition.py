@@ -98,6 +98,8 @@ def test_pathological_mnist_shards() -> None:
 def test_pathological_too_many_shards() -> None:
     with pytest.raises(PartitionError, match="cannot fill"):
         make_partition(np.arange(10) % 2, DataConfig(num_clients=6, partition="pathological"), seed=0)
+    with pytest.raises(PartitionError, match="shards_per_client must be >= 1"):
+        make_partition(np.arange(10) % 2, DataConfig(num_clients=2, partition="pathological", shards_per_client=0), 0)
 
 
 @pytest.mark.parametrize("flavour", ["client", "class"])

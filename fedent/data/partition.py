@@ -98,6 +98,8 @@ def partition_pathological(
     so that all shards are equal (MNIST, 100 clients, S=2: 200 shards of 300, nothing unused).
     """
     n = labels.size
+    if shards_per_client < 1:
+        raise PartitionError(f"pathological: shards_per_client must be >= 1, got {shards_per_client}")
     num_shards = num_clients * shards_per_client
     shard_size = n // num_shards
     if shard_size < 1:
@@ -129,6 +131,7 @@ def partition_dirichlet_client(
     most one. Classes a client wants but that have run out are replaced by draws from q_k restricted to
     the classes still available (or from what is left, if q_k's support is exhausted). Each refill either
     meets the quota or empties a class, so a client needs at most num_classes + 1 draws: no unbounded loop.
+    Clients are filled in a random order, since the last ones filled get the leftovers (less skew).
     """
     n = labels.size
     counts = np.bincount(labels, minlength=num_classes)
@@ -138,7 +141,7 @@ def partition_dirichlet_client(
     quotas = np.full(num_clients, n // num_clients, dtype=np.int64)
     quotas[: n % num_clients] += 1
     take = np.zeros((num_clients, num_classes), dtype=np.int64)
-    for k in range(num_clients):
+    for k in rng.permutation(num_clients):  # random fill order: no client id is always served last
         q = np.zeros(num_classes)
         q[support] = rng.dirichlet(alpha * prior[support] * support.sum())
         if not (np.all(np.isfinite(q)) and q.sum() > 0):  # tiny alpha can underflow; fall back to the prior
