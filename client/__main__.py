@@ -9,6 +9,12 @@ import sys
 from types import FrameType
 
 from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from server.security import (
+    SecurityConfigError,
+    add_client_security_args,
+    client_security_from_args,
+    install_log_redaction,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="worker name shown on the dashboard")
     p.add_argument("--token", default="", help="registration token, when the aggregator requires one")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
+    p.add_argument("--state-dir", default=None,
+                   help="persist each client's state here (FedDyn/SCAFFOLD/FedEnt) so a restarted worker resumes")
     p.add_argument("--log-level", default="INFO")
+    add_client_security_args(p)
     return p
 
 
@@ -31,12 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s worker %(levelname)s %(message)s")
     try:
+        security = client_security_from_args(args, worker=args.name or None)
         cids = parse_client_ids(args.clients) if args.clients else tuple(sorted(set(args.client_ids)))
         settings = WorkerSettings(aggregator=args.aggregator, client_ids=cids, estimator=args.estimator,
                                   device=args.device, data_root=args.data_root, name=args.name, token=args.token,
-                                  connect_timeout_s=args.connect_timeout)
+                                  connect_timeout_s=args.connect_timeout, state_dir=args.state_dir,
+                                  security=security)
         worker = Worker(settings)
-    except ValueError as e:
+        if security.token:
+            install_log_redaction([security.token])
+    except (ValueError, SecurityConfigError) as e:
         print(f"worker: {e}", file=sys.stderr)
         return 2
 

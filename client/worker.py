@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from fedent.client_store import ClientStateStore
 from fedent.config import ExperimentConfig, config_from_dict
 from fedent.params import Params
 from fedent.sim.inputs import SimInputs, load_inputs
@@ -38,6 +40,7 @@ from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
+from server.security import ClientSecurity, open_channel
 
 log = logging.getLogger("fedent.worker")
 MAX_MESSAGE = 8 * 1024 * 1024
@@ -57,6 +60,8 @@ class WorkerSettings:
     name: str = ""
     token: str = ""
     connect_timeout_s: float = 60.0
+    state_dir: str | None = None  # persist ClientState here (per run id) so a restarted worker resumes
+    security: ClientSecurity | None = None  # TLS / token for both links; None = plaintext, no token
 
     def __post_init__(self) -> None:
         if not self.client_ids:
@@ -114,7 +119,9 @@ class Worker:
         self._inputs_override = inputs
         self.name = settings.name or f"{socket.gethostname()}-{os.getpid()}-c{settings.client_ids[0]}"
         self.device = resolve_device(settings.device)
-        self.channel = grpc.insecure_channel(settings.aggregator, options=channel_options())
+        self.security = settings.security or ClientSecurity(insecure=True)
+        self.channel = open_channel(settings.aggregator, self.security, channel_options())
+        self.store: ClientStateStore | None = None
         self.stub = pb_grpc.AggregatorStub(self.channel)
         self.worker_id = ""
         self.transfer = convert.TransferSpec()
@@ -142,6 +149,8 @@ class Worker:
             hostname=socket.gethostname(), pid=os.getpid(), version="1"))
         self.worker_id = reply.worker_id
         self.run_id = reply.run_id
+        if s.state_dir:
+            self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
         self.transfer = convert.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
         try:
@@ -172,7 +181,14 @@ class Worker:
             raise WorkerError(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
                               f"{e.code().name}: {e.details()}") from None
 
-    def state_of(self, cid: int) -> ClientState:
+    def state_of(self, cid: int, rnd: int | None = None) -> ClientState:
+        """The client's state entering round ``rnd``: from the store when persisting (a replayed round after
+        an aggregator resume gets the state saved before it), else kept in memory."""
+        if self.store is not None and rnd is not None:
+            saved = self.store.load(cid, before_round=rnd)
+            if saved is None:
+                return self.strategy.init_client_state(cid, int(self.indices[cid].numel()))
+            return ClientState({k: [x.to(self.device) for x in v] for k, v in saved.tensors.items()}, saved.scalars)
         st = self.states.get(cid)
         if st is None:
             st = self.strategy.init_client_state(cid, int(self.indices[cid].numel()))
@@ -208,7 +224,7 @@ class Worker:
         h = t.task
         cids = self._check_cids(h)
         w = self._model(h.model_blob)
-        probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c)) for c in cids]
+        probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)) for c in cids]
         self._call(self.stub.SubmitProbes, pb.ProbeReport(
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
             probes=[convert.probe_to_msg(p) for p in probes]))
@@ -224,7 +240,10 @@ class Worker:
         for c in cids:
             t0 = time.perf_counter()
             try:
-                update = self.strategy.fit(self.trainer, w, payload, self._task(h, c), self.state_of(c))
+                state = self.state_of(c, h.round)
+                update = self.strategy.fit(self.trainer, w, payload, self._task(h, c), state)
+                if self.store is not None:
+                    self.store.save(c, state, h.round)
             except Exception as e:  # one client's failure must not lose the others' updates
                 log.exception("client %d failed in round %d", c, h.round)
                 self._report(h, c, f"{type(e).__name__}: {e}")
@@ -277,7 +296,7 @@ class Worker:
                     return
                 yield m
 
-        channel = grpc.insecure_channel(self.settings.estimator, options=channel_options())
+        channel = open_channel(self.settings.estimator, self.security, channel_options())
         stub = est_grpc.EstimatorStub(channel)
         points: dict[str, Params] = {}
         try:

@@ -12,6 +12,15 @@ from types import FrameType
 from fedent import runlog
 from fedent.config import ConfigError, load_config
 from server.app import save_port, start_aggregator
+from server.security import (
+    ClientSecurity,
+    SecurityConfigError,
+    ServerSecurity,
+    add_server_security_args,
+    install_log_redaction,
+    read_worker_token,
+    server_security_from_args,
+)
 from server.settings import AggregatorSettings, SettingsError
 
 
@@ -35,6 +44,23 @@ def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSet
                               wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator)
 
 
+def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str) -> ClientSecurity | None:
+    """How the aggregator dials the estimator: the same trust anchor (--tls-ca) and its 'aggregator' token."""
+    if sec.insecure or not estimator:
+        return ClientSecurity(insecure=True) if estimator else None
+    if sec.ca is None:
+        raise SecurityConfigError("dialling the estimator over TLS needs --tls-ca (the CA that signed its certificate)")
+    token = None
+    if token_file:
+        token = read_worker_token(token_file, "aggregator")
+    elif sec.token_file is not None:
+        try:
+            token = read_worker_token(sec.token_file, "aggregator")
+        except SecurityConfigError:
+            token = None  # no 'aggregator' entry: the estimator must then not require tokens
+    return ClientSecurity(ca=sec.ca, token=token).validate()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m server", description="fedent aggregator")
     p.add_argument("--config", required=True)
@@ -45,9 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dashboard-port", type=int, default=None, help="serve the dashboard on this port")
     p.add_argument("--device", default=None)
     add_settings_args(p)
+    add_server_security_args(p)
+    p.add_argument("--estimator-token-file", default=None,
+                   help="the aggregator's token for the estimator service (a token file, or tokens.json with an "
+                        "'aggregator' entry; default: --token-file's 'aggregator' entry when it has one)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
+    install_log_redaction()
     try:
+        security = server_security_from_args(args)
+        estimator_security = estimator_client_security(security, args.estimator_token_file, args.estimator)
         cfg = load_config(args.config, args.set)
         if args.device:
             from fedent.sim.simulator import with_device
@@ -57,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(args.out) if args.out else Path(cfg.out_dir) / runlog.new_run_id(
             cfg.name, cfg.algorithm.name, cfg.train.seed)
         handle = start_aggregator(cfg, settings, run_dir, dashboard=args.dashboard_port is not None,
-                                  dashboard_host=args.host, dashboard_port=args.dashboard_port or 0)
-    except (ConfigError, SettingsError, ValueError, OSError) as e:
+                                  dashboard_host=args.host, dashboard_port=args.dashboard_port or 0,
+                                  security=security, estimator_security=estimator_security)
+    except (ConfigError, SettingsError, SecurityConfigError, ValueError, OSError) as e:
         print(f"aggregator: {e}", file=sys.stderr)
         return 2
     if args.port_file:

@@ -24,6 +24,7 @@ from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.engine import ClusterError, ClusterRun, Task
+from server.security import ServerSecurity, bind, server_interceptors
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")
@@ -155,14 +156,21 @@ def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> 
     return hs
 
 
-def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun) -> tuple[grpc.Server, int]:
-    """A started aggregator server bound to ``settings.host:settings.port`` (0 = free port) and that port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options())
+def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
+                             security: ServerSecurity | None = None) -> tuple[grpc.Server, int]:
+    """A started aggregator server bound to ``settings.host:settings.port`` (0 = free port) and that port.
+
+    ``security``: TLS / mutual TLS / worker tokens (server.security); None = plaintext without auth.
+    """
+    sec = security or ServerSecurity(insecure=True)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
+                         interceptors=server_interceptors(sec))
     pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot bind the aggregator to {settings.host}:{settings.port}")
+    try:
+        port = bind(server, f"{settings.host}:{settings.port}", sec)
+    except (ValueError, RuntimeError):
+        raise OSError(f"cannot bind the aggregator to {settings.host}:{settings.port}") from None
     server.start()
     return server, port
 

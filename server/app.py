@@ -25,6 +25,7 @@ from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import resolve_device
 from server.aggregator import create_aggregator_server
 from server.engine import ClusterRun
+from server.security import ClientSecurity, ServerSecurity, open_channel
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")
@@ -45,15 +46,17 @@ def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
     return str(getattr(validate_algorithm(cfg.algorithm), "estimator", "online"))
 
 
-def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str) -> Strategy:
+def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str,
+                           estimator_security: ClientSecurity | None = None) -> Strategy:
     """The same strategy as the simulator's; FedEnt online gets the estimator service adapter when configured."""
     mode = uses_fedent_estimator(cfg)
     if mode == "online" and settings.estimator:
         from server.estimator_adapter import RemotePhi2Estimator
 
         opts = validate_algorithm(cfg.algorithm)
+        channel = open_channel(settings.estimator, estimator_security or ClientSecurity(insecure=True))
         return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(
-            settings.estimator, opts.beta, opts.variant, run_id))
+            settings.estimator, opts.beta, opts.variant, run_id, channel=channel))
     return build_strategy(cfg.algorithm)
 
 
@@ -114,26 +117,32 @@ def start_aggregator(
     dashboard_host: str = "127.0.0.1",
     dashboard_port: int = 0,
     offline: OfflineRunner | None = None,
+    security: ServerSecurity | None = None,
+    estimator_security: ClientSecurity | None = None,
 ) -> AggregatorHandle:
-    """Start serving and run the rounds in a background thread; returns at once with the bound port."""
+    """Start serving and run the rounds in a background thread; returns at once with the bound port.
+
+    ``security`` protects the aggregator's port; ``estimator_security`` is how it dials the estimator
+    service (both default to plaintext without authentication, for in-process tests).
+    """
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     device = resolve_device(cfg.train.device)
     inputs = inputs or load_inputs(cfg)
     if inputs.num_clients != cfg.data.num_clients:
         raise ValueError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
                          f"{cfg.data.num_clients}")
-    strategy = build_cluster_strategy(cfg, settings, paths.run_id)
+    strategy = build_cluster_strategy(cfg, settings, paths.run_id, estimator_security)
     if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
         from server.offline import service_offline_runner
 
-        offline = service_offline_runner(settings.estimator, cfg, paths.run_id)
+        offline = service_offline_runner(settings.estimator, cfg, paths.run_id, security=estimator_security)
 
     def rebuild(estimator: Any) -> Strategy:
         return build_strategy(cfg.algorithm, estimator=estimator)
 
     run = ClusterRun(cfg, settings, paths, inputs, strategy, device, config_yaml(cfg),
                      offline=offline, rebuild_strategy=rebuild)
-    server, port = create_aggregator_server(settings, run)
+    server, port = create_aggregator_server(settings, run, security)
     dash, url = start_dashboard(paths.root, dashboard_host, dashboard_port) if dashboard else (None, None)
     thread = threading.Thread(target=run.run, name="rounds", daemon=True)
     thread.start()

@@ -32,6 +32,7 @@ from fedent.sim.simulator import is_eval_round, weighted_train_loss
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
 from fedent.trainer import LocalTrainer
 from fedentrpc import convert
+from server.durability import resume_run, save_run_checkpoint
 from server.settings import AggregatorSettings
 
 
@@ -531,10 +532,13 @@ class ClusterRun:
             self.write_start_files()
             self.wait_for_workers()
             self.setup()
-            for rnd in range(self.rounds):
+            first = resume_run(self) if self.settings.checkpoint_keep > 0 else 0
+            for rnd in range(first, self.rounds):
                 if self.stop.is_set():
                     raise RuntimeError("stopped")
                 self.run_round(rnd)
+                if self.settings.checkpoint_keep > 0:
+                    save_run_checkpoint(self, rnd, keep=self.settings.checkpoint_keep)
             torch.save([p.detach().cpu() for p in self.global_params], self.paths.model)
             last = runlog.final_accuracy(self.records)
             self.status("done", self.rounds - 1, final_acc=last)

@@ -20,14 +20,15 @@ from fedentrpc import convert
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from server.app import OfflineRunner
+from server.security import ClientSecurity, open_channel
 
 
 def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
-                           timeout_s: float = 3600.0) -> OfflineRunner:
+                           timeout_s: float = 3600.0, security: ClientSecurity | None = None) -> OfflineRunner:
     opts = validate_algorithm(cfg.algorithm)
 
     def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
-        with grpc.insecure_channel(address) as ch:
+        with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
             stub = est_grpc.EstimatorStub(ch)
             try:
                 ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: list(w0)})), timeout=120,

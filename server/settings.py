@@ -31,6 +31,7 @@ class AggregatorSettings:
     estimator: str = ""  # HOST:PORT of the estimator service; empty = in-process fallback
     max_workers: int = 32  # gRPC thread pool
     stop_workers_when_done: bool = True
+    checkpoint_keep: int = 2  # checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -41,6 +42,8 @@ class AggregatorSettings:
             raise SettingsError(f"quorum must be in [0, 1], got {self.quorum}")
         if self.register_timeout_s <= 0:
             raise SettingsError("register_timeout_s must be > 0")
+        if self.checkpoint_keep < 0:
+            raise SettingsError("checkpoint_keep must be >= 0")
         if self.max_workers < 4:
             raise SettingsError("max_workers must be >= 4")
         try:

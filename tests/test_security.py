@@ -371,3 +371,41 @@ def test_redact_config_for_dashboard() -> None:
     assert red["cluster"]["monkey"] == "banana" and red["cluster"]["keys"] is None
     assert red["cluster"]["note"] == "Bearer ***" and red["workers"][0]["password"] == "***"
     assert cfg["cluster"]["token"] == "abcdefgh12"  # the input is not modified
+
+
+# ---- the aggregator and workers, secured --------------------------------------------------------------
+
+def test_secured_aggregator_serves_authenticated_workers_only(pki: CertBundle, tmp_path: Path) -> None:
+    """A whole (tiny) run over mutual TLS + tokens; an intruder with a CA-signed cert but a wrong token is
+    refused at registration."""
+    import threading
+
+    from conftest import tiny_config, tiny_inputs
+
+    from client.worker import Worker, WorkerError, WorkerSettings
+    from server.app import start_aggregator
+    from server.settings import AggregatorSettings
+
+    cfg, inputs = tiny_config("fedavg", rounds=2), tiny_inputs()
+    h = start_aggregator(cfg, AggregatorSettings(register_timeout_s=20.0, round_deadline_s=20.0),
+                         tmp_path / "run", inputs=inputs, security=tls_server(pki, mtls=True))
+    try:
+        intruder = Worker(WorkerSettings(aggregator=f"localhost:{h.port}", client_ids=(0, 1), device="cpu",
+                                         connect_timeout_s=10,
+                                         security=client(pki, "not-a-token-0123456789", cert_of="worker-0")),
+                          inputs=inputs)
+        with pytest.raises(WorkerError, match="UNAUTHENTICATED"):
+            intruder.run()
+        workers = [Worker(WorkerSettings(aggregator=f"localhost:{h.port}", client_ids=g, device="cpu",
+                                         connect_timeout_s=10, security=client(pki, token_of(pki, w), cert_of=w)),
+                          inputs=inputs) for w, g in (("worker-0", (0, 1)), ("worker-1", (2, 3)))]
+        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        assert h.wait(60), "the secured run did not finish"
+        assert h.run.error is None, h.run.error
+        for t in threads:
+            t.join(10)
+        assert all(w.tasks_done > 0 for w in workers)
+    finally:
+        h.stop(grace_s=0.5)

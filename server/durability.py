@@ -1,0 +1,92 @@
+"""Aggregator checkpoint/resume: the glue between ``server.engine.ClusterRun`` and ``fedent.checkpoint``.
+
+After every completed round the aggregator saves a checkpoint under ``runs/<id>/checkpoint/``; started
+again on the same run directory (same config, checked by fingerprint) it continues from the next round.
+Sampling and batch order are derived from (seed, round), so the resumed run computes exactly what an
+uninterrupted one would — provided the workers restore their client state as of before the replayed
+round (``fedent.client_store.ClientStateStore.load(cid, before_round=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import torch
+
+from fedent import runlog
+from fedent.checkpoint import Checkpoint, config_fingerprint, load_latest_checkpoint, save_checkpoint
+
+log = logging.getLogger("fedent.aggregator")
+
+# Per-client counters that survive a restart (worker/device/state come from the new registrations).
+_CLIENT_COUNTERS = ("participation", "bytes", "eta", "eta_star", "last_round")
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    return obj
+
+
+def save_run_checkpoint(run: Any, rnd: int, keep: int = 3) -> None:
+    """Checkpoint ``run`` (a ClusterRun) after round ``rnd`` completed."""
+    with run.lock:
+        rows = [dict(r) for r in run.clients]
+    save_checkpoint(run.paths.checkpoint, Checkpoint(
+        round=rnd,
+        global_params=list(run.global_params),
+        config_fingerprint=config_fingerprint(run.cfg),
+        seed=int(run.seed),
+        server_state=run.strategy.server_state(),
+        estimator={"trajectory": json.loads(json.dumps(runlog.jsonable(run.trajectory)))},
+        clients={"rows": json.loads(json.dumps(runlog.jsonable(rows)))},
+        extra={"elapsed_s": time.perf_counter() - run.t_start, "run_id": run.paths.run_id},
+    ), keep=keep)
+
+
+def resume_run(run: Any) -> int:
+    """Restore ``run`` from its newest intact checkpoint; returns the first round to execute (0: fresh).
+
+    Call after ``run.setup()`` (the strategy's own setup runs first, then its saved state replaces it).
+    metrics.jsonl is cut back to the checkpointed rounds, so a round that finished but was not yet
+    checkpointed when the aggregator died is not logged twice.
+    """
+    ckpt = load_latest_checkpoint(run.paths.checkpoint, expect_fingerprint=config_fingerprint(run.cfg))
+    if ckpt is None:
+        return 0
+    if ckpt.seed != run.seed:
+        raise ValueError(f"checkpoint seed {ckpt.seed} differs from the run's {run.seed}")
+    if ckpt.next_round > run.rounds:
+        raise ValueError(f"checkpoint is past round {ckpt.round} but the run has {run.rounds} rounds")
+    shapes = [tuple(p.shape) for p in run.global_params]
+    if [tuple(p.shape) for p in ckpt.global_params] != shapes:
+        raise ValueError("checkpoint model shapes differ from the configured model")
+    run.global_params = [p.to(run.device) for p in ckpt.global_params]
+    run.strategy.load_server_state(_to_device(ckpt.server_state, run.device))
+    run.trajectory = list(ckpt.estimator.get("trajectory", []))
+    saved = {int(r["cid"]): r for r in ckpt.clients.get("rows", []) if isinstance(r, dict) and "cid" in r}
+    with run.lock:
+        for row in run.clients:
+            old = saved.get(int(row["cid"]))
+            if old:
+                row.update({k: old[k] for k in _CLIENT_COUNTERS if k in old})
+    kept = [r for r in runlog.read_metrics(run.paths.metrics) if isinstance(r.get("round"), int)
+            and r["round"] <= ckpt.round]
+    runlog.atomic_write_text(run.paths.metrics, "".join(
+        json.dumps(runlog.jsonable(r), allow_nan=False, separators=(",", ":")) + "\n" for r in kept))
+    run.records = kept
+    run.t_start = time.perf_counter() - float(ckpt.extra.get("elapsed_s", 0.0))
+    if run.trajectory:
+        old = runlog.read_json(run.paths.estimator, default={})
+        report = old.get("report", {}) if isinstance(old, dict) else {}
+        runlog.atomic_write_json(run.paths.estimator, {"algorithm": run.strategy.name, "report": report,
+                                                       "trajectory": run.trajectory})
+    log.info("resumed %s from the checkpoint of round %d", run.paths.run_id, ckpt.round)
+    return ckpt.next_round
