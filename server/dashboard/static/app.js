@@ -196,7 +196,8 @@
       li.classList.toggle("current", i === cur);
       li.classList.toggle("past", cur >= 0 && i < cur);
     }
-    const working = s.round !== null && s.phase !== "done" && s.phase !== "failed" ? ` · round ${s.round}` : "";
+    const inFlight = s.round !== null && s.round >= s.rounds_completed && s.phase !== "done" && s.phase !== "failed";
+    const working = inFlight ? ` · round ${s.round} ${s.phase}` : "";
     $("#progress-text").textContent = `${s.rounds_completed} / ${s.rounds ?? "?"} rounds · ${pct}%${working}`;
     if (s.phase === "failed") showError("Run failed" + (s.error ? ": " + s.error : "."));
   }
