@@ -18,6 +18,8 @@ from datafiles import (
     write_mnist_like,
     write_torchvision_mnist,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedent.config import ConfigError, DataConfig
 from fedent.data import DatasetFormatError, DatasetNotFoundError, load_dataset
@@ -46,6 +48,14 @@ def test_idx_roundtrip_gz_and_raw(tmp_path: Path) -> None:
         f.write(idx_bytes(arr))
     assert np.array_equal(read_idx(tmp_path / "a"), arr)
     assert np.array_equal(read_idx(tmp_path / "b.gz"), arr)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(0, 5), min_size=1, max_size=3), seed=st.integers(0, 1000))
+def test_idx_roundtrip_any_shape(shape: list[int], seed: int) -> None:
+    arr = np.random.default_rng(seed).integers(0, 256, shape).astype(np.uint8)
+    back = read_idx_bytes(idx_bytes(arr))
+    assert back.shape == arr.shape and np.array_equal(back, arr)
 
 
 def test_idx_big_endian_int32() -> None:

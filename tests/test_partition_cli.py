@@ -195,3 +195,11 @@ def test_bad_config_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Captu
     cfg.write_text("data:\n  nmae: mnist\n")
     assert main(["partition", "--config", str(cfg), "--out", str(tmp_path / "p.json")]) == 2
     assert "unknown key(s) nmae" in _error_line(capsys)
+
+
+def test_unwritable_output_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    args = ["partition", "--dataset", "synthetic", "--synthetic-train", "100", "--clients", "2",
+            "--out", str(tmp_path / "afile" / "p.json")]
+    assert main(args) == 2
+    assert "afile" in _error_line(capsys)
