@@ -283,3 +283,25 @@ def test_settings_reject_unknown_keys_and_bad_values() -> None:
         AggregatorSettings(quorum=2.0)
     with pytest.raises(SettingsError, match="wire_dtype"):
         AggregatorSettings(wire_dtype="int8")
+
+
+def test_worker_cli_rejects_bad_arguments_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.__main__ import main
+
+    assert main(["--aggregator", "127.0.0.1:1", "--clients", "5-2", "--insecure"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("worker: bad client id list") and "Traceback" not in err
+    assert main(["--aggregator", "nohostport", "--clients", "0-1", "--insecure"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_half_precision_and_zlib_transfer_settings_still_train(start: Any, tmp_path: Path) -> None:
+    cfg = tiny_config("fedavg", rounds=2)
+    inputs = tiny_inputs()
+    h = start(cfg, inputs, wire_dtype="float16", compression="zlib")
+    _run_workers(h, inputs, [(0, 1, 2, 3)])
+    assert h.run.error is None
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    got = torch.load(h.run_dir / "model_final.pt")
+    assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, sim.params, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(got, sim.params, strict=True))  # it really was lossy
