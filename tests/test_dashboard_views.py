@@ -14,9 +14,9 @@ from server.dashboard import prometheus, views
 from server.dashboard.rundir import RunDirReader, Snapshot
 
 
-def snap(**kw: Any) -> Snapshot:
-    base: dict[str, Any] = dict(run_id="r1", config=None, partition=None, metrics=[], status=None, clients=None,
-                                estimator=None)
+def snap(metrics: list[dict[str, Any]] | None = None, **kw: Any) -> Snapshot:
+    base: dict[str, Any] = dict(run_id="r1", config=None, partition=None, status=None, clients=None, estimator=None,
+                                rounds=views.round_rows(metrics or []))
     base.update(kw)
     return Snapshot(**base)
 
@@ -149,7 +149,7 @@ def test_prometheus_text_is_well_formed_and_escapes_labels() -> None:
     s = snap(status={"run_id": 'we"ird\nid', "phase": "training", "rounds": 4, "errors": 2},
              metrics=[rec(r, fedent=fedent_diag(r)) for r in range(2)],
              clients={"clients": [{"cid": 3, "bytes": 100, "state": "training"}]})
-    body = prometheus.render(views.build_status(s, 0.0), views.round_rows(s.metrics), views.build_clients(s, 0.0),
+    body = prometheus.render(views.build_status(s, 0.0), s.rounds, views.build_clients(s, 0.0),
                              views.build_estimator(s), s.status)
     samples = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
     for ln in samples:
@@ -166,11 +166,23 @@ def test_prometheus_text_is_well_formed_and_escapes_labels() -> None:
 
 def test_reader_skips_torn_line_and_sees_updates(tmp_path: Path) -> None:
     reader = RunDirReader(tmp_path)
-    assert reader.snapshot().metrics == [] and reader.status() is None
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec(0)) + "\n" + '{"round": 1, "test_a')
-    assert [m["round"] for m in reader.metrics()] == [0]
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec(0)) + "\n" + json.dumps(rec(1)) + "\n")
-    assert [m["round"] for m in reader.metrics()] == [0, 1]
+    assert reader.snapshot().rounds == [] and reader.status() is None
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps(rec(0)) + "\n" + '{"round": 1, "test_a')
+    assert [r.round for r in reader.rounds()] == [0]
+    with open(metrics, "a") as f:  # the writer finishes the torn line and appends another, plus garbage
+        f.write('cc": 0.9}\nnot json\n' + json.dumps(rec(2)) + "\n")
+    rows = reader.rounds()
+    assert [r.round for r in rows] == [0, 1, 2] and rows[1].test_acc == 0.9
+    assert reader.rounds() is rows  # unchanged file: cached, nothing re-parsed
+    metrics.write_text(json.dumps(rec(7)) + "\n")  # shorter: a new log replaced the old one
+    assert [r.round for r in reader.rounds()] == [7]
+    replaced = tmp_path / "new.jsonl"
+    replaced.write_text("".join(json.dumps(rec(r)) + "\n" for r in (4, 5, 6)))
+    replaced.replace(metrics)  # a different file (inode) even though it is longer
+    assert [r.round for r in reader.rounds()] == [4, 5, 6]
+    metrics.unlink()
+    assert reader.rounds() == []
     (tmp_path / "status.json").write_text('{"phase": "trai')
     assert reader.status() is None
     (tmp_path / "status.json").write_bytes(b"\xff\xfe garbage")

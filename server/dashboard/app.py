@@ -152,7 +152,7 @@ def create_app(
         snap = reader.snapshot()
         now = clock()
         body = prometheus.render(
-            views.build_status(snap, now), views.round_rows(snap.metrics),
+            views.build_status(snap, now), snap.rounds,
             views.build_clients(snap, now, stale_after_s), views.build_estimator(snap), snap.status,
         )
         return PlainTextResponse(body, media_type=prometheus.CONTENT_TYPE)

@@ -3,6 +3,8 @@
 The writer (simulator or aggregator) may be mid-write, may not have created a file yet, or may have
 crashed; the dashboard must still answer. So every reader here turns a missing, partial or malformed file
 into "no data" instead of an exception, and re-parses a file only when its mtime or size changed.
+metrics.jsonl is append-only and can reach thousands of rounds, so it is read incrementally: only the
+bytes appended since the last read are parsed (a torn last line is retried on the next read).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 
 import yaml
 
-from fedent.runlog import RunPaths, read_metrics
+from fedent.runlog import RunPaths
+from server.dashboard.models import RoundOut
+from server.dashboard.records import round_row
 
 # The files whose changes the live page cares about (in the order a run creates them).
 WATCHED_FILES = ("config.yaml", "partition.json", "status.json", "clients.json", "estimator.json", "metrics.jsonl")
@@ -47,11 +51,53 @@ def _load_yaml(path: Path) -> Any:
         return None
 
 
-def _load_metrics(path: Path) -> list[dict[str, Any]]:
-    try:
-        return read_metrics(path)  # skips a torn last line
-    except (OSError, ValueError):
-        return []
+def _parse_lines(chunk: bytes) -> list[RoundOut]:
+    rows = []
+    for line in chunk.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # garbage or not UTF-8: skip the line, keep the rest
+            continue
+        row = round_row(rec) if isinstance(rec, dict) else None
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+class MetricsTail:
+    """metrics.jsonl as ``RoundOut`` rows, parsing only what was appended since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._ino = -1
+        self._stamp: Stamp = (-1, -1)
+        self._offset = 0  # end of the last complete line parsed
+        self._rows: list[RoundOut] = []
+
+    def rows(self) -> list[RoundOut]:
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                self._ino, self._stamp, self._offset, self._rows = -1, (-1, -1), 0, []
+                return []
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp and st.st_ino == self._ino:
+                return self._rows
+            if st.st_ino != self._ino or st.st_size < self._offset:  # replaced or truncated: start over
+                self._offset, self._rows = 0, []
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(self._offset)
+                    chunk = f.read()
+            except OSError:
+                return self._rows
+            complete = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
+            rows = self._rows + _parse_lines(chunk[:complete])
+            self._offset += complete
+            self._ino, self._stamp, self._rows = st.st_ino, stamp, rows
+            return rows
 
 
 @dataclass(frozen=True)
@@ -61,7 +107,7 @@ class Snapshot:
     run_id: str
     config: Any
     partition: Any
-    metrics: list[dict[str, Any]]
+    rounds: list[RoundOut]  # metrics.jsonl, typed
     status: Any
     clients: Any
     estimator: Any
@@ -74,6 +120,7 @@ class RunDirReader:
         self.paths = RunPaths(Path(root))
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[Stamp, Any]] = {}
+        self._metrics = MetricsTail(self.paths.metrics)
 
     @property
     def root(self) -> Path:
@@ -99,9 +146,8 @@ class RunDirReader:
     def partition(self) -> Any:
         return self._cached(self.paths.partition, _load_json, None)
 
-    def metrics(self) -> list[dict[str, Any]]:
-        value = self._cached(self.paths.metrics, _load_metrics, [])
-        return value if isinstance(value, list) else []
+    def rounds(self) -> list[RoundOut]:
+        return self._metrics.rows()
 
     def status(self) -> Any:
         return self._cached(self.paths.status, _load_json, None)
@@ -117,7 +163,7 @@ class RunDirReader:
             run_id=self.paths.run_id,
             config=self.config(),
             partition=self.partition(),
-            metrics=self.metrics(),
+            rounds=self.rounds(),
             status=self.status(),
             clients=self.clients(),
             estimator=self.estimator(),

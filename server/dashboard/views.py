@@ -1,33 +1,31 @@
-"""Turn raw run-directory JSON into the API's response models.
+"""Turn a run-directory ``Snapshot`` into the API's response models.
 
-Pure functions of a ``Snapshot`` and the current time, so they are unit-testable without a server. The
-input is untrusted (any JSON value may be missing, null, NaN or of the wrong type), so each value goes
-through a small coercion helper and bad values become null instead of a 500.
+Pure functions of a snapshot and the current time, so they are unit-testable without a server. Raw JSON
+values go through the coercion helpers of ``records`` (bad values become null, never a 500).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
-from fedent.runlog import PHASES, jsonable, redact
+from fedent.runlog import PHASES, redact
 from server.dashboard.models import (
     ClientOut,
     ClientsOut,
     ConfigOut,
     EstimatorOut,
-    FedentClientDiag,
-    FedentRound,
     PartitionOut,
     RoundOut,
     RoundsPage,
     StatusOut,
     TrajectoryPoint,
 )
+from server.dashboard.records import free_json, integer, mapping, num, round_row, round_rows, text, timestamp
 from server.dashboard.rundir import Snapshot
+
+__all__ = ["free_json", "integer", "mapping", "num", "round_row", "round_rows", "text", "timestamp"]  # re-exported
 
 ACTIVE_PHASES = ("starting", "estimating", "training", "aggregating", "evaluating")
 DOWN_STATES = ("failed", "lost", "dead", "error", "disconnected", "evicted")
@@ -36,106 +34,10 @@ REDACTED = "***"
 _SECRET_KEY = re.compile(r"token|secret|passw|key|credential|cert_?pem|auth", re.IGNORECASE)
 
 
-# ---- coercion of untrusted JSON values ---------------------------------------------------------------
-
-def num(x: Any) -> float | None:
-    """A finite float, or None (bools, strings, NaN and inf are not numbers here)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
-def integer(x: Any) -> int | None:
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and math.isfinite(x) and x.is_integer():
-        return int(x)
-    return None
-
-
-def text(x: Any) -> str | None:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return str(x)
-    return None
-
-
-def timestamp(x: Any) -> float | None:
-    """Unix epoch seconds from a number or an ISO-8601 string (writers should use numbers)."""
-    f = num(x)
-    if f is not None:
-        return f
-    if isinstance(x, str):
-        try:
-            dt = datetime.fromisoformat(x.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return dt.timestamp()
-    return None
-
-
-def mapping(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
-def free_json(x: Any) -> dict[str, Any]:
-    """A free-form JSON object made safe to serve (NaN -> null); anything else -> {}."""
-    if not isinstance(x, Mapping):
-        return {}
-    try:
-        out = jsonable(x)
-    except TypeError:
-        return {}
-    return out if isinstance(out, dict) else {}
-
-
 # ---- rounds ---------------------------------------------------------------------------------------------
 
-def _fedent_round(raw: Any) -> FedentRound | None:
-    if not isinstance(raw, Mapping):
-        return None
-    diags = []
-    for c in raw.get("clients") or []:
-        c = mapping(c)
-        cid = integer(c.get("client"))
-        if cid is None:
-            continue
-        diags.append(FedentClientDiag(
-            client=cid, variant=text(c.get("variant")),
-            **{k: num(c.get(k)) for k in ("theta", "a", "b", "c", "phi2_next", "beta", "gamma", "eta_star", "eta")},
-        ))
-    return FedentRound(
-        phi2_pred=num(raw.get("phi2_pred")), phi2_actual=num(raw.get("phi2_actual")),
-        entropy=num(raw.get("entropy")), guards=integer(raw.get("guards")), clients=diags,
-    )
-
-
-def round_row(rec: Mapping[str, Any]) -> RoundOut | None:
-    """One metrics.jsonl record as a typed row (None when it has no usable round number)."""
-    r = integer(rec.get("round"))
-    if r is None:
-        return None
-    clients = rec.get("clients")
-    cids = [c for c in (integer(v) for v in clients) if c is not None] if isinstance(clients, list) else []
-    return RoundOut(
-        round=r, algorithm=text(rec.get("algorithm")),
-        test_acc=num(rec.get("test_acc")), test_loss=num(rec.get("test_loss")), train_loss=num(rec.get("train_loss")),
-        clients=cids, num_clients=integer(rec.get("num_clients")),
-        wall_s=num(rec.get("wall_s")), elapsed_s=num(rec.get("elapsed_s")),
-        fedent=_fedent_round(rec.get("fedent")), diagnostics=free_json(rec.get("diagnostics")),
-    )
-
-
-def round_rows(metrics: list[dict[str, Any]]) -> list[RoundOut]:
-    return [row for row in (round_row(m) for m in metrics) if row is not None]
-
-
 def build_rounds(snap: Snapshot, offset: int, limit: int) -> RoundsPage:
-    rows = round_rows(snap.metrics)
+    rows = snap.rounds
     return RoundsPage(total=len(rows), offset=offset, limit=limit, items=rows[offset:offset + limit])
 
 
@@ -152,7 +54,7 @@ def _round_durations(rows: list[RoundOut]) -> list[float]:
 def build_status(snap: Snapshot, now: float) -> StatusOut:
     st = mapping(snap.status)
     cfg = mapping(snap.config)
-    rows = round_rows(snap.metrics)
+    rows = snap.rounds
     completed = len(rows)
     rounds = integer(st.get("rounds"))
     if rounds is None:
@@ -231,7 +133,7 @@ def _health(state: str | None, age: float | None, run_active: bool, stale_after_
 
 def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> ClientsOut:
     """clients.json rows, with participation and η filled in from metrics.jsonl where the file lacks them."""
-    rows = round_rows(snap.metrics)
+    rows = snap.rounds
     participation: dict[int, int] = {}
     last_eta: dict[int, tuple[float | None, float | None]] = {}
     for r in rows:
@@ -299,7 +201,7 @@ def build_estimator(snap: Snapshot) -> EstimatorOut:
                 phi2_actual=num(_pick(p, "phi2_actual", "actual")), entropy=num(p.get("entropy")),
                 guards=integer(p.get("guards")),
             )
-    for row in round_rows(snap.metrics):
+    for row in snap.rounds:
         f = row.fedent
         if f is None:
             continue
