@@ -100,10 +100,11 @@ def test_client_health_and_traffic_from_clients_json() -> None:
         {"cid": 0, "state": "training", "last_heartbeat": 95.0, "bytes": {"sent": 10, "received": 5}},
         {"cid": 1, "state": "training", "last_heartbeat": 10.0, "bytes": 99},
         {"cid": 2, "state": "lost", "last_heartbeat": 99.0},
+        {"cid": 3, "state": "waiting"},
     ]}
     out = views.build_clients(snap(clients=rows, status={"phase": "training"}), now=100.0, stale_after_s=30.0)
     by = {c.cid: c for c in out.clients}
-    assert [by[i].health for i in range(3)] == ["ok", "stale", "down"]
+    assert [by[i].health for i in range(4)] == ["ok", "stale", "down", "unknown"]
     assert (by[0].bytes_sent, by[0].bytes_received, by[0].bytes_total) == (10, 5, 15)
     assert (by[1].bytes_sent, by[1].bytes_total) == (None, 99)
     assert by[0].heartbeat_age_s == pytest.approx(5.0)

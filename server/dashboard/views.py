@@ -29,6 +29,7 @@ __all__ = ["free_json", "integer", "mapping", "num", "round_row", "round_rows", 
 
 ACTIVE_PHASES = ("starting", "estimating", "training", "aggregating", "evaluating")
 DOWN_STATES = ("failed", "lost", "dead", "error", "disconnected", "evicted")
+UNATTACHED_STATES = ("waiting", "pending", "unassigned")
 REDACTED = "***"
 # Wider than fedent.runlog's writer-side list: the dashboard also hides any key that names key material.
 _SECRET_KEY = re.compile(r"token|secret|passw|key|credential|cert_?pem|auth", re.IGNORECASE)
@@ -126,6 +127,8 @@ def _bytes(row: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
 def _health(state: str | None, age: float | None, run_active: bool, stale_after_s: float, listed: bool) -> str:
     if state is not None and state.lower() in DOWN_STATES:
         return "down"
+    if state is not None and state.lower() in UNATTACHED_STATES:
+        return "unknown"  # listed, but no worker has claimed it yet
     if age is not None and run_active and age > stale_after_s:
         return "stale"
     return "ok" if listed else "unknown"
