@@ -430,3 +430,13 @@ def test_feddyn_server_sum_tracks_every_clients_state() -> None:
     ]
     assert close(s.server_state()["lambda_sum"], client_sum, tol=1e-12)
     assert any(not torch.equal(t, torch.zeros_like(t)) for t in client_sum)
+
+
+def test_feddyn_client_without_samples_keeps_its_state() -> None:
+    trainer = linear_trainer()
+    w = clone(trainer.params)
+    state = ClientState(tensors={"lambda": [torch.ones_like(p) for p in w]})
+    task = ClientTask(0, 0, torch.arange(0), 0.1, 1, 0)
+    up = FedDyn().fit(trainer, w, RoundPayload(0, scalars={"mean_samples": 5.0}), task, state)
+    assert equal(up.params, w) and up.scalars["alpha_k"] == 0.0
+    assert equal(state.tensors["lambda"], [torch.ones_like(p) for p in w])

@@ -62,10 +62,13 @@ class FedDynOptions:
 
 
 def client_alpha(alpha: float, num_samples: int, mean_samples: float) -> float:
-    """α_k = α / (n_k / n̄): clients with fewer samples are regularised more."""
-    if num_samples <= 0 or not mean_samples > 0:
-        raise StrategyError(f"feddyn: need positive sample counts, got n_k={num_samples}, n̄={mean_samples}")
-    return alpha * mean_samples / num_samples
+    """α_k = α / (n_k / n̄): clients with fewer samples are regularised more.
+
+    A client without samples takes no SGD step, so its α_k is never used; it is reported as 0.
+    """
+    if not mean_samples > 0 or num_samples < 0:
+        raise StrategyError(f"feddyn: bad sample counts n_k={num_samples}, n̄={mean_samples}")
+    return 0.0 if num_samples == 0 else alpha * mean_samples / num_samples
 
 
 def dynamic_hook(server_params: Sequence[Tensor], lam: Sequence[Tensor], alpha_k: float) -> GradHook:
@@ -94,8 +97,8 @@ class FedDyn(Strategy):
 
     # ---- server side -----------------------------------------------------------------------------
     def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
-        if not client_sizes or any(int(n) <= 0 for n in client_sizes):
-            raise StrategyError("feddyn: every client needs at least one sample")
+        if not client_sizes or sum(int(n) for n in client_sizes) <= 0:
+            raise StrategyError("feddyn: setup needs at least one client with samples")
         self._num_clients = len(client_sizes)
         self._mean_samples = float(sum(int(n) for n in client_sizes)) / len(client_sizes)
 

@@ -42,9 +42,10 @@ def proximal_hook(anchor: Sequence[Tensor], mu: float) -> GradHook:
     anchor_list = list(anchor)
 
     def hook(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
-        with torch.no_grad():
-            diff = torch._foreach_sub(list(params), anchor_list)
-            torch._foreach_add_(list(grads), diff, alpha=mu)
+        with torch.no_grad():  # two in-place adds, no temporary
+            g = list(grads)
+            torch._foreach_add_(g, list(params), alpha=mu)
+            torch._foreach_add_(g, anchor_list, alpha=-mu)
 
     return hook
 
