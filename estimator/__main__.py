@@ -16,6 +16,12 @@ from types import FrameType
 from estimator.service import create_estimator_service
 from estimator.settings import EstimatorSettings, SettingsError
 from fedent import runlog
+from server.security import (
+    SecurityConfigError,
+    add_server_security_args,
+    install_log_redaction,
+    server_security_from_args,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blob-cache-mb", type=int, default=d.blob_cache_bytes // 2**20,
                    help="cap on the tensor blobs held (MiB)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_server_security_args(p)
     return p
 
 
@@ -52,17 +59,13 @@ def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s estimator %(levelname)s %(message)s")
+    install_log_redaction()
     try:
         settings = settings_from_args(args)
-        handle = create_estimator_service(settings)
-    except (SettingsError, OSError, RuntimeError) as e:
+        handle = create_estimator_service(settings, server_security_from_args(args))
+    except (SettingsError, SecurityConfigError, OSError, RuntimeError) as e:
         print(f"estimator: {e}", file=sys.stderr)
         return 2
-    if args.port_file:
-        runlog.atomic_write_text(args.port_file, f"{handle.port}\n")
-    print(f"LISTENING port={handle.port}", flush=True)
-    logging.getLogger("fedent.estimator").info("estimator service on %s:%d", settings.host, handle.port)
-
     done = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.port_file:
+        runlog.atomic_write_text(args.port_file, f"{handle.port}\n")
+    print(f"LISTENING port={handle.port}", flush=True)
+    logging.getLogger("fedent.estimator").info("estimator service on %s:%d", settings.host, handle.port)
     while not done.wait(1.0):
         pass
     handle.stop()

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 from fedentrpc import convert
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 log = logging.getLogger("fedent.estimator")
 
-Gradient = list  # list[torch.Tensor]: one tensor per model parameter
+Gradient = list[Tensor]  # one tensor per model parameter
 
 
 class OracleCallError(RuntimeError):
@@ -176,6 +178,7 @@ class OracleHub:
                 elif kind == "chunk":
                     if current is None or asm is None:
                         raise convert.WireError("tensor chunk without a result header")
+                    rid, cid = current
                     try:
                         asm.add(m.chunk)
                         got += 1
@@ -183,10 +186,10 @@ class OracleHub:
                             grads = asm.finish().get("grad")
                             if grads is None:
                                 raise convert.WireError("gradient answer carries no 'grad' tensor group")
-                            self._resolve(conn, *current, list(grads))
+                            self._resolve(conn, rid, cid, list(grads))
                             current, asm = None, None
                     except convert.WireError as e:
-                        self._resolve(conn, *current, None, str(e))
+                        self._resolve(conn, rid, cid, None, str(e))
                         current, asm = None, None
                 elif kind == "error":
                     self._resolve(conn, int(m.error.request_id), int(m.error.cid), None,

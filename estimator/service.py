@@ -28,6 +28,7 @@ from fedentrpc import convert
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
+from server.security import ServerSecurity, bind, server_interceptors
 
 log = logging.getLogger("fedent.estimator")
 
@@ -143,28 +144,34 @@ def grpc_options() -> list[tuple[str, Any]]:
     return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
 
-def create_estimator_service(settings: EstimatorSettings) -> EstimatorHandle:
-    """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts."""
+def create_estimator_service(settings: EstimatorSettings, security: ServerSecurity | None = None) -> EstimatorHandle:
+    """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts.
+
+    ``security``: TLS / mutual TLS / caller tokens (server.security); None = plaintext without auth.
+    """
+    sec = security or ServerSecurity(insecure=True)
     blobs = BlobStore(settings.blob_cache_bytes)
     hub = OracleHub()
     jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
-                         options=grpc_options())
+                         options=grpc_options(), interceptors=server_interceptors(sec))
     est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     for name in ("", SERVICE_NAME):
         hs.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise OSError(f"cannot bind the estimator service to {settings.host}:{settings.port}")
+    try:
+        port = bind(server, f"{settings.host}:{settings.port}", sec)
+    except (ValueError, RuntimeError):
+        raise OSError(f"cannot bind the estimator service to {settings.host}:{settings.port}") from None
     server.start()
     return EstimatorHandle(server, port, hs, hub, jobs, blobs)
 
 
-def create_estimator_server(settings: EstimatorSettings) -> tuple[grpc.Server, int]:
+def create_estimator_server(settings: EstimatorSettings,
+                            security: ServerSecurity | None = None) -> tuple[grpc.Server, int]:
     """The started server and its bound port (the handle's other parts stay reachable through it)."""
-    h = create_estimator_service(settings)
+    h = create_estimator_service(settings, security)
     return h.server, h.port
