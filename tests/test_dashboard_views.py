@@ -122,6 +122,9 @@ def test_estimator_overlays_metrics_on_estimator_json() -> None:
     assert out.trajectory[0].phi2_pred == 10.0 and out.trajectory[0].phi2_actual == 10.5  # metrics win
     assert out.trajectory[1].phi2_actual is None
     assert not views.build_estimator(snap()).available
+    from_config = views.build_estimator(snap(config={"algorithm": {"name": "fedent", "estimator": "online"}},
+                                             metrics=[rec(0, fedent=fedent_diag(0))]))
+    assert from_config.mode == "online"
 
 
 def test_config_redaction_hides_secrets_everywhere() -> None:

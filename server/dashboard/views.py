@@ -220,7 +220,7 @@ def build_estimator(snap: Snapshot) -> EstimatorOut:
     inner = report.pop("report", None)
     if isinstance(inner, dict):
         report = {**report, **inner}
-    mode = text(report.get("mode"))
+    mode = text(report.get("mode")) or text(mapping(mapping(snap.config).get("algorithm")).get("estimator"))
     return EstimatorOut(
         available=bool(points) or bool(report), mode=mode,
         trajectory=[points[k] for k in sorted(points)], report=report,
