@@ -53,16 +53,17 @@ def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
     return EstimatorSettings(host=args.host, port=args.port, token=args.token, max_workers=args.max_workers,
                              oracle_timeout_s=args.oracle_timeout, oracle_retries=args.oracle_retries,
                              oracle_prefetch=args.oracle_prefetch, wait_workers_s=args.wait_workers,
-                             blob_cache_bytes=args.blob_cache_mb * 2**20, run_dir=args.run_dir)
+                             blob_cache_bytes=args.blob_cache_mb * 2**20, run_dir=args.run_dir,
+                             security=server_security_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s estimator %(levelname)s %(message)s")
-    install_log_redaction()
+    install_log_redaction([args.token] if args.token else [])
     try:
         settings = settings_from_args(args)
-        handle = create_estimator_service(settings, server_security_from_args(args))
+        handle = create_estimator_service(settings)
     except (SettingsError, SecurityConfigError, OSError, RuntimeError) as e:
         print(f"estimator: {e}", file=sys.stderr)
         return 2

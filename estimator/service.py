@@ -3,7 +3,8 @@
 Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls the core, and encodes the
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
-The server also offers grpc.health.v1 and server reflection.
+The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
+token authentication as the aggregator (``server.security``: the shared gRPC security building blocks).
 """
 
 from __future__ import annotations
@@ -147,9 +148,10 @@ def grpc_options() -> list[tuple[str, Any]]:
 def create_estimator_service(settings: EstimatorSettings, security: ServerSecurity | None = None) -> EstimatorHandle:
     """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts.
 
-    ``security``: TLS / mutual TLS / caller tokens (server.security); None = plaintext without auth.
+    ``security``: TLS / mutual TLS / caller tokens (server.security); None = ``settings.security``
+    (plaintext without auth unless set).
     """
-    sec = security or ServerSecurity(insecure=True)
+    sec = security or settings.security
     blobs = BlobStore(settings.blob_cache_bytes)
     hub = OracleHub()
     jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,

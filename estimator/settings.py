@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from server.security import ServerSecurity
 
 
 class SettingsError(ValueError):
@@ -23,6 +25,8 @@ class EstimatorSettings:
     wait_workers_s: float = 300.0  # default wait for the workers' Oracle streams to cover every client
     blob_cache_bytes: int = 8 * 1024**3  # oldest blobs are dropped beyond this many wire bytes
     run_dir: str | None = None  # finished offline jobs are written here (and served after a restart)
+    # TLS / mutual TLS / tokens (docs/security.md); in-process callers (tests) default to plaintext
+    security: ServerSecurity = field(default_factory=lambda: ServerSecurity(insecure=True))
 
     def __post_init__(self) -> None:
         if not self.host:

@@ -13,6 +13,7 @@ import math
 import queue
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -355,3 +356,27 @@ def test_oracle_stream_must_start_with_hello(stub: est_grpc.EstimatorStub) -> No
     with pytest.raises(grpc.RpcError) as ei:
         list(stub.Oracle(msgs, timeout=10))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "OracleHello" in ei.value.details()
+
+
+def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> None:
+    from server.certs import make_dev_pki
+    from server.security import ClientSecurity, ServerSecurity, open_channel, read_worker_token
+
+    pki = make_dev_pki(tmp_path, hosts=["localhost", "127.0.0.1"], workers=["worker-0"])
+    sec = ServerSecurity(cert=pki.server_cert, key=pki.server_key, ca=pki.ca_cert,
+                         token_file=pki.tokens_file).validate()
+    h = create_estimator_service(EstimatorSettings(port=0, security=sec))
+    c, thetas, a, b = _round_scalars(5)
+    req = convert.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
+    try:
+        token = read_worker_token(pki.token_files["worker-0"])
+        with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert, token=token)) as ch:
+            assert est_grpc.EstimatorStub(ch).SolveOnline(req, timeout=10).phi2_next > 0
+        with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert)) as ch:
+            with pytest.raises(grpc.RpcError) as ei:
+                est_grpc.EstimatorStub(ch).SolveOnline(req, timeout=10)
+            assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        h.stop(0.5)
