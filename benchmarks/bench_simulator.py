@@ -1,0 +1,157 @@
+"""The simulator's round time against a bare PyTorch loop doing the same client training in this process.
+
+Workload (issue 4): MNIST-CNN on Fashion-MNIST (system copy), pathological partition, 100 clients,
+20 per round, 1 local epoch, batch 32. The bare loop copies the global weights into the model, trains
+the round's clients one after another on the same batches (the same fedent.rng generators, the same
+order) and takes the sample-weighted average; it writes no files and keeps no logs. The simulator
+runs the full protocol (sampling, strategy calls, client state, metrics.jsonl, status.json,
+clients.json, estimator.json for FedEnt). FedEnt's ratio is against the same bare FedAvg loop, so its
+probe gradient and the online mean-field estimator count as overhead ("estimator included").
+
+A round's time is the difference of consecutive ``elapsed_s`` in metrics.jsonl, so the bookkeeping
+after a round's log line is charged too. Round 0 (warm-up) and the last round (the only evaluation)
+are excluded; the same rounds are timed in the bare loop. Runs alternate bare/simulator and the
+median over repeats is reported, because a shared machine's load drifts.
+
+    python benchmarks/bench_simulator.py                      # full data (600 samples per client)
+    python benchmarks/bench_simulator.py --quick --rounds 2   # 12,000 samples, for CI-size machines
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedent import runlog
+from fedent.config import DataConfig, ExperimentConfig, config_from_dict
+from fedent.data import load_dataset, make_partition
+from fedent.models import build_model
+from fedent.rng import sample_clients, torch_generator
+from fedent.sim import SimInputs, run_simulation
+
+NUM_CLIENTS, FRACTION, EPOCHS, BATCH, LR, SEED = 100, 0.2, 1, 32, 0.01, 0
+
+
+def make_inputs(max_train: int | None) -> SimInputs:
+    dcfg = DataConfig(name="fashion-mnist", num_clients=NUM_CLIENTS, partition="pathological",
+                      max_train_samples=max_train, max_test_samples=1000)
+    data = load_dataset(dcfg, SEED)
+    part = make_partition(data.y_train.numpy(), dcfg, SEED)
+
+    def make_model() -> torch.nn.Module:
+        return build_model("mnist-cnn", data.num_classes, data.in_channels, data.image_size, 0.0, SEED)
+
+    return SimInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
+                     partition_info={"md5": part.md5()})
+
+
+def config(algorithm: str, rounds: int, device: str) -> ExperimentConfig:
+    return config_from_dict({
+        "name": "bench", "data": {"name": "fashion-mnist", "num_clients": NUM_CLIENTS, "partition": "pathological"},
+        "train": {"rounds": rounds, "fraction": FRACTION, "local_epochs": EPOCHS, "batch_size": BATCH, "lr": LR,
+                  "eval_every": 10_000, "seed": SEED, "device": device},
+        "algorithm": {"name": algorithm},
+    })
+
+
+def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[list[float], list[Tensor]]:
+    """Plain PyTorch FedAvg: per-round seconds and the final model (rounds 0..rounds-2, no evaluation)."""
+    model = inputs.make_model().to(device)
+    params = list(model.parameters())
+    x, y = inputs.data.x_train.to(device), inputs.data.y_train.to(device)
+    idx = [torch.tensor(np.asarray(ix), dtype=torch.int64) for ix in inputs.client_indices]
+    glob = [p.detach().clone() for p in params]
+    times = []
+    for t in range(rounds - 1):
+        t0 = time.perf_counter()
+        chosen = sample_clients(SEED, t, NUM_CLIENTS, FRACTION)
+        total = float(sum(idx[c].numel() for c in chosen))
+        new = [torch.zeros_like(p) for p in params]
+        for cid in chosen:
+            with torch.no_grad():
+                torch._foreach_copy_(params, glob)
+            gen = torch_generator(SEED, "train", t, cid)
+            for _ in range(EPOCHS):
+                order = idx[cid][torch.randperm(idx[cid].numel(), generator=gen)].to(device)
+                for b in torch.split(order, BATCH):
+                    loss = F.cross_entropy(model(x[b]), y[b])
+                    grads = torch.autograd.grad(loss, params)
+                    with torch.no_grad():
+                        torch._foreach_add_(params, list(grads), alpha=-LR)
+            with torch.no_grad():
+                torch._foreach_add_(new, params, alpha=idx[cid].numel() / total)
+        glob = new
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times, glob
+
+
+def sim_round_times(inputs: SimInputs, algorithm: str, rounds: int, device: str) -> tuple[list[float], list[Tensor]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_simulation(config(algorithm, rounds, device), Path(tmp) / "run", progress=False, inputs=inputs,
+                             plots=False)
+        recs = runlog.read_metrics(Path(tmp) / "run" / "metrics.jsonl")
+    elapsed = [r["elapsed_s"] for r in recs]
+    # round t's time = elapsed[t] - elapsed[t-1]; the last round holds the evaluation and is left out
+    times = [elapsed[0]] + [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
+    return times[:-1], res.params
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds (plus one warm-up and one eval round)")
+    ap.add_argument("--quick", action="store_true", help="12,000 training samples instead of 60,000")
+    ap.add_argument("--repeats", type=int, default=2, help="alternating bare/simulator repetitions")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (same for both)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--algorithms", default="fedavg,fedent")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    inputs = make_inputs(12_000 if args.quick else None)
+    rounds = args.rounds + 2
+    sizes = inputs.client_sizes()
+    print(f"fashion-mnist pathological, {NUM_CLIENTS} clients x ~{int(np.mean(sizes))} samples, "
+          f"{int(FRACTION * NUM_CLIENTS)} per round, {EPOCHS} epoch, batch {BATCH}, mnist-cnn, device {dev}, "
+          f"threads {torch.get_num_threads()}, {args.rounds} timed rounds x {args.repeats} repeats")
+    algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    bare: list[float] = []
+    sims: dict[str, list[float]] = {a: [] for a in algos}
+    for _ in range(args.repeats):
+        times, _ = bare_loop(inputs, rounds, dev)
+        bare += times[1:]
+        for a in algos:
+            stimes, _ = sim_round_times(inputs, a, rounds, args.device)
+            sims[a] += stimes[1:]
+    b = statistics.median(bare)
+    print(f"bare loop      : {b:.3f} s/round (median of {len(bare)})")
+    for a in algos:
+        s = statistics.median(sims[a])
+        print(f"simulator {a:<6}: {s:.3f} s/round (median of {len(sims[a])})  ratio {s / b:.3f}x")
+    check_same_model(inputs, dev, args.device)
+    return 0
+
+
+def check_same_model(inputs: SimInputs, dev: torch.device, device: str) -> None:
+    """Sanity: after 2 rounds the simulator's FedAvg model equals the bare loop's (same batches, same order)."""
+    _, bare_params = bare_loop(inputs, 3, dev)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config("fedavg", 2, device)
+        res = run_simulation(cfg, Path(tmp) / "r", progress=False, inputs=inputs, plots=False)
+    diff = max(float((a.cpu() - b.cpu()).abs().max()) for a, b in zip(bare_params, res.params, strict=True))
+    print(f"same training check: max |bare - simulator| after 2 rounds = {diff:.2e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
