@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        # past this point a SIGTERM (the launcher stopping a worker that is already exiting) must end the
+        # process quietly, not raise KeyboardInterrupt inside interpreter-shutdown finalizers
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,7 @@ class ClusterRun:
         self.started_at = time.time()
         self.t_start = time.perf_counter()
         self.trajectory: list[dict[str, Any]] = []
+        self.estimator_report: dict[str, Any] = {}  # Algorithm 1's report (offline mode), as the simulator's
         self.local_eval = int(getattr(cfg.train, "local_eval", 0) or 0)
         self.clients: list[dict[str, Any]] = [
             runlog.client_row(cid, state="waiting", samples=n, participation=0, bytes=0)
@@ -201,6 +202,12 @@ class ClusterRun:
         with self.lock:
             rows = [dict(r) for r in self.clients]
         runlog.write_clients(self.paths.clients, rows)
+
+    def write_estimator(self) -> None:
+        """estimator.json in the simulator's layout: Algorithm 1's report and the per-round φ2 trajectory."""
+        runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name,
+                                                        "report": self.estimator_report,
+                                                        "trajectory": self.trajectory})
 
     def write_start_files(self) -> None:
         runlog.write_config(self.paths.config, self.cfg.to_dict())
@@ -415,10 +422,9 @@ class ClusterRun:
             self.status("estimating", None)
             estimator = self.offline(self.global_params, self.sizes, self.rounds)
             self.strategy = self.rebuild_strategy(estimator)
-            state = getattr(estimator, "state", None)
-            if callable(state):
-                runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name,
-                                                                "report": state(), "trajectory": []})
+            report = getattr(estimator, "report", None)
+            self.estimator_report = dict(report) if isinstance(report, dict) else {}
+            self.write_estimator()
         self.strategy.setup(self.global_params, self.sizes)
 
     def run_round(self, rnd: int) -> dict[str, Any]:
@@ -489,8 +495,7 @@ class ClusterRun:
         if isinstance(fedent_diag, dict):
             self.trajectory.append({"round": rnd, **{k: fedent_diag.get(k) for k in
                                                      ("phi2_pred", "phi2_actual", "entropy", "guards")}})
-            runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name, "report": {},
-                                                            "trajectory": self.trajectory})
+            self.write_estimator()
         return rec
 
     def _evaluate(self, params: Sequence[Tensor]) -> tuple[float, float]:
