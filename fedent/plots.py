@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedent import runlog
 
@@ -87,13 +88,16 @@ def mean_std_curve(runs: Sequence[Records], key: str) -> tuple[list[int], np.nda
 
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    for ax in fig.axes:
+        if ax.get_xlabel().startswith("global round"):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
 
 
 def _curves(groups: Mapping[str, Sequence[Records]], key: str, ylabel: str, title: str, path: Path) -> Path | None:
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for name, runs in groups.items():
@@ -118,7 +122,7 @@ def plot_eta(records: Records, path: Path, title: str = "FedEnt per-client learn
     traj = eta_trajectories(records)
     if not traj:
         return None
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
     for cid in sorted(traj):
         xs, ys = traj[cid]
@@ -134,7 +138,7 @@ def plot_phi2(records: Records, path: Path) -> Path | None:
     ser = phi2_series(records)
     if "phi2_pred" not in ser and "phi2_actual" not in ser:
         return None
-    fig = Figure(figsize=(10, 4))
+    fig = Figure(figsize=(10, 4), layout="constrained")
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for key, label in (("phi2_pred", "predicted φ2(t+1)"), ("phi2_actual", "actual Σθ‖w_i(t+1)‖²")):
         if key in ser:
@@ -147,6 +151,7 @@ def plot_phi2(records: Records, path: Path) -> Path | None:
         ax2.plot(*ser["entropy"], marker=".", color="C2")
     ax2.set_xlabel("global round")
     ax2.set_title("Σ p_i log p_i of the uploads")
+    ax2.ticklabel_format(axis="y", useOffset=False)
     ax2.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -154,7 +159,7 @@ def plot_phi2(records: Records, path: Path) -> Path | None:
 def plot_local_spread(groups: Mapping[str, Sequence[Records]], path: Path) -> Path | None:
     """Paper Fig. client_dev: mean ± std of local-model test accuracy per round, and the pooled spread."""
     pooled: dict[str, list[float]] = {}
-    fig = Figure(figsize=(10, 4))
+    fig = Figure(figsize=(10, 4), layout="constrained")
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for name, runs in groups.items():
         by_round: dict[int, list[float]] = {}
