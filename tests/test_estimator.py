@@ -378,5 +378,9 @@ def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> No
             assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert r.status == health_pb2.HealthCheckResponse.SERVING
+        from server import healthcheck  # the containers' probe speaks TLS too
+
+        assert healthcheck.check(f"localhost:{h.port}", tls_ca=pki.ca_cert)[0]
+        assert not healthcheck.check(f"localhost:{h.port}", timeout_s=1.0)[0]  # plaintext to a TLS server
     finally:
         h.stop(0.5)
