@@ -176,7 +176,7 @@ def _exact(
     active = (h0 > 0) & (bound > 0)
     case_a = active & (a > 0)  # here ell0 > 0: F increasing and concave on the bracket
     # otherwise (active and a < 0) ell0 < 0: F convex on the bracket
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         disc_a = a * a - b * (c - q_star)
         s_l_a = np.where(disc_a >= 0, (c - q_star) / (a + np.sqrt(np.maximum(disc_a, 0.0))), np.inf)
         s_r = np.where(b > 0, a / b, np.inf)
@@ -201,6 +201,7 @@ def _exact(
     x = np.where(case_a[idx], lo, hi)  # the side from which Newton converges monotonically
     aa, bb, cc, tt, pp, kk = a[idx], b[idx], c[idx], th[idx], phi[idx], k[idx]
     done = np.zeros(idx.size, dtype=bool)
+    zero_seen = x == 0.0
     iters = 0
     while not done.all() and iters < max_iter:
         iters += 1
@@ -212,12 +213,16 @@ def _exact(
             lo[w] = np.where(neg, xw, lo[w])
             hi[w] = np.where(neg, hi[w], xw)
             newton = xw - f / fp
-        ok = np.isfinite(newton) & (fp > 0) & (newton > lo[w]) & (newton < hi[w])
-        mid = 0.5 * (lo[w] + hi[w])
-        nxt = np.where(ok, newton, mid)
-        step = np.abs(nxt - xw)
-        conv = (f == 0) | (step <= rtol * np.abs(nxt)) | (hi[w] - lo[w] <= rtol * hi[w])
-        x[w] = np.where(f == 0, xw, nxt)
+        finite = np.isfinite(newton) & (fp > 0)
+        # A Newton step below the tolerance means x is the root to rtol (the step may touch the bracket).
+        tiny = finite & (np.abs(newton - xw) <= rtol * np.abs(xw))
+        # A step that overshoots 0 by rounding (root ≪ x) goes to η = 0 once; F(0) < 0 is then known.
+        to_zero = finite & (newton < lo[w]) & (lo[w] == 0.0) & ~zero_seen[w]
+        ok = finite & (newton >= lo[w]) & (newton <= hi[w]) & (newton != xw)
+        nxt = np.where(ok, newton, np.where(to_zero, 0.0, 0.5 * (lo[w] + hi[w])))
+        zero_seen[w] |= (xw == 0.0) | to_zero
+        conv = (f == 0) | tiny | (np.abs(nxt - xw) <= rtol * np.abs(nxt)) | (hi[w] - lo[w] <= rtol * hi[w])
+        x[w] = np.where((f == 0) | tiny, np.clip(np.where(tiny, newton, xw), lo[w], hi[w]), nxt)
         done[w] = conv
     eta[idx] = x
     return eta, iters
