@@ -20,6 +20,8 @@ from pathlib import Path
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from server.app import AggregatorHandle, start_aggregator, uses_fedent_estimator
+from server.certs import CertBundle, make_dev_pki
+from server.security import ClientSecurity, ServerSecurity, read_worker_token
 from server.settings import AggregatorSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +40,7 @@ class LaunchSettings:
     start_timeout_s: float = 60.0
     grace_s: float = 5.0
     quiet_children: bool = False
+    secure: bool = True  # TLS + mutual TLS + per-worker tokens on every link (PKI under <run dir>/pki)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -60,11 +63,16 @@ def _span(ids: tuple[int, ...]) -> str:
     return f"{ids[0]}-{ids[-1]}"
 
 
-def _worker_supports(flag: str) -> bool:
-    """Whether ``python -m client`` accepts ``flag`` (the security flags arrive with the auth/TLS issue)."""
-    from client.__main__ import build_parser
-
-    return flag in build_parser()._option_string_actions
+def _existing_pki(out: Path, identities: list[str]) -> CertBundle | None:
+    """A PKI that ``make_dev_pki`` wrote earlier in ``out`` and that covers ``identities``, else None."""
+    clients = {w: (out / "clients" / f"{w}.crt", out / "clients" / f"{w}.key") for w in identities}
+    tokens = {w: out / "tokens" / f"{w}.token" for w in identities}
+    needed = [out / n for n in ("ca.crt", "ca.key", "server.crt", "server.key", "tokens.json")]
+    needed += [p for pair in clients.values() for p in pair] + list(tokens.values())
+    if not all(p.is_file() for p in needed):
+        return None
+    return CertBundle(out, out / "ca.crt", out / "ca.key", out / "server.crt", out / "server.key", clients,
+                      out / "tokens.json", tokens)
 
 
 def _child_env(threads: int | None = None) -> dict[str, str]:
@@ -102,6 +110,44 @@ class Cluster:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     estimator_address: str = ""
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    pki: CertBundle | None = None
+
+    # ---- security ----------------------------------------------------------------------------
+    def ensure_pki(self, identities: list[str]) -> CertBundle:
+        """The run's development CA, certificates and tokens under <run dir>/pki (reused when resuming)."""
+        out = self.run_dir / "pki"
+        bundle = _existing_pki(out, identities)
+        if bundle is None:
+            bundle = make_dev_pki(out, hosts=["localhost", "127.0.0.1"], workers=identities, force=True)
+        return bundle
+
+    def server_security(self) -> ServerSecurity:
+        """TLS + mutual TLS + tokens with the run's PKI; plaintext when the launch is --insecure."""
+        if self.pki is None:
+            return ServerSecurity(insecure=True)
+        return ServerSecurity(cert=self.pki.server_cert, key=self.pki.server_key, ca=self.pki.ca_cert,
+                              require_client_auth=True, token_file=self.pki.tokens_file).validate()
+
+    def server_security_args(self) -> list[str]:
+        sec = self.server_security()
+        if sec.insecure:
+            return ["--insecure"]
+        return ["--tls-cert", str(sec.cert), "--tls-key", str(sec.key), "--tls-ca", str(sec.ca),
+                "--require-client-auth", "--token-file", str(sec.token_file)]
+
+    def client_security(self, identity: str) -> ClientSecurity:
+        if self.pki is None:
+            return ClientSecurity(insecure=True)
+        crt, key = self.pki.client_certs[identity]
+        return ClientSecurity(ca=self.pki.ca_cert, cert=crt, key=key,
+                              token=read_worker_token(self.pki.token_files[identity])).validate()
+
+    def client_security_args(self, identity: str) -> list[str]:
+        if self.pki is None:
+            return ["--insecure"]
+        crt, key = self.pki.client_certs[identity]
+        return ["--tls-ca", str(self.pki.ca_cert), "--tls-cert", str(crt), "--tls-key", str(key),
+                "--token-file", str(self.pki.token_files[identity])]
 
     # ---- start -------------------------------------------------------------------------------
     def _spawn(self, args: list[str], threads: int | None = None) -> subprocess.Popen[bytes]:
@@ -116,7 +162,7 @@ class Cluster:
         assert self._tmp is not None
         port_file = Path(self._tmp.name) / "estimator.port"
         self.estimator = self._spawn(["-m", "estimator", "--host", "127.0.0.1", "--port", "0",
-                                      "--port-file", str(port_file)])
+                                      "--port-file", str(port_file), *self.server_security_args()])
         port = wait_port_file(port_file, self.estimator, self.settings.start_timeout_s, "the estimator service")
         return f"127.0.0.1:{port}"
 
@@ -124,16 +170,20 @@ class Cluster:
         self._tmp = tempfile.TemporaryDirectory(prefix="fedent-cluster-")
         agg_settings = agg_settings or AggregatorSettings()
         try:
+            groups = split_clients(self.cfg.data.num_clients, self.settings.workers)
+            if self.settings.secure:
+                self.pki = self.ensure_pki(["aggregator", *(f"worker-{i}" for i in range(len(groups)))])
             if uses_fedent_estimator(self.cfg) and self.settings.use_estimator_service and not agg_settings.estimator:
                 self.estimator_address = self.start_estimator()
                 if self.estimator_address:
                     from dataclasses import replace
 
                     agg_settings = replace(agg_settings, estimator=self.estimator_address)
-            self.aggregator = start_aggregator(self.cfg, agg_settings, self.run_dir, dashboard=self.settings.dashboard)
+            self.aggregator = start_aggregator(self.cfg, agg_settings, self.run_dir, dashboard=self.settings.dashboard,
+                                               security=self.server_security(),
+                                               estimator_security=self.client_security("aggregator"))
             address = f"127.0.0.1:{self.aggregator.port}"
-            groups = split_clients(self.cfg.data.num_clients, self.settings.workers)
-            for ids in groups:
+            for i, ids in enumerate(groups):
                 args = ["-m", "client", "--aggregator", address, "--clients", _span(ids),
                         "--name", f"worker-{_span(ids)}"]
                 if self.settings.device:
@@ -144,8 +194,8 @@ class Cluster:
                     args += ["--estimator", self.estimator_address]
                 if agg_settings.token:
                     args += ["--token", agg_settings.token]
-                if _worker_supports("--insecure"):
-                    args += ["--insecure"]  # loopback only: the launcher never exposes these ports
+                args += self.client_security_args(f"worker-{i}")
+                args += ["--state-dir", str(self.run_dir / "worker-state" / f"worker-{i}")]  # resume
                 self.workers.append(self._spawn(args, threads=max(1, (os.cpu_count() or 1) // len(groups))))
         except BaseException:
             self.stop()

@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--exit-when-done", action="store_true", help="exit when the run finishes (0 = success)")
     up.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (workers and evaluation)")
     up.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC without worker authentication (default: TLS + mutual TLS + tokens, "
+                         "with a development CA made under <run dir>/pki)")
     up.add_argument("--no-estimator-service", action="store_true",
                     help="FedEnt: solve φ2 in the aggregator process instead of the estimator service")
     from server.__main__ import add_settings_args
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
-                                use_estimator_service=not args.no_estimator_service)
+                                use_estimator_service=not args.no_estimator_service, secure=not args.insecure)
     except (SettingsError, ValueError) as e:
         print(f"fedent cluster: {e}", file=sys.stderr)
         return 2
@@ -62,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"fedent cluster: run dir {handle.run_dir}", flush=True)
         print(f"fedent cluster: aggregator on 127.0.0.1:{handle.port}, {len(cluster.workers)} workers"
               + (f", estimator on {cluster.estimator_address}" if cluster.estimator_address else ""), flush=True)
+        if cluster.pki is not None:
+            print(f"fedent cluster: TLS + mutual TLS + worker tokens (certificates in {cluster.pki.out_dir})",
+                  flush=True)
+        else:
+            print("fedent cluster: INSECURE: plaintext gRPC, no worker authentication (--insecure)", flush=True)
         if handle.dashboard_url:
             print(f"fedent cluster: dashboard {handle.dashboard_url}", flush=True)
         try:

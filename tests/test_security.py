@@ -409,3 +409,24 @@ def test_secured_aggregator_serves_authenticated_workers_only(pki: CertBundle, t
         assert all(w.tasks_done > 0 for w in workers)
     finally:
         h.stop(grace_s=0.5)
+
+
+def test_launcher_makes_the_pki_once_and_reuses_it_on_resume(tmp_path: Path) -> None:
+    from conftest import tiny_config
+
+    from server.launcher import Cluster, LaunchSettings
+
+    cl = Cluster(tiny_config("fedavg"), tmp_path / "run", LaunchSettings(workers=2))
+    first = cl.ensure_pki(["aggregator", "worker-0", "worker-1"])
+    ca = first.ca_cert.read_bytes()
+    again = cl.ensure_pki(["aggregator", "worker-0", "worker-1"])
+    assert again.ca_cert.read_bytes() == ca  # a resumed launch keeps certificates and tokens
+    cl.pki = again
+    args = cl.client_security_args("worker-1")
+    assert args[args.index("--tls-cert") + 1].endswith("worker-1.crt") and "--insecure" not in args
+    assert "--require-client-auth" in cl.server_security_args()
+    assert cl.client_security("aggregator").token == token_of(again, "aggregator")
+    grown = cl.ensure_pki(["aggregator", "worker-0", "worker-1", "worker-2"])  # more workers: a new PKI
+    assert grown.ca_cert.read_bytes() != ca and "worker-2" in grown.client_certs
+    plain = Cluster(tiny_config("fedavg"), tmp_path / "plain", LaunchSettings(workers=2, secure=False))
+    assert plain.server_security_args() == ["--insecure"] and plain.client_security_args("worker-0") == ["--insecure"]
