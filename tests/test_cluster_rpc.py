@@ -305,3 +305,42 @@ def test_half_precision_and_zlib_transfer_settings_still_train(start: Any, tmp_p
     got = torch.load(h.run_dir / "model_final.pt")
     assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, sim.params, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(got, sim.params, strict=True))  # it really was lossy
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_fedent_through_the_estimator_service_equals_simulation(tmp_path: Path, mode: str) -> None:
+    """Online: φ2 from SolveOnline. Offline: Algorithm 1 on the service, gradients from the workers' Oracle
+    streams (they dial out to the estimator). Both must reproduce the in-process simulation."""
+    from estimator.service import create_estimator_service
+    from estimator.settings import EstimatorSettings
+    from fedent.config import config_from_dict
+
+    est = create_estimator_service(EstimatorSettings(wait_workers_s=20, oracle_timeout_s=20))
+    try:
+        base = tiny_config("fedent", rounds=3)
+        raw = base.to_dict()
+        raw["algorithm"].update(estimator=mode, max_sweeps=3)
+        cfg = config_from_dict(raw)
+        inputs = tiny_inputs()
+        settings = AggregatorSettings(register_timeout_s=20, round_deadline_s=20, estimator=f"127.0.0.1:{est.port}")
+        h = start_aggregator(cfg, settings, tmp_path / "run", inputs=inputs)
+        try:
+            workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
+                                             estimator=f"127.0.0.1:{est.port}", connect_timeout_s=10), inputs=inputs)
+                       for g in [(0, 1), (2, 3)]]
+            threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+            for t in threads:
+                t.start()
+            assert h.wait(60) and h.run.error is None, h.run.error
+        finally:
+            h.stop(grace_s=0.5)
+        sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+        got = torch.load(h.run_dir / "model_final.pt")
+        for a, b in zip(got, sim.params, strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        rec = read_metrics(h.run_dir / "metrics.jsonl")[0]
+        assert rec["fedent"]["phi2_pred"] == pytest.approx(sim.records[0]["fedent"]["phi2_pred"], rel=1e-9)
+        if mode == "offline":
+            assert read_json(h.run_dir / "estimator.json")["report"], "Algorithm 1's report is kept"
+    finally:
+        est.stop(0.5)
