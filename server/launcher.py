@@ -217,6 +217,14 @@ class Cluster:
     def stop(self) -> None:
         """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard."""
         procs = [*self.workers, *([self.estimator] if self.estimator is not None else [])]
+        if self.aggregator is not None and self.aggregator.run.finished.is_set():
+            # the run is over and the workers got Shutdown: let them exit by themselves first
+            settle = time.monotonic() + min(2.0, self.settings.grace_s)
+            for p in self.workers:
+                try:
+                    p.wait(timeout=max(0.0, settle - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
         for p in procs:
             if p.poll() is None:
                 p.terminate()
