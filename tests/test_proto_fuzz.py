@@ -1,0 +1,195 @@
+"""Fuzzing the wire decoders: whatever bytes arrive, fedentrpc.convert either decodes them or raises its
+clear ``WireError`` (a ValueError with a one-line message) — never another exception, never a hang.
+
+Inputs: random bytes parsed as each message type (protobuf's own DecodeError is gRPC's business and is
+skipped), byte-level mutations of valid encoded streams, and structured random headers (odd dtypes,
+shapes, counts, sizes, compression) with random payloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from google.protobuf.message import DecodeError, Message
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedentrpc import convert
+from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import tensor_pb2 as pb
+
+FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+
+
+def clear_or_ok(fn: Callable[[], Any]) -> Any:
+    """Run a decoder: success, or WireError with a one-line message; anything else fails the test."""
+    try:
+        return fn()
+    except convert.WireError as e:
+        msg = str(e)
+        assert msg and "\n" not in msg
+        return None
+
+
+def parsed(cls: type[Message], data: bytes) -> Any:
+    try:
+        return cls.FromString(data)
+    except DecodeError:
+        return None
+
+
+def _valid_chunks(chunk_bytes: int = 24, compression: str = "none") -> list[pb.TensorChunk]:
+    bundle = {"params": [torch.arange(12, dtype=torch.float32).reshape(3, 4), torch.tensor([1, -2, 3])],
+              "h": [torch.ones(2, dtype=torch.float64)]}
+    spec = convert.TransferSpec(chunk_bytes=chunk_bytes, compression=compression)
+    return list(convert.encode_tensors(bundle, spec))
+
+
+# ---- random bytes as messages --------------------------------------------------------------------------
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+def test_random_bytes_as_tensor_chunks(blobs: list[bytes]) -> None:
+    chunks = [c for c in (parsed(pb.TensorChunk, b) for b in blobs) if c is not None]
+    clear_or_ok(lambda: convert.decode_tensors(chunks))
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+def test_random_bytes_as_update_parts(blobs: list[bytes]) -> None:
+    parts = [p for p in (parsed(agg_pb.UpdatePart, b) for b in blobs) if p is not None]
+    clear_or_ok(lambda: convert.update_from_parts(parts))
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_random_bytes_as_small_messages(data: bytes) -> None:
+    if (m := parsed(agg_pb.ProbeMsg, data)) is not None:
+        clear_or_ok(lambda: convert.probe_from_msg(m))
+    if (m := parsed(agg_pb.RoundPayloadMsg, data)) is not None:
+        clear_or_ok(lambda: convert.payload_from_msg(m))
+    if (m := parsed(pb.TransferSettings, data)) is not None:
+        clear_or_ok(lambda: convert.transfer_from_msg(m))
+    if (m := parsed(est_pb.SolveOnlineReply, data)) is not None:
+        clear_or_ok(lambda: convert.estimate_from_reply(m))
+    if (m := parsed(est_pb.OfflineJob, data)) is not None:
+        clear_or_ok(lambda: convert.offline_estimator_from_job(m))
+
+
+# ---- mutations of valid streams -------------------------------------------------------------------------
+
+
+@st.composite
+def mutated_stream(draw: st.DrawFn) -> list[bytes]:
+    chunks = [c.SerializeToString() for c in _valid_chunks(draw(st.sampled_from([8, 24, 4096])),
+                                                            draw(st.sampled_from(["none", "zlib"])))]
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(chunks) - 1))
+        b = bytearray(chunks[i])
+        op = draw(st.sampled_from(["flip", "truncate", "insert", "drop", "swap", "dup"]))
+        if op == "flip" and b:
+            j = draw(st.integers(0, len(b) - 1))
+            b[j] ^= draw(st.integers(1, 255))
+        elif op == "truncate":
+            b = b[: draw(st.integers(0, len(b)))]
+        elif op == "insert":
+            j = draw(st.integers(0, len(b)))
+            b[j:j] = draw(st.binary(min_size=1, max_size=8))
+        elif op == "drop" and len(chunks) > 1:
+            del chunks[i]
+            continue
+        elif op == "swap" and len(chunks) > 1:
+            j = draw(st.integers(0, len(chunks) - 1))
+            chunks[i], chunks[j] = chunks[j], chunks[i]
+            continue
+        elif op == "dup":
+            chunks.insert(i, bytes(b))
+        chunks[i] = bytes(b)
+    return chunks
+
+
+@FUZZ
+@given(mutated_stream())
+def test_mutated_tensor_streams(raw_chunks: list[bytes]) -> None:
+    chunks = [c for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
+    clear_or_ok(lambda: convert.decode_tensors(chunks))
+
+
+@FUZZ
+@given(mutated_stream())
+def test_mutated_oracle_answers_through_the_estimator_hub(raw_chunks: list[bytes]) -> None:
+    """The service's reader of gradient answers fails the request (or the stream), never crashes."""
+    from estimator.hub import OracleHub
+
+    hub = OracleHub()
+    conn = hub.attach(est_pb.OracleHello(worker_id="w", client_ids=[0]))
+    futs = hub.submit(conn, [0], "p", 0, 1, 0, 0)
+    msgs = [est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=1, cid=0))]
+    msgs += [est_pb.OracleMessage(chunk=c) for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
+    hub.consume(conn, iter(msgs))  # returns when the stream ends, whatever it held
+    assert futs[0].done()
+    assert not conn.alive
+
+
+# ---- structured random headers ---------------------------------------------------------------------------
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int8", "uint8", "bool", "complex64", "", "float"]
+
+
+@st.composite
+def random_stream(draw: st.DrawFn) -> list[pb.TensorChunk]:
+    n = draw(st.integers(0, 3))
+    specs = [pb.TensorSpec(dtype=draw(st.sampled_from(DTYPES)),
+                           shape=draw(st.lists(st.one_of(st.integers(-2, 6), st.just(2**40), st.just(2**62)),
+                                               max_size=3)))
+             for _ in range(n)]
+    counts = draw(st.lists(st.integers(0, 4), max_size=3))
+    groups = [pb.TensorGroup(name=draw(st.sampled_from(["params", "h", "grad", ""])), count=c) for c in counts]
+    payload = draw(st.binary(max_size=64))
+    compression = draw(st.sampled_from([0, 1, 7]))
+    if compression == 1 and draw(st.booleans()):
+        payload = zlib.compress(payload)
+    raw_len = draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63)))
+    pieces = [payload[i : i + 16] for i in range(0, len(payload), 16)] or [b""]
+    good_sum = draw(st.booleans())
+    header = pb.TensorListHeader(
+        tensors=specs, groups=groups, wire_dtype=draw(st.sampled_from([0, 1, 2, 9])), compression=compression,
+        raw_bytes=raw_len, wire_bytes=draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63))),
+        checksum=(convert.CHECKSUM_PREFIX + hashlib.blake2b(payload, digest_size=16).hexdigest()) if good_sum
+        else draw(st.text(max_size=10)),
+        num_chunks=draw(st.one_of(st.just(len(pieces)), st.integers(0, 2**32 - 1))))
+    chunks = [pb.TensorChunk(index=i, data=p) for i, p in enumerate(pieces)]
+    chunks[0].header.CopyFrom(header)
+    return chunks
+
+
+@FUZZ
+@given(random_stream())
+def test_random_headers_and_payloads(chunks: list[pb.TensorChunk]) -> None:
+    clear_or_ok(lambda: convert.decode_tensors(chunks))
+
+
+@FUZZ
+@given(st.text(max_size=40), st.lists(st.floats(allow_nan=True), max_size=4), st.sampled_from(["done", "failed", ""]))
+def test_estimator_replies_with_odd_json_and_trajectories(report: str, phi2: list[float], state: str) -> None:
+    clear_or_ok(lambda: convert.estimate_from_reply(est_pb.SolveOnlineReply(phi2_next=1.0, report_json=report)))
+    job = est_pb.OfflineJob(job_id="j", state=state, phi2=phi2, report_json=report)
+    clear_or_ok(lambda: convert.offline_estimator_from_job(job))
+
+
+def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:
+    """clear_or_ok lets only WireError through, so a decoder raising anything else fails these tests."""
+    import pytest
+
+    def boom() -> None:
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        clear_or_ok(boom)
+    assert clear_or_ok(lambda: convert.decode_tensors(_valid_chunks()))["h"][0].dtype == torch.float64
