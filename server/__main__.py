@@ -44,8 +44,10 @@ def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSet
                               wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator)
 
 
-def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str) -> ClientSecurity | None:
-    """How the aggregator dials the estimator: the same trust anchor (--tls-ca) and its 'aggregator' token."""
+def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str,
+                              cert: str | None = None, key: str | None = None) -> ClientSecurity | None:
+    """How the aggregator dials the estimator: the same trust anchor (--tls-ca), its 'aggregator' token and,
+    for an estimator that requires mutual TLS, the aggregator's client certificate."""
     if sec.insecure or not estimator:
         return ClientSecurity(insecure=True) if estimator else None
     if sec.ca is None:
@@ -58,7 +60,8 @@ def estimator_client_security(sec: ServerSecurity, token_file: str | None, estim
             token = read_worker_token(sec.token_file, "aggregator")
         except SecurityConfigError:
             token = None  # no 'aggregator' entry: the estimator must then not require tokens
-    return ClientSecurity(ca=sec.ca, token=token).validate()
+    return ClientSecurity(ca=sec.ca, token=token, cert=Path(cert) if cert else None,
+                          key=Path(key) if key else None).validate()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimator-token-file", default=None,
                    help="the aggregator's token for the estimator service (a token file, or tokens.json with an "
                         "'aggregator' entry; default: --token-file's 'aggregator' entry when it has one)")
+    p.add_argument("--estimator-tls-cert", default=None, help="client certificate for an mTLS estimator (PEM)")
+    p.add_argument("--estimator-tls-key", default=None, help="its private key (PEM)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
     install_log_redaction()
     try:
         security = server_security_from_args(args)
-        estimator_security = estimator_client_security(security, args.estimator_token_file, args.estimator)
+        estimator_security = estimator_client_security(security, args.estimator_token_file, args.estimator,
+                                                       args.estimator_tls_cert, args.estimator_tls_key)
         cfg = load_config(args.config, args.set)
         if args.device:
             from fedent.sim.simulator import with_device

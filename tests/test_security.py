@@ -430,3 +430,28 @@ def test_launcher_makes_the_pki_once_and_reuses_it_on_resume(tmp_path: Path) -> 
     assert grown.ca_cert.read_bytes() != ca and "worker-2" in grown.client_certs
     plain = Cluster(tiny_config("fedavg"), tmp_path / "plain", LaunchSettings(workers=2, secure=False))
     assert plain.server_security_args() == ["--insecure"] and plain.client_security_args("worker-0") == ["--insecure"]
+
+
+def test_process_entry_points_refuse_to_start_without_tls_or_insecure(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.__main__ import main as worker_main
+    from server.__main__ import main as aggregator_main
+
+    assert aggregator_main(["--config", "configs/demo.yaml", "--port", "0"]) == 2
+    assert worker_main(["--aggregator", "127.0.0.1:1", "--clients", "0-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["aggregator: TLS needs --tls-cert and --tls-key (or --insecure for local experiments)",
+                   "worker: TLS needs --tls-ca to verify the server (or pass --insecure)"]
+
+
+def test_aggregator_dials_the_estimator_as_itself(pki: CertBundle) -> None:
+    from server.__main__ import estimator_client_security
+
+    tls = tls_server(pki, mtls=True)
+    assert estimator_client_security(tls, None, "") is None
+    assert estimator_client_security(ServerSecurity(insecure=True), None, "h:1") == ClientSecurity(insecure=True)
+    sec = estimator_client_security(tls, None, "h:1", str(pki.client_certs["worker-0"][0]),
+                                    str(pki.client_certs["worker-0"][1]))
+    assert sec is not None and sec.ca == pki.ca_cert and sec.cert == pki.client_certs["worker-0"][0]
+    assert sec.token is None  # the dev tokens file here has no 'aggregator' entry
+    with pytest.raises(SecurityConfigError, match="--tls-ca"):
+        estimator_client_security(ServerSecurity(cert=pki.server_cert, key=pki.server_key), None, "h:1")
