@@ -10,8 +10,9 @@ probe gradient and the online mean-field estimator count as overhead ("estimator
 
 A round's time is the difference of consecutive ``elapsed_s`` in metrics.jsonl, so the bookkeeping
 after a round's log line is charged too. Round 0 (warm-up) and the last round (the only evaluation)
-are excluded; the same rounds are timed in the bare loop. Runs alternate bare/simulator and the
-median over repeats is reported, because a shared machine's load drifts.
+are excluded; the same rounds are timed in the bare loop. Runs alternate bare/simulator and both the
+median and the minimum over repeats are reported, because a shared machine's load drifts (the minimum
+is the least disturbed measurement).
 
     python benchmarks/bench_simulator.py                      # full data (600 samples per client)
     python benchmarks/bench_simulator.py --quick --rounds 2   # 12,000 samples, for CI-size machines
@@ -134,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         for a in algos:
             stimes, _ = sim_round_times(inputs, a, rounds, args.device)
             sims[a] += stimes[1:]
-    b = statistics.median(bare)
-    print(f"bare loop      : {b:.3f} s/round (median of {len(bare)})")
+    b, bmin = statistics.median(bare), min(bare)
+    print(f"bare loop       : median {b:.3f} s/round, min {bmin:.3f} (of {len(bare)} rounds)")
     for a in algos:
-        s = statistics.median(sims[a])
-        print(f"simulator {a:<6}: {s:.3f} s/round (median of {len(sims[a])})  ratio {s / b:.3f}x")
+        s, smin = statistics.median(sims[a]), min(sims[a])
+        print(f"simulator {a:<6}: median {s:.3f} s/round, min {smin:.3f}  ->  ratio {s / b:.3f}x (median), "
+              f"{smin / bmin:.3f}x (min)")
     check_same_model(inputs, dev, args.device)
     return 0
 
