@@ -586,7 +586,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
 
 def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.ServicerContext], None]) -> Any:
-    """The same handler with ``check(context)`` run before its behaviour (all four call shapes)."""
+    """The same handler with ``check(context)`` run before its behaviour (all four call shapes).
+
+    Streamed responses are checked again before each message, so a worker revoked while its long-lived
+    Work stream is open loses that stream at its next task instead of keeping it for the rest of the run.
+    """
     if handler.unary_unary:
         inner_uu = handler.unary_unary
 
@@ -601,7 +605,9 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
 
         def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
             check(context)
-            yield from inner_us(request, context)
+            for response in inner_us(request, context):
+                check(context)
+                yield response
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
                                                     handler.response_serializer)
@@ -618,7 +624,9 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
 
     def stream_stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
         check(context)
-        yield from inner_ss(request_iterator, context)
+        for response in inner_ss(request_iterator, context):
+            check(context)
+            yield response
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer,
                                                  handler.response_serializer)

@@ -80,7 +80,8 @@ def serve() -> Iterator[ServerFactory]:
     """Start a health server with the given security; returns its port. Stopped at teardown."""
     servers: list[grpc.Server] = []
 
-    def start(sec: ServerSecurity, protect_health: bool = True, tokens: TokenRegistry | None = None) -> int:
+    def start(sec: ServerSecurity, protect_health: bool = True, tokens: TokenRegistry | None = None,
+              servicer: health.HealthServicer | None = None) -> int:
         interceptors = []
         if sec.authenticates:
             reg = tokens or (TokenRegistry(sec.token_file, min_reload_interval_s=0.0) if sec.token_file else None)
@@ -88,7 +89,7 @@ def serve() -> Iterator[ServerFactory]:
                                                 open_prefixes=() if protect_health else
                                                 ("/grpc.health.v1.Health/",)))
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=interceptors)
-        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer or health.HealthServicer(), server)
         port = bind(server, "127.0.0.1:0", sec)
         server.start()
         servers.append(server)
@@ -206,6 +207,21 @@ def test_streaming_method_is_protected_too(pki: CertBundle, serve: ServerFactory
         stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
         assert next(stream).status == SERVING
         stream.cancel()
+
+
+def test_revocation_cuts_an_open_stream_at_its_next_message(pki: CertBundle, serve: ServerFactory) -> None:
+    servicer = health.HealthServicer()
+    servicer.set("", SERVING)
+    port = serve(tls_server(pki), servicer=servicer)
+    with open_channel(f"localhost:{port}", client(pki, token_of(pki, "worker-1"))) as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+        assert next(stream).status == SERVING
+        assert pki.tokens_file is not None
+        revoke_workers(pki.tokens_file, ["worker-1"])
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)  # the stream's next message
+        with pytest.raises(grpc.RpcError) as ei:
+            next(stream)
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
 
 
 def test_health_stays_open_by_default(pki: CertBundle, serve: ServerFactory) -> None:
