@@ -230,3 +230,11 @@ def test_fedent_offline_runs_algorithm_1_first(tmp_path: Path) -> None:
     assert [t["round"] for t in est["trajectory"]] == [0, 1]
     for rec, traj in zip(res.records, est["trajectory"], strict=True):
         assert rec["fedent"]["phi2_pred"] == traj["phi2_pred"]
+
+
+def test_refuses_to_append_to_an_existing_run(tmp_path: Path) -> None:
+    run_simulation(tiny_config(rounds=1), tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    with pytest.raises(SimulationError, match="already holds a run"):
+        run_simulation(tiny_config(rounds=1), tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == before

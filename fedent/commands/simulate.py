@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     out = Path(args.out if args.out is not None else cfg.out_dir)
     run_id = args.run_id or new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
+    if (out / run_id / "metrics.jsonl").exists():
+        raise ConfigError(f"--run-id: {out / run_id} already holds a run; choose another --run-id or --out")
     try:
         res = run_simulation(cfg, out / run_id, device=args.device, progress=not args.no_progress,
                              local_eval=args.local_eval, plots=not args.no_plots)

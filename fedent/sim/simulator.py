@@ -275,6 +275,8 @@ def run_simulation(
     if strategy is None:
         strategy = build_strategy(cfg.algorithm)
     k = getattr(cfg.train, "local_eval", 0) if local_eval is None else local_eval
+    if runlog.RunPaths(Path(run_dir)).metrics.exists():
+        raise SimulationError(f"{run_dir} already holds a run (metrics.jsonl); choose another run directory")
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     result = _Run(cfg, paths, inputs, dev, strategy, int(k), progress, label).run()
     if plots:
