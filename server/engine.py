@@ -10,6 +10,7 @@ kind of failure (``ClusterError.code``) so the servicer can map them to gRPC sta
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import math
 import queue
@@ -217,7 +218,7 @@ class ClusterRun:
 
     # ---- registry (called from RPC threads) ------------------------------------------------------
     def register(self, name: str, token: str, cids: Sequence[int], device: str, hostname: str) -> Registration:
-        if self.settings.token and token != self.settings.token:
+        if self.settings.token and not hmac.compare_digest(token.encode(), self.settings.token.encode()):
             raise ClusterError("unauthenticated", "bad or missing registration token")
         wanted = tuple(sorted(int(c) for c in cids))
         if not wanted:
