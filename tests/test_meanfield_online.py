@@ -36,9 +36,12 @@ def rounds(draw: st.DrawFn) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, 
     )
 
 
+Round = tuple[float, np.ndarray, np.ndarray, np.ndarray, float, str]
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(rounds())
-def test_root_is_a_fixed_point_inside_its_bracket(r: tuple[float, np.ndarray, np.ndarray, np.ndarray, float, str]) -> None:
+def test_root_is_a_fixed_point_inside_its_bracket(r: Round) -> None:
     c, th, a, b, beta, variant = r
     sol = solve_online(c, th, a, b, beta, variant)
     assert sol.bracketed
