@@ -1,0 +1,195 @@
+"""Tensor transfer throughput over loopback gRPC, as a ratio to an in-process memory copy.
+
+A real estimator service (``python -m estimator``, a separate process on port 0) stores and serves tensor
+lists through the real chunked codec (``fedentrpc.convert``: raw bytes, ≤4 MiB chunks, blake2b checksum).
+For each size the benchmark times
+
+* ``memcpy``: one in-process copy of the same number of bytes (``Tensor.copy_``), the ceiling;
+* ``upload``: ``encode_tensors`` + ``PutBlob`` (the service re-assembles, verifies the checksum, decodes);
+* ``download``: ``FetchBlob`` + ``decode_tensors`` (checksum verified), checked equal to the original;
+* ``encode``/``decode``: the codec alone in-process (no gRPC), to show how much of the cost is the codec;
+
+and reports GB/s (10^9 bytes/s) and each as a fraction of memcpy. ``--big-gb`` then streams one synthetic
+parameter list larger than 2 GB (protobuf's and gRPC's message limits) up and down and verifies it.
+
+    python benchmarks/bench_transfer.py                       # 1, 16, 256, 1024 MB + a 2.2 GB model
+    python benchmarks/bench_transfer.py --sizes-mb 1,16 --big-gb 0 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fedentrpc import convert  # noqa: E402
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
+from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
+
+GB = 1e9
+MB = 2**20
+OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
+
+
+def start_service() -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "estimator", "--host", "127.0.0.1", "--port", "0", "--insecure",
+                             "--blob-cache-mb", "1", "--log-level", "WARNING"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("LISTENING port="):
+        proc.kill()
+        raise SystemExit(f"bench_transfer: the estimator service did not start ({line!r})")
+    return proc, int(line.split("=", 1)[1])
+
+
+def peak_rss_gb(pid: int) -> float:
+    """VmHWM (peak resident set) of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / GB
+    return float("nan")
+
+
+def make_params(nbytes: int, pieces: int = 4) -> list[torch.Tensor]:
+    """A synthetic float32 parameter list of ``nbytes`` in ``pieces`` tensors with a checkable pattern."""
+    numel = nbytes // 4
+    sizes = [numel // pieces] * (pieces - 1) + [numel - (numel // pieces) * (pieces - 1)]
+    return [pattern(i, n) for i, n in enumerate(sizes)]
+
+
+def pattern(i: int, n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32).mul_(1.0 / 1024).add_(float(i))
+
+
+def best_of(repeat: int, fn: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def memcpy_s(nbytes: int, repeat: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(7)
+    dst = torch.empty_like(src)
+    return best_of(repeat, lambda: dst.copy_(src))
+
+
+def upload(stub: est_grpc.EstimatorStub, params: list[torch.Tensor]) -> str:
+    ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: params})), timeout=3600)
+    return str(ref.blob_id)
+
+
+def download(stub: est_grpc.EstimatorStub, blob_id: str) -> list[torch.Tensor]:
+    bundle = convert.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob_id), timeout=3600))
+    return bundle[convert.PARAMS_GROUP]
+
+
+def bench_size(stub: est_grpc.EstimatorStub, size_mb: int, repeat: int) -> dict[str, float]:
+    nbytes = size_mb * MB
+    params = make_params(nbytes)
+    mem = memcpy_s(nbytes, repeat)
+    ids: list[str] = []
+    up = best_of(repeat, lambda: ids.append(upload(stub, params)))
+    got: list[list[torch.Tensor]] = []
+    down = best_of(repeat, lambda: got.append(download(stub, ids[-1])))
+    assert all(torch.equal(a, b) for a, b in zip(got[-1], params, strict=True)), "download differs"
+    got.clear()
+    encs: list[convert.EncodedTensors] = []
+    enc = best_of(repeat, lambda: encs.append(convert.encode_tensors({convert.PARAMS_GROUP: params})))
+    dec = best_of(repeat, lambda: convert.decode_tensors(encs[-1].chunks))
+    encs.clear()
+    return {"size_mb": size_mb, "bytes": nbytes, "memcpy_gbps": nbytes / mem / GB, "upload_gbps": nbytes / up / GB,
+            "download_gbps": nbytes / down / GB, "upload_ratio": mem / up, "download_ratio": mem / down,
+            "codec_encode_gbps": nbytes / enc / GB, "codec_decode_gbps": nbytes / dec / GB}
+
+
+def bench_big(stub: est_grpc.EstimatorStub, gb: float, service_pid: int) -> dict[str, Any]:
+    """A parameter list over 2 GB, up and down through the codec and the service, verified element-wise."""
+    nbytes = int(gb * GB) // 4 * 4
+    pieces = 3  # a few tensors, together > 2 GB
+    params = make_params(nbytes, pieces)
+    t0 = time.perf_counter()
+    enc = convert.encode_tensors({convert.PARAMS_GROUP: params})
+    t_enc = time.perf_counter() - t0
+    shapes = [t.numel() for t in params]
+    del params  # the chunks are all the client holds from here on
+    t0 = time.perf_counter()
+    ref = stub.PutBlob(iter(enc), timeout=3600)
+    t_up = time.perf_counter() - t0
+    checksum, chunks = enc.chunks[0].header.checksum, len(enc.chunks)
+    del enc
+    t0 = time.perf_counter()
+    asm = convert.TensorAssembler()
+    for c in stub.FetchBlob(tpb.FetchBlobRequest(blob_id=ref.blob_id), timeout=3600):
+        asm.add(c)
+    got = asm.finish()[convert.PARAMS_GROUP]  # verifies sizes and the blake2b checksum
+    t_down = time.perf_counter() - t0
+    ok = [t.numel() for t in got] == shapes and all(
+        torch.equal(t, pattern(i, t.numel())) for i, t in enumerate(got))
+    return {"bytes": nbytes, "gb": nbytes / GB, "tensors": len(shapes), "chunks": chunks, "checksum": checksum,
+            "checksum_verified": asm.header is not None and asm.header.checksum == checksum, "content_equal": ok,
+            "encode_s": t_enc, "upload_s": t_up, "download_s": t_down, "upload_gbps": nbytes / (t_enc + t_up) / GB,
+            "download_gbps": nbytes / t_down / GB, "client_peak_rss_gb": peak_rss_gb(os.getpid()),
+            "service_peak_rss_gb": peak_rss_gb(service_pid)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes-mb", default="1,16,256,1024", help="comma-separated sizes in MiB")
+    p.add_argument("--repeat", type=int, default=3, help="best of this many runs per size")
+    p.add_argument("--big-gb", type=float, default=2.2, help="size of the >2 GB proof (0 skips it)")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    try:
+        sizes = [int(s) for s in args.sizes_mb.split(",") if s.strip()]
+    except ValueError:
+        print(f"bench_transfer: bad --sizes-mb {args.sizes_mb!r}", file=sys.stderr)
+        return 2
+    proc, port = start_service()
+    results: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "sizes": []}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS) as ch:
+            stub = est_grpc.EstimatorStub(ch)
+            print(f"{'size':>8} {'memcpy GB/s':>12} {'upload GB/s':>12} {'down GB/s':>10} {'up/mem':>7} "
+                  f"{'down/mem':>9} {'encode GB/s':>12} {'decode GB/s':>12}")
+            for s in sizes:
+                r = bench_size(stub, s, args.repeat)
+                results["sizes"].append(r)
+                print(f"{s:>6}MB {r['memcpy_gbps']:>12.2f} {r['upload_gbps']:>12.3f} {r['download_gbps']:>10.3f} "
+                      f"{r['upload_ratio']:>7.3f} {r['download_ratio']:>9.3f} {r['codec_encode_gbps']:>12.3f} "
+                      f"{r['codec_decode_gbps']:>12.3f}", flush=True)
+            if args.big_gb > 0:
+                big = bench_big(stub, args.big_gb, proc.pid)
+                results["big"] = big
+                print(f"big: {big['gb']:.2f} GB in {big['tensors']} tensors / {big['chunks']} chunks: up "
+                      f"{big['upload_gbps']:.3f} GB/s (encode {big['encode_s']:.1f}s + PutBlob "
+                      f"{big['upload_s']:.1f}s), "
+                      f"down {big['download_gbps']:.3f} GB/s; checksum verified={big['checksum_verified']}, "
+                      f"content equal={big['content_equal']}; peak RSS client {big['client_peak_rss_gb']:.1f} GB, "
+                      f"service {big['service_peak_rss_gb']:.1f} GB", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if results.get("big", {}).get("content_equal", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
