@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -60,8 +61,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the simulator and for each worker (default: torch's default for the "
+                        "simulator, cores / workers for each worker); equal threads isolate the protocol overhead")
     p.add_argument("--json", default=None, help="also write the result here")
     args = p.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the worker processes
     cfg = config_from_dict(workload(args))
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         t0 = time.perf_counter()
@@ -85,7 +92,8 @@ def main() -> int:
             float(b.abs().max()) for b in sim.params)
     result = {
         "algorithm": args.algorithm, "clients": args.clients, "fraction": args.fraction, "workers": args.workers,
-        "rounds": args.rounds, "device": args.device, "sim_round_s": round(sim_round, 4),
+        "rounds": args.rounds, "device": args.device, "threads": args.threads or "default",
+        "sim_round_s": round(sim_round, 4),
         "cluster_round_s": round(cl_round, 4), "ratio": round(cl_round / sim_round, 3),
         "sim_total_s": round(sim_total, 2), "cluster_total_s": round(cluster_total, 2),
         "max_rel_diff_final_model": rel,
