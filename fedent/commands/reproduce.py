@@ -1,0 +1,119 @@
+"""``fedent reproduce``: the paper's experiments (Section VI) end to end -> tables, figures, results.md.
+
+Runs every section's runs (resuming: complete runs are skipped), then writes OUT/report.md, OUT/summary.json
+and OUT/figures/. ``--publish DIR`` also writes DIR/results.md (the generated part between markers, keeping
+hand-written text around it) and copies the figures to DIR/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedent.config import ConfigError
+from fedent.sim.errors import input_error_types, one_line
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "reproduce", help="run the paper's experiments and write the results report",
+        description="Run the paper's Section VI experiments (Table III rows, participation, distance metric, "
+                    "local-model deviation, β/γ sweeps) on identical partitions and client sampling per seed, "
+                    "then write report.md, summary.json and figures. Complete runs are skipped (resume).")
+    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"],
+                   help="cpu: reduced, about an hour on 2 cores (default); paper: Table IV unchanged")
+    p.add_argument("--paper-datasets", action="store_true",
+                   help="with --profile paper: the paper's datasets instead of the Fashion-MNIST twins")
+    p.add_argument("--out", default="results/reproduce", help="output directory (default results/reproduce)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--only", default=None, metavar="SECTION[,SECTION]",
+                   help="run only these sections: main, deviation, distance, beta, gamma, participation")
+    p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--config-dir", default="configs", help="where the settings' YAML files are (default configs)")
+    p.add_argument("--report-only", action="store_true", help="do not train; report the runs already there")
+    p.add_argument("--dry-run", action="store_true", help="list the runs the plan needs and exit")
+    p.add_argument("--publish", default=None, metavar="DOCS_DIR",
+                   help="also write DOCS_DIR/results.md and copy figures into DOCS_DIR/results/")
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, python and torch versions, for the report (read here, not in the core)."""
+    import os
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform()}
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "fedent"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = out.stdout.strip() or "unknown"
+    return commit + (" (fedent/ has uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fedent.sim.compare import parse_list
+    from fedent.sim.reproduce import build_plan, get_profile, run_plan, validate_plan_configs
+    from fedent.sim.reproduce_report import publish, write_report
+
+    profile = get_profile(args.profile, args.paper_datasets)
+    seeds = parse_list(args.seeds, "seeds", int)
+    only = parse_list(args.only, "only", str) if args.only else None
+    if args.workers < 1 or args.threads < 1:
+        raise ConfigError("--workers/--threads: must be >= 1")
+    out = Path(args.out)
+    plan = build_plan(profile, seeds, out, args.config_dir, only)
+    validate_plan_configs(plan)
+    if args.dry_run:
+        for spec in plan.runs:
+            print(f"{spec.key}  rounds={spec.rounds}  -> {spec.run_dir}")
+        print(f"{len(plan.runs)} runs in sections {', '.join(s.key for s in plan.sections)}")
+        return 0
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: {one_line(e)}") from None
+    started = time.time()
+    failed = 0
+    if not args.report_only:
+        print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "
+              f"{args.threads} thread(s), out {out}", flush=True)
+        try:
+            for i, o in enumerate(run_plan(plan, args.workers, args.threads), start=1):
+                acc = "—" if o.final_acc is None else f"{o.final_acc:.4f}"
+                extra = f" {o.error}" if o.error else ""
+                print(f"[{i}/{len(plan.runs)}] {o.status} {o.key} final_acc {acc} ({o.wall_s:.0f} s){extra}",
+                      flush=True)
+                failed += o.status == "failed"
+        except input_error_types() as e:
+            print(f"fedent reproduce: {one_line(e)}", file=sys.stderr)
+            return 2
+    meta = {"machine": machine_info(), "commit": git_commit(), "argv": ["fedent", *sys.argv[2:]]
+            if sys.argv[1:2] == ["reproduce"] else ["fedent", "reproduce"],
+            "workers": args.workers, "threads": args.threads, "started": started, "finished": time.time()}
+    report = write_report(plan, out, meta)
+    print(f"wrote {report}")
+    if args.publish:
+        md = publish(out, Path(args.publish))
+        print(f"published {md}")
+    return 1 if failed else 0

@@ -1,0 +1,133 @@
+"""`fedent reproduce`: the protocol builds the paper's runs, and a tiny plan runs, resumes and reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import tiny_inputs
+
+from fedent import runlog
+from fedent.cli import main
+from fedent.config import ConfigError
+from fedent.sim.reproduce import Profile, Row, Section, Setting, build_plan, get_profile, is_complete, run_plan
+from fedent.sim.reproduce_report import BEGIN, END, publish, write_report
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SEVEN = {"fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm", "fedent"}
+
+
+def test_cpu_plan_has_every_paper_run_once_in_seed_order(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [0, 1], tmp_path, CONFIGS)
+    keys = [s.key for s in plan.runs]
+    assert len(keys) == len(set(keys))
+    assert len({s.run_dir for s in plan.runs}) == len(keys)
+    # order: seed 0 of all cheap analyses and every seed of the main table, then participation, then the rest
+    phases = [(s.seed, s.setting in ("full100", "p20of200"), s.setting in ("pathological", "dir1.0", "dir0.5")
+               and "beta" not in s.row and "gamma" not in s.row) for s in plan.runs]
+    first_p = next(i for i, p in enumerate(phases) if p[1])
+    assert all(p[0] == 0 or p[2] for p in phases[:first_p])
+    assert {p[0] for p in phases[:first_p] if p[2]} == {0, 1}
+    assert all(p[0] == 1 for p in phases[first_p + 10:])
+    by = {(s.setting, s.row, s.seed): s for s in plan.runs}
+    for setting in ("pathological", "dir1.0", "dir0.5"):
+        rows = {r for (st, r, sd) in by if st == setting and sd == 0}
+        assert SEVEN | {"fedent-paper"} <= rows
+        # Algorithm 1 (offline) rows cost ~3 runs each on a CPU: the cpu profile has them on pathological only
+        assert ({"fedent-offline", "fedent-offline-paper"} <= rows) == (setting == "pathological")
+    # the sweep's β = γ = 0.99 point is the Table III FedEnt run, not a second run
+    assert ("pathological", "fedent-beta0.99", 0) not in by
+    assert {r for (st, r, sd) in by if r.startswith("fedent-beta")} == {"fedent-beta0.5", "fedent-beta0.9",
+                                                                         "fedent-beta0.95"}
+    assert by[("full100", "fedavg", 0)].config["train"]["fraction"] == 1.0
+    assert by[("p20of200", "fedavg", 0)].config["data"]["num_clients"] == 200
+    assert by[("iid", "fedcos", 1)].config["data"]["partition"] == "iid"
+
+
+def test_rows_share_everything_but_the_algorithm_and_use_paper_options(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [3], tmp_path, CONFIGS, only=["main"])
+    runs = [s for s in plan.runs if s.setting == "dir0.5"]
+    base = {k: v for k, v in runs[0].config.items() if k not in ("algorithm", "name")}
+    for s in runs:
+        assert {k: v for k, v in s.config.items() if k not in ("algorithm", "name")} == base
+        assert s.config["train"]["seed"] == 3
+        opts = {k: v for k, v in s.config["algorithm"].items() if k != "name"}
+        if s.config["algorithm"]["name"] != "fedent":
+            assert opts == {}  # the strategies' defaults are the paper's values: nothing tuned per algorithm
+        else:
+            assert set(opts) <= {"variant", "estimator", "max_sweeps"}
+    assert base["data"]["alpha"] == 0.5 and base["data"]["partition"] == "dirichlet"
+    assert base["train"]["lr"] == 0.01 and base["train"]["batch_size"] == 32 and base["train"]["local_epochs"] == 3
+
+
+def test_paper_profile_keeps_table_iv(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["main"])
+    cfg = {s.setting: s.config for s in plan.runs}
+    assert cfg["pathological"]["train"]["rounds"] == 50 and cfg["pathological"]["data"]["max_train_samples"] is None
+    assert cfg["dir1.0"]["train"]["lr"] == 0.1 and cfg["dir1.0"]["train"]["rounds"] == 100
+    assert cfg["cifar100-dir0.5"]["train"]["rounds"] == 110
+    with pytest.raises(ConfigError, match="--only"):
+        build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["nope"])
+
+
+def _tiny_profile() -> Profile:
+    base = {"name": "tiny", "data": {"name": "synthetic", "num_clients": 4, "partition": "iid"},
+            "train": {"rounds": 3, "fraction": 0.5, "local_epochs": 1, "batch_size": 4, "lr": 0.1,
+                      "device": "cpu", "local_eval": 1}}
+    return Profile("tiny", "test", (Setting("pathological", "tiny", base, (), "mnist"),),
+                   (Row("fedavg", "fedavg"), Row("fedent", "fedent")),
+                   (Section("main", "Table", ("pathological",), ("fedavg", "fedent")),
+                    Section("deviation", "Deviation", ("pathological",), ("fedavg", "fedent"))))
+
+
+def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    plan = build_plan(_tiny_profile(), [0], out, CONFIGS)
+    assert [s.key for s in plan.runs] == ["pathological/fedavg-s0", "pathological/fedent-s0"]
+
+    def inputs_for(cfg):  # type: ignore[no-untyped-def]
+        return tiny_inputs(4, 12, cfg.train.seed)
+
+    outcomes = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
+    assert [o.status for o in outcomes] == ["done", "done"]
+    assert all(is_complete(s.run_dir, 3) for s in plan.runs)
+
+    # an interrupted run (metrics cut short) is redone; complete ones are skipped
+    metrics = plan.runs[1].run_dir / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")
+    again = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
+    assert [o.status for o in again] == ["skipped", "done"]
+    assert len(runlog.read_metrics(metrics)) == 3
+
+    report = write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
+    text = report.read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    table = summary["tables"]["main/pathological"]
+    assert table["seeds"] == [0] and table["same_sampling"] is True
+    want = runlog.final_accuracy(runlog.read_metrics(plan.runs[0].run_dir / "metrics.jsonl"))
+    assert table["rows"][0]["final_acc"]["mean"] == pytest.approx(want)
+    assert f"| fedavg | {100 * want:.2f} ± 0.00 |" in text
+    assert "85.53" in text  # the paper's Table III MNIST number beside our row
+    assert summary["tables"]["deviation/pathological"]["rows"][1]["local"] is not None
+    assert table["rows"][1]["eta_final_mean"] is not None and table["rows"][0]["eta_final_mean"] is None
+    for name in summary["figures"]["main/pathological"]:
+        png = out / "figures" / name
+        assert png.stat().st_size < 200_000
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "results.md").write_text(f"# Results\n\nmy discussion\n\n{BEGIN}\nold\n{END}\n\nmore words\n")
+    md = publish(out, docs).read_text()
+    assert "my discussion" in md and "more words" in md and "old\n" not in md
+    assert "](results/main-pathological.png)" in md and (docs / "results" / "main-pathological.png").exists()
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["reproduce", "--only", "nope", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert main(["reproduce", "--seeds", "a", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert main(["reproduce", "--profile", "cpu", "--paper-datasets", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("fedent reproduce: config error:") for line in err)
+    assert main(["reproduce", "--dry-run", "--seeds", "0", "--only", "beta", "--out", str(tmp_path)]) == 0
+    assert "4 runs in sections beta" in capsys.readouterr().out
