@@ -143,9 +143,11 @@ class RpcGradientOracle:
         """One OracleRequest per hosting worker for ``cids``; a client without a worker waits for one."""
         by_conn: dict[int, tuple[Any, list[int]]] = {}
         out: dict[int, Future[Gradient]] = {}
+        waited = False  # wait for a (re)connecting worker at most once per batch
         for cid in cids:
             conn = self.hub.host_of(cid, self.run_id)
-            if conn is None:
+            if conn is None and not waited:
+                waited = True
                 missing = self.hub.wait_hosts([cid], self.run_id, self.settings.timeout_s)
                 conn = None if missing else self.hub.host_of(cid, self.run_id)
             if conn is None:
