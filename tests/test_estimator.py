@@ -384,3 +384,48 @@ def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> No
         assert not healthcheck.check(f"localhost:{h.port}", timeout_s=1.0)[0]  # plaintext to a TLS server
     finally:
         h.stop(0.5)
+
+
+def test_a_worker_that_hangs_up_is_replaced_by_one_that_reconnects() -> None:
+    """The first worker drops its stream on its first request; the retry goes to the newcomer."""
+    h = create_estimator_service(EstimatorSettings(port=0, oracle_timeout_s=10.0, oracle_retries=1))
+    first = FakeWorker(f"127.0.0.1:{h.port}", [0, 1, 2, 3], ignore=10**6)
+    second: list[FakeWorker] = []
+
+    def replace_on_first_request() -> None:
+        while first.requests == 0:
+            threading.Event().wait(0.02)
+        first.close()  # hang up with the request unanswered
+        second.append(FakeWorker(f"127.0.0.1:{h.port}", [0, 1, 2, 3]))
+
+    swap = threading.Thread(target=replace_on_first_request, daemon=True)
+    swap.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+            job, w0 = _start_offline(est_grpc.EstimatorStub(ch), rounds=2)
+    finally:
+        swap.join(5)
+        for w in [first, *second]:
+            w.close()
+        h.stop(0.5)
+    assert job.state == "done", job.message
+    assert list(job.phi2) == _direct(w0, rounds=2).tolist()
+    assert json.loads(job.report_json)["oracle_retries"] >= 1
+
+
+def test_finished_jobs_survive_a_restart_with_run_dir(tmp_path: Path) -> None:
+    settings = EstimatorSettings(port=0, run_dir=str(tmp_path))
+    h = create_estimator_service(settings)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
+            job, _ = _start_offline(est_grpc.EstimatorStub(ch), wait_s=0.1)
+    finally:
+        h.stop(0.5)
+    assert job.state == "failed"
+    h2 = create_estimator_service(settings)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{h2.port}") as ch:
+            again = est_grpc.EstimatorStub(ch).GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id), timeout=10)
+    finally:
+        h2.stop(0.5)
+    assert (again.state, again.message) == (job.state, job.message)
