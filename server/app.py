@@ -81,7 +81,8 @@ class AggregatorHandle:
     def ok(self) -> bool:
         return self.run.finished.is_set() and self.run.error is None
 
-    def stop(self, grace_s: float = 2.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the round loop to end now (it wakes from any wait); does not block."""
         self.run.stop.set()
         col = self.run.collector
         if col is not None:
@@ -89,6 +90,9 @@ class AggregatorHandle:
                 col.cond.notify_all()
         with self.run.registry_changed:
             self.run.registry_changed.notify_all()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.request_stop()
         self.thread.join(grace_s + 5)
         self.server.stop(grace_s).wait(grace_s + 1)
         if self.dashboard is not None:

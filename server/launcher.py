@@ -225,6 +225,8 @@ class Cluster:
                     p.wait(timeout=max(0.0, settle - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     break
+        if self.aggregator is not None:
+            self.aggregator.request_stop()  # before its peers go away, so no round waits on a dead service
         for p in procs:
             if p.poll() is None:
                 p.terminate()

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started in the background, where SIGINT is inherited ignored
     try:
         try:
             cluster.start(agg)
