@@ -15,19 +15,19 @@ PROTO_DIR = ROOT / "proto"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
-def generate(out_dir: Path) -> list[Path]:
+def generate(out_dir: Path, proto_dir: Path = PROTO_DIR) -> list[Path]:
     """Run grpc_tools.protoc in-process; returns the generated files relative to out_dir."""
     from grpc_tools import protoc
 
-    sources = sorted(str(p.relative_to(PROTO_DIR)) for p in (PROTO_DIR / "fedentrpc" / "v1").glob("*.proto"))
+    sources = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "fedentrpc" / "v1").glob("*.proto"))
     if not sources:
         raise SystemExit("check_proto: no .proto files under proto/fedentrpc/v1")
-    args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+    args = ["protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
             f"--pyi_out={out_dir}", *sources]
     import os
 
     cwd = os.getcwd()
-    os.chdir(PROTO_DIR)  # protoc resolves the relative source names against -I; cwd keeps errors short
+    os.chdir(proto_dir)  # protoc resolves the relative source names against -I; cwd keeps errors short
     try:
         rc = protoc.main(args)
     finally:
@@ -37,11 +37,12 @@ def generate(out_dir: Path) -> list[Path]:
     return sorted(p.relative_to(out_dir) for p in out_dir.rglob("*") if p.name.endswith(SUFFIXES))
 
 
-def main() -> int:
+def main(root: Path = ROOT) -> int:
+    """0 when ``root``/fedentrpc holds exactly what ``root``/proto generates, else 1 with a one-line reason."""
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(Path(tmp))
+        fresh = generate(Path(tmp), root / "proto")
         committed = sorted(
-            p.relative_to(ROOT) for p in (ROOT / "fedentrpc").rglob("*") if p.name.endswith(SUFFIXES)
+            p.relative_to(root) for p in (root / "fedentrpc").rglob("*") if p.name.endswith(SUFFIXES)
         )
         problems = []
         for rel in sorted(set(fresh) - set(committed)):
@@ -49,7 +50,7 @@ def main() -> int:
         for rel in sorted(set(committed) - set(fresh)):
             problems.append(f"no longer generated (stale): {rel}")
         for rel in sorted(set(fresh) & set(committed)):
-            if (Path(tmp) / rel).read_bytes() != (ROOT / rel).read_bytes():
+            if (Path(tmp) / rel).read_bytes() != (root / rel).read_bytes():
                 problems.append(f"differs: {rel}")
     if problems:
         print("check_proto: generated code in fedentrpc/ is out of date with proto/ "
