@@ -23,13 +23,13 @@ def test_cpu_plan_has_every_paper_run_once_in_seed_order(tmp_path: Path) -> None
     keys = [s.key for s in plan.runs]
     assert len(keys) == len(set(keys))
     assert len({s.run_dir for s in plan.runs}) == len(keys)
-    # order: seed 0 of all cheap analyses and every seed of the main table, then participation, then the rest
-    phases = [(s.seed, s.setting in ("full100", "p20of200"), s.setting in ("pathological", "dir1.0", "dir0.5")
-               and "beta" not in s.row and "gamma" not in s.row) for s in plan.runs]
-    first_p = next(i for i, p in enumerate(phases) if p[1])
-    assert all(p[0] == 0 or p[2] for p in phases[:first_p])
-    assert {p[0] for p in phases[:first_p] if p[2]} == {0, 1}
-    assert all(p[0] == 1 for p in phases[first_p + 10:])
+    # order: seed 0 of the cheap analyses, the main table's seed 1, participation's seed 0, then the rest
+    part = {"full100", "p20of200"}
+    first_part = next(i for i, s in enumerate(plan.runs) if s.setting in part)
+    assert all(s.seed == 0 or s.setting in ("pathological", "dir1.0", "dir0.5") for s in plan.runs[:first_part])
+    assert {s.seed for s in plan.runs[:first_part]} == {0, 1}
+    assert all(s.setting in part and s.seed == 0 for s in plan.runs[first_part:first_part + 10])
+    assert all(s.seed == 1 for s in plan.runs[first_part + 10:])
     by = {(s.setting, s.row, s.seed): s for s in plan.runs}
     for setting in ("pathological", "dir1.0", "dir0.5"):
         rows = {r for (st, r, sd) in by if st == setting and sd == 0}
@@ -99,6 +99,11 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path) -> None:
     again = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
     assert [o.status for o in again] == ["skipped", "done"]
     assert len(runlog.read_metrics(metrics)) == 3
+    # a complete run from a different config (e.g. a changed profile) is redone, not reused
+    changed = build_plan(_tiny_profile(), [0], out, CONFIGS)
+    changed.runs[0].config["train"]["lr"] = 0.05
+    assert [o.status for o in run_plan(changed, 1, 1, inputs_for)] == ["done", "skipped"]
+    assert [o.status for o in run_plan(plan, 1, 1, inputs_for)] == ["done", "skipped"]
 
     report = write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
     text = report.read_text()
