@@ -49,7 +49,7 @@ _WIRE_DTYPES = {
     "float16": pb.WIRE_DTYPE_FLOAT16,
     "bfloat16": pb.WIRE_DTYPE_BFLOAT16,
 }
-_WIRE_TORCH = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
+_WIRE_TORCH: dict[int, torch.dtype] = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
 _COMPRESSIONS = {"none": pb.COMPRESSION_NONE, "zlib": pb.COMPRESSION_ZLIB}
 
 
