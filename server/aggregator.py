@@ -37,6 +37,7 @@ CODES = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "not_found": grpc.StatusCode.NOT_FOUND,
+    "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 T = TypeVar("T")
 

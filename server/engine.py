@@ -36,9 +36,11 @@ from fedentrpc import convert
 from server.durability import resume_run, save_run_checkpoint
 from server.settings import AggregatorSettings
 
+RPC_THREADS_SPARE = 4  # server threads kept free for unary calls while every Work stream holds one
+
 
 class ClusterError(Exception):
-    """A rejected request; ``code`` is one of invalid, conflict, unauthenticated, precondition, not_found."""
+    """A rejected request; ``code``: invalid, conflict, unauthenticated, precondition, not_found, exhausted."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -229,6 +231,10 @@ class ClusterRun:
         if bad:
             raise ClusterError("invalid", f"client ids {bad[:5]} out of range [0, {len(self.sizes)})")
         with self.lock:
+            live = sum(1 for w in self.workers.values() if not w.gone)
+            if live + RPC_THREADS_SPARE >= self.settings.max_workers:
+                raise ClusterError("exhausted", f"{live} workers already hold the aggregator's "
+                                                f"{self.settings.max_workers} RPC threads; raise max_workers")
             taken = [c for c in wanted if c in self.owner and not self.workers[self.owner[c]].gone]
             if taken:
                 raise ClusterError("conflict", f"clients {taken[:5]} are already hosted by a live worker")

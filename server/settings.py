@@ -29,7 +29,7 @@ class AggregatorSettings:
     compression: str = "none"
     chunk_bytes: int = 4 * 1024 * 1024
     estimator: str = ""  # HOST:PORT of the estimator service; empty = in-process fallback
-    max_workers: int = 32  # gRPC thread pool
+    max_workers: int = 128  # gRPC thread pool; every connected worker's Work stream holds one thread
     stop_workers_when_done: bool = True
     checkpoint_keep: int = 2  # checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints
 
@@ -44,8 +44,8 @@ class AggregatorSettings:
             raise SettingsError("register_timeout_s must be > 0")
         if self.checkpoint_keep < 0:
             raise SettingsError("checkpoint_keep must be >= 0")
-        if self.max_workers < 4:
-            raise SettingsError("max_workers must be >= 4")
+        if self.max_workers < 8:
+            raise SettingsError("max_workers must be >= 8")
         try:
             self.transfer()
         except ValueError as e:

@@ -344,3 +344,12 @@ def test_fedent_through_the_estimator_service_equals_simulation(tmp_path: Path, 
             assert read_json(h.run_dir / "estimator.json")["report"], "Algorithm 1's report is kept"
     finally:
         est.stop(0.5)
+
+
+def test_more_workers_than_rpc_threads_is_refused_not_a_deadlock(start: Any) -> None:
+    inputs = tiny_inputs(num_clients=8, per_client=3)
+    h = start(tiny_config(num_clients=8), inputs, max_workers=8)
+    stub = _stub(h)
+    for c in range(4):  # 4 streams + 4 spare threads fill the pool of 8
+        stub.Register(pb.RegisterRequest(client_ids=[c]))
+    assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[5]))) == grpc.StatusCode.RESOURCE_EXHAUSTED
