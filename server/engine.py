@@ -366,12 +366,17 @@ class ClusterRun:
 
     # ---- the round loop --------------------------------------------------------------------------
     def wait_for_workers(self) -> None:
+        """Block (event-driven) until every client is hosted by a ready worker; status.json shows the count."""
         deadline = time.monotonic() + self.settings.register_timeout_s
+        shown = -1
         with self.registry_changed:
             while not self.stop.is_set():
                 missing = [c for c in range(len(self.sizes)) if not self._hosted(c)]
                 if not missing:
                     return
+                if len(missing) != shown:
+                    shown = len(missing)
+                    self.status("starting", None, clients_hosted=len(self.sizes) - shown, clients=len(self.sizes))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RuntimeError(f"{len(missing)} clients (e.g. {missing[:5]}) have no ready worker after "
