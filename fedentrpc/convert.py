@@ -116,18 +116,22 @@ class EncodedTensors:
         return iter(self.chunks)
 
 
-def _tensor_bytes(t: Tensor, wire: int) -> bytes:
+def _tensor_u8(t: Tensor, wire: int) -> memoryview:
+    """The tensor's bytes as a flat uint8 buffer (no copy for a contiguous CPU tensor sent natively)."""
     t = t.detach().to("cpu")
     if wire in _WIRE_TORCH and t.is_floating_point():
         t = t.to(_WIRE_TORCH[wire])
     t = t.contiguous().reshape(-1)
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
-    return t.view(torch.uint8).numpy().tobytes()
+    return memoryview(t.view(torch.uint8).numpy())
 
 
 def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
-    """Serialise named tensor lists (dict order kept) into checksummed chunks of ≤ ``chunk_bytes``."""
+    """Serialise named tensor lists (dict order kept) into checksummed chunks of ≤ ``chunk_bytes``.
+
+    One copy gathers the tensors' bytes; a payload that fits one chunk is not copied again.
+    """
     spec = spec or TransferSpec()
     wire = _WIRE_DTYPES[spec.wire_dtype]
     specs, groups, parts = [], [], []
@@ -137,11 +141,11 @@ def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | 
             if t.dtype not in _DTYPE_NAMES:
                 raise WireError(f"cannot send tensors of dtype {t.dtype}")
             specs.append(pb.TensorSpec(dtype=_DTYPE_NAMES[t.dtype], shape=list(t.shape)))
-            parts.append(_tensor_bytes(t, wire))
+            parts.append(_tensor_u8(t, wire))
     raw = b"".join(parts)
     payload = zlib.compress(raw, spec.zlib_level) if spec.compression == "zlib" else raw
     size = spec.chunk_bytes
-    pieces = [payload[i : i + size] for i in range(0, len(payload), size)] or [b""]
+    pieces = [payload] if len(payload) <= size else [payload[i : i + size] for i in range(0, len(payload), size)]
     header = pb.TensorListHeader(
         tensors=specs,
         groups=groups,
@@ -203,10 +207,10 @@ class TensorAssembler:
         digest = CHECKSUM_PREFIX + self._hash.hexdigest()
         if digest != h.checksum:
             raise WireError("tensor checksum mismatch (corrupted transfer)")
-        payload = b"".join(self._parts)
+        payload = bytearray().join(self._parts)  # the one copy: a private, writable buffer
         if h.compression == pb.COMPRESSION_ZLIB:
             try:
-                raw = zlib.decompress(payload)
+                raw = bytearray(zlib.decompress(payload))
             except zlib.error as e:
                 raise WireError(f"bad zlib payload ({e})") from None
         elif h.compression == pb.COMPRESSION_NONE:
@@ -218,13 +222,14 @@ class TensorAssembler:
         return _split(h, raw)
 
 
-def _split(h: pb.TensorListHeader, raw: bytes) -> Bundle:
+def _split(h: pb.TensorListHeader, raw: bytearray) -> Bundle:
+    """Tensors as views into ``raw`` (owned by them alone) where aligned, else copies."""
     if sum(g.count for g in h.groups) != len(h.tensors):
         raise WireError("tensor groups do not cover the tensor list")
     wire_dtype = _WIRE_TORCH.get(h.wire_dtype)
     if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
         raise WireError(f"unknown wire dtype {h.wire_dtype}")
-    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
     tensors: list[Tensor] = []
     offset = 0
     for s in h.tensors:
@@ -239,7 +244,8 @@ def _split(h: pb.TensorListHeader, raw: bytes) -> Bundle:
         nbytes = numel * _element_size(store)
         if offset + nbytes > len(raw):
             raise WireError("tensor payload shorter than its shapes need")
-        t = buf[offset : offset + nbytes].clone().view(store)
+        piece = buf[offset : offset + nbytes]
+        t = (piece if offset % _element_size(store) == 0 else piece.clone()).view(store)
         if store != dtype:
             t = t.to(dtype)
         tensors.append(t.reshape(tuple(s.shape)))

@@ -116,3 +116,11 @@ def test_check_shapes() -> None:
     convert.check_shapes([torch.ones(2)], [torch.zeros(2)], "u")
     with pytest.raises(WireError, match="expected"):
         convert.check_shapes([torch.ones(3)], [torch.zeros(2)], "u")
+
+
+def test_unaligned_offsets_decode_to_independent_tensors() -> None:
+    b = {"flags": [torch.tensor([True, False, True])], "w": [torch.randn(5)], "i": [torch.arange(3)]}
+    out = decode_tensors(encode_tensors(b))
+    assert all(torch.equal(b[k][0], out[k][0]) for k in b)
+    out["w"][0].add_(1.0)  # in-place on one decoded tensor leaves its neighbours alone
+    assert torch.equal(out["i"][0], torch.arange(3)) and torch.equal(out["flags"][0], b["flags"][0])
