@@ -10,9 +10,10 @@ probe gradient and the online mean-field estimator count as overhead ("estimator
 
 A round's time is the difference of consecutive ``elapsed_s`` in metrics.jsonl, so the bookkeeping
 after a round's log line is charged too. Round 0 (warm-up) and the last round (the only evaluation)
-are excluded; the same rounds are timed in the bare loop. Runs alternate bare/simulator and both the
-median and the minimum over repeats are reported, because a shared machine's load drifts (the minimum
-is the least disturbed measurement).
+are excluded; the same rounds are timed in the bare loop. Runs alternate bare/simulator; medians of
+both wall time and process CPU time are reported. On a shared machine wall time drifts with other
+processes' load, so the CPU-time ratio (with --threads 1) is the trustworthy one there; CPU time does
+not count waiting for fsync, which the wall-time ratio on a quiet machine does.
 
     python benchmarks/bench_simulator.py                      # full data (600 samples per client)
     python benchmarks/bench_simulator.py --quick --rounds 2   # 12,000 samples, for CI-size machines
@@ -25,7 +26,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +44,12 @@ from fedent.rng import sample_clients, torch_generator
 from fedent.sim import SimInputs, run_simulation
 
 NUM_CLIENTS, FRACTION, EPOCHS, BATCH, LR, SEED = 100, 0.2, 1, 32, 0.01, 0
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # perf_counter seconds: what a user waits, but it drifts with other processes' load
+    cpu: float  # this process's CPU seconds: robust to a busy machine when torch uses one thread
 
 
 def make_inputs(max_train: int | None) -> SimInputs:
@@ -64,8 +74,8 @@ def config(algorithm: str, rounds: int, device: str) -> ExperimentConfig:
     })
 
 
-def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[list[float], list[Tensor]]:
-    """Plain PyTorch FedAvg: per-round seconds and the final model (rounds 0..rounds-2, no evaluation)."""
+def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[list[Timing], list[Tensor]]:
+    """Plain PyTorch FedAvg: per-round (wall, cpu) seconds and the final model (rounds 0..rounds-2, no eval)."""
     model = inputs.make_model().to(device)
     params = list(model.parameters())
     x, y = inputs.data.x_train.to(device), inputs.data.y_train.to(device)
@@ -73,7 +83,7 @@ def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[lis
     glob = [p.detach().clone() for p in params]
     times = []
     for t in range(rounds - 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         chosen = sample_clients(SEED, t, NUM_CLIENTS, FRACTION)
         total = float(sum(idx[c].numel() for c in chosen))
         new = [torch.zeros_like(p) for p in params]
@@ -93,18 +103,36 @@ def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[lis
         glob = new
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append(Timing(time.perf_counter() - t0, time.process_time() - c0))
     return times, glob
 
 
-def sim_round_times(inputs: SimInputs, algorithm: str, rounds: int, device: str) -> tuple[list[float], list[Tensor]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        res = run_simulation(config(algorithm, rounds, device), Path(tmp) / "run", progress=False, inputs=inputs,
-                             plots=False)
-        recs = runlog.read_metrics(Path(tmp) / "run" / "metrics.jsonl")
-    elapsed = [r["elapsed_s"] for r in recs]
-    # round t's time = elapsed[t] - elapsed[t-1]; the last round holds the evaluation and is left out
-    times = [elapsed[0]] + [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
+class _StampedLog(runlog.MetricsLog):
+    """metrics.jsonl writer that also notes (wall, cpu) clocks at each round's line (benchmark only)."""
+
+    stamps: list[Timing] = []
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        super().append(record)
+        _StampedLog.stamps.append(Timing(time.perf_counter(), time.process_time()))
+
+
+def sim_round_times(inputs: SimInputs, algorithm: str, rounds: int, device: str) -> tuple[list[Timing], list[Tensor]]:
+    """Per-round (wall, cpu) seconds of the simulator: differences of the clocks at consecutive log lines,
+    so the bookkeeping after a line (clients.json, estimator.json, status.json) is charged to the next
+    round. The last round (the only evaluation) is left out."""
+    _StampedLog.stamps = []
+    original = runlog.MetricsLog
+    runlog.MetricsLog = _StampedLog  # type: ignore[misc]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = Timing(time.perf_counter(), time.process_time())
+            res = run_simulation(config(algorithm, rounds, device), Path(tmp) / "run", progress=False,
+                                 inputs=inputs, plots=False)
+    finally:
+        runlog.MetricsLog = original  # type: ignore[misc]
+    marks = [t0, *_StampedLog.stamps]
+    times = [Timing(b.wall - a.wall, b.cpu - a.cpu) for a, b in zip(marks, marks[1:], strict=False)]
     return times[:-1], res.params
 
 
@@ -127,20 +155,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{int(FRACTION * NUM_CLIENTS)} per round, {EPOCHS} epoch, batch {BATCH}, mnist-cnn, device {dev}, "
           f"threads {torch.get_num_threads()}, {args.rounds} timed rounds x {args.repeats} repeats")
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    bare: list[float] = []
-    sims: dict[str, list[float]] = {a: [] for a in algos}
+    bare: list[Timing] = []
+    sims: dict[str, list[Timing]] = {a: [] for a in algos}
     for _ in range(args.repeats):
         times, _ = bare_loop(inputs, rounds, dev)
-        bare += times[1:]
+        bare += times[1:]  # round 0 warms up
         for a in algos:
             stimes, _ = sim_round_times(inputs, a, rounds, args.device)
             sims[a] += stimes[1:]
-    b, bmin = statistics.median(bare), min(bare)
-    print(f"bare loop       : median {b:.3f} s/round, min {bmin:.3f} (of {len(bare)} rounds)")
-    for a in algos:
-        s, smin = statistics.median(sims[a]), min(sims[a])
-        print(f"simulator {a:<6}: median {s:.3f} s/round, min {smin:.3f}  ->  ratio {s / b:.3f}x (median), "
-              f"{smin / bmin:.3f}x (min)")
+    for clock in ("cpu", "wall"):
+        b = statistics.median(getattr(t, clock) for t in bare)
+        print(f"[{clock} time] bare loop       : median {b:.3f} s/round (of {len(bare)} rounds)")
+        for a in algos:
+            s = statistics.median(getattr(t, clock) for t in sims[a])
+            print(f"[{clock} time] simulator {a:<6}: median {s:.3f} s/round  ->  ratio {s / b:.3f}x")
     check_same_model(inputs, dev, args.device)
     return 0
 
