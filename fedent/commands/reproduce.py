@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedent import runlog
 from fedent.config import ConfigError
 from fedent.sim.errors import input_error_types, one_line
 
@@ -95,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: {one_line(e)}") from None
     started = time.time()
     failed = 0
+    command = {"argv": ["fedent", "reproduce", *sys.argv[2:]] if sys.argv[1:2] == ["reproduce"]
+               else ["fedent", "reproduce"], "workers": args.workers, "threads": args.threads, "started": started}
     if not args.report_only:
+        runlog.atomic_write_json(out / "command.json", command)  # what trained the runs (a report-only pass reads it)
         print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "
               f"{args.threads} thread(s), out {out}", flush=True)
         try:
@@ -108,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
         except input_error_types() as e:
             print(f"fedent reproduce: {one_line(e)}", file=sys.stderr)
             return 2
-    meta = {"machine": machine_info(), "commit": git_commit(), "argv": ["fedent", *sys.argv[2:]]
-            if sys.argv[1:2] == ["reproduce"] else ["fedent", "reproduce"],
-            "workers": args.workers, "threads": args.threads, "started": started, "finished": time.time()}
+    trained = runlog.read_json(out / "command.json", default=None)
+    meta = {"machine": machine_info(), "commit": git_commit(), **(trained if isinstance(trained, dict) else command),
+            "report_command": command["argv"], "finished": time.time()}
     report = write_report(plan, out, meta)
     print(f"wrote {report}")
     if args.publish:

@@ -246,13 +246,17 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
     if prof["reductions"]:
         lines += ["", "Differences from the paper's setup (Table IV):", ""]
         lines += [f"- {r}" for r in prof["reductions"]]
-    lines += ["", "Settings (resolved configs):", "", "| setting | base config + overrides | clients | "
-              "participation | rounds | local epochs | batch | lr | train / test samples |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    sets = list(data["settings"].values())
+    common = [o for o in sets[0]["overrides"] if all(o in st["overrides"] for st in sets)] if sets else []
+    also = f"; every setting also has `--set` {' '.join(f'`{o}`' for o in common)}" if common else ""
+    lines += ["", f"Settings (resolved configs{also}):", "",
+              "| setting | base config + overrides | clients | participation | rounds | local epochs | batch | lr | "
+              "train / test samples |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for key, st in data["settings"].items():
         d, t = st["data"], st["train"]
         part = d["partition"] + (f" α={d['alpha']:g}" if d["partition"] == "dirichlet" else "")
-        lines.append(f"| {key} ({part}) | `{st['base']}` {' '.join(f'`{o}`' for o in st['overrides'])} | "
+        extra = " ".join(f"`{o}`" for o in st["overrides"] if o not in common)
+        lines.append(f"| {key} ({part}) | `{st['base']}` {extra} | "
                      f"{d['num_clients']} | {100 * t['fraction']:g}% | {t['rounds']} | {t['local_epochs']} | "
                      f"{t['batch_size']} | {t['lr']:g} | {d['max_train_samples'] or 'all'} / "
                      f"{d['max_test_samples'] or 'all'} |")
