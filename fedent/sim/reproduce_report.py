@@ -90,6 +90,7 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
             "wall_s": _ms([float(x[-1]["elapsed_s"]) for x in recs if x and x[-1].get("elapsed_s") is not None]),
             "local": {k: float(np.mean([ls[k] for ls in locs])) for k in locs[0]} if locs else None,
             "eta_final_mean": _eta_final(recs),
+            "eta_star": _eta_star(recs),
         })
     same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common})
     md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows}) for s in common}
@@ -108,6 +109,17 @@ def _eta_final(runs: Sequence[Records]) -> float | None:
         fd = (recs[-1].get("fedent") or {}) if recs else {}
         etas += [float(c["eta"]) for c in fd.get("clients") or [] if c.get("eta") is not None]
     return float(np.mean(etas)) if etas else None
+
+
+def _eta_star(runs: Sequence[Records]) -> dict[str, float] | None:
+    """FedEnt's solved η*_i (Eq. (eta_solve_t_1)) over all rounds and participants: mean, max, share of zeros."""
+    vals = [float(c["eta_star"]) for recs in runs for r in recs for c in (r.get("fedent") or {}).get("clients") or []
+            if c.get("eta_star") is not None]
+    if not vals:
+        return None
+    arr = np.asarray(vals)
+    return {"mean": float(arr.mean()), "median": float(np.median(arr)), "max": float(arr.max()),
+            "zero_share": float(np.mean(arr == 0.0))}
 
 
 # ---- figures -----------------------------------------------------------------------------------------------
@@ -294,8 +306,9 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
                                                     ("mean", "std", "last_mean", "last_std")]
             out.append(f"| {r['row']} | {' | '.join(cells)} | {_pct(r['final_acc'])} |")
     else:
-        hdr = f"| row | final acc (%) | best acc (%) | rounds to {tgt} | mean final η (FedEnt) | wall s/run |"
-        sep = "| --- | ---: | ---: | ---: | ---: | ---: |"
+        hdr = (f"| row | final acc (%) | best acc (%) | rounds to {tgt} | FedEnt η(T) mean | FedEnt η* median / "
+               "mean / max (share 0) | wall s/run |")
+        sep = "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
         if paper_hdr:
             hdr += f" paper Table III: {paper_hdr} |"
             sep += " ---: |"
@@ -306,14 +319,22 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             reach_txt = f"not reached (0/{n})" if reach is None else \
                 f"{reach['mean']:.1f} ± {reach['std']:.1f} ({r['reached']}/{n})"
             eta = "—" if r["eta_final_mean"] is None else f"{r['eta_final_mean']:.4f}"
+            es = r.get("eta_star")
+            star = "—" if not es else (f"{es['median']:.4f} / {es['mean']:.4f} / {es['max']:.3g} "
+                                       f"({100 * es['zero_share']:.0f}%)")
             wall = "—" if r["wall_s"] is None else f"{r['wall_s']['mean']:.0f}"
             line = (f"| {_row_text(r['row'], data['rows'])} | {_pct(r['final_acc'])} | {_pct(r['best_acc'])} | "
-                    f"{reach_txt} | {eta} | {wall} |")
+                    f"{reach_txt} | {eta} | {star} | {wall} |")
             if paper_hdr:
                 line += f" {_paper_cells(ref, r['row']) or '—'} |"
             out.append(line)
     if t["missing"]:
-        out += ["", f"Incomplete runs left out: {', '.join(t['missing'])}."]
+        by_seed: dict[str, list[str]] = {}
+        for key in t["missing"]:
+            row, _, seed = key.split("/", 1)[1].rpartition("-s")
+            by_seed.setdefault(seed, []).append(row)
+        text = "; ".join(f"seed {sd}: {len(rows)} row(s)" for sd, rows in sorted(by_seed.items()))
+        out += ["", f"Not complete, left out of this table: {text}."]
     figs = data["figures"].get(f"{sec['key']}/{setting}", [])
     if figs:
         out += [""] + [f"![{Path(f).stem}]({fig_prefix}/{f})" for f in figs]
