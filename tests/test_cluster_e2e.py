@@ -65,3 +65,54 @@ def test_cluster_up_reports_a_bad_config_in_one_line(tmp_path: Path) -> None:
                            "--exit-when-done"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "train.rounds" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (Linux /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the children")
+def test_sigterm_stops_the_cluster_and_its_children(tmp_path: Path) -> None:
+    import re
+    import signal
+    import time
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(CONFIG.format(algorithm="fedavg").replace("rounds: 3", "rounds: 500"))
+    out = tmp_path / "cluster"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedent.cli", "cluster", "up", "--config", str(cfg_path), "--workers", "2",
+         "--out", str(out), "--no-dashboard", "--insecure"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = None
+        for line in proc.stdout:
+            m = re.search(r"aggregator on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = m.group(1)
+                break
+        assert port is not None, "the launcher did not announce the aggregator"
+        deadline = time.monotonic() + 120
+        while (read_json(out / "status.json", {}) or {}).get("phase") != "training":
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never started training"
+            time.sleep(0.2)
+        assert len(_procs_mentioning(f"--aggregator 127.0.0.1:{port}")) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+        assert _procs_mentioning(f"--aggregator 127.0.0.1:{port}") == [], "workers outlived the launcher"
+        assert read_json(out / "status.json")["phase"] == "failed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
