@@ -330,13 +330,20 @@ class ClusterRun:
         return w
 
     def submit_probes(self, worker_id: str, task_id: int, rnd: int, probes: Iterable[Probe]) -> None:
+        """Record every valid probe of the report; the bad ones are excluded and named in one error."""
         col = self._collector("probe")
+        probes = list(probes)
         for p in probes:
             self._own(worker_id, p.cid)
-            if not all(math.isfinite(v) for v in p.scalars.values()):
+        bad = []
+        for p in probes:
+            if all(math.isfinite(v) for v in p.scalars.values()):
+                col.put(task_id, rnd, p.cid, p)
+            else:
                 col.fail(p.cid, "non-finite probe", task_id, rnd)
-                raise ClusterError("invalid", f"probe of client {p.cid} has non-finite scalars; excluded")
-            col.put(task_id, rnd, p.cid, p)
+                bad.append(p.cid)
+        if bad:
+            raise ClusterError("invalid", f"probes of clients {bad} have non-finite scalars; excluded")
 
     def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int) -> None:
         col = self._collector("fit")

@@ -353,3 +353,19 @@ def test_more_workers_than_rpc_threads_is_refused_not_a_deadlock(start: Any) -> 
     for c in range(4):  # 4 streams + 4 spare threads fill the pool of 8
         stub.Register(pb.RegisterRequest(client_ids=[c]))
     assert _code(lambda: stub.Register(pb.RegisterRequest(client_ids=[5]))) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_nan_probe_is_excluded_and_the_others_are_kept(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedent", rounds=1, fraction=1.0), inputs, quorum=0.5, round_deadline_s=20)
+    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    probe = fake.next("probe").task
+    msgs = [pb.ProbeMsg(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0}) for c in range(4)]
+    msgs[1].scalars["a"] = float("nan")
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitProbes(pb.ProbeReport(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=msgs))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "[1]" in e.value.details()
+    fit = fake.next("fit").task
+    assert list(fit.client_ids) == [0, 2, 3]  # the NaN prober is not asked to train
+    fake.call.cancel()
+    assert h.wait(20)
