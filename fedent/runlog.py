@@ -6,6 +6,8 @@ so nothing here knows who is writing. Live files (status.json, clients.json) are
 and its reader skips a torn last line, which is what a crash mid-write leaves behind.
 
 Times (``started_at``, ``updated_at``, ``last_heartbeat``) are Unix epoch seconds (float, UTC).
+clients.json holds ``{"clients": [row, ...], "updated_at": t}`` with rows from ``client_row``;
+estimator.json holds ``{"algorithm", "report", "trajectory": [{round, phi2_pred, phi2_actual, entropy, guards}]}``.
 """
 
 from __future__ import annotations
