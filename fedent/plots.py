@@ -75,13 +75,14 @@ def local_accuracies(records: Records) -> list[tuple[int, list[float]]]:
 
 
 def mean_std_curve(runs: Sequence[Records], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Mean and std over seeds of a metric, on the rounds every run measured."""
+    """Mean and sample std over seeds of a metric, on the rounds every run measured."""
     per_run = [dict(zip(*series(recs, key), strict=True)) for recs in runs]
     if not per_run:
         return [], np.zeros(0), np.zeros(0)
     common = sorted(set.intersection(*(set(d) for d in per_run)))
     vals = np.array([[d[x] for x in common] for d in per_run], dtype=float).reshape(len(per_run), len(common))
-    return common, vals.mean(axis=0), vals.std(axis=0)
+    std = vals.std(axis=0, ddof=1) if len(per_run) > 1 else np.zeros(len(common))
+    return common, vals.mean(axis=0), std  # sample std, as in compare.md
 
 
 # ---- drawing ---------------------------------------------------------------------------------------

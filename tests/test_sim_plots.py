@@ -30,7 +30,7 @@ def test_mean_std_over_seeds_uses_common_rounds() -> None:
     other = [{"round": 0, "test_acc": 0.4}, {"round": 2, "test_acc": 0.8}, {"round": 3, "test_acc": 0.9}]
     xs, mean, std = plots.mean_std_curve([RECS, other], "test_acc")
     assert xs == [0, 2]
-    assert mean == pytest.approx([0.3, 0.7]) and std == pytest.approx([0.1, 0.1])
+    assert mean == pytest.approx([0.3, 0.7]) and std == pytest.approx([0.1414213562, 0.1414213562])
     assert plots.mean_std_curve([], "test_acc")[0] == []
     assert isinstance(mean, np.ndarray)
 
