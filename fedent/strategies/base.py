@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fedent.params import Params, weighted_sum
+from fedent.params import Params, clone, weighted_sum
 from fedent.trainer import LocalTrainer
 
 
@@ -141,6 +141,26 @@ class Strategy(ABC):
         task: ClientTask,
         state: ClientState,
     ) -> ClientUpdate: ...
+
+
+class LocalSGDStrategy(Strategy):
+    """Strategies whose client step is FedAvg's: load w(t), E epochs of SGD at the base rate, upload w_i.
+
+    FedAvg, FedAdam/FedYogi (server-side optimiser) and FedCos (server-side weights) differ only in
+    ``aggregate``; they share this ``fit``.
+    """
+
+    def fit(
+        self,
+        trainer: LocalTrainer,
+        global_params: Sequence[Tensor],
+        payload: RoundPayload,
+        task: ClientTask,
+        state: ClientState,
+    ) -> ClientUpdate:
+        trainer.load(global_params)
+        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
+        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss)
 
 
 def sample_weights(updates: Sequence[ClientUpdate]) -> list[float]:

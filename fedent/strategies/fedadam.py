@@ -26,17 +26,12 @@ from fedent.config import ConfigError
 from fedent.params import Params, clone, sub
 from fedent.strategies.base import (
     AggregateResult,
-    ClientState,
-    ClientTask,
     ClientUpdate,
-    RoundPayload,
-    Strategy,
+    LocalSGDStrategy,
     align_state,
     tensor_lists_from_state,
-    train_generator,
     weighted_average,
 )
-from fedent.trainer import LocalTrainer
 
 
 @dataclass(frozen=True)
@@ -57,7 +52,7 @@ class FedAdamOptions:
             raise ConfigError(f"algorithm.tau: must be > 0, got {self.tau}")
 
 
-class FedAdam(Strategy):
+class FedAdam(LocalSGDStrategy):
     name = "fedadam"
     Options = FedAdamOptions
 
@@ -66,19 +61,6 @@ class FedAdam(Strategy):
         self.options.validate()
         self._m: Params | None = None
         self._v: Params | None = None
-
-    # ---- client side: plain local SGD ------------------------------------------------------------
-    def fit(
-        self,
-        trainer: LocalTrainer,
-        global_params: Sequence[Tensor],
-        payload: RoundPayload,
-        task: ClientTask,
-        state: ClientState,
-    ) -> ClientUpdate:
-        trainer.load(global_params)
-        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss)
 
     # ---- server side -----------------------------------------------------------------------------
     def _update_second_moment(self, v: Params, delta_sq: Params) -> None:

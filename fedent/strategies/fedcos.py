@@ -15,19 +15,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedent.params import clone, dot, norm_sq, weighted_sum
+from fedent.params import dot, norm_sq, weighted_sum
 from fedent.strategies.base import (
     AggregateResult,
-    ClientState,
-    ClientTask,
     ClientUpdate,
-    RoundPayload,
-    Strategy,
+    LocalSGDStrategy,
     StrategyError,
     sample_weights,
-    train_generator,
 )
-from fedent.trainer import LocalTrainer
 
 
 @dataclass(frozen=True)
@@ -57,24 +52,12 @@ def cosine_weights(
     return [r / total for r in raw], False
 
 
-class FedCos(Strategy):
+class FedCos(LocalSGDStrategy):
     name = "fedcos"
     Options = FedCosOptions
 
     def __init__(self, options: FedCosOptions | None = None) -> None:
         self.options = options or FedCosOptions()
-
-    def fit(
-        self,
-        trainer: LocalTrainer,
-        global_params: Sequence[Tensor],
-        payload: RoundPayload,
-        task: ClientTask,
-        state: ClientState,
-    ) -> ClientUpdate:
-        trainer.load(global_params)
-        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss)
 
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
