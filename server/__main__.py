@@ -32,6 +32,11 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quorum", type=float, default=d.quorum, help="fraction of participants needed per round")
     p.add_argument("--register-timeout", type=float, default=d.register_timeout_s,
                    help="seconds to wait for workers to cover every client")
+    p.add_argument("--heartbeat", type=float, default=d.heartbeat_s, help="seconds between worker heartbeats")
+    p.add_argument("--heartbeat-misses", type=int, default=d.heartbeat_misses,
+                   help="a worker silent this many heartbeat periods is dead (0 = never)")
+    p.add_argument("--round-retries", type=int, default=d.round_retries,
+                   help="a round missing its quorum: -1 skips it, N retries it with fresh clients N times then fails")
     p.add_argument("--wire-dtype", default=d.wire_dtype, choices=["native", "float16", "bfloat16"])
     p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
     p.add_argument("--token", default="", help="registration token workers must present")
@@ -41,7 +46,9 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
     return AggregatorSettings(host=args.host, port=port, token=args.token, round_deadline_s=args.round_deadline,
                               quorum=args.quorum, register_timeout_s=args.register_timeout,
-                              wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator)
+                              wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator,
+                              heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
+                              round_retries=args.round_retries)
 
 
 def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str,

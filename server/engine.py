@@ -47,6 +47,10 @@ class ClusterError(Exception):
         self.code = code
 
 
+class RoundFailedError(RuntimeError):
+    """A round missed its quorum on every allowed retry: the run stops (status.json ``failed``)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """One unit of work pushed to a worker: probe or fit ``cids`` at the model blob of ``round``."""
@@ -235,6 +239,11 @@ class ClusterRun:
             if live + RPC_THREADS_SPARE >= self.settings.max_workers:
                 raise ClusterError("exhausted", f"{live} workers already hold the aggregator's "
                                                 f"{self.settings.max_workers} RPC threads; raise max_workers")
+            stale = {self.owner[c] for c in wanted if c in self.owner and not self.workers[self.owner[c]].gone}
+            for wid in stale:  # a worker reconnecting before its old stream was noticed to be dead
+                old = self.workers[wid]
+                if name and old.name == name and old.cids == wanted:
+                    self._retire(old, "disconnected", "worker re-registered")
             taken = [c for c in wanted if c in self.owner and not self.workers[self.owner[c]].gone]
             if taken:
                 raise ClusterError("conflict", f"clients {taken[:5]} are already hosted by a live worker")
@@ -283,6 +292,8 @@ class ClusterRun:
         """A worker's Work stream ended: it is gone, and its outstanding clients fail now, not at the deadline."""
         with self.registry_changed:
             w.streaming = False
+            if w.gone:  # already retired (missed heartbeats, replaced by its re-registration)
+                return
             w.gone = True
             self.registry_changed.notify_all()
             for c in w.cids:
@@ -293,6 +304,41 @@ class ClusterRun:
             for c in w.cids:
                 col.fail(c, "worker disconnected")
         self.write_clients()
+
+    def _retire(self, w: WorkerHandle, state: str, why: str) -> None:
+        """Mark ``w`` gone (clients ``state`` in clients.json), fail its open tasks now and end its Work stream."""
+        with self.registry_changed:
+            if w.gone:
+                return
+            w.gone = True
+            self.registry_changed.notify_all()
+            for c in w.cids:
+                self.clients[c]["state"] = state
+        col = self.collector
+        if col is not None:
+            for c in w.cids:
+                col.fail(c, why)
+        w.tasks.put(None)
+
+    def expire_silent_workers(self, now: float | None = None) -> list[str]:
+        """Workers silent for ``heartbeat_misses`` heartbeat periods are dead: their clients go ``down`` and
+        the round stops waiting for them (a hung but connected worker never closes its stream)."""
+        if self.settings.heartbeat_misses <= 0:
+            return []
+        limit = self.settings.heartbeat_misses * self.settings.heartbeat_s
+        now = time.time() if now is None else now
+        with self.lock:
+            silent = [w for w in self.workers.values() if not w.gone and w.ready and now - w.last_seen > limit]
+        for w in silent:
+            self._retire(w, "down", f"missed heartbeats for {now - w.last_seen:.1f}s")
+        if silent:
+            self.write_clients()
+        return [w.worker_id for w in silent]
+
+    def _watch_heartbeats(self) -> None:
+        period = max(0.05, min(1.0, self.settings.heartbeat_s / 2))
+        while not self.finished.wait(period):
+            self.expire_silent_workers()
 
     def heartbeat(self, worker_id: str) -> bool:
         with self.lock:
@@ -446,13 +492,19 @@ class ClusterRun:
             self.write_estimator()
         self.strategy.setup(self.global_params, self.sizes)
 
-    def run_round(self, rnd: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        participants = sample_clients(self.seed, rnd, len(self.sizes), self.cfg.train.fraction)
-        model_blob = f"r{rnd}-model"
+    def retry_clients(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
+        """Fresh participants for retry ``attempt`` of round ``rnd``: the first ``k`` clients of a stream
+        derived from (seed, round, attempt) that did not fail this round and are hosted by a live worker.
+        The stream is deterministic; which clients are live is not (that is the fault being handled)."""
+        order = numpy_rng(self.seed, "retry", rnd, attempt).permutation(len(self.sizes))
         with self.lock:
-            self.blobs = {model_blob: convert.encode_tensors({convert.PARAMS_GROUP: self.global_params},
-                                                             self.settings.transfer())}
+            pick = [int(c) for c in order if int(c) not in exclude and self._hosted(int(c))][:k]
+        return sorted(pick)
+
+    def _attempt(self, rnd: int, participants: list[int], model_blob: str) -> tuple[list[ClientUpdate],
+                                                                                     dict[str, Any]]:
+        """One try at round ``rnd`` with ``participants``: probe (if the strategy needs it) and fit; returns the
+        updates sorted by cid and the skip diagnostics (``skipped`` present when the quorum was missed)."""
         skipped: dict[str, Any] = {}
         fit_cids = list(participants)
         probes: list[Probe] = []
@@ -484,6 +536,29 @@ class ClusterRun:
             failures = {str(c): why for c, why in sorted(col.failed.items())}
             if failures:
                 skipped["failed_clients"] = failures
+        return updates, skipped
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        participants = sample_clients(self.seed, rnd, len(self.sizes), self.cfg.train.fraction)
+        model_blob = f"r{rnd}-model"
+        with self.lock:
+            self.blobs = {model_blob: convert.encode_tensors({convert.PARAMS_GROUP: self.global_params},
+                                                             self.settings.transfer())}
+        failed_before: set[int] = set()
+        retries: list[dict[str, Any]] = []
+        for attempt in itertools.count():
+            updates, skipped = self._attempt(rnd, participants, model_blob)
+            if "skipped" not in skipped or self.settings.round_retries < 0:
+                break
+            failed_before.update(int(c) for c in skipped.get("failed_clients", {}))
+            retries.append({"clients": participants, "why": skipped["skipped"]})
+            if attempt >= self.settings.round_retries:
+                raise RoundFailedError(f"round {rnd} missed its quorum in {attempt + 1} attempt(s), last: "
+                                       f"{skipped['skipped']}")
+            participants = self.retry_clients(rnd, attempt + 1, len(participants), failed_before)
+        if retries:
+            skipped["retried"] = retries
         fedent_diag = None
         diagnostics: dict[str, Any] = {}
         if updates and "skipped" not in skipped:
@@ -554,6 +629,7 @@ class ClusterRun:
         """The whole run; sets ``finished`` at the end whatever happens (``error`` says why it failed)."""
         try:
             self.write_start_files()
+            threading.Thread(target=self._watch_heartbeats, name="heartbeats", daemon=True).start()
             self.wait_for_workers()
             self.setup()
             first = resume_run(self) if self.settings.checkpoint_keep > 0 else 0

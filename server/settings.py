@@ -25,6 +25,9 @@ class AggregatorSettings:
     quorum: float = 0.5  # fraction of the round's participants that must report for the round to count
     register_timeout_s: float = 300.0  # how long to wait until every client is hosted by a ready worker
     heartbeat_s: float = 10.0
+    heartbeat_misses: int = 3  # a worker silent this many heartbeat periods is dead (clients down); 0 = never
+    round_retries: int = -1  # quorum missed: -1 skip the round (model kept); N >= 0 retry with fresh clients
+    # N times, then fail the run
     wire_dtype: str = "native"
     compression: str = "none"
     chunk_bytes: int = 4 * 1024 * 1024
@@ -42,6 +45,12 @@ class AggregatorSettings:
             raise SettingsError(f"quorum must be in [0, 1], got {self.quorum}")
         if self.register_timeout_s <= 0:
             raise SettingsError("register_timeout_s must be > 0")
+        if self.heartbeat_s <= 0:
+            raise SettingsError("heartbeat_s must be > 0")
+        if self.heartbeat_misses < 0:
+            raise SettingsError("heartbeat_misses must be >= 0")
+        if self.round_retries < -1:
+            raise SettingsError("round_retries must be >= -1 (-1: skip a round that misses its quorum)")
         if self.checkpoint_keep < 0:
             raise SettingsError("checkpoint_keep must be >= 0")
         if self.max_workers < 8:
