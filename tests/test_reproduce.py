@@ -29,7 +29,9 @@ def test_cpu_plan_has_every_paper_run_once_in_seed_order(tmp_path: Path) -> None
     assert all(s.seed == 0 or s.setting in ("pathological", "dir1.0", "dir0.5") for s in plan.runs[:first_part])
     assert {s.seed for s in plan.runs[:first_part]} == {0, 1}
     assert all(s.setting in part and s.seed == 0 for s in plan.runs[first_part:first_part + 10])
-    assert all(s.seed == 1 for s in plan.runs[first_part + 10:])
+    # then (no third main seed here) the extra scale check's first seed, then the analyses' second seed
+    assert all(s.setting == "pathological-x4" and s.seed == 0 for s in plan.runs[first_part + 10:first_part + 18])
+    assert all(s.seed == 1 for s in plan.runs[first_part + 18:])
     by = {(s.setting, s.row, s.seed): s for s in plan.runs}
     for setting in ("pathological", "dir1.0", "dir0.5"):
         rows = {r for (st, r, sd) in by if st == setting and sd == 0}

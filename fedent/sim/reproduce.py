@@ -169,7 +169,8 @@ def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] | None = None) -> tuple[Section, ...]:
+def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] | None = None,
+                   extra: tuple[Section, ...] = ()) -> tuple[Section, ...]:
     """The paper's analyses; ``offline_in`` limits the Algorithm 1 rows to those settings (None: all)."""
     seven = (*BASELINES, "fedent")
     five = ("fedavg", "fedadam", "fedprox", "feddyn", "fedent")
@@ -186,6 +187,7 @@ def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] |
                 (*(f"fedent-gamma{g:g}" for g in GAMMAS), "fedent")),
         Section("participation", "Participation ratio (paper Figs. cifar10_100*100, cifar10_20*200)",
                 ("full100", "p20of200"), five, priority=2),
+        *extra,
     )
 
 
@@ -210,10 +212,15 @@ def cpu_profile() -> Profile:
                 (*CPU_COMMON, *DIR, "data.alpha=0.5", "train.fraction=1.0", "train.rounds=5")),
         Setting("p20of200", "Fashion-MNIST, Dirichlet α_d = 0.5, 20% of 200", CPU_BASE,
                 (*CPU_COMMON, *DIR, "data.alpha=0.5", "data.num_clients=200")),
+        Setting("pathological-x4", "Fashion-MNIST, pathological, 20% of 100, 4x the images, 20 rounds", CPU_BASE,
+                (*CPU_COMMON, "data.max_train_samples=12000", "train.rounds=20"), "mnist"),
     )
+    scale = Section("scale", "Check: more local data (120 images per client: 12 local steps per round) and 20 "
+                    "rounds", ("pathological-x4",), (*BASELINES, "fedent", "fedent-paper"), priority=3)
     return Profile(
         "cpu", "Fashion-MNIST + MNIST-CNN sized for about an hour on 2 CPU cores",
-        settings, paper_rows(offline_sweeps=2), paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",)),
+        settings, paper_rows(offline_sweeps=2),
+        paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",), (scale,)),
         reductions=(
             "dataset: Fashion-MNIST (the Debian copy) instead of MNIST/CIFAR10/EMNIST-L/CIFAR100, model MNIST-CNN",
             "training set: a seeded subsample of 3,000 of 60,000 images (30 per client on average, so one "
@@ -227,6 +234,8 @@ def cpu_profile() -> Profile:
             "FedEnt offline (Algorithm 1): at most 2 fixed-point sweeps (the default is 20; each sweep costs "
             "T gradient evaluations for each of the N clients), and only in the pathological setting",
             "deviation analysis: 2 of the round's uploaded local models per evaluated round are tested",
+            "an extra check the paper does not have: the pathological table again with 4x the images (120 per "
+            "client) and 20 rounds, to see whether the ranking survives more local work",
         ),
     )
 
@@ -317,12 +326,13 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
 def run_tier(priority: int, seed_index: int) -> int:
     """Execution order, so that an early stop leaves the most useful whole tables: the first seed of every
     analysis except the costly ones (priority 2); the main table's second seed; the costly analyses' first
-    seed; the main table's further seeds; then the other analyses' further seeds."""
+    seed; the main table's further seeds; the first seed of the extra checks (priority 3); then the other
+    analyses' further seeds."""
     if seed_index == 0:
-        return 0 if priority < 2 else 2
+        return {0: 0, 1: 0, 2: 2}.get(priority, 4)
     if priority == 0:
         return 1 if seed_index == 1 else 3
-    return 4 if priority == 1 else 5
+    return {1: 5, 2: 6}.get(priority, 7)
 
 
 def validate_plan_configs(plan: Plan) -> None:
