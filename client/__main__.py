@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
     p.add_argument("--state-dir", default=None,
                    help="persist each client's state here (FedDyn/SCAFFOLD/FedEnt) so a restarted worker resumes")
+    p.add_argument("--reconnect-attempts", type=int, default=10,
+                   help="re-registrations tried after losing the aggregator (0: exit at once)")
+    p.add_argument("--reconnect-window", type=float, default=300.0, help="seconds to keep trying to reconnect")
+    p.add_argument("--backoff-base", type=float, default=0.5, help="first reconnect backoff bound (seconds)")
+    p.add_argument("--backoff-cap", type=float, default=15.0, help="largest reconnect backoff bound (seconds)")
     p.add_argument("--log-level", default="INFO")
     add_client_security_args(p)
     return p
@@ -46,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = WorkerSettings(aggregator=args.aggregator, client_ids=cids, estimator=args.estimator,
                                   device=args.device, data_root=args.data_root, name=args.name, token=args.token,
                                   connect_timeout_s=args.connect_timeout, state_dir=args.state_dir,
-                                  security=security)
+                                  security=security, reconnect_attempts=args.reconnect_attempts,
+                                  reconnect_window_s=args.reconnect_window, backoff_base_s=args.backoff_base,
+                                  backoff_cap_s=args.backoff_cap)
         worker = Worker(settings)
         if security.token:
             install_log_redaction([security.token])

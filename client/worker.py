@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -62,6 +63,10 @@ class WorkerSettings:
     connect_timeout_s: float = 60.0
     state_dir: str | None = None  # persist ClientState here (per run id) so a restarted worker resumes
     security: ClientSecurity | None = None  # TLS / token for both links; None = plaintext, no token
+    reconnect_attempts: int = 10  # re-registrations tried after losing the aggregator; 0 = exit at once
+    reconnect_window_s: float = 300.0  # give up reconnecting after this long without a working connection
+    backoff_base_s: float = 0.5  # full-jitter exponential backoff: sleep U(0, min(cap, base * 2**attempt))
+    backoff_cap_s: float = 15.0
 
     def __post_init__(self) -> None:
         if not self.client_ids:
@@ -70,6 +75,25 @@ class WorkerSettings:
             raise ValueError(f"aggregator address must be HOST:PORT, got {self.aggregator!r}")
         if self.connect_timeout_s <= 0:
             raise ValueError("connect_timeout_s must be > 0")
+        if self.reconnect_attempts < 0 or self.reconnect_window_s <= 0:
+            raise ValueError("reconnect attempts must be >= 0 and the reconnect window > 0")
+        if not 0 < self.backoff_base_s <= self.backoff_cap_s:
+            raise ValueError("backoff must satisfy 0 < base <= cap")
+
+
+class AggregatorLostError(WorkerError):
+    """The link to the aggregator broke (UNAVAILABLE, a cut stream, forgotten by missed heartbeats): retryable."""
+
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**attempt)], so reconnecting workers spread out instead of
+    hitting a restarted aggregator in lockstep."""
+    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, 30)))
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -133,6 +157,8 @@ class Worker:
         self.run_id = ""
         self._trainer_lock = threading.Lock()
         self._oracle_outbox: queue.Queue[est_pb.OracleMessage | None] | None = None
+        self._loaded: tuple[str, str] | None = None  # (config yaml, partition md5) the data was built for
+        self.reconnects = 0
 
     # ---- setup ---------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -153,6 +179,9 @@ class Worker:
             self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
         self.transfer = convert.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
+        if self._loaded == (reply.config_yaml, reply.partition_md5):  # a re-registration: data already here
+            self._ready(reply.partition_md5)
+            return
         try:
             self.cfg = config_from_yaml(reply.config_yaml, s.data_root)
         except ValueError as e:
@@ -170,15 +199,21 @@ class Worker:
                                     self.device)
         self.indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
-        sizes = [pb.ClientInfo(cid=c, num_samples=int(self.indices[c].numel())) for c in s.client_ids]
+        self._loaded = (reply.config_yaml, reply.partition_md5)
+        self._ready(md5)
+
+    def _ready(self, md5: str) -> None:
+        cids = self.settings.client_ids
+        sizes = [pb.ClientInfo(cid=c, num_samples=int(self.indices[c].numel())) for c in cids]
         self._call(self.stub.Ready, pb.ReadyRequest(worker_id=self.worker_id, partition_md5=md5, clients=sizes))
-        log.info("worker %s ready: %d clients on %s", self.worker_id, len(s.client_ids), self.device)
+        log.info("worker %s ready: %d clients on %s", self.worker_id, len(cids), self.device)
 
     def _call(self, method: Any, request: Any) -> Any:
         try:
             return method(request, timeout=self.settings.connect_timeout_s)
         except grpc.RpcError as e:
-            raise WorkerError(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
+            kind = AggregatorLostError if e.code() in RETRYABLE else WorkerError
+            raise kind(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
                               f"{e.code().name}: {e.details()}") from None
 
     def state_of(self, cid: int, rnd: int | None = None) -> ClientState:
@@ -325,19 +360,27 @@ class Worker:
             channel.close()
 
     # ---- main loop -----------------------------------------------------------------------------
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+    def _heartbeat_loop(self, session: threading.Event, work: Any) -> None:
+        """Heartbeat until ``session`` ends; an aggregator that no longer knows us (it expired us, or it was
+        restarted) gets its Work stream cancelled, which sends ``serve`` into a reconnect."""
+        while not session.wait(self.heartbeat_s):
             try:
-                self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id), timeout=10)
+                known = self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id), timeout=10).known
             except grpc.RpcError:
-                pass
+                continue
+            if not known:
+                log.warning("the aggregator no longer knows worker %s; reconnecting", self.worker_id)
+                work.cancel()
+                return
 
     def serve(self) -> bool:
         """Execute pushed tasks until shutdown; True when the run finished cleanly."""
-        hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        session = threading.Event()
+        work = self.stub.Work(pb.WorkRequest(worker_id=self.worker_id))
+        hb = threading.Thread(target=self._heartbeat_loop, args=(session, work), name="heartbeat", daemon=True)
         hb.start()
         try:
-            for item in self.stub.Work(pb.WorkRequest(worker_id=self.worker_id)):
+            for item in work:
                 kind = item.WhichOneof("kind")
                 if kind == "shutdown":
                     log.info("aggregator: %s", item.shutdown.reason)
@@ -352,22 +395,38 @@ class Worker:
                     for f in pending:
                         f.result()
                     self.tasks_done += 1
+                except AggregatorLostError:
+                    raise
                 except (WorkerError, convert.WireError, ValueError) as e:
                     h = item.probe.task if kind == "probe" else item.fit.task
                     log.error("task %d failed: %s", h.task_id, e)
                     self._report(h, -1, str(e))
-            raise WorkerError("the aggregator closed the work stream")
+            raise AggregatorLostError("the aggregator closed the work stream")
         except grpc.RpcError as e:
-            raise WorkerError(f"lost the aggregator: {e.code().name}: {e.details()}") from None
+            raise AggregatorLostError(f"lost the aggregator: {e.code().name}: {e.details()}") from None
         finally:
-            self._stop.set()
+            session.set()
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._oracle_outbox is not None:
-            self._oracle_outbox.put(None)
-        self._uploader.shutdown(wait=True)
-        self.channel.close()
+    def reconnect(self, why: str, started: float, rng: random.Random) -> None:
+        """Re-register (same name and clients, state store kept) with full-jitter backoff; WorkerError when
+        the attempts or the window are used up, or the aggregator refuses us for good."""
+        s = self.settings
+        for attempt in range(s.reconnect_attempts):
+            if time.monotonic() - started > s.reconnect_window_s:
+                break
+            delay = backoff_delay(attempt, s.backoff_base_s, s.backoff_cap_s, rng)
+            log.warning("%s; reconnecting in %.2fs (attempt %d of %d)", why, delay, attempt + 1,
+                        s.reconnect_attempts)
+            if self._stop.wait(delay):
+                raise WorkerError("stopped while reconnecting")
+            try:
+                self._blob_cache = {}
+                self.register()
+                self.reconnects += 1
+                return
+            except AggregatorLostError as e:
+                why = str(e)
+        raise WorkerError(f"lost the aggregator and could not reconnect: {why}")
 
     def run(self) -> bool:
         try:
@@ -375,7 +434,20 @@ class Worker:
             self.register()
             if self.wants_oracle():
                 self.start_oracle()
-            return self.serve()
+            rng = random.Random()  # jitter must differ between workers: not seeded from the run
+            while True:
+                try:
+                    return self.serve()
+                except AggregatorLostError as e:
+                    if self.settings.reconnect_attempts == 0:
+                        raise WorkerError(str(e)) from None
+                    self.reconnect(str(e), time.monotonic(), rng)
         finally:
             self.close()
 
+    def close(self) -> None:
+        self._stop.set()
+        if self._oracle_outbox is not None:
+            self._oracle_outbox.put(None)
+        self._uploader.shutdown(wait=True)
+        self.channel.close()

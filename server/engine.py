@@ -226,6 +226,8 @@ class ClusterRun:
     def register(self, name: str, token: str, cids: Sequence[int], device: str, hostname: str) -> Registration:
         if self.settings.token and not hmac.compare_digest(token.encode(), self.settings.token.encode()):
             raise ClusterError("unauthenticated", "bad or missing registration token")
+        if self.finished.is_set():
+            raise ClusterError("precondition", f"the run is over ({self.error or 'finished'}); nothing to do")
         wanted = tuple(sorted(int(c) for c in cids))
         if not wanted:
             raise ClusterError("invalid", "a worker must host at least one client")
