@@ -393,6 +393,11 @@ class ClusterRun:
         if bad:
             raise ClusterError("invalid", f"probes of clients {bad} have non-finite scalars; excluded")
 
+    def max_update_bytes(self) -> int:
+        """The most an update stream may carry: the parameters plus up to three model-sized tensor groups
+        (SCAFFOLD's control variate, FedDyn's state) and framing headroom; anything larger is rejected."""
+        return 4 * self.model_bytes + (1 << 20)
+
     def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int) -> None:
         col = self._collector("fit")
         w = self._own(worker_id, update.cid)
