@@ -500,13 +500,22 @@ class ClusterRun:
         self.strategy.setup(self.global_params, self.sizes)
 
     def retry_clients(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
-        """Fresh participants for retry ``attempt`` of round ``rnd``: the first ``k`` clients of a stream
-        derived from (seed, round, attempt) that did not fail this round and are hosted by a live worker.
-        The stream is deterministic; which clients are live is not (that is the fault being handled)."""
-        order = numpy_rng(self.seed, "retry", rnd, attempt).permutation(len(self.sizes))
-        with self.lock:
-            pick = [int(c) for c in order if int(c) not in exclude and self._hosted(int(c))][:k]
-        return sorted(pick)
+        """Fresh participants for retry ``attempt`` of round ``rnd``: ``k`` clients hosted by a live worker, in
+        the order of a stream derived from (seed, round, attempt), those that failed this round last. Waits
+        (event-driven, up to one round deadline) until enough clients for a quorum are hosted, so a worker
+        that is reconnecting can rejoin. The stream is deterministic; which clients are live is not (that is
+        the fault being handled)."""
+        order = [int(c) for c in numpy_rng(self.seed, "retry", rnd, attempt).permutation(len(self.sizes))]
+        order = [c for c in order if c not in exclude] + [c for c in order if c in exclude]
+        need = max(1, math.ceil(self.settings.quorum * k))
+        deadline = time.monotonic() + self.settings.round_deadline_s
+        with self.registry_changed:
+            while True:
+                live = [c for c in order if self._hosted(c)]
+                left = deadline - time.monotonic()
+                if len(live) >= need or left <= 0 or self.stop.is_set():
+                    return sorted(live[:k])
+                self.registry_changed.wait(timeout=left)
 
     def _attempt(self, rnd: int, participants: list[int], model_blob: str) -> tuple[list[ClientUpdate],
                                                                                      dict[str, Any]]:
@@ -532,8 +541,10 @@ class ClusterRun:
                     self.blobs[payload_blob] = convert.encode_tensors(convert.payload_bundle(payload),
                                                                       self.settings.transfer())
             self.status("training", rnd)
-            for c in fit_cids:
-                self.clients[c]["state"] = "training"
+            with self.lock:
+                for c in fit_cids:
+                    if self._hosted(c):  # a down or disconnected client keeps showing why
+                        self.clients[c]["state"] = "training"
             self.write_clients()
             col = self._dispatch("fit", rnd, fit_cids, model_blob, payload, payload_blob)
             got_updates = self._gather(col)

@@ -1,0 +1,256 @@
+"""Failure handling of the cluster runtime over real gRPC on loopback (port 0), aggregator in-process.
+
+Missed heartbeats, a worker whose stream is cut (it reconnects with backoff), a round that misses its
+quorum (retried with fresh clients, then the run fails loudly), a replayed update from an old round and
+oversized messages. The kill -9 scenarios with real processes are in test_faults_process.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from conftest import tiny_config, tiny_inputs
+
+from client.worker import Worker, WorkerError, WorkerSettings, backoff_delay
+from fedent.rng import sample_clients
+from fedent.runlog import read_json, read_metrics
+from fedent.sim.inputs import SimInputs
+from fedent.strategies.base import ClientUpdate
+from fedentrpc import convert
+from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+from server.aggregator import MAX_MESSAGE
+from server.app import AggregatorHandle, start_aggregator
+from server.settings import AggregatorSettings, SettingsError
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    handles: list[AggregatorHandle] = []
+
+    def go(cfg: Any, inputs: SimInputs, **settings: Any) -> AggregatorHandle:
+        s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
+        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
+        handles.append(h)
+        return h
+
+    yield go
+    for h in handles:
+        h.stop(grace_s=0.5)
+
+
+class Silent:
+    """A registered, ready worker that opens its Work stream and never answers (nor heartbeats)."""
+
+    def __init__(self, h: AggregatorHandle, cids: list[int], md5: str, name: str = "silent") -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{h.port}")
+        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.wid = self.stub.Register(pb.RegisterRequest(worker_name=name, client_ids=cids)).worker_id
+        self.stub.Ready(pb.ReadyRequest(worker_id=self.wid, partition_md5=md5,
+                                        clients=[pb.ClientInfo(cid=c, num_samples=12) for c in cids]))
+        self.items: queue.Queue[pb.WorkItem] = queue.Queue()
+        self.call = self.stub.Work(pb.WorkRequest(worker_id=self.wid))
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for item in self.call:
+                self.items.put(item)
+        except grpc.RpcError:
+            pass
+
+    def next(self, kind: str) -> Any:
+        while True:
+            item = self.items.get(timeout=20)
+            if item.WhichOneof("kind") == kind:
+                return getattr(item, kind)
+
+    def upload(self, task: pb.TaskHeader, cid: int, params: list[torch.Tensor]) -> None:
+        u = ClientUpdate(cid=cid, params=params, num_samples=12, train_loss=0.1)
+        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
+
+
+def _worker(h: AggregatorHandle, inputs: SimInputs, cids: tuple[int, ...], **kw: Any) -> tuple[Worker, Any]:
+    w = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=cids, device="cpu",
+                              connect_timeout_s=10, name=f"w{cids[0]}", **kw), inputs=inputs)
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["ok"] = w.run()
+        except WorkerError as e:
+            box["error"] = str(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return w, (t, box)
+
+
+def _wait_ready(h: AggregatorHandle, cids: list[int], timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with h.run.lock:
+            if all(h.run._hosted(c) for c in cids):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"clients {cids} never became ready")
+
+
+def test_backoff_is_full_jitter_exponential_and_capped() -> None:
+    rng = random.Random(3)
+    for attempt in range(12):
+        bound = min(2.0, 0.1 * 2 ** attempt)
+        draws = [backoff_delay(attempt, 0.1, 2.0, rng) for _ in range(300)]
+        assert all(0.0 <= d <= bound for d in draws)
+        assert max(draws) > 0.8 * bound and min(draws) < 0.2 * bound  # the whole range, not a fixed delay
+    assert backoff_delay(10_000, 0.1, 2.0, rng) <= 2.0
+    with pytest.raises(ValueError):
+        WorkerSettings(aggregator="h:1", client_ids=(0,), backoff_base_s=1.0, backoff_cap_s=0.5)
+
+
+def test_settings_validate_the_failure_knobs() -> None:
+    for bad in ({"heartbeat_s": 0}, {"heartbeat_misses": -1}, {"round_retries": -2}):
+        with pytest.raises(SettingsError):
+            AggregatorSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_silent_worker_is_expired_by_missed_heartbeats_not_the_deadline(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, quorum=0.5, round_deadline_s=60,
+              heartbeat_s=0.2, heartbeat_misses=2)
+    _, (thread, box) = _worker(h, inputs, (2, 3))
+    _wait_ready(h, [2, 3])
+    silent = Silent(h, [0, 1], inputs.partition_info["md5"])
+    t0 = time.monotonic()
+    silent.next("fit")  # holds clients 0 and 1 of round 0 and goes quiet
+    assert h.wait(20) and h.run.error is None, h.run.error
+    assert time.monotonic() - t0 < 10, "the round waited for its 60 s deadline instead of the heartbeats"
+    recs = read_metrics(h.run_dir / "metrics.jsonl")
+    assert len(recs) == 2 and all("skipped" not in r["diagnostics"] for r in recs)
+    assert recs[0]["diagnostics"]["failed_clients"]["0"].startswith("missed heartbeats")
+    assert recs[1]["diagnostics"]["failed_clients"]["1"] == "no live worker"
+    states = {c["cid"]: c["state"] for c in read_json(h.run_dir / "clients.json")["clients"]}
+    assert states[0] == states[1] == "down"
+    thread.join(10)
+    assert box.get("ok") is True  # the live worker (heartbeating every 0.2 s) was never expired
+
+
+def test_worker_reconnects_after_its_stream_is_cut_and_finishes_the_run(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=3, fraction=1.0), inputs, quorum=1.0, round_retries=3,
+              round_deadline_s=5)
+    gate = threading.Event()
+    real_fit = Worker.do_fit
+
+    def slow_fit(self: Worker, t: pb.FitTask) -> Any:
+        gate.wait(10)  # hold round 0 until the aggregator has cut this worker's stream
+        return real_fit(self, t)
+
+    w, (thread, box) = _worker(h, inputs, (0, 1, 2, 3), backoff_base_s=0.05, backoff_cap_s=0.2)
+    w.do_fit = slow_fit.__get__(w)  # type: ignore[method-assign]
+    _wait_ready(h, [0, 1, 2, 3])
+    while h.run.collector is None:
+        time.sleep(0.01)
+    first_id = w.worker_id
+    with h.run.lock:
+        handle = h.run.workers[first_id]
+    h.run._retire(handle, "down", "test: connection lost")  # what an expiry or a broken link does
+    gate.set()
+    assert h.wait(30) and h.run.error is None, h.run.error
+    thread.join(10)
+    assert box.get("ok") is True and w.reconnects >= 1 and w.worker_id != first_id
+    recs = read_metrics(h.run_dir / "metrics.jsonl")
+    assert len(recs) == 3
+    assert "retried" in recs[0]["diagnostics"]  # round 0 lost its worker, ran again once it was back
+    assert all(r["num_clients"] == 4 and "skipped" not in r["diagnostics"] for r in recs)
+
+
+def test_round_missing_quorum_is_retried_with_fresh_clients(start: Any) -> None:
+    inputs = tiny_inputs(num_clients=6)
+    cfg = tiny_config("fedavg", num_clients=6, rounds=1, fraction=0.5)
+    first = sample_clients(cfg.train.seed, 0, 6, 0.5)
+    h = start(cfg, inputs, quorum=1.0, round_deadline_s=0.5, round_retries=2)
+    others = tuple(c for c in range(6) if c != first[0])
+    _, (thread, box) = _worker(h, inputs, others)
+    _wait_ready(h, list(others))
+    Silent(h, [first[0]], inputs.partition_info["md5"])
+    assert h.wait(20) and h.run.error is None, h.run.error
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert rec["diagnostics"]["retried"][0]["clients"] == first
+    assert first[0] not in rec["clients"] and len(rec["clients"]) == 3 and rec["num_clients"] == 3
+    assert "skipped" not in rec["diagnostics"]
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"
+    thread.join(10)
+
+
+def test_round_that_never_reaches_quorum_fails_the_run_loudly(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=3, fraction=0.5), inputs, quorum=1.0, round_deadline_s=0.3,
+              round_retries=1)
+    Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    t0 = time.monotonic()
+    assert h.wait(20), "a run whose rounds cannot reach quorum must end, not hang"
+    assert time.monotonic() - t0 < 10
+    assert h.run.error is not None and "missed its quorum in 2 attempt(s)" in h.run.error
+    assert "\n" not in h.run.error
+    status = read_json(h.run_dir / "status.json")
+    assert status["phase"] == "failed" and "round 0" in str(status)
+    assert read_metrics(h.run_dir / "metrics.jsonl") == []
+
+
+def test_replayed_update_from_an_old_round_is_rejected(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, quorum=0.5)
+    fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit0 = fake.next("fit").task
+    w0 = convert.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit0.model_blob)))["params"]
+    for c in range(4):
+        fake.upload(fit0, c, [p + c for p in w0])
+    fit1 = fake.next("fit").task
+    assert fit1.round == 1
+    for header in (fit0, pb.TaskHeader(task_id=fit0.task_id, round=1), pb.TaskHeader(task_id=fit1.task_id, round=0)):
+        with pytest.raises(grpc.RpcError) as e:
+            fake.upload(header, 0, [p + 7 for p in w0])  # a captured round-0 update sent again
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    for c in range(4):
+        fake.upload(fit1, c, [p + 1 for p in w0])
+    assert h.wait(20) and h.run.error is None
+    final = torch.load(h.run_dir / "model_final.pt")
+    assert all(torch.allclose(a, b + 1) for a, b in zip(final, w0, strict=True))  # the replay changed nothing
+
+
+def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5, round_deadline_s=2)
+    fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    # one message over the server's 8 MiB receive limit
+    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE + 1024), task_id=fit.task_id, round=0)
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitProbes(big)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # a stream of legal 4 MiB chunks whose total passes the cap: cut off, not buffered to the end
+    w = convert.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit.model_blob)))["params"]
+    huge = [torch.zeros(3 * 1024 * 1024)]  # 12 MiB of float32, far above this tiny model's limit
+    parts = list(convert.update_to_parts(ClientUpdate(1, w, 12, 0.0, tensors={"extra": huge}),
+                                         convert.UpdateMeta(fake.wid, fit.task_id, 0)))
+    assert len(parts) > 3
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitUpdate(iter(parts))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "exceeds" in e.value.details()
+    for c in (0, 2, 3):
+        fake.upload(fit, c, [p + 1 for p in w])
+    assert h.wait(20) and h.run.error is None
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert rec["num_clients"] == 4 and "skipped" not in rec["diagnostics"]
+    assert rec["diagnostics"]["failed_clients"] == {"1": "deadline"}  # the oversized update never counted
