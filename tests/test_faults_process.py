@@ -24,15 +24,23 @@ from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
 REPO = Path(__file__).resolve().parent.parent
-ROUNDS = 8
+ROUNDS = 6
 CONFIG = f"""\
 name: faults
-data: {{name: synthetic, num_clients: 4, partition: iid, synthetic_train: 80, synthetic_test: 20}}
+data: {{name: synthetic, num_clients: 4, partition: iid, synthetic_train: 40, synthetic_test: 20}}
 model: {{name: mnist-cnn}}
-train: {{rounds: {ROUNDS}, fraction: 1.0, local_epochs: 1, batch_size: 20, lr: 0.05, seed: 3, device: cpu}}
+train: {{rounds: {ROUNDS}, fraction: 1.0, local_epochs: 1, batch_size: 10, lr: 0.05, seed: 3, device: cpu}}
 algorithm: {{name: fedavg}}
 """
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[torch.Tensor]:
+    """The uninterrupted simulation's final model, computed once for both tests (same config)."""
+    tmp = tmp_path_factory.mktemp("sim")
+    (tmp / "cfg.yaml").write_text(CONFIG)
+    return list(run_simulation(load_config(tmp / "cfg.yaml"), tmp / "sim", progress=False, plots=False).params)
 
 
 @pytest.fixture
@@ -87,19 +95,19 @@ def _rounds_logged(out: Path) -> int:
         return 0
 
 
-def _check_equals_simulation(cfg_path: Path, out: Path, tmp: Path) -> None:
+def _check_equals_simulation(out: Path, reference: list[torch.Tensor]) -> None:
     assert read_json(out / "status.json")["phase"] == "done"
     recs = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in recs] == list(range(ROUNDS))
     assert all(r["num_clients"] == 4 and "skipped" not in r["diagnostics"] for r in recs)
-    sim = run_simulation(load_config(cfg_path), tmp / "sim", progress=False, plots=False)
     got = torch.load(out / "model_final.pt")
-    num = max(float((a - b).abs().max()) for a, b in zip(got, sim.params, strict=True))
-    assert num / max(float(b.abs().max()) for b in sim.params) <= 1e-5
+    num = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
+    assert num / max(float(b.abs().max()) for b in reference) <= 1e-5
 
 
-def test_worker_killed_mid_run_restarts_and_the_run_completes(tmp_path: Path,
-                                                               procs: list[subprocess.Popen[str]]) -> None:
+@pytest.mark.slow
+def test_worker_killed_mid_run_restarts_and_the_run_completes(
+        tmp_path: Path, procs: list[subprocess.Popen[str]], reference: list[torch.Tensor]) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(CONFIG)
     out = tmp_path / "run"
@@ -113,14 +121,14 @@ def test_worker_killed_mid_run_restarts_and_the_run_completes(tmp_path: Path,
     wb.wait(10)
     _worker(procs, port, "2-3", "wb")  # a fresh process for the same clients
     assert agg.wait(120) == 0, agg.stderr.read()[-2000:] if agg.stderr else ""
-    _check_equals_simulation(cfg, out, tmp_path)
+    _check_equals_simulation(out, reference)
     recs = read_metrics(out / "metrics.jsonl")
-    assert _rounds_logged(out) < ROUNDS or any("retried" in r["diagnostics"] for r in recs)
     assert any("retried" in r["diagnostics"] for r in recs), "the kill landed after the last round"
 
 
+@pytest.mark.slow
 def test_aggregator_killed_mid_run_restarts_on_its_port_and_workers_reconnect(
-        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, procs: list[subprocess.Popen[str]], reference: list[torch.Tensor]) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(CONFIG)
     out = tmp_path / "run"
@@ -136,4 +144,4 @@ def test_aggregator_killed_mid_run_restarts_on_its_port_and_workers_reconnect(
     assert again.wait(120) == 0, again.stderr.read()[-2000:] if again.stderr else ""
     for w in workers:  # the original worker processes reconnected, finished the run and left cleanly
         assert w.wait(30) == 0, w.stderr.read()[-2000:] if w.stderr else ""
-    _check_equals_simulation(cfg, out, tmp_path)
+    _check_equals_simulation(out, reference)
