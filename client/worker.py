@@ -316,9 +316,29 @@ class Worker:
         return t
 
     def _oracle_loop(self) -> None:
+        """Keep an Oracle stream open: a stream the estimator drops (it restarted) is re-opened with full-jitter
+        backoff, so a restarted estimator's re-run of Algorithm 1 finds this worker's clients again."""
+        rng = random.Random()
+        attempt = 0
+        channel = open_channel(self.settings.estimator, self.security, channel_options())
+        try:
+            while not self._stop.is_set():
+                served = self._oracle_stream(channel)
+                attempt = 0 if served else attempt + 1
+                delay = backoff_delay(attempt, self.settings.backoff_base_s, self.settings.backoff_cap_s, rng)
+                if self._stop.wait(delay):
+                    return
+        finally:
+            channel.close()
+
+    def _oracle_stream(self, channel: grpc.Channel) -> bool:
+        """One Oracle stream until it ends; True if it answered at least one request."""
         from fedent.meanfield.oracle import TrainerOracle
 
         outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
+        old = self._oracle_outbox
+        if old is not None:
+            old.put(None)
         self._oracle_outbox = outbox
         outbox.put(est_pb.OracleMessage(hello=est_pb.OracleHello(
             worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
@@ -331,11 +351,12 @@ class Worker:
                     return
                 yield m
 
-        channel = open_channel(self.settings.estimator, self.security, channel_options())
         stub = est_grpc.EstimatorStub(channel)
         points: dict[str, Params] = {}
+        served = False
         try:
             for req in stub.Oracle(outgoing(), wait_for_ready=True):
+                served = True
                 try:
                     if req.point_blob not in points:
                         got = convert.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(
@@ -357,7 +378,8 @@ class Worker:
             if not self._stop.is_set():
                 log.warning("oracle stream to %s ended: %s: %s", self.settings.estimator, e.code().name, e.details())
         finally:
-            channel.close()
+            outbox.put(None)
+        return served
 
     # ---- main loop -----------------------------------------------------------------------------
     def _heartbeat_loop(self, session: threading.Event, work: Any) -> None:

@@ -7,6 +7,8 @@ trajectory φ2(0..T) becomes the OfflinePhi2Estimator injected into FedEnt, as i
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from collections.abc import Sequence
 
@@ -22,28 +24,51 @@ from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from server.app import OfflineRunner
 from server.security import ClientSecurity, open_channel
 
+log = logging.getLogger("fedent.aggregator")
+
+
+# the estimator went away (restarted: its running job is lost with it): start the job again
+RESTARTABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.CANCELLED,
+                         grpc.StatusCode.DEADLINE_EXCEEDED})
+
 
 def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
-                           timeout_s: float = 3600.0, security: ClientSecurity | None = None) -> OfflineRunner:
+                           timeout_s: float = 3600.0, security: ClientSecurity | None = None,
+                           restarts: int = 5, backoff_base_s: float = 0.5,
+                           backoff_cap_s: float = 10.0) -> OfflineRunner:
+    """``restarts``: how often a job lost with its estimator (UNAVAILABLE, or NOT_FOUND after a restart) is
+    started again, after a full-jitter backoff. Algorithm 1 is deterministic given the seed, so a restarted
+    job yields the same φ2 trajectory."""
     opts = validate_algorithm(cfg.algorithm)
 
     def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
+        rng = random.Random()
+        for attempt in range(restarts + 1):
+            try:
+                return run_once(w0, sizes, rounds)
+            except grpc.RpcError as e:
+                if e.code() not in RESTARTABLE or attempt == restarts:
+                    raise RuntimeError(f"estimator service at {address}: {e.code().name}: {e.details()}") from None
+                delay = rng.uniform(0.0, min(backoff_cap_s, backoff_base_s * 2.0 ** attempt))
+                log.warning("offline job lost (%s: %s); starting it again in %.2fs (restart %d of %d)",
+                            e.code().name, e.details(), delay, attempt + 1, restarts)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
             stub = est_grpc.EstimatorStub(ch)
-            try:
-                ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: list(w0)})), timeout=120,
-                                   wait_for_ready=True)
-                req = convert.start_offline_request(
-                    run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
-                    opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size)
-                job = stub.StartOffline(req, timeout=60)
-                deadline = time.monotonic() + timeout_s
-                while job.state not in ("done", "failed"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"offline estimation did not finish within {timeout_s:.0f}s")
-                    job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60)
-            except grpc.RpcError as e:
-                raise RuntimeError(f"estimator service at {address}: {e.code().name}: {e.details()}") from None
+            ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: list(w0)})), timeout=120,
+                               wait_for_ready=True)
+            req = convert.start_offline_request(
+                run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
+                opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size)
+            job = stub.StartOffline(req, timeout=60)
+            deadline = time.monotonic() + timeout_s
+            while job.state not in ("done", "failed"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"offline estimation did not finish within {timeout_s:.0f}s")
+                job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60)
             return convert.offline_estimator_from_job(job)
 
     return run

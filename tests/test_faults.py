@@ -254,3 +254,54 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
     assert rec["num_clients"] == 4 and "skipped" not in rec["diagnostics"]
     assert rec["diagnostics"]["failed_clients"] == {"1": "deadline"}  # the oversized update never counted
+
+
+def test_estimator_lost_mid_fixed_point_restarts_and_the_run_recovers(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedEnt offline: the estimator dies while Algorithm 1 waits on a worker's gradient (its server is cut
+    off hard, every stream and the aggregator's long poll broken, as a kill -9 would); a new estimator on the
+    same port gets the job started again by the aggregator and the workers' re-opened Oracle streams; the
+    run then equals the simulation."""
+    from estimator.service import create_estimator_service
+    from estimator.settings import EstimatorSettings
+    from fedent.config import config_from_dict
+    from fedent.meanfield.oracle import TrainerOracle
+    from fedent.sim.simulator import run_simulation
+
+    started, gate = threading.Event(), threading.Event()
+    real = TrainerOracle.gradient
+
+    def gated(self: TrainerOracle, *args: Any, **kwargs: Any) -> Any:
+        started.set()
+        gate.wait(10)  # the first estimator dies while this gradient is outstanding
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainerOracle, "gradient", gated)
+    est = create_estimator_service(EstimatorSettings(wait_workers_s=20, oracle_timeout_s=20))
+    port = est.port
+    raw = tiny_config("fedent", rounds=2).to_dict()
+    raw["algorithm"].update(estimator="offline", max_sweeps=3)
+    cfg = config_from_dict(raw)
+    inputs = tiny_inputs()
+    h = start_aggregator(cfg, AggregatorSettings(register_timeout_s=20, round_deadline_s=20,
+                                                 estimator=f"127.0.0.1:{port}"), tmp_path / "run", inputs=inputs)
+    again = None
+    try:
+        for g in [(0, 1), (2, 3)]:
+            _worker(h, inputs, g, estimator=f"127.0.0.1:{port}", backoff_base_s=0.05, backoff_cap_s=0.3)
+        assert started.wait(20), "Algorithm 1 never asked a worker for a gradient"
+        est.server.stop(0)  # hard: no graceful job shutdown the aggregator could observe
+        est.jobs._cancel.set()
+        gate.set()
+        again = create_estimator_service(EstimatorSettings(port=port, wait_workers_s=20, oracle_timeout_s=20))
+        assert h.wait(60) and h.run.error is None, h.run.error
+    finally:
+        h.stop(grace_s=0.5)
+        if again is not None:
+            again.stop(0.5)
+    assert read_json(h.run_dir / "estimator.json")["report"]["mode"] == "offline"
+    monkeypatch.undo()
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    got = torch.load(h.run_dir / "model_final.pt")
+    for a, b in zip(got, sim.params, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
