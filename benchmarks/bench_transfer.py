@@ -1,7 +1,7 @@
 """Tensor transfer throughput over loopback gRPC, as a ratio to an in-process memory copy.
 
 A real estimator service (``python -m estimator``, a separate process on port 0) stores and serves tensor
-lists through the real chunked codec (``fedentrpc.convert``: raw bytes, ≤4 MiB chunks, blake2b checksum).
+lists through the real chunked codec (``fedentrpc.convert``: raw bytes, ≤4 MiB chunks, crc32 checksum by default).
 For each size the benchmark times
 
 * ``memcpy``: one in-process copy of the same number of bytes (``Tensor.copy_``), the ceiling;
@@ -139,7 +139,7 @@ def bench_big(stub: est_grpc.EstimatorStub, gb: float, service_pid: int) -> dict
     asm = convert.TensorAssembler()
     for c in stub.FetchBlob(tpb.FetchBlobRequest(blob_id=ref.blob_id), timeout=3600):
         asm.add(c)
-    got = asm.finish()[convert.PARAMS_GROUP]  # verifies sizes and the blake2b checksum
+    got = asm.finish()[convert.PARAMS_GROUP]  # verifies sizes and the checksum
     t_down = time.perf_counter() - t0
     ok = [t.numel() for t in got] == shapes and all(
         torch.equal(t, pattern(i, t.numel())) for i, t in enumerate(got))

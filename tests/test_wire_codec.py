@@ -124,3 +124,54 @@ def test_unaligned_offsets_decode_to_independent_tensors() -> None:
     assert all(torch.equal(b[k][0], out[k][0]) for k in b)
     out["w"][0].add_(1.0)  # in-place on one decoded tensor leaves its neighbours alone
     assert torch.equal(out["i"][0], torch.arange(3)) and torch.equal(out["flags"][0], b["flags"][0])
+
+
+@pytest.mark.parametrize("algo", ["crc32", "blake2b"])
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 7, 64, convert.MAX_CHUNK_BYTES])
+def test_either_checksum_round_trips_across_odd_chunk_boundaries(algo: str, chunk_bytes: int) -> None:
+    b = _bundle()
+    enc = encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes, checksum=algo))
+    header = enc.chunks[0].header
+    assert header.checksum.startswith(convert.CRC32_PREFIX if algo == "crc32" else convert.CHECKSUM_PREFIX)
+    assert b"".join(c.data for c in enc.chunks) == b"".join(
+        bytes(convert._tensor_u8(t, pb.WIRE_DTYPE_NATIVE)) for ts in b.values() for t in ts
+    )
+    assert all(len(c.data) == chunk_bytes for c in enc.chunks[:-1]) and 0 < len(enc.chunks[-1].data) <= chunk_bytes
+    out = decode_tensors(enc)
+    for name in b:
+        assert all(torch.equal(x, y) for x, y in zip(b[name], out[name], strict=True))
+
+
+@pytest.mark.parametrize("algo", ["crc32", "blake2b"])
+def test_a_flipped_bit_in_a_later_chunk_fails_either_checksum(algo: str) -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString())
+              for c in encode_tensors(_bundle(), TransferSpec(chunk_bytes=8, checksum=algo))]
+    data = bytearray(chunks[3].data)
+    data[2] ^= 0x01
+    chunks[3].data = bytes(data)
+    with pytest.raises(WireError, match="checksum"):
+        decode_tensors(chunks)
+
+
+def test_unknown_checksum_algorithm_is_a_wire_error() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
+    chunks[0].header.checksum = "md5:00"
+    with pytest.raises(WireError, match="checksum algorithm"):
+        decode_tensors(chunks)
+    with pytest.raises(ValueError, match="checksum"):
+        TransferSpec(checksum="md5")
+
+
+def test_assembler_reports_wire_bytes_after_finishing() -> None:
+    enc = encode_tensors(_bundle(), TransferSpec(chunk_bytes=16, compression="zlib"))
+    asm = convert.TensorAssembler()
+    for c in enc:
+        asm.add(c)
+    asm.finish()
+    assert asm.wire_bytes == enc.wire_bytes == sum(len(c.data) for c in enc.chunks)
+
+
+def test_empty_bundle_round_trips() -> None:
+    enc = encode_tensors({"params": []})
+    assert len(enc.chunks) == 1 and enc.wire_bytes == 0
+    assert decode_tensors(enc) == {"params": []}
