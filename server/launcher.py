@@ -14,8 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
@@ -202,16 +204,32 @@ class Cluster:
             raise
 
     # ---- run ---------------------------------------------------------------------------------
-    def wait(self, poll_s: float = 0.5) -> bool:
-        """Until the run finishes; fails fast when every worker (or the estimator) died first."""
+    def wait(self, poll_s: float = 0.5, on_round: Callable[[dict[str, Any]], None] | None = None) -> bool:
+        """Until the run finishes; fails fast when every worker (or the estimator) died first.
+
+        ``on_round`` is called once per completed round with its metrics.jsonl record (progress output).
+        """
         agg = self.aggregator
         assert agg is not None
+        seen = 0
+
+        def report() -> None:
+            nonlocal seen
+            if on_round is None:
+                return
+            records = runlog.read_metrics(agg.run.paths.metrics)
+            for rec in records[seen:]:
+                on_round(rec)
+            seen = max(seen, len(records))
+
         while not agg.wait(poll_s):
+            report()
             if self.workers and all(p.poll() is not None for p in self.workers) and not agg.wait(2.0):
                 codes = sorted({p.returncode for p in self.workers})
                 raise LaunchError(f"all workers exited (codes {codes}) before the run finished")
             if self.estimator is not None and self.estimator.poll() is not None:
                 raise LaunchError(f"the estimator service exited with code {self.estimator.returncode}")
+        report()
         return agg.ok
 
     def stop(self) -> None:

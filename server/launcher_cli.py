@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         if handle.dashboard_url:
             print(f"fedent cluster: dashboard {handle.dashboard_url}", flush=True)
         try:
-            ok = cluster.wait()
+            rounds = handle.run.rounds
+            ok = cluster.wait(on_round=lambda rec: print(round_line(rec, rounds), flush=True))
         except LaunchError as e:
             print(f"fedent cluster: {e}", file=sys.stderr)
             return 1
@@ -91,3 +92,17 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         cluster.stop()
+
+
+def round_line(rec: dict[str, Any], rounds: int | None) -> str:
+    """One progress line per completed round: accuracy, loss and round time."""
+    total = f"/{rounds}" if rounds else ""
+    acc = rec.get("test_acc")
+    acc_s = f"test acc {acc:.4f}" if isinstance(acc, (int, float)) else "test acc -"
+    loss = rec.get("train_loss")
+    loss_s = f"train loss {loss:.4f}" if isinstance(loss, (int, float)) else "train loss -"
+    wall = rec.get("wall_s")
+    wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
+    clients = rec.get("num_clients", "?")
+    head = f"fedent cluster: round {int(rec.get('round', -1)) + 1}{total}"
+    return f"{head}: {acc_s}, {loss_s}, {clients} clients, {wall_s}"
