@@ -91,6 +91,7 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
             "local": {k: float(np.mean([ls[k] for ls in locs])) for k in locs[0]} if locs else None,
             "eta_final_mean": _eta_final(recs),
             "eta_star": _eta_star(recs),
+            "phi2_error": _phi2_error(recs),
         })
     same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common})
     md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows}) for s in common}
@@ -120,6 +121,21 @@ def _eta_star(runs: Sequence[Records]) -> dict[str, float] | None:
     arr = np.asarray(vals)
     return {"mean": float(arr.mean()), "median": float(np.median(arr)), "max": float(arr.max()),
             "zero_share": float(np.mean(arr == 0.0))}
+
+
+def _phi2_error(runs: Sequence[Records]) -> dict[str, float] | None:
+    """How well the estimator's φ2(t+1) predicted the actual Σθ_i‖w_i(t+1)‖² (Definition 2): relative error."""
+    errs, over = [], []
+    for recs in runs:
+        for r in recs:
+            fd = r.get("fedent") or {}
+            pred, actual = fd.get("phi2_pred"), fd.get("phi2_actual")
+            if pred is not None and actual:
+                errs.append(abs(float(pred) - float(actual)) / abs(float(actual)))
+                over.append(float(pred) > float(actual))
+    if not errs:
+        return None
+    return {"median": float(np.median(errs)), "p90": float(np.quantile(errs, 0.9)), "over_share": float(np.mean(over))}
 
 
 # ---- figures -----------------------------------------------------------------------------------------------
@@ -307,8 +323,8 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             out.append(f"| {r['row']} | {' | '.join(cells)} | {_pct(r['final_acc'])} |")
     else:
         hdr = (f"| row | final acc (%) | best acc (%) | rounds to {tgt} | FedEnt η(T) mean | FedEnt η* median / "
-               "mean / max (share 0) | wall s/run |")
-        sep = "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+               "mean / max (share 0) | φ2(t+1) rel. error median / p90 (too high) | wall s/run |")
+        sep = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         if paper_hdr:
             hdr += f" paper Table III: {paper_hdr} |"
             sep += " ---: |"
@@ -319,12 +335,15 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             reach_txt = f"not reached (0/{n})" if reach is None else \
                 f"{reach['mean']:.1f} ± {reach['std']:.1f} ({r['reached']}/{n})"
             eta = "—" if r["eta_final_mean"] is None else f"{r['eta_final_mean']:.4f}"
+            pe = r.get("phi2_error")
+            phi2 = "—" if not pe else (f"{100 * pe['median']:.1f}% / {100 * pe['p90']:.1f}% "
+                                       f"({100 * pe['over_share']:.0f}%)")
             es = r.get("eta_star")
             star = "—" if not es else (f"{es['median']:.4f} / {es['mean']:.4f} / {es['max']:.3g} "
                                        f"({100 * es['zero_share']:.0f}%)")
             wall = "—" if r["wall_s"] is None else f"{r['wall_s']['mean']:.0f}"
             line = (f"| {_row_text(r['row'], data['rows'])} | {_pct(r['final_acc'])} | {_pct(r['best_acc'])} | "
-                    f"{reach_txt} | {eta} | {star} | {wall} |")
+                    f"{reach_txt} | {eta} | {star} | {phi2} | {wall} |")
             if paper_hdr:
                 line += f" {_paper_cells(ref, r['row']) or '—'} |"
             out.append(line)
