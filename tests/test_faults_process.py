@@ -1,15 +1,17 @@
 """kill -9 with real processes on loopback: a worker dies mid-run and is restarted; the aggregator dies
-mid-run and is restarted on the same port while its workers keep running and reconnect by themselves.
+mid-run and is restarted on the same port while its workers keep running and reconnect by themselves;
+the estimator service dies mid-fixed-point (FedEnt offline, Algorithm 1) and is restarted on its port.
 
-Both runs are FedAvg with every client in every round, so "recovered" is checked exactly: the final
-model equals the uninterrupted in-process simulation (1e-5 relative) and every round is in
-metrics.jsonl once with all its clients aggregated.
+Every client takes part in every round, so "recovered" is checked exactly: the final model equals the
+uninterrupted in-process simulation (1e-5 relative) and every round is in metrics.jsonl once with all
+its clients aggregated.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,12 +37,23 @@ algorithm: {{name: fedavg}}
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+# FedEnt offline: Algorithm 1 runs on the estimator service before round 0; tiny eps keep it sweeping
+# (all max_sweeps: 4 clients x 2 rounds x 2 sweeps = 16 CNN gradients) long enough to be killed midway
+FEDENT_ROUNDS = 2
+FEDENT_CONFIG = CONFIG.replace(f"rounds: {ROUNDS},", f"rounds: {FEDENT_ROUNDS},").replace(
+    "algorithm: {name: fedavg}",
+    "algorithm: {name: fedent, estimator: offline, max_sweeps: 2, eps1: 1.0e-12, eps2: 1.0e-12}")
+
+
+def _simulate(tmp: Path, config: str) -> list[torch.Tensor]:
+    (tmp / "cfg.yaml").write_text(config)
+    return list(run_simulation(load_config(tmp / "cfg.yaml"), tmp / "sim", progress=False, plots=False).params)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[torch.Tensor]:
-    """The uninterrupted simulation's final model, computed once for both tests (same config)."""
-    tmp = tmp_path_factory.mktemp("sim")
-    (tmp / "cfg.yaml").write_text(CONFIG)
-    return list(run_simulation(load_config(tmp / "cfg.yaml"), tmp / "sim", progress=False, plots=False).params)
+    """The uninterrupted simulation's final model, computed once for both FedAvg tests (same config)."""
+    return _simulate(tmp_path_factory.mktemp("sim"), CONFIG)
 
 
 @pytest.fixture
@@ -64,14 +77,33 @@ def _aggregator(procs: list[subprocess.Popen[str]], cfg: Path, out: Path, port: 
     return p
 
 
-def _worker(procs: list[subprocess.Popen[str]], port: int, clients: str, name: str) -> subprocess.Popen[str]:
+def _worker(procs: list[subprocess.Popen[str]], port: int, clients: str, name: str,
+            *extra: str) -> subprocess.Popen[str]:
     p = subprocess.Popen(
         [sys.executable, "-m", "client", "--aggregator", f"127.0.0.1:{port}", "--clients", clients, "--insecure",
          "--device", "cpu", "--name", name, "--connect-timeout", "30", "--reconnect-attempts", "200",
-         "--backoff-base", "0.05", "--backoff-cap", "0.3", "--log-level", "WARNING"],
+         "--backoff-base", "0.05", "--backoff-cap", "0.3", "--log-level", "WARNING", *extra],
         cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     procs.append(p)
     return p
+
+
+def _estimator(procs: list[subprocess.Popen[str]], port: int, port_file: Path, log: Path) -> subprocess.Popen[str]:
+    """Its INFO log goes to ``log`` (a file, read while it runs: job started / done)."""
+    with log.open("w") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "estimator", "--host", "127.0.0.1", "--port", str(port), "--port-file",
+             str(port_file), "--insecure", "--wait-workers", "60", "--oracle-timeout", "30"],
+            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    procs.append(p)
+    return p
+
+
+def _free_port() -> int:
+    """A port the OS just handed out (bound to port 0, then released), for a process restarted on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _wait_for(pred: object, what: str, timeout: float = 60) -> None:
@@ -84,7 +116,7 @@ def _wait_for(pred: object, what: str, timeout: float = 60) -> None:
 
 
 def _port(port_file: Path) -> int:
-    _wait_for(lambda: port_file.exists() and port_file.read_text().strip(), "the aggregator's port file")
+    _wait_for(lambda: port_file.exists() and port_file.read_text().strip(), f"the port file {port_file.name}")
     return int(port_file.read_text().strip())
 
 
@@ -95,10 +127,10 @@ def _rounds_logged(out: Path) -> int:
         return 0
 
 
-def _check_equals_simulation(out: Path, reference: list[torch.Tensor]) -> None:
+def _check_equals_simulation(out: Path, reference: list[torch.Tensor], rounds: int = ROUNDS) -> None:
     assert read_json(out / "status.json")["phase"] == "done"
     recs = read_metrics(out / "metrics.jsonl")
-    assert [r["round"] for r in recs] == list(range(ROUNDS))
+    assert [r["round"] for r in recs] == list(range(rounds))
     assert all(r["num_clients"] == 4 and "skipped" not in r["diagnostics"] for r in recs)
     got = torch.load(out / "model_final.pt")
     num = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
@@ -145,3 +177,38 @@ def test_aggregator_killed_mid_run_restarts_on_its_port_and_workers_reconnect(
     for w in workers:  # the original worker processes reconnected, finished the run and left cleanly
         assert w.wait(30) == 0, w.stderr.read()[-2000:] if w.stderr else ""
     _check_equals_simulation(out, reference)
+
+
+@pytest.mark.slow
+def test_estimator_killed_mid_fixed_point_restarts_on_its_port_and_the_run_recovers(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    """The aggregator's long poll on the job breaks and it starts the job again on the new estimator; the
+    worker re-opens its Oracle stream by itself. Algorithm 1 is deterministic, so the run equals the
+    simulation."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(FEDENT_CONFIG)
+    out = tmp_path / "run"
+    log1, log2 = tmp_path / "estimator1.log", tmp_path / "estimator2.log"
+    # ports picked up front so the three processes start (import torch) at once; everyone dials with
+    # wait_for_ready / reconnects, so start order does not matter
+    est_port, port = _free_port(), _free_port()
+    est = _estimator(procs, est_port, tmp_path / "est-port", log1)
+    agg = _aggregator(procs, cfg, out, port, tmp_path / "port", "--estimator", f"127.0.0.1:{est_port}")
+    _worker(procs, port, "0-3", "wa", "--estimator", f"127.0.0.1:{est_port}")
+    _wait_for(lambda: " started: " in log1.read_text() and "oracle stream from worker" in log1.read_text(),
+              "Algorithm 1 to start with the worker's Oracle stream")
+    time.sleep(0.3)  # let it serve some gradient requests
+    est.send_signal(signal.SIGKILL)
+    est.wait(10)
+    first = log1.read_text()
+    assert " started: " in first and " done: " not in first, f"the kill missed the fixed point:\n{first}"
+    assert not (out / "metrics.jsonl").exists() or _rounds_logged(out) == 0, "round 0 ran before φ2 was known"
+    _estimator(procs, est_port, tmp_path / "est-port2", log2)  # same port: the aggregator and worker dial it
+    assert agg.wait(120) == 0, agg.stderr.read()[-2000:] if agg.stderr else ""
+    second = log2.read_text()
+    assert " started: " in second and " done: " in second, second
+    agg_log = agg.stderr.read() if agg.stderr else ""
+    assert "offline job lost" in agg_log, agg_log[-2000:]
+    report = read_json(out / "estimator.json")["report"]
+    assert report["mode"] == "offline" and report["sweeps"] == 2, report
+    _check_equals_simulation(out, _simulate(tmp_path, FEDENT_CONFIG), FEDENT_ROUNDS)
