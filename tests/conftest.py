@@ -60,3 +60,58 @@ def tiny_config(algorithm: str = "fedavg", num_clients: int = 4, rounds: int = 2
 @pytest.fixture
 def tiny() -> SimInputs:
     return tiny_inputs()
+
+
+class FakeWorker:
+    """A hand-driven worker over real gRPC: registers, collects pushed work items, answers as a test likes.
+
+    Shared by the RPC and fault tests; it never answers on its own (nor heartbeats), so it can also play a
+    silent or hung worker.
+    """
+
+    def __init__(self, port: int, cids: list[int], md5: str, name: str = "fake", sizes: int = 12,
+                 token: str = "") -> None:
+        import queue
+        import threading
+
+        import grpc
+
+        from fedentrpc.v1 import aggregator_pb2 as pb
+        from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.wid = self.stub.Register(pb.RegisterRequest(worker_name=name, client_ids=cids, token=token)).worker_id
+        self.stub.Ready(pb.ReadyRequest(worker_id=self.wid, partition_md5=md5,
+                                        clients=[pb.ClientInfo(cid=c, num_samples=sizes) for c in cids]))
+        self.items: queue.Queue[Any] = queue.Queue()
+        self.call = self.stub.Work(pb.WorkRequest(worker_id=self.wid))
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        import grpc
+
+        try:
+            for item in self.call:
+                self.items.put(item)
+        except grpc.RpcError:
+            pass
+
+    def next(self, kind: str) -> Any:
+        while True:
+            item = self.items.get(timeout=20)
+            if item.WhichOneof("kind") == kind:
+                return getattr(item, kind)
+
+    def model(self, blob: str) -> list[Tensor]:
+        from fedentrpc import convert
+        from fedentrpc.v1 import tensor_pb2 as tpb
+
+        return convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
+
+    def upload(self, task: Any, cid: int, params: list[Tensor], n: int = 12) -> None:
+        from fedent.strategies.base import ClientUpdate
+        from fedentrpc import convert
+
+        u = ClientUpdate(cid=cid, params=params, num_samples=n, train_loss=0.1)
+        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))

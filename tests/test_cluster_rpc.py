@@ -6,7 +6,6 @@ exclusion of bad updates, deadlines/quorum, disconnects, health checking and ref
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import tiny_config, tiny_inputs
+from conftest import FakeWorker, tiny_config, tiny_inputs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -133,42 +132,10 @@ def test_registration_errors_map_to_status_codes(start: Any) -> None:
     assert not stub.Heartbeat(pb.HeartbeatRequest(worker_id="w-nobody")).known
 
 
-class FakeWorker:
-    """A hand-driven worker: collects pushed work items so a test can answer (or not) as it likes."""
-
-    def __init__(self, h: AggregatorHandle, cids: list[int], md5: str) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{h.port}")
-        self.stub = pb_grpc.AggregatorStub(self.channel)
-        self.wid = _register(self.stub, cids, md5)
-        self.items: queue.Queue[pb.WorkItem] = queue.Queue()
-        self.call = self.stub.Work(pb.WorkRequest(worker_id=self.wid))
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        try:
-            for item in self.call:
-                self.items.put(item)
-        except grpc.RpcError:
-            pass
-
-    def next(self, kind: str) -> Any:
-        while True:
-            item = self.items.get(timeout=20)
-            if item.WhichOneof("kind") == kind:
-                return getattr(item, kind)
-
-    def model(self, blob: str) -> list[torch.Tensor]:
-        return convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
-
-    def upload(self, task: pb.TaskHeader, cid: int, params: list[torch.Tensor], n: int = 12) -> None:
-        u = ClientUpdate(cid=cid, params=params, num_samples=n, train_loss=0.1)
-        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
-
-
 def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)
-    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit = fake.next("fit").task
     assert list(fit.client_ids) == [0, 1, 2, 3]
     w = fake.model(fit.model_blob)
@@ -203,7 +170,7 @@ def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
 def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)
-    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit = fake.next("fit").task
     w = fake.model(fit.model_blob)
     ups = {c: [p + c for p in w] for c in (1, 2, 3)}
@@ -222,7 +189,7 @@ def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
 def test_silent_worker_hits_the_deadline_and_the_run_goes_on(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, round_deadline_s=0.4)
-    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     t0 = time.monotonic()
     assert h.wait(20) and h.run.error is None
     assert time.monotonic() - t0 < 10
@@ -235,7 +202,7 @@ def test_silent_worker_hits_the_deadline_and_the_run_goes_on(start: Any) -> None
 def test_disconnect_fails_the_clients_at_once_not_at_the_deadline(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, round_deadline_s=60)
-    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     fake.next("fit")
     t0 = time.monotonic()
     fake.call.cancel()
@@ -358,7 +325,7 @@ def test_more_workers_than_rpc_threads_is_refused_not_a_deadlock(start: Any) -> 
 def test_a_nan_probe_is_excluded_and_the_others_are_kept(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedent", rounds=1, fraction=1.0), inputs, quorum=0.5, round_deadline_s=20)
-    fake = FakeWorker(h, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     probe = fake.next("probe").task
     msgs = [pb.ProbeMsg(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0}) for c in range(4)]
     msgs[1].scalars["a"] = float("nan")

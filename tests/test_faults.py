@@ -7,7 +7,6 @@ oversized messages. The kill -9 scenarios with real processes are in test_faults
 
 from __future__ import annotations
 
-import queue
 import random
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import tiny_config, tiny_inputs
+from conftest import FakeWorker, tiny_config, tiny_inputs
 
 from client.worker import Worker, WorkerError, WorkerSettings, backoff_delay
 from fedent.rng import sample_clients
@@ -27,7 +26,6 @@ from fedent.sim.inputs import SimInputs
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
 from fedentrpc.v1 import aggregator_pb2 as pb
-from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.aggregator import MAX_MESSAGE
 from server.app import AggregatorHandle, start_aggregator
@@ -49,35 +47,9 @@ def start(tmp_path: Path) -> Iterator[Any]:
         h.stop(grace_s=0.5)
 
 
-class Silent:
+def Silent(h: AggregatorHandle, cids: list[int], md5: str, name: str = "silent") -> FakeWorker:
     """A registered, ready worker that opens its Work stream and never answers (nor heartbeats)."""
-
-    def __init__(self, h: AggregatorHandle, cids: list[int], md5: str, name: str = "silent") -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{h.port}")
-        self.stub = pb_grpc.AggregatorStub(self.channel)
-        self.wid = self.stub.Register(pb.RegisterRequest(worker_name=name, client_ids=cids)).worker_id
-        self.stub.Ready(pb.ReadyRequest(worker_id=self.wid, partition_md5=md5,
-                                        clients=[pb.ClientInfo(cid=c, num_samples=12) for c in cids]))
-        self.items: queue.Queue[pb.WorkItem] = queue.Queue()
-        self.call = self.stub.Work(pb.WorkRequest(worker_id=self.wid))
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        try:
-            for item in self.call:
-                self.items.put(item)
-        except grpc.RpcError:
-            pass
-
-    def next(self, kind: str) -> Any:
-        while True:
-            item = self.items.get(timeout=20)
-            if item.WhichOneof("kind") == kind:
-                return getattr(item, kind)
-
-    def upload(self, task: pb.TaskHeader, cid: int, params: list[torch.Tensor]) -> None:
-        u = ClientUpdate(cid=cid, params=params, num_samples=12, train_loss=0.1)
-        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
+    return FakeWorker(h.port, cids, md5, name=name)
 
 
 def _worker(h: AggregatorHandle, inputs: SimInputs, cids: tuple[int, ...], **kw: Any) -> tuple[Worker, Any]:
