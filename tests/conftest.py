@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,3 +117,22 @@ class FakeWorker:
 
         u = ClientUpdate(cid=cid, params=params, num_samples=n, train_loss=0.1)
         self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    """Aggregator factory over server.app.start_aggregator (bound to port 0); stops every handle on teardown."""
+    from server.app import start_aggregator
+    from server.settings import AggregatorSettings
+
+    handles: list[Any] = []
+
+    def go(cfg: Any, inputs: SimInputs, **settings: Any) -> Any:
+        s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
+        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
+        handles.append(h)
+        return h
+
+    yield go
+    for h in handles:
+        h.stop(grace_s=0.5)

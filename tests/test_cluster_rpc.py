@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +31,6 @@ from fedentrpc.v1 import tensor_pb2 as tpb
 from server.app import AggregatorHandle, start_aggregator
 from server.launcher import split_clients
 from server.settings import AggregatorSettings, SettingsError
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Any]:
-    handles: list[AggregatorHandle] = []
-
-    def go(cfg: Any, inputs: SimInputs, **settings: Any) -> AggregatorHandle:
-        s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
-        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
-        handles.append(h)
-        return h
-
-    yield go
-    for h in handles:
-        h.stop(grace_s=0.5)
 
 
 def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorStub:
