@@ -5,12 +5,17 @@ lists through the real chunked codec (``fedentrpc.convert``: raw bytes, ≤4 MiB
 For each size the benchmark times
 
 * ``memcpy``: one in-process copy of the same number of bytes (``Tensor.copy_``), the ceiling;
-* ``upload``: ``encode_tensors`` + ``PutBlob`` (the service re-assembles, verifies the checksum, decodes);
-* ``download``: ``FetchBlob`` + ``decode_tensors`` (checksum verified), checked equal to the original;
+* ``upload``: ``stream_tensors`` into ``PutBlob``, chunks cut and checksummed as gRPC sends them (the way a
+  worker uploads its update); the service verifies every chunk's checksum and decodes;
+* ``download``: ``FetchBlob`` + ``decode_tensors`` (every chunk's checksum verified), checked equal to the
+  original (the way a worker fetches the round's model);
 * ``encode``/``decode``: the codec alone in-process (no gRPC), to show how much of the cost is the codec;
 
 and reports GB/s (10^9 bytes/s) and each as a fraction of memcpy. ``--big-gb`` then streams one synthetic
 parameter list larger than 2 GB (protobuf's and gRPC's message limits) up and down and verifies it.
+
+Both processes tune glibc malloc the way ``python -m server|client|estimator`` do
+(``fedentrpc/allocator.py``); ``--malloc default`` runs both with glibc's defaults instead, for comparison.
 
     python benchmarks/bench_transfer.py                       # 1, 16, 256, 1024 MB + a 2.2 GB model
     python benchmarks/bench_transfer.py --sizes-mb 1,16 --big-gb 0 --json out.json
@@ -35,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedentrpc import convert  # noqa: E402
+from fedentrpc.allocator import tune_for_streaming  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
 
@@ -43,8 +49,11 @@ MB = 2**20
 OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
 
 
-def start_service() -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+GLIBC_DEFAULTS = {"MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}  # glibc's own default, set explicitly
+
+
+def start_service(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "estimator", "--host", "127.0.0.1", "--port", "0", "--insecure",
                              "--blob-cache-mb", "1", "--log-level", "WARNING"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -92,7 +101,7 @@ def memcpy_s(nbytes: int, repeat: int) -> float:
 
 
 def upload(stub: est_grpc.EstimatorStub, params: list[torch.Tensor]) -> str:
-    ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: params})), timeout=3600)
+    ref = stub.PutBlob(convert.stream_tensors({convert.PARAMS_GROUP: params}), timeout=3600)
     return str(ref.blob_id)
 
 
@@ -156,14 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="best of this many runs per size")
     p.add_argument("--big-gb", type=float, default=2.2, help="size of the >2 GB proof (0 skips it)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
+                   help="tuned: both processes keep freed chunk buffers (as the services do); default: glibc's")
     args = p.parse_args(argv)
+    extra_env = GLIBC_DEFAULTS if args.malloc == "default" else {}
+    malloc = tune_for_streaming({**os.environ, **extra_env})
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s.strip()]
     except ValueError:
         print(f"bench_transfer: bad --sizes-mb {args.sizes_mb!r}", file=sys.stderr)
         return 2
-    proc, port = start_service()
-    results: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "sizes": []}
+    proc, port = start_service(extra_env)
+    results: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "malloc": malloc,
+                               "checksum": convert.TransferSpec().checksum, "sizes": []}
+    print(f"{malloc}; checksum {results['checksum']}")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS) as ch:
             stub = est_grpc.EstimatorStub(ch)

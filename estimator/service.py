@@ -74,7 +74,7 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
             for c in request_iterator:
                 asm.add(c)
                 chunks.append(c)
-            asm.finish()  # validates sizes, checksum and shapes before anything is stored
+            asm.finish()  # validates sizes, checksums and shapes before anything is stored
             raw = asm.header.raw_bytes if asm.header is not None else 0
             enc = convert.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
             return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)

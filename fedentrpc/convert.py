@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import google_crc32c
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,7 +35,8 @@ from fedentrpc.v1 import tensor_pb2 as pb
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 CHECKSUM_PREFIX = "blake2b-128:"  # kept: older senders and tests name blake2b this way
 CRC32_PREFIX = "crc32:"
-CHECKSUMS = ("crc32", "blake2b")
+CRC32C_PREFIX = "crc32c:"
+CHECKSUMS = ("crc32c", "crc32", "blake2b")
 PARAMS_GROUP = "params"
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -73,7 +76,7 @@ class TransferSpec:
     compression: str = "none"
     chunk_bytes: int = MAX_CHUNK_BYTES
     zlib_level: int = 1
-    checksum: str = "crc32"
+    checksum: str = "crc32c"
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in _WIRE_DTYPES:
@@ -135,8 +138,22 @@ def _tensor_u8(t: Tensor, wire: int) -> memoryview:
     return t.view(torch.uint8).numpy().data
 
 
+# Checksum algorithms: TransferSpec name -> the name on the wire ("<wire name>:<hex>" in a chunk).
+_CHECKSUM_WIRE_NAMES = {"crc32c": "crc32c", "crc32": "crc32", "blake2b": "blake2b-128"}
+_CHECKSUM_BY_WIRE_NAME = {v: k for k, v in _CHECKSUM_WIRE_NAMES.items()}
+
+
+def _digest(algo: str, data: bytes) -> str:
+    """``"<wire name>:<hex>"`` of ``data``."""
+    if algo == "crc32c":
+        return f"{CRC32C_PREFIX}{google_crc32c.value(data):08x}"
+    if algo == "crc32":
+        return f"{CRC32_PREFIX}{zlib.crc32(data):08x}"
+    return CHECKSUM_PREFIX + hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 class _Checksum:
-    """An incremental checksum whose result names its algorithm, so the receiver can verify either."""
+    """The older whole-payload form: one incremental checksum over every chunk, named in the header."""
 
     def __init__(self, algo: str) -> None:
         self.algo = algo
@@ -184,13 +201,8 @@ def _pieces(parts: Sequence[memoryview], total: int, size: int) -> Iterator[byte
         yield bytes(pending[0]) if len(pending) == 1 else b"".join(pending)
 
 
-def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
-    """Serialise named tensor lists (dict order kept) into checksummed chunks of ≤ ``chunk_bytes``.
-
-    Each chunk's bytes are gathered straight from the tensors with one copy (no joined payload that is
-    sliced again), and the checksum is updated per chunk while it is still in cache.
-    """
-    spec = spec or TransferSpec()
+def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[pb.TensorListHeader, list[memoryview]]:
+    """The stream's header and its payload as buffers (views of the tensors unless cast or compressed)."""
     wire = _WIRE_DTYPES[spec.wire_dtype]
     specs, groups, parts = [], [], []
     for name, tensors in bundle.items():
@@ -203,14 +215,8 @@ def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | 
     raw_len = sum(len(p) for p in parts)
     if spec.compression == "zlib":
         comp = zlib.compressobj(spec.zlib_level)
-        payload = memoryview(b"".join([comp.compress(p) for p in parts] + [comp.flush()]))
-        parts = [payload]
+        parts = [memoryview(b"".join([comp.compress(p) for p in parts] + [comp.flush()]))]
     wire_len = sum(len(p) for p in parts)
-    check = _Checksum(spec.checksum)
-    chunks: list[pb.TensorChunk] = []
-    for i, piece in enumerate(_pieces(parts, wire_len, spec.chunk_bytes)):
-        check.update(piece)
-        chunks.append(pb.TensorChunk(index=i, data=piece))
     header = pb.TensorListHeader(
         tensors=specs,
         groups=groups,
@@ -218,30 +224,88 @@ def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | 
         compression=_COMPRESSIONS[spec.compression],
         raw_bytes=raw_len,
         wire_bytes=wire_len,
-        checksum=check.text(),
-        num_chunks=len(chunks),
+        num_chunks=max(1, -(-wire_len // spec.chunk_bytes)),
+        chunk_checksum=_CHECKSUM_WIRE_NAMES[spec.checksum],
     )
-    chunks[0].header.CopyFrom(header)
-    return EncodedTensors(tuple(chunks), raw_len, wire_len)
+    return header, parts
+
+
+def _chunks(header: pb.TensorListHeader, parts: list[memoryview], spec: TransferSpec) -> Iterator[pb.TensorChunk]:
+    for i, piece in enumerate(_pieces(parts, header.wire_bytes, spec.chunk_bytes)):
+        chunk = pb.TensorChunk(index=i, data=piece, checksum=_digest(spec.checksum, piece))
+        if i == 0:
+            chunk.header.CopyFrom(header)
+        yield chunk
+
+
+def stream_tensors(
+    bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None
+) -> Iterator[pb.TensorChunk]:
+    """Named tensor lists (dict order kept) as checksummed chunks of ≤ ``chunk_bytes``, built as consumed.
+
+    Every chunk carries the checksum of its own bytes, so nothing waits for the whole payload: an upload
+    sends chunk i while chunk i+1 is being cut, and never holds more than a chunk or two of encoded bytes.
+    Bad input (an unsupported dtype) raises here, before the first chunk, not inside the stream.
+    """
+    spec = spec or TransferSpec()
+    header, parts = _plan(bundle, spec)
+    return _chunks(header, parts, spec)
+
+
+def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
+    """``stream_tensors`` kept in memory: encoded once, then streamed to any number of receivers."""
+    spec = spec or TransferSpec()
+    header, parts = _plan(bundle, spec)
+    return EncodedTensors(tuple(_chunks(header, parts, spec)), int(header.raw_bytes), int(header.wire_bytes))
 
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-class TensorAssembler:
-    """Collects streamed chunks in order and rebuilds the bundle, checking sizes and the checksum.
+DEFAULT_MAX_STREAM_BYTES = 64 * 2**30  # a receiver's default bound on one tensor stream (64 GiB)
 
-    Each chunk's bytes are read from the message once, checksummed and appended to one private buffer
-    (the decoded tensors are views into it), so nothing is joined or copied again at the end.
+
+class TensorAssembler:
+    """Collects streamed chunks in order and rebuilds the bundle, checking sizes and checksums.
+
+    The header's sizes are checked against ``max_bytes`` before anything is allocated; then each chunk
+    is verified against its own checksum and copied once, straight into its place in one buffer sized
+    from the header, so the decoded tensors are views into it and nothing is joined at the end.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> None:
         self.header: pb.TensorListHeader | None = None
-        self._buf = bytearray()
+        self.max_bytes = max_bytes
+        self._dst: Tensor | None = None
+        self._np: Any = None  # numpy view of _dst
         self._count = 0
         self._received = 0
-        self._check: _Checksum | None = None
+        self._whole: _Checksum | None = None  # the older whole-payload form
+        self._algo = ""  # the per-chunk form
+
+    def _start(self, h: pb.TensorListHeader) -> None:
+        if h.chunk_checksum:
+            algo = _CHECKSUM_BY_WIRE_NAME.get(h.chunk_checksum)
+            if algo is None:
+                raise WireError(f"unknown tensor checksum algorithm {h.chunk_checksum[:24]!r}")
+            self._algo = algo
+        else:
+            self._whole = _Checksum.for_header(h.checksum)
+        if h.wire_bytes > self.max_bytes or h.raw_bytes > self.max_bytes:
+            raise WireError(f"tensor stream of {max(h.wire_bytes, h.raw_bytes)} bytes exceeds this receiver's "
+                            f"limit of {self.max_bytes}")
+        if h.num_chunks < 1 or h.wire_bytes > h.num_chunks * MAX_CHUNK_BYTES:
+            raise WireError(f"tensor header: {h.wire_bytes} bytes cannot travel in {h.num_chunks} chunks")
+        if h.num_chunks > max(1, h.wire_bytes):
+            raise WireError(f"tensor header: {h.num_chunks} chunks for {h.wire_bytes} bytes")
+        if h.compression == pb.COMPRESSION_NONE and h.raw_bytes != h.wire_bytes:
+            raise WireError(f"uncompressed tensor stream: raw {h.raw_bytes} != wire {h.wire_bytes} bytes")
+        try:
+            self._dst = torch.empty(int(h.wire_bytes), dtype=torch.uint8)
+        except RuntimeError:
+            raise WireError(f"cannot allocate {h.wire_bytes} bytes for a tensor stream") from None
+        self._np = self._dst.numpy()
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.index != self._count:
@@ -250,21 +314,29 @@ class TensorAssembler:
             if not chunk.HasField("header"):
                 raise WireError("the first tensor chunk carries no header")
             self.header = chunk.header
-            self._check = _Checksum.for_header(self.header.checksum)
+            self._start(self.header)
         elif chunk.HasField("header"):
             raise WireError("only the first tensor chunk may carry a header")
-        assert self.header is not None and self._check is not None
+        h = self.header
+        assert h is not None
         data = chunk.data  # each access copies out of the message: read it once
-        if len(data) > MAX_CHUNK_BYTES:
-            raise WireError(f"tensor chunk of {len(data)} bytes exceeds {MAX_CHUNK_BYTES}")
-        if chunk.index >= max(self.header.num_chunks, 1):
-            raise WireError(f"more tensor chunks than the header's {self.header.num_chunks}")
-        if self._received + len(data) > self.header.wire_bytes:
+        n = len(data)
+        if n > MAX_CHUNK_BYTES:
+            raise WireError(f"tensor chunk of {n} bytes exceeds {MAX_CHUNK_BYTES}")
+        if chunk.index >= h.num_chunks:
+            raise WireError(f"more tensor chunks than the header's {h.num_chunks}")
+        if self._received + n > h.wire_bytes:
             raise WireError("tensor stream longer than its header says")
-        self._check.update(data)
-        self._buf += data
+        if self._algo:
+            if _digest(self._algo, data) != chunk.checksum:
+                raise WireError(f"tensor chunk {chunk.index}: checksum mismatch (corrupted transfer)")
+        else:
+            assert self._whole is not None
+            self._whole.update(data)
+        if n:
+            self._np[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
         self._count += 1
-        self._received += len(data)
+        self._received += n
 
     @property
     def wire_bytes(self) -> int:
@@ -272,35 +344,47 @@ class TensorAssembler:
 
     def finish(self) -> Bundle:
         h = self.header
-        if h is None or self._check is None:
+        if h is None:
             raise WireError("empty tensor stream")
-        if self._count != max(h.num_chunks, 1) or self._received != h.wire_bytes:
+        if self._count != h.num_chunks or self._received != h.wire_bytes:
             raise WireError(f"tensor stream truncated: {self._received} of {h.wire_bytes} bytes")
-        if self._check.text() != h.checksum:
+        if self._whole is not None and self._whole.text() != h.checksum:
             raise WireError("tensor checksum mismatch (corrupted transfer)")
-        payload, self._buf = self._buf, bytearray()  # the tensors own the buffer from here on
+        payload = self._dst if self._dst is not None else torch.empty(0, dtype=torch.uint8)
+        self._dst, self._np = None, None  # the tensors own the buffer from here on
         if h.compression == pb.COMPRESSION_ZLIB:
-            try:
-                raw = bytearray(zlib.decompress(payload))
-            except zlib.error as e:
-                raise WireError(f"bad zlib payload ({e})") from None
+            raw = _inflate(payload, int(h.raw_bytes))
         elif h.compression == pb.COMPRESSION_NONE:
             raw = payload
         else:
             raise WireError(f"unknown compression {h.compression}")
-        if len(raw) != h.raw_bytes:
-            raise WireError(f"tensor payload is {len(raw)} bytes, header says {h.raw_bytes}")
+        if raw.numel() != h.raw_bytes:
+            raise WireError(f"tensor payload is {raw.numel()} bytes, header says {h.raw_bytes}")
         return _split(h, raw)
 
 
-def _split(h: pb.TensorListHeader, raw: bytearray) -> Bundle:
-    """Tensors as views into ``raw`` (owned by them alone) where aligned, else copies."""
+def _inflate(payload: Tensor, raw_bytes: int) -> Tensor:
+    """zlib-decompress at most ``raw_bytes`` + 1 bytes, so a small bomb cannot claim unbounded memory."""
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(payload.numpy(), raw_bytes + 1)
+    except zlib.error as e:
+        raise WireError(f"bad zlib payload ({e})") from None
+    if len(out) > raw_bytes or d.unconsumed_tail:
+        raise WireError(f"tensor payload inflates past the header's {raw_bytes} bytes")
+    if not d.eof:
+        raise WireError("bad zlib payload (truncated)")
+    return torch.frombuffer(bytearray(out), dtype=torch.uint8) if out else torch.empty(0, dtype=torch.uint8)
+
+
+def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
+    """Tensors as views into ``buf`` (a uint8 tensor owned by them alone) where aligned, else copies."""
     if sum(g.count for g in h.groups) != len(h.tensors):
         raise WireError("tensor groups do not cover the tensor list")
     wire_dtype = _WIRE_TORCH.get(h.wire_dtype)
     if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
         raise WireError(f"unknown wire dtype {h.wire_dtype}")
-    buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    total = buf.numel()
     tensors: list[Tensor] = []
     offset = 0
     for s in h.tensors:
@@ -313,7 +397,7 @@ def _split(h: pb.TensorListHeader, raw: bytearray) -> Bundle:
         sent = wire_dtype if (wire_dtype is not None and dtype.is_floating_point) else dtype
         store = torch.uint8 if sent == torch.bool else sent
         nbytes = numel * _element_size(store)
-        if offset + nbytes > len(raw):
+        if offset + nbytes > total:
             raise WireError("tensor payload shorter than its shapes need")
         piece = buf[offset : offset + nbytes]
         t = (piece if offset % _element_size(store) == 0 else piece.clone()).view(store)
@@ -321,8 +405,8 @@ def _split(h: pb.TensorListHeader, raw: bytearray) -> Bundle:
             t = t.to(dtype)
         tensors.append(t.reshape(tuple(s.shape)))
         offset += nbytes
-    if offset != len(raw):
-        raise WireError(f"tensor payload has {len(raw) - offset} trailing bytes")
+    if offset != total:
+        raise WireError(f"tensor payload has {total - offset} trailing bytes")
     out: Bundle = {}
     pos = 0
     for g in h.groups:
@@ -333,8 +417,8 @@ def _split(h: pb.TensorListHeader, raw: bytearray) -> Bundle:
     return out
 
 
-def decode_tensors(chunks: Iterable[pb.TensorChunk]) -> Bundle:
-    asm = TensorAssembler()
+def decode_tensors(chunks: Iterable[pb.TensorChunk], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
+    asm = TensorAssembler(max_bytes)
     for c in chunks:
         asm.add(c)
     return asm.finish()
@@ -430,7 +514,7 @@ def update_to_parts(
         )
     )
     bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
-    for chunk in encode_tensors(bundle, spec):
+    for chunk in stream_tensors(bundle, spec):
         yield agg_pb.UpdatePart(chunk=chunk)
 
 
@@ -544,5 +628,5 @@ def oracle_result_messages(request_id: int, cid: int, num_samples: int, grads: S
     """One gradient answer on the Oracle stream: a header, then its tensor chunks."""
     yield est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=request_id, cid=cid,
                                                                 num_samples=num_samples))
-    for chunk in encode_tensors({"grad": list(grads)}, spec):
+    for chunk in stream_tensors({"grad": list(grads)}, spec):
         yield est_pb.OracleMessage(chunk=chunk)

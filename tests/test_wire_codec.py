@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -126,13 +128,16 @@ def test_unaligned_offsets_decode_to_independent_tensors() -> None:
     assert torch.equal(out["i"][0], torch.arange(3)) and torch.equal(out["flags"][0], b["flags"][0])
 
 
-@pytest.mark.parametrize("algo", ["crc32", "blake2b"])
+@pytest.mark.parametrize("algo", ["crc32c", "crc32", "blake2b"])
 @pytest.mark.parametrize("chunk_bytes", [1, 5, 7, 64, convert.MAX_CHUNK_BYTES])
 def test_either_checksum_round_trips_across_odd_chunk_boundaries(algo: str, chunk_bytes: int) -> None:
     b = _bundle()
     enc = encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes, checksum=algo))
     header = enc.chunks[0].header
-    assert header.checksum.startswith(convert.CRC32_PREFIX if algo == "crc32" else convert.CHECKSUM_PREFIX)
+    prefix = {"crc32c": convert.CRC32C_PREFIX, "crc32": convert.CRC32_PREFIX, "blake2b": convert.CHECKSUM_PREFIX}[algo]
+    assert header.chunk_checksum == prefix[:-1] and header.checksum == ""
+    assert all(c.checksum.startswith(prefix) for c in enc.chunks)
+    assert header.num_chunks == len(enc.chunks)
     assert b"".join(c.data for c in enc.chunks) == b"".join(
         bytes(convert._tensor_u8(t, pb.WIRE_DTYPE_NATIVE)) for ts in b.values() for t in ts
     )
@@ -155,6 +160,10 @@ def test_a_flipped_bit_in_a_later_chunk_fails_either_checksum(algo: str) -> None
 
 def test_unknown_checksum_algorithm_is_a_wire_error() -> None:
     chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
+    chunks[0].header.chunk_checksum = "md5"
+    with pytest.raises(WireError, match="checksum algorithm"):
+        decode_tensors(chunks)
+    chunks[0].header.chunk_checksum = ""  # the whole-payload form, naming an unknown algorithm
     chunks[0].header.checksum = "md5:00"
     with pytest.raises(WireError, match="checksum algorithm"):
         decode_tensors(chunks)
@@ -175,3 +184,77 @@ def test_empty_bundle_round_trips() -> None:
     enc = encode_tensors({"params": []})
     assert len(enc.chunks) == 1 and enc.wire_bytes == 0
     assert decode_tensors(enc) == {"params": []}
+
+
+def _legacy_stream(b: dict[str, list[torch.Tensor]], chunk_bytes: int) -> list[pb.TensorChunk]:
+    """The older form: no per-chunk checksums, one crc32 of the whole payload in the header."""
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString())
+              for c in encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes))]
+    payload = b"".join(c.data for c in chunks)
+    for c in chunks:
+        c.ClearField("checksum")
+    chunks[0].header.chunk_checksum = ""
+    chunks[0].header.checksum = f"{convert.CRC32_PREFIX}{zlib.crc32(payload):08x}"
+    return chunks
+
+
+def test_the_older_whole_payload_checksum_is_still_accepted_and_verified() -> None:
+    b = _bundle()
+    out = decode_tensors(_legacy_stream(b, 16))
+    assert all(torch.equal(x, y) for x, y in zip(b["extra"], out["extra"], strict=True))
+    chunks = _legacy_stream(b, 16)
+    chunks[2].data = bytes(16)  # same length, different bytes
+    with pytest.raises(WireError, match="checksum mismatch"):
+        decode_tensors(chunks)
+
+
+@pytest.mark.parametrize("algo", ["crc32c", "crc32", "blake2b"])
+def test_a_corrupted_chunk_is_named(algo: str) -> None:
+    big = {"params": [torch.randn(600_000)]}  # 2.4 MB in 1 MiB chunks
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString())
+              for c in encode_tensors(big, TransferSpec(chunk_bytes=2**20, checksum=algo))]
+    assert len(chunks) == 3
+    data = bytearray(chunks[1].data)
+    data[100] ^= 0x10
+    chunks[1].data = bytes(data)
+    with pytest.raises(WireError, match="chunk 1: checksum mismatch"):
+        decode_tensors(chunks)
+
+
+def test_crc32c_is_the_default_and_matches_the_standard_check_value() -> None:
+    assert TransferSpec().checksum == "crc32c"
+    assert convert._digest("crc32c", b"123456789") == "crc32c:e3069283"  # RFC 3720 B.4 check value
+    assert convert._digest("crc32", b"123456789") == "crc32:cbf43926"
+
+
+def test_a_chunk_without_its_checksum_is_rejected() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString())
+              for c in encode_tensors(_bundle(), TransferSpec(chunk_bytes=32))]
+    chunks[1].ClearField("checksum")
+    with pytest.raises(WireError, match="chunk 1: checksum mismatch"):
+        decode_tensors(chunks)
+
+
+def test_a_header_claiming_too_many_bytes_fails_before_allocating() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
+    with pytest.raises(WireError, match="exceeds this receiver's limit of 100"):
+        decode_tensors(chunks, max_bytes=100)
+    chunks[0].header.wire_bytes = chunks[0].header.raw_bytes = 2**62
+    with pytest.raises(WireError, match="cannot travel in 1 chunks"):
+        decode_tensors(chunks, max_bytes=2**63)
+
+
+def test_a_zlib_bomb_is_stopped_at_the_headers_raw_size() -> None:
+    enc = encode_tensors({"params": [torch.zeros(1000)]}, TransferSpec(compression="zlib"))
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
+    chunks[0].header.raw_bytes = 400  # the payload inflates to 4000 bytes
+    with pytest.raises(WireError, match="inflates past the header's 400 bytes"):
+        decode_tensors(chunks)
+
+
+def test_stream_tensors_fails_on_bad_input_before_the_first_chunk_and_equals_encode() -> None:
+    with pytest.raises(WireError, match="dtype"):
+        convert.stream_tensors({"p": [torch.zeros(2, dtype=torch.complex64)]})
+    b = _bundle()
+    streamed = [c.SerializeToString() for c in convert.stream_tensors(b, TransferSpec(chunk_bytes=24))]
+    assert streamed == [c.SerializeToString() for c in encode_tensors(b, TransferSpec(chunk_bytes=24))]

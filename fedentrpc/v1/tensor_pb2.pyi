@@ -40,7 +40,7 @@ class TensorGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class TensorListHeader(_message.Message):
-    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "checksum", "num_chunks")
+    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "checksum", "num_chunks", "chunk_checksum")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class TensorListHeader(_message.Message):
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     groups: _containers.RepeatedCompositeFieldContainer[TensorGroup]
     wire_dtype: WireDtype
@@ -57,17 +58,20 @@ class TensorListHeader(_message.Message):
     wire_bytes: int
     checksum: str
     num_chunks: int
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+    chunk_checksum: str
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., num_chunks: _Optional[int] = ..., chunk_checksum: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("header", "index", "data")
+    __slots__ = ("header", "index", "data", "checksum")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     header: TensorListHeader
     index: int
     data: bytes
-    def __init__(self, header: _Optional[_Union[TensorListHeader, _Mapping]] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    checksum: str
+    def __init__(self, header: _Optional[_Union[TensorListHeader, _Mapping]] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class TransferSettings(_message.Message):
     __slots__ = ("wire_dtype", "compression", "chunk_bytes")
