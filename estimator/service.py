@@ -69,13 +69,12 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
     # ---- blobs ---------------------------------------------------------------------------------------
     def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
         def go() -> tpb.BlobRef:
-            asm = convert.TensorAssembler()
+            asm = convert.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
             chunks = []
             for c in request_iterator:
                 asm.add(c)
                 chunks.append(c)
-            asm.finish()  # validates sizes, checksums and shapes before anything is stored
-            raw = asm.header.raw_bytes if asm.header is not None else 0
+            raw = asm.verify().raw_bytes  # sizes, every checksum and the shapes, before anything is stored
             enc = convert.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
             return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
 

@@ -10,14 +10,20 @@ stay resident instead of going back to the OS.
 
 Called once at process start by ``python -m server|client|estimator``; never by the pure core. A user who
 sets glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` keeps those settings.
+``prefault_async`` covers the buffers too large for the heap: a decoded stream's one destination buffer.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from torch import Tensor
 
 M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
@@ -43,3 +49,46 @@ def tune_for_streaming(env: Mapping[str, str], mmap_threshold: int = MMAP_THRESH
     if not ok:
         return "malloc: mallopt refused the settings, left alone"
     return f"malloc: mmap threshold {mmap_threshold >> 20} MiB, trim threshold {trim_threshold >> 20} MiB"
+
+
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable without touching their contents
+PREFAULT_MIN_BYTES = 32 * 2**20  # smaller buffers come from the (recycled) heap, see MMAP_THRESHOLD
+_PREFAULT_STEP = 8 * 2**20
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return cast(Callable[[int, int, int], int], fn)
+
+
+def _populate(t: Tensor, madvise: Callable[[int, int, int], int]) -> None:
+    page = mmap.PAGESIZE
+    ptr = t.data_ptr()
+    start, end = -(-ptr // page) * page, (ptr + t.numel() * t.element_size()) // page * page
+    for addr in range(start, end, _PREFAULT_STEP):
+        if madvise(addr, min(_PREFAULT_STEP, end - addr), MADV_POPULATE_WRITE) != 0:
+            return  # an older kernel (EINVAL): the copy faults the pages in itself
+
+
+def prefault_async(t: Tensor) -> threading.Thread | None:
+    """Fault a fresh receive buffer's pages in on a helper thread, ahead of the copies into it.
+
+    A new buffer above glibc's mmap threshold is fresh anonymous memory, and on a VM its first-touch page
+    faults cost about as much as receiving the bytes (~3 GB/s here). MADV_POPULATE_WRITE does that work on
+    another core, through ctypes (which releases the GIL), while the receiving thread waits on the network;
+    it never changes the buffer's contents, so it needs no synchronisation with the copies.
+    """
+    if t.device.type != "cpu" or t.numel() * t.element_size() < PREFAULT_MIN_BYTES:
+        return None
+    madvise = _madvise()
+    if madvise is None:
+        return None
+    th = threading.Thread(target=_populate, args=(t, madvise), name="prefault", daemon=True)
+    th.start()
+    return th

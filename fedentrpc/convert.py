@@ -28,6 +28,7 @@ from torch import Tensor
 
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
+from fedentrpc.allocator import prefault_async
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
@@ -274,9 +275,10 @@ class TensorAssembler:
     from the header, so the decoded tensors are views into it and nothing is joined at the end.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_STREAM_BYTES, keep_payload: bool = True) -> None:
         self.header: pb.TensorListHeader | None = None
         self.max_bytes = max_bytes
+        self.keep_payload = keep_payload  # False: verify only (``verify``), e.g. a store that keeps the chunks
         self._dst: Tensor | None = None
         self._np: Any = None  # numpy view of _dst
         self._count = 0
@@ -301,10 +303,13 @@ class TensorAssembler:
             raise WireError(f"tensor header: {h.num_chunks} chunks for {h.wire_bytes} bytes")
         if h.compression == pb.COMPRESSION_NONE and h.raw_bytes != h.wire_bytes:
             raise WireError(f"uncompressed tensor stream: raw {h.raw_bytes} != wire {h.wire_bytes} bytes")
+        if not self.keep_payload and h.compression == pb.COMPRESSION_NONE:
+            return  # sizes and shapes are checked from the header alone; zlib must be inflated to check
         try:
             self._dst = torch.empty(int(h.wire_bytes), dtype=torch.uint8)
         except RuntimeError:
             raise WireError(f"cannot allocate {h.wire_bytes} bytes for a tensor stream") from None
+        prefault_async(self._dst)
         self._np = self._dst.numpy()
 
     def add(self, chunk: pb.TensorChunk) -> None:
@@ -333,7 +338,7 @@ class TensorAssembler:
         else:
             assert self._whole is not None
             self._whole.update(data)
-        if n:
+        if n and self._np is not None:
             self._np[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
         self._count += 1
         self._received += n
@@ -342,7 +347,16 @@ class TensorAssembler:
     def wire_bytes(self) -> int:
         return self._received
 
-    def finish(self) -> Bundle:
+    def verify(self) -> pb.TensorListHeader:
+        """Finish a stream without building tensors: sizes, checksums, and shapes against the payload size."""
+        h = self._complete()
+        if self._dst is None:
+            _layout(h, int(h.raw_bytes))
+        else:
+            self.finish()
+        return h
+
+    def _complete(self) -> pb.TensorListHeader:
         h = self.header
         if h is None:
             raise WireError("empty tensor stream")
@@ -350,6 +364,12 @@ class TensorAssembler:
             raise WireError(f"tensor stream truncated: {self._received} of {h.wire_bytes} bytes")
         if self._whole is not None and self._whole.text() != h.checksum:
             raise WireError("tensor checksum mismatch (corrupted transfer)")
+        return h
+
+    def finish(self) -> Bundle:
+        h = self._complete()
+        if self._dst is None and not self.keep_payload:
+            raise WireError("this assembler only verifies (keep_payload=False); it has no tensors to return")
         payload = self._dst if self._dst is not None else torch.empty(0, dtype=torch.uint8)
         self._dst, self._np = None, None  # the tensors own the buffer from here on
         if h.compression == pb.COMPRESSION_ZLIB:
@@ -367,7 +387,7 @@ def _inflate(payload: Tensor, raw_bytes: int) -> Tensor:
     """zlib-decompress at most ``raw_bytes`` + 1 bytes, so a small bomb cannot claim unbounded memory."""
     d = zlib.decompressobj()
     try:
-        out = d.decompress(payload.numpy(), raw_bytes + 1)
+        out = d.decompress(payload.numpy().data, raw_bytes + 1)
     except zlib.error as e:
         raise WireError(f"bad zlib payload ({e})") from None
     if len(out) > raw_bytes or d.unconsumed_tail:
@@ -377,15 +397,25 @@ def _inflate(payload: Tensor, raw_bytes: int) -> Tensor:
     return torch.frombuffer(bytearray(out), dtype=torch.uint8) if out else torch.empty(0, dtype=torch.uint8)
 
 
-def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
-    """Tensors as views into ``buf`` (a uint8 tensor owned by them alone) where aligned, else copies."""
+@dataclass(frozen=True)
+class _Slot:
+    offset: int
+    nbytes: int
+    store: torch.dtype  # the element type on the wire (uint8 for bool)
+    dtype: torch.dtype  # the element type the receiver restores
+    shape: tuple[int, ...]
+
+
+def _layout(h: pb.TensorListHeader, total: int) -> list[_Slot]:
+    """Where each tensor sits in a payload of ``total`` bytes; WireError unless they tile it exactly."""
     if sum(g.count for g in h.groups) != len(h.tensors):
         raise WireError("tensor groups do not cover the tensor list")
+    if len({g.name for g in h.groups}) != len(h.groups):
+        raise WireError("duplicate tensor group names")
     wire_dtype = _WIRE_TORCH.get(h.wire_dtype)
     if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
         raise WireError(f"unknown wire dtype {h.wire_dtype}")
-    total = buf.numel()
-    tensors: list[Tensor] = []
+    slots: list[_Slot] = []
     offset = 0
     for s in h.tensors:
         dtype = _DTYPES.get(s.dtype)
@@ -393,25 +423,30 @@ def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
             raise WireError(f"unknown tensor dtype {s.dtype!r}")
         if any(d < 0 for d in s.shape):
             raise WireError(f"negative dimension in shape {list(s.shape)}")
-        numel = math.prod(s.shape)
         sent = wire_dtype if (wire_dtype is not None and dtype.is_floating_point) else dtype
         store = torch.uint8 if sent == torch.bool else sent
-        nbytes = numel * _element_size(store)
+        nbytes = math.prod(s.shape) * _element_size(store)
         if offset + nbytes > total:
             raise WireError("tensor payload shorter than its shapes need")
-        piece = buf[offset : offset + nbytes]
-        t = (piece if offset % _element_size(store) == 0 else piece.clone()).view(store)
-        if store != dtype:
-            t = t.to(dtype)
-        tensors.append(t.reshape(tuple(s.shape)))
+        slots.append(_Slot(offset, nbytes, store, dtype, tuple(s.shape)))
         offset += nbytes
     if offset != total:
         raise WireError(f"tensor payload has {total - offset} trailing bytes")
+    return slots
+
+
+def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
+    """Tensors as views into ``buf`` (a uint8 tensor owned by them alone) where aligned, else copies."""
+    tensors: list[Tensor] = []
+    for slot in _layout(h, buf.numel()):
+        piece = buf[slot.offset : slot.offset + slot.nbytes]
+        t = (piece if slot.offset % _element_size(slot.store) == 0 else piece.clone()).view(slot.store)
+        if slot.store != slot.dtype:
+            t = t.to(slot.dtype)
+        tensors.append(t.reshape(slot.shape))
     out: Bundle = {}
     pos = 0
     for g in h.groups:
-        if g.name in out:
-            raise WireError(f"duplicate tensor group {g.name!r}")
         out[g.name] = tensors[pos : pos + g.count]
         pos += g.count
     return out

@@ -258,3 +258,33 @@ def test_stream_tensors_fails_on_bad_input_before_the_first_chunk_and_equals_enc
     b = _bundle()
     streamed = [c.SerializeToString() for c in convert.stream_tensors(b, TransferSpec(chunk_bytes=24))]
     assert streamed == [c.SerializeToString() for c in encode_tensors(b, TransferSpec(chunk_bytes=24))]
+
+
+@pytest.mark.parametrize("compression", ["none", "zlib"])
+def test_verify_only_checks_everything_without_building_tensors(compression: str) -> None:
+    spec = TransferSpec(chunk_bytes=16, compression=compression)
+
+    def verify(chunks: list[pb.TensorChunk]) -> pb.TensorListHeader:
+        asm = convert.TensorAssembler(keep_payload=False)
+        for c in chunks:
+            asm.add(c)
+        return asm.verify()
+
+    good = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle(), spec)]
+    assert verify(good).raw_bytes == encode_tensors(_bundle()).raw_bytes
+    lying = [pb.TensorChunk.FromString(c.SerializeToString()) for c in good]
+    lying[0].header.tensors[0].shape[:] = [3, 5]
+    with pytest.raises(WireError, match="shorter|trailing|inflates"):
+        verify(lying)
+    corrupt = [pb.TensorChunk.FromString(c.SerializeToString()) for c in good]
+    corrupt[-1].data = bytes(len(corrupt[-1].data))
+    with pytest.raises(WireError, match="checksum mismatch"):
+        verify(corrupt)
+    with pytest.raises(WireError, match="truncated"):
+        verify(good[:-1])
+    asm = convert.TensorAssembler(keep_payload=False)
+    for c in good:
+        asm.add(c)
+    if compression == "none":
+        with pytest.raises(WireError, match="only verifies"):
+            asm.finish()
