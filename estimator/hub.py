@@ -173,6 +173,8 @@ class OracleHub:
                 if kind == "result":
                     if current is not None:
                         self._resolve(conn, *current, None, "answer ended before its tensor chunks did")
+                    if asm is not None:
+                        asm.close()
                     current, asm = (int(m.result.request_id), int(m.result.cid)), convert.TensorAssembler()
                     got = 0
                 elif kind == "chunk":
@@ -189,6 +191,7 @@ class OracleHub:
                             self._resolve(conn, rid, cid, list(grads))
                             current, asm = None, None
                     except convert.WireError as e:
+                        asm.close()
                         self._resolve(conn, rid, cid, None, str(e))
                         current, asm = None, None
                 elif kind == "error":
@@ -198,6 +201,8 @@ class OracleHub:
                     raise convert.WireError("a second hello on the same oracle stream")
             self.detach(conn, "closed its stream")
         except convert.WireError as e:
+            if asm is not None:
+                asm.close()
             self.detach(conn, f"sent a malformed stream ({e})")
         except Exception as e:  # the transport ended (cancelled, reset): fail its requests, keep serving
             self.detach(conn, f"stream ended ({type(e).__name__})")

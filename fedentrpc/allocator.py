@@ -53,7 +53,9 @@ def tune_for_streaming(env: Mapping[str, str], mmap_threshold: int = MMAP_THRESH
 
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable without touching their contents
 PREFAULT_MIN_BYTES = 32 * 2**20  # smaller buffers come from the (recycled) heap, see MMAP_THRESHOLD
-_PREFAULT_STEP = 8 * 2**20
+PREFAULT_STEP = 8 * 2**20
+PREFAULT_WINDOW = 64 * 2**20  # never more than this far ahead of the bytes actually received
+PREFAULT_IDLE_S = 10.0  # a stalled or abandoned stream releases its helper thread after this long
 
 
 def _madvise() -> Callable[[int, int, int], int] | None:
@@ -67,28 +69,51 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return cast(Callable[[int, int, int], int], fn)
 
 
-def _populate(t: Tensor, madvise: Callable[[int, int, int], int]) -> None:
-    page = mmap.PAGESIZE
-    ptr = t.data_ptr()
-    start, end = -(-ptr // page) * page, (ptr + t.numel() * t.element_size()) // page * page
-    for addr in range(start, end, _PREFAULT_STEP):
-        if madvise(addr, min(_PREFAULT_STEP, end - addr), MADV_POPULATE_WRITE) != 0:
-            return  # an older kernel (EINVAL): the copy faults the pages in itself
-
-
-def prefault_async(t: Tensor) -> threading.Thread | None:
-    """Fault a fresh receive buffer's pages in on a helper thread, ahead of the copies into it.
+class Prefaulter:
+    """Faults a fresh receive buffer's pages in on a helper thread, a bounded window ahead of the data.
 
     A new buffer above glibc's mmap threshold is fresh anonymous memory, and on a VM its first-touch page
     faults cost about as much as receiving the bytes (~3 GB/s here). MADV_POPULATE_WRITE does that work on
-    another core, through ctypes (which releases the GIL), while the receiving thread waits on the network;
-    it never changes the buffer's contents, so it needs no synchronisation with the copies.
+    another core, through ctypes (which releases the GIL), while the receiver waits on the network. It
+    never changes the buffer's contents, so it needs no synchronisation with the copies into it. The
+    receiver reports its progress with ``advance``; the helper stays at most ``window`` bytes ahead, so a
+    header that promises gigabytes it never sends cannot make it populate them.
     """
+
+    def __init__(self, t: Tensor, madvise: Callable[[int, int, int], int], step: int = PREFAULT_STEP,
+                 window: int = PREFAULT_WINDOW, idle_s: float = PREFAULT_IDLE_S) -> None:
+        self.step = step
+        self._credit = 0
+        self._permits = threading.Semaphore(max(1, window // step))
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, args=(t, madvise, idle_s), name="prefault", daemon=True)
+        self.thread.start()
+
+    def advance(self, nbytes: int) -> None:
+        """``nbytes`` more of the buffer have been written by the receiver."""
+        self._credit += nbytes
+        while self._credit >= self.step:
+            self._credit -= self.step
+            self._permits.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._permits.release()
+
+    def _run(self, t: Tensor, madvise: Callable[[int, int, int], int], idle_s: float) -> None:
+        page = mmap.PAGESIZE
+        ptr = t.data_ptr()
+        start, end = -(-ptr // page) * page, (ptr + t.numel() * t.element_size()) // page * page
+        for addr in range(start, end, self.step):
+            if not self._permits.acquire(timeout=idle_s) or self._closed:
+                return
+            if madvise(addr, min(self.step, end - addr), MADV_POPULATE_WRITE) != 0:
+                return  # an older kernel (EINVAL): the copies fault the pages in themselves
+
+
+def prefault_async(t: Tensor) -> Prefaulter | None:
+    """A ``Prefaulter`` for a large CPU receive buffer; None where it would not help or cannot run."""
     if t.device.type != "cpu" or t.numel() * t.element_size() < PREFAULT_MIN_BYTES:
         return None
     madvise = _madvise()
-    if madvise is None:
-        return None
-    th = threading.Thread(target=_populate, args=(t, madvise), name="prefault", daemon=True)
-    th.start()
-    return th
+    return Prefaulter(t, madvise) if madvise is not None else None

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
-from fedentrpc.allocator import prefault_async
+from fedentrpc.allocator import Prefaulter, prefault_async
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
@@ -285,6 +285,7 @@ class TensorAssembler:
         self._received = 0
         self._whole: _Checksum | None = None  # the older whole-payload form
         self._algo = ""  # the per-chunk form
+        self._prefault: Prefaulter | None = None
 
     def _start(self, h: pb.TensorListHeader) -> None:
         if h.chunk_checksum:
@@ -309,7 +310,7 @@ class TensorAssembler:
             self._dst = torch.empty(int(h.wire_bytes), dtype=torch.uint8)
         except RuntimeError:
             raise WireError(f"cannot allocate {h.wire_bytes} bytes for a tensor stream") from None
-        prefault_async(self._dst)
+        self._prefault = prefault_async(self._dst)
         self._np = self._dst.numpy()
 
     def add(self, chunk: pb.TensorChunk) -> None:
@@ -342,6 +343,16 @@ class TensorAssembler:
             self._np[self._received : self._received + n] = np.frombuffer(data, dtype=np.uint8)
         self._count += 1
         self._received += n
+        if self._prefault is not None:
+            self._prefault.advance(n)
+            if self._received == h.wire_bytes:
+                self.close()
+
+    def close(self) -> None:
+        """Release the prefault helper early (a complete stream does this itself; idle ones time out)."""
+        if self._prefault is not None:
+            self._prefault.close()
+            self._prefault = None
 
     @property
     def wire_bytes(self) -> int:
@@ -357,6 +368,7 @@ class TensorAssembler:
         return h
 
     def _complete(self) -> pb.TensorListHeader:
+        self.close()
         h = self.header
         if h is None:
             raise WireError("empty tensor stream")
@@ -454,9 +466,12 @@ def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
 
 def decode_tensors(chunks: Iterable[pb.TensorChunk], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
     asm = TensorAssembler(max_bytes)
-    for c in chunks:
-        asm.add(c)
-    return asm.finish()
+    try:
+        for c in chunks:
+            asm.add(c)
+        return asm.finish()
+    finally:
+        asm.close()
 
 
 def check_shapes(got: Sequence[Tensor], like: Sequence[Tensor], what: str) -> None:
@@ -560,18 +575,21 @@ class DecodedUpdate:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def update_from_parts(parts: Iterable[agg_pb.UpdatePart]) -> DecodedUpdate:
+def update_from_parts(parts: Iterable[agg_pb.UpdatePart], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
     it = iter(parts)
     first = next(it, None)
     if first is None or first.WhichOneof("part") != "header":
         raise WireError("an update stream must start with its header")
     h = first.header
-    asm = TensorAssembler()
-    for part in it:
-        if part.WhichOneof("part") != "chunk":
-            raise WireError("an update stream carries one header, then tensor chunks only")
-        asm.add(part.chunk)
-    bundle = asm.finish()
+    asm = TensorAssembler(max_bytes)
+    try:
+        for part in it:
+            if part.WhichOneof("part") != "chunk":
+                raise WireError("an update stream carries one header, then tensor chunks only")
+            asm.add(part.chunk)
+        bundle = asm.finish()
+    finally:
+        asm.close()
     if PARAMS_GROUP not in bundle:
         raise WireError("update carries no 'params' tensor group")
     params = bundle.pop(PARAMS_GROUP)

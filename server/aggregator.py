@@ -112,7 +112,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
     def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
-            dec = convert.update_from_parts(bounded_parts(request_iterator, self.run.max_update_bytes()))
+            limit = self.run.max_update_bytes()
+            dec = convert.update_from_parts(bounded_parts(request_iterator, limit), max_bytes=limit)
             m = dec.meta
             self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
 

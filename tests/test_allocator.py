@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -30,9 +31,32 @@ def test_prefault_runs_for_large_buffers_only_and_never_changes_contents() -> No
     assert allocator.prefault_async(small) is None
     big = torch.empty(allocator.PREFAULT_MIN_BYTES + 12345, dtype=torch.uint8)
     big[:4096].fill_(7)  # written before the prefault: must survive it
-    th = allocator.prefault_async(big)
-    assert th is not None
+    pf = allocator.prefault_async(big)
+    assert pf is not None
+    pf.advance(big.numel())
     big[-4096:].fill_(9)  # written while it may still be running
-    th.join(10)
-    assert not th.is_alive()
+    pf.thread.join(10)
+    assert not pf.thread.is_alive()
     assert int(big[:4096].min()) == 7 and int(big[-4096:].min()) == 9
+
+
+def test_prefault_stays_a_window_ahead_of_the_received_bytes_and_stops_on_close() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def fake_madvise(addr: int, length: int, advice: int) -> int:
+        assert advice == allocator.MADV_POPULATE_WRITE
+        calls.append((addr, length))
+        return 0
+
+    step, window = 1 << 20, 4 << 20
+    buf = torch.empty(64 << 20, dtype=torch.uint8)  # a header promised 64 MiB ...
+    pf = allocator.Prefaulter(buf, fake_madvise, step=step, window=window, idle_s=5)
+    time.sleep(0.3)
+    assert len(calls) == window // step  # ... but nothing arrived: only the window is populated
+    pf.advance(3 * step)
+    time.sleep(0.3)
+    assert len(calls) == window // step + 3
+    assert all(b[0] - a[0] == step for a, b in zip(calls, calls[1:], strict=False))  # front to back, in steps
+    pf.close()
+    pf.thread.join(5)
+    assert not pf.thread.is_alive() and len(calls) == window // step + 3

@@ -204,6 +204,15 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitUpdate(iter(parts))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "exceeds" in e.value.details()
+    # a header that merely promises 32 GiB is refused before anything is allocated, at the model's bound
+    liar = list(convert.update_to_parts(ClientUpdate(1, w, 12, 0.0), convert.UpdateMeta(fake.wid, fit.task_id, 0)))
+    lh = liar[1].chunk.header
+    lh.wire_bytes = lh.raw_bytes = 32 << 30
+    lh.num_chunks = (32 << 30) // convert.MAX_CHUNK_BYTES
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitUpdate(iter(liar))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"exceeds this receiver's limit of {h.run.max_update_bytes()}" in e.value.details()
     for c in (0, 2, 3):
         fake.upload(fit, c, [p + 1 for p in w])
     assert h.wait(20) and h.run.error is None
