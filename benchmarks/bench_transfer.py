@@ -5,11 +5,15 @@ lists through the real chunked codec (``fedentrpc.convert``: raw bytes, ≤4 MiB
 For each size the benchmark times
 
 * ``memcpy``: one in-process copy of the same number of bytes (``Tensor.copy_``), the ceiling;
-* ``upload``: ``stream_tensors`` into ``PutBlob``, chunks cut and checksummed as gRPC sends them (the way a
-  worker uploads its update); the service verifies every chunk's checksum and decodes;
+* ``upload``: ``stream_wire`` into ``PutBlob``, each chunk's message built with one copy and checksummed as
+  gRPC sends it (the way a worker uploads its update); the service verifies every chunk's checksum and
+  the header's shapes and stores the chunks (it does not build tensors it would not use);
 * ``download``: ``FetchBlob`` + ``decode_tensors`` (every chunk's checksum verified), checked equal to the
   original (the way a worker fetches the round's model);
 * ``encode``/``decode``: the codec alone in-process (no gRPC), to show how much of the cost is the codec;
+* ``raw``: the transport's own ceiling, the same bytes as bare 4 MiB ``bytes`` messages (identity
+  serialisers: no protobuf, no checksum, nothing decoded) to and from a bare gRPC server in another
+  process, so ``up/raw`` and ``down/raw`` say how much of what gRPC-in-Python can move the codec keeps;
 
 and reports GB/s (10^9 bytes/s) and each as a fraction of memcpy. ``--big-gb`` then streams one synthetic
 parameter list larger than 2 GB (protobuf's and gRPC's message limits) up and down and verifies it.
@@ -40,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedentrpc import convert  # noqa: E402
+from fedentrpc import convert, rpc  # noqa: E402
 from fedentrpc.allocator import tune_for_streaming  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
@@ -51,6 +55,71 @@ OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_
 
 
 GLIBC_DEFAULTS = {"MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}  # glibc's own default, set explicitly
+
+
+RAW_SERVICE = "fedent.bench.Raw"
+
+
+def serve_raw() -> int:
+    """The bare gRPC peer for the ``raw`` baseline: Down streams N bytes as 4 MiB messages, Up counts them."""
+    from concurrent import futures
+
+    tune_for_streaming(os.environ)
+    piece = bytes(convert.MAX_CHUNK_BYTES)
+
+    def down(req: bytes, ctx: grpc.ServicerContext) -> Any:
+        left = int(req)
+        while left > 0:
+            yield piece if left >= len(piece) else piece[:left]
+            left -= len(piece)
+
+    def up(it: Any, ctx: grpc.ServicerContext) -> bytes:
+        return str(sum(len(b) for b in it)).encode()
+
+    def ident(b: bytes) -> bytes:
+        return b
+
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=OPTIONS)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RAW_SERVICE, {
+        "Down": grpc.unary_stream_rpc_method_handler(down, ident, ident),
+        "Up": grpc.stream_unary_rpc_method_handler(up, ident, ident)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"LISTENING port={port}", flush=True)
+    sys.stdin.read()  # until the benchmark closes our stdin
+    server.stop(0)
+    return 0
+
+
+def start_raw(extra_env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra_env}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-raw"], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("LISTENING port="):
+        proc.kill()
+        raise SystemExit(f"bench_transfer: the raw gRPC peer did not start ({line!r})")
+    return proc, int(line.split("=", 1)[1])
+
+
+def raw_times(ch: grpc.Channel, nbytes: int, repeat: int) -> tuple[float, float]:
+    """Best upload and download seconds for ``nbytes`` as bare bytes messages (the transport ceiling)."""
+    def ident(b: bytes) -> bytes:
+        return b
+
+    down_rpc = ch.unary_stream(f"/{RAW_SERVICE}/Down", request_serializer=ident, response_deserializer=ident)
+    up_rpc = ch.stream_unary(f"/{RAW_SERVICE}/Up", request_serializer=ident, response_deserializer=ident)
+    piece = bytes(convert.MAX_CHUNK_BYTES)
+    pieces = [piece] * (nbytes // len(piece)) + ([piece[: nbytes % len(piece)]] if nbytes % len(piece) else [])
+
+    def down() -> None:
+        assert sum(len(b) for b in down_rpc(str(nbytes).encode(), timeout=3600)) == nbytes
+
+    def up() -> None:
+        assert int(up_rpc(iter(pieces), timeout=3600)) == nbytes
+
+    return best_of(repeat, up), best_of(repeat, down)
 
 
 def start_service(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
@@ -107,7 +176,7 @@ def memcpy_s(nbytes: int, repeat: int) -> float:
 
 
 def upload(stub: est_grpc.EstimatorStub, params: list[torch.Tensor]) -> str:
-    ref = stub.PutBlob(convert.stream_tensors({convert.PARAMS_GROUP: params}), timeout=3600)
+    ref = stub.PutBlob(convert.stream_wire({convert.PARAMS_GROUP: params}), timeout=3600)
     return str(ref.blob_id)
 
 
@@ -116,10 +185,11 @@ def download(stub: est_grpc.EstimatorStub, blob_id: str) -> list[torch.Tensor]:
     return bundle[convert.PARAMS_GROUP]
 
 
-def bench_size(stub: est_grpc.EstimatorStub, size_mb: int, repeat: int) -> dict[str, float]:
+def bench_size(stub: est_grpc.EstimatorStub, raw: grpc.Channel, size_mb: int, repeat: int) -> dict[str, float]:
     nbytes = size_mb * MB
     params = make_params(nbytes)
     mem = memcpy_s(nbytes, repeat)
+    raw_up, raw_down = raw_times(raw, nbytes, repeat)
     ids: list[str] = []
     up = timed(repeat, lambda: ids.append(upload(stub, params)))
     got: list[list[torch.Tensor]] = []
@@ -128,7 +198,7 @@ def bench_size(stub: est_grpc.EstimatorStub, size_mb: int, repeat: int) -> dict[
     got.clear()
     encs: list[convert.EncodedTensors] = []
     enc = best_of(repeat, lambda: encs.append(convert.encode_tensors({convert.PARAMS_GROUP: params})))
-    dec = best_of(repeat, lambda: convert.decode_tensors(encs[-1].chunks))
+    dec = best_of(repeat, lambda: convert.decode_tensors(encs[-1].views()))
     encs.clear()
     return {"size_mb": size_mb, "bytes": nbytes, "memcpy_gbps": nbytes / mem / GB,
             "upload_gbps": nbytes / min(up) / GB, "download_gbps": nbytes / min(down) / GB,
@@ -136,6 +206,8 @@ def bench_size(stub: est_grpc.EstimatorStub, size_mb: int, repeat: int) -> dict[
             "download_median_gbps": nbytes / statistics.median(down) / GB,
             "upload_first_gbps": nbytes / up[0] / GB, "download_first_gbps": nbytes / down[0] / GB,
             "upload_ratio": mem / min(up), "download_ratio": mem / min(down),
+            "raw_upload_gbps": nbytes / raw_up / GB, "raw_download_gbps": nbytes / raw_down / GB,
+            "upload_vs_raw": raw_up / min(up), "download_vs_raw": raw_down / min(down),
             "codec_encode_gbps": nbytes / enc / GB, "codec_decode_gbps": nbytes / dec / GB}
 
 
@@ -150,7 +222,7 @@ def bench_big(stub: est_grpc.EstimatorStub, gb: float, service_pid: int) -> dict
     params = make_params(nbytes, pieces)
     shapes = [t.numel() for t in params]
     t0 = time.perf_counter()
-    ref = stub.PutBlob(convert.stream_tensors({convert.PARAMS_GROUP: params}), timeout=3600)
+    ref = stub.PutBlob(convert.stream_wire({convert.PARAMS_GROUP: params}), timeout=3600)
     t_up = time.perf_counter() - t0
     del params
     t0 = time.perf_counter()
@@ -178,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--malloc", choices=["tuned", "default"], default="tuned",
                    help="tuned: both processes keep freed chunk buffers (as the services do); default: glibc's")
+    p.add_argument("--serve-raw", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.serve_raw:
+        return serve_raw()
     extra_env = GLIBC_DEFAULTS if args.malloc == "default" else {}
     malloc = tune_for_streaming({**os.environ, **extra_env})
     try:
@@ -187,23 +262,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_transfer: bad --sizes-mb {args.sizes_mb!r}", file=sys.stderr)
         return 2
     proc, port = start_service(extra_env)
+    raw_proc, raw_port = start_raw(extra_env)
     results: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "malloc": malloc,
                                "checksum": convert.TransferSpec().checksum, "sizes": []}
     print(f"{malloc}; checksum {results['checksum']}")
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS) as ch:
-            stub = est_grpc.EstimatorStub(ch)
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS) as ch, \
+                grpc.insecure_channel(f"127.0.0.1:{raw_port}", options=OPTIONS) as raw:
+            stub = rpc.estimator_stub(ch)  # the stub workers use: pre-serialised uploads, zero-copy reads
             print(f"GB/s: best of {args.repeat} (median, first/cold run); ratios use the best")
-            print(f"{'size':>8} {'memcpy':>7} {'upload':>21} {'download':>21} {'up/mem':>7} {'down/mem':>9} "
-                  f"{'encode':>7} {'decode':>7}")
+            print(f"{'size':>8} {'memcpy':>7} {'upload':>21} {'download':>21} {'raw up':>7} {'raw down':>8} "
+                  f"{'up/raw':>7} {'down/raw':>8} {'up/mem':>7} {'down/mem':>8} {'encode':>7} {'decode':>7}")
             for s in sizes:
-                r = bench_size(stub, s, args.repeat)
+                r = bench_size(stub, raw, s, args.repeat)
                 results["sizes"].append(r)
                 up = f"{r['upload_gbps']:.2f} ({r['upload_median_gbps']:.2f}, {r['upload_first_gbps']:.2f})"
                 down = f"{r['download_gbps']:.2f} ({r['download_median_gbps']:.2f}, {r['download_first_gbps']:.2f})"
-                print(f"{s:>6}MB {r['memcpy_gbps']:>7.2f} {up:>21} {down:>21} {r['upload_ratio']:>7.3f} "
-                      f"{r['download_ratio']:>9.3f} {r['codec_encode_gbps']:>7.2f} {r['codec_decode_gbps']:>7.2f}",
-                      flush=True)
+                print(f"{s:>6}MB {r['memcpy_gbps']:>7.2f} {up:>21} {down:>21} {r['raw_upload_gbps']:>7.2f} "
+                      f"{r['raw_download_gbps']:>8.2f} {r['upload_vs_raw']:>7.2f} {r['download_vs_raw']:>8.2f} "
+                      f"{r['upload_ratio']:>7.3f} {r['download_ratio']:>8.3f} {r['codec_encode_gbps']:>7.2f} "
+                      f"{r['codec_decode_gbps']:>7.2f}", flush=True)
             if args.big_gb > 0:
                 big = bench_big(stub, args.big_gb, proc.pid)
                 results["big"] = big
@@ -215,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(30)
+        raw_proc.communicate(timeout=30)  # closes its stdin: it stops
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0 if results.get("big", {}).get("content_equal", True) else 1

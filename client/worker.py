@@ -35,11 +35,9 @@ from fedent.sim.inputs import SimInputs, load_inputs
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
-from fedentrpc import convert
+from fedentrpc import convert, rpc
 from fedentrpc.v1 import aggregator_pb2 as pb
-from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
-from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.security import ClientSecurity, open_channel
 
@@ -146,7 +144,7 @@ class Worker:
         self.security = settings.security or ClientSecurity(insecure=True)
         self.channel = open_channel(settings.aggregator, self.security, channel_options())
         self.store: ClientStateStore | None = None
-        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.stub = rpc.aggregator_stub(self.channel)
         self.worker_id = ""
         self.transfer = convert.TransferSpec()
         self.states: dict[int, ClientState] = {}
@@ -290,7 +288,7 @@ class Worker:
         return pending
 
     def _upload(self, update: Any, meta: convert.UpdateMeta) -> None:
-        parts: Iterator[pb.UpdatePart] = convert.update_to_parts(update, meta, self.transfer)
+        parts: Iterator[bytes] = convert.update_wire(update, meta, self.transfer)
         try:
             self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
         except grpc.RpcError as e:
@@ -351,7 +349,7 @@ class Worker:
                     return
                 yield m
 
-        stub = est_grpc.EstimatorStub(channel)
+        stub = rpc.estimator_stub(channel)
         points: dict[str, Params] = {}
         served = False
         try:

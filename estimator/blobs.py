@@ -48,7 +48,7 @@ class BlobStore:
             return enc
 
     def decode(self, blob_id: str) -> convert.Bundle:
-        return convert.decode_tensors(self.get(blob_id).chunks)
+        return convert.decode_tensors(self.get(blob_id).views())
 
     def drop(self, blob_id: str) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from estimator.hub import OracleHub
 from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
-from fedentrpc import convert
+from fedentrpc import convert, rpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -70,19 +70,19 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
     def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
         def go() -> tpb.BlobRef:
             asm = convert.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
-            chunks = []
+            wire = []
             for c in request_iterator:
                 asm.add(c)
-                chunks.append(c)
+                wire.append(convert.chunk_message_bytes(c))  # as received: served again without re-encoding
             raw = asm.verify().raw_bytes  # sizes, every checksum and the shapes, before anything is stored
-            enc = convert.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
+            enc = convert.EncodedTensors(tuple(wire), int(raw), asm.wire_bytes)
             return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
 
         return _guard(context, "PutBlob", go)
 
     def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
-        yield from enc.chunks
+        yield from enc.wire  # serialised once; rpc.add_estimator_servicer passes bytes through
 
     # ---- offline mode (Algorithm 1) ------------------------------------------------------------------
     def StartOffline(self, request: est_pb.StartOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
@@ -157,7 +157,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
-    est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
+    rpc.add_estimator_servicer(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     for name in ("", SERVICE_NAME):

@@ -14,6 +14,7 @@ servicers map it to ``INVALID_ARGUMENT``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import zlib
@@ -32,6 +33,7 @@ from fedentrpc.allocator import Prefaulter, prefault_async
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
+from fedentrpc.wire import UPDATE_PART_CHUNK_FIELD, Buffer, ChunkView, UpdatePartView, chunk_bytes, parse_chunk
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 CHECKSUM_PREFIX = "blake2b-128:"  # kept: older senders and tests name blake2b this way
@@ -118,11 +120,21 @@ Bundle = dict[str, list[Tensor]]
 
 @dataclass(frozen=True)
 class EncodedTensors:
-    """A tensor bundle serialised once; ``chunks`` can be streamed to any number of receivers."""
+    """A tensor bundle serialised once: ``wire`` holds each chunk's message bytes, ready to be streamed to
+    any number of receivers without serialising again (servers answer FetchBlob with them as they are)."""
 
-    chunks: tuple[pb.TensorChunk, ...]
+    wire: tuple[bytes, ...]
     raw_bytes: int
     wire_bytes: int
+
+    @property
+    def chunks(self) -> tuple[pb.TensorChunk, ...]:
+        """The chunks as protobuf messages (parsed on each access: for tests and tools, not the bulk path)."""
+        return tuple(pb.TensorChunk.FromString(w) for w in self.wire)
+
+    def views(self) -> Iterator[ChunkView | pb.TensorChunk]:
+        """The chunks as zero-copy views, for decoding in-process."""
+        return (parse_chunk(w) for w in self.wire)
 
     def __iter__(self) -> Iterator[pb.TensorChunk]:
         return iter(self.chunks)
@@ -144,17 +156,8 @@ _CHECKSUM_WIRE_NAMES = {"crc32c": "crc32c", "crc32": "crc32", "blake2b": "blake2
 _CHECKSUM_BY_WIRE_NAME = {v: k for k, v in _CHECKSUM_WIRE_NAMES.items()}
 
 
-def _digest(algo: str, data: bytes) -> str:
-    """``"<wire name>:<hex>"`` of ``data``."""
-    if algo == "crc32c":
-        return f"{CRC32C_PREFIX}{google_crc32c.value(data):08x}"
-    if algo == "crc32":
-        return f"{CRC32_PREFIX}{zlib.crc32(data):08x}"
-    return CHECKSUM_PREFIX + hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
 class _Checksum:
-    """The older whole-payload form: one incremental checksum over every chunk, named in the header."""
+    """An incremental checksum whose text names its algorithm: per chunk, or (the older form) per payload."""
 
     def __init__(self, algo: str) -> None:
         self.algo = algo
@@ -163,28 +166,39 @@ class _Checksum:
 
     @classmethod
     def for_header(cls, checksum: str) -> _Checksum:
-        if checksum.startswith(CRC32_PREFIX):
-            return cls("crc32")
-        if checksum.startswith(CHECKSUM_PREFIX):
-            return cls("blake2b")
+        for prefix, algo in ((CRC32C_PREFIX, "crc32c"), (CRC32_PREFIX, "crc32"), (CHECKSUM_PREFIX, "blake2b")):
+            if checksum.startswith(prefix):
+                return cls(algo)
         raise WireError(f"unknown tensor checksum algorithm in {checksum[:24]!r}")
 
-    def update(self, data: bytes | memoryview) -> None:
+    def update(self, data: Buffer) -> None:
         if self._blake is not None:
             self._blake.update(data)
+        elif self.algo == "crc32c":
+            # google_crc32c takes bytes or numpy arrays, not memoryviews; the array is a view, not a copy
+            self._crc = google_crc32c.extend(self._crc, data if isinstance(data, bytes)
+                                             else np.frombuffer(data, dtype=np.uint8))
         else:
             self._crc = zlib.crc32(data, self._crc)
 
     def text(self) -> str:
         if self._blake is not None:
             return CHECKSUM_PREFIX + self._blake.hexdigest()
-        return f"{CRC32_PREFIX}{self._crc:08x}"
+        return f"{CRC32C_PREFIX if self.algo == 'crc32c' else CRC32_PREFIX}{self._crc:08x}"
 
 
-def _pieces(parts: Sequence[memoryview], total: int, size: int) -> Iterator[bytes]:
-    """``parts`` concatenated and cut into ``size``-byte pieces, each built with exactly one copy."""
+def _digest(algo: str, *parts: Buffer) -> str:
+    """``"<wire name>:<hex>"`` of the concatenated ``parts``."""
+    c = _Checksum(algo)
+    for p in parts:
+        c.update(p)
+    return c.text()
+
+
+def _pieces(parts: Sequence[memoryview], total: int, size: int) -> Iterator[list[memoryview]]:
+    """``parts`` concatenated and cut into ``size``-byte pieces, each a list of views (nothing copied)."""
     if total == 0:
-        yield b""
+        yield []
         return
     pending: list[memoryview] = []
     have = 0
@@ -196,10 +210,10 @@ def _pieces(parts: Sequence[memoryview], total: int, size: int) -> Iterator[byte
             have += take
             pos += take
             if have == size:
-                yield bytes(pending[0]) if len(pending) == 1 else b"".join(pending)
+                yield pending
                 pending, have = [], 0
     if have:
-        yield bytes(pending[0]) if len(pending) == 1 else b"".join(pending)
+        yield pending
 
 
 def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[pb.TensorListHeader, list[memoryview]]:
@@ -231,33 +245,42 @@ def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[p
     return header, parts
 
 
-def _chunks(header: pb.TensorListHeader, parts: list[memoryview], spec: TransferSpec) -> Iterator[pb.TensorChunk]:
+def _wire_chunks(header: pb.TensorListHeader, parts: list[memoryview], spec: TransferSpec,
+                 wrap_field: int = 0) -> Iterator[bytes]:
+    """Each chunk's serialised message, its bytes gathered straight from the tensors with one copy."""
+    head = header.SerializeToString()
     for i, piece in enumerate(_pieces(parts, header.wire_bytes, spec.chunk_bytes)):
-        chunk = pb.TensorChunk(index=i, data=piece, checksum=_digest(spec.checksum, piece))
-        if i == 0:
-            chunk.header.CopyFrom(header)
-        yield chunk
+        n = sum(len(p) for p in piece)
+        yield chunk_bytes(i, piece, n, _digest(spec.checksum, *piece), head if i == 0 else None, wrap_field)
+
+
+def stream_wire(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None,
+                wrap_field: int = 0) -> Iterator[bytes]:
+    """Named tensor lists (dict order kept) as serialised, checksummed chunks of ≤ ``chunk_bytes``, built as
+    consumed (wrapped as field ``wrap_field`` of an outer message, e.g. ``UpdatePart.chunk``, if non-zero).
+
+    Every chunk carries the checksum of its own bytes, so nothing waits for the whole payload: an upload
+    sends chunk i while chunk i+1 is being cut, and never holds more than a chunk or two of encoded bytes.
+    Bad input (an unsupported dtype) raises here, before the first chunk, not inside the stream. Send
+    these through a stub whose request serializer is ``wire.serialize_any`` (``fedentrpc.rpc``).
+    """
+    spec = spec or TransferSpec()
+    header, parts = _plan(bundle, spec)
+    return _wire_chunks(header, parts, spec, wrap_field)
 
 
 def stream_tensors(
     bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None
 ) -> Iterator[pb.TensorChunk]:
-    """Named tensor lists (dict order kept) as checksummed chunks of ≤ ``chunk_bytes``, built as consumed.
-
-    Every chunk carries the checksum of its own bytes, so nothing waits for the whole payload: an upload
-    sends chunk i while chunk i+1 is being cut, and never holds more than a chunk or two of encoded bytes.
-    Bad input (an unsupported dtype) raises here, before the first chunk, not inside the stream.
-    """
-    spec = spec or TransferSpec()
-    header, parts = _plan(bundle, spec)
-    return _chunks(header, parts, spec)
+    """``stream_wire`` as protobuf messages, for stubs with protobuf's own serializers."""
+    return (pb.TensorChunk.FromString(w) for w in stream_wire(bundle, spec))
 
 
 def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
-    """``stream_tensors`` kept in memory: encoded once, then streamed to any number of receivers."""
+    """``stream_wire`` kept in memory: encoded once, then streamed to any number of receivers."""
     spec = spec or TransferSpec()
     header, parts = _plan(bundle, spec)
-    return EncodedTensors(tuple(_chunks(header, parts, spec)), int(header.raw_bytes), int(header.wire_bytes))
+    return EncodedTensors(tuple(_wire_chunks(header, parts, spec)), int(header.raw_bytes), int(header.wire_bytes))
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -313,7 +336,7 @@ class TensorAssembler:
         self._prefault = prefault_async(self._dst)
         self._np = self._dst.numpy()
 
-    def add(self, chunk: pb.TensorChunk) -> None:
+    def add(self, chunk: pb.TensorChunk | ChunkView) -> None:
         if chunk.index != self._count:
             raise WireError(f"tensor chunk {chunk.index} arrived out of order (expected {self._count})")
         if chunk.index == 0:
@@ -464,6 +487,11 @@ def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
     return out
 
 
+def chunk_message_bytes(chunk: pb.TensorChunk | ChunkView) -> bytes:
+    """A received chunk's message bytes, to store and serve again as they are."""
+    return chunk.serialized() if isinstance(chunk, ChunkView) else bytes(chunk.SerializeToString())
+
+
 def decode_tensors(chunks: Iterable[pb.TensorChunk], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
     asm = TensorAssembler(max_bytes)
     try:
@@ -545,13 +573,14 @@ class UpdateMeta:
     wire_bytes: int = 0
 
 
-def update_to_parts(
-    u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None
-) -> Iterator[agg_pb.UpdatePart]:
-    """Header first, then the tensors: group "params" = w_i(t+1), then the update's extra groups."""
+def update_wire(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None) -> Iterator[bytes]:
+    """An upload as serialised ``UpdatePart`` messages: the header, then the tensors' chunks (group
+    "params" = w_i(t+1), then the update's extra groups), each chunk built with one copy as it is sent."""
     if PARAMS_GROUP in u.tensors:
         raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
-    yield agg_pb.UpdatePart(
+    bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
+    chunks = stream_wire(bundle, spec, wrap_field=UPDATE_PART_CHUNK_FIELD)
+    header = agg_pb.UpdatePart(
         header=agg_pb.UpdateHeader(
             worker_id=meta.worker_id,
             task_id=meta.task_id,
@@ -563,9 +592,14 @@ def update_to_parts(
             train_s=meta.train_s,
         )
     )
-    bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
-    for chunk in stream_tensors(bundle, spec):
-        yield agg_pb.UpdatePart(chunk=chunk)
+    return itertools.chain([header.SerializeToString()], chunks)
+
+
+def update_to_parts(
+    u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None
+) -> Iterator[agg_pb.UpdatePart]:
+    """``update_wire`` as protobuf messages, for stubs with protobuf's own serializers."""
+    return (agg_pb.UpdatePart.FromString(w) for w in update_wire(u, meta, spec))
 
 
 @dataclass
@@ -575,10 +609,12 @@ class DecodedUpdate:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def update_from_parts(parts: Iterable[agg_pb.UpdatePart], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
+def update_from_parts(
+    parts: Iterable[agg_pb.UpdatePart | UpdatePartView], max_bytes: int = DEFAULT_MAX_STREAM_BYTES
+) -> DecodedUpdate:
     it = iter(parts)
     first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
+    if not isinstance(first, agg_pb.UpdatePart) or first.WhichOneof("part") != "header":
         raise WireError("an update stream must start with its header")
     h = first.header
     asm = TensorAssembler(max_bytes)

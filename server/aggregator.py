@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
-from fedentrpc import convert
+from fedentrpc import convert, rpc
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -100,7 +100,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
     def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
-        yield from enc.chunks
+        yield from enc.wire  # serialised once per round; rpc.add_aggregator_servicer passes bytes through
 
     def SubmitProbes(self, request: pb.ProbeReport, context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
@@ -178,7 +178,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
                          interceptors=server_interceptors(sec))
-    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
+    rpc.add_aggregator_servicer(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

@@ -18,9 +18,8 @@ from torch import Tensor
 from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
 from fedent.strategies.registry import validate_algorithm
-from fedentrpc import convert
+from fedentrpc import convert, rpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
-from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from server.app import OfflineRunner
 from server.security import ClientSecurity, open_channel
 
@@ -57,8 +56,8 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
 
     def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
-            stub = est_grpc.EstimatorStub(ch)
-            ref = stub.PutBlob(iter(convert.encode_tensors({convert.PARAMS_GROUP: list(w0)})), timeout=120,
+            stub = rpc.estimator_stub(ch)
+            ref = stub.PutBlob(convert.stream_wire({convert.PARAMS_GROUP: list(w0)}), timeout=120,
                                wait_for_ready=True)
             req = convert.start_offline_request(
                 run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,

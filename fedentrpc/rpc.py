@@ -1,0 +1,91 @@
+"""gRPC wiring for the tensor bulk path: servicers and stubs whose chunk-carrying methods skip protobuf's copies.
+
+The messages on the wire are the ones the .proto files define; only how Python turns them into objects
+changes, for four methods: ``FetchBlob`` answers with chunks serialised once (``EncodedTensors.wire``),
+and ``FetchBlob`` replies, ``PutBlob`` and ``SubmitUpdate`` requests are read as zero-copy views
+(``fedentrpc.wire``). Every other method keeps protobuf's (de)serializers. Servicers are registered from
+the service descriptors, as the generated ``add_*Servicer_to_server`` would, with those overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+
+from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import aggregator_pb2_grpc as agg_grpc
+from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
+from fedentrpc.v1 import tensor_pb2 as tpb
+from fedentrpc.wire import parse_chunk, parse_update_part, serialize_any
+
+Codec = Callable[[Any], Any]
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _handler(m: MethodDescriptor, fn: Callable[..., Any], deserializer: Codec, serializer: Codec) -> Any:
+    make = _HANDLERS[(m.client_streaming, m.server_streaming)]
+    return make(fn, request_deserializer=deserializer, response_serializer=serializer)
+
+
+def add_servicer(server: grpc.Server, service: ServiceDescriptor, servicer: Any,
+                 overrides: Mapping[str, tuple[Codec | None, Codec | None]]) -> None:
+    """Register every method of ``service``; ``overrides`` maps a method to (request deserializer,
+    response serializer), None keeping protobuf's."""
+    unknown = set(overrides) - {m.name for m in service.methods}
+    if unknown:
+        raise ValueError(f"{service.full_name} has no methods {sorted(unknown)}")
+    handlers = {}
+    for m in service.methods:
+        deserializer, serializer = overrides.get(m.name, (None, None))
+        handlers[m.name] = _handler(
+            m, getattr(servicer, m.name),
+            deserializer or message_factory.GetMessageClass(m.input_type).FromString,
+            serializer or message_factory.GetMessageClass(m.output_type).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def add_estimator_servicer(servicer: Any, server: grpc.Server) -> None:
+    add_servicer(server, est_pb.DESCRIPTOR.services_by_name["Estimator"], servicer,
+                 {"PutBlob": (parse_chunk, None), "FetchBlob": (None, serialize_any)})
+
+
+def add_aggregator_servicer(servicer: Any, server: grpc.Server) -> None:
+    add_servicer(server, agg_pb.DESCRIPTOR.services_by_name["Aggregator"], servicer,
+                 {"FetchBlob": (None, serialize_any), "SubmitUpdate": (parse_update_part, None)})
+
+
+def estimator_stub(channel: grpc.Channel) -> est_grpc.EstimatorStub:
+    """The generated stub, with PutBlob taking pre-serialised chunks and FetchBlob answering views."""
+    stub = est_grpc.EstimatorStub(channel)
+    stub.PutBlob = channel.stream_unary(  # type: ignore[method-assign]
+        "/fedentrpc.v1.Estimator/PutBlob", request_serializer=serialize_any,
+        response_deserializer=tpb.BlobRef.FromString)
+    stub.FetchBlob = channel.unary_stream(  # type: ignore[method-assign]
+        "/fedentrpc.v1.Estimator/FetchBlob", request_serializer=tpb.FetchBlobRequest.SerializeToString,
+        response_deserializer=parse_chunk)
+    return stub
+
+
+def aggregator_stub(channel: grpc.Channel) -> agg_grpc.AggregatorStub:
+    """The generated stub, with FetchBlob answering views and SubmitUpdate taking pre-serialised parts."""
+    stub = agg_grpc.AggregatorStub(channel)
+    stub.FetchBlob = channel.unary_stream(  # type: ignore[method-assign]
+        "/fedentrpc.v1.Aggregator/FetchBlob", request_serializer=tpb.FetchBlobRequest.SerializeToString,
+        response_deserializer=parse_chunk)
+    stub.SubmitUpdate = channel.stream_unary(  # type: ignore[method-assign]
+        "/fedentrpc.v1.Aggregator/SubmitUpdate", request_serializer=serialize_any,
+        response_deserializer=tpb.Ack.FromString)
+    return stub
