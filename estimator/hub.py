@@ -191,7 +191,8 @@ class OracleHub:
                             self._resolve(conn, rid, cid, list(grads))
                             current, asm = None, None
                     except convert.WireError as e:
-                        asm.close()
+                        if asm is not None:
+                            asm.close()
                         self._resolve(conn, rid, cid, None, str(e))
                         current, asm = None, None
                 elif kind == "error":

@@ -80,7 +80,7 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
 
         return _guard(context, "PutBlob", go)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
         yield from enc.wire  # serialised once; rpc.add_estimator_servicer passes bytes through
 

@@ -492,7 +492,7 @@ def chunk_message_bytes(chunk: pb.TensorChunk | ChunkView) -> bytes:
     return chunk.serialized() if isinstance(chunk, ChunkView) else bytes(chunk.SerializeToString())
 
 
-def decode_tensors(chunks: Iterable[pb.TensorChunk], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
+def decode_tensors(chunks: Iterable[pb.TensorChunk | ChunkView], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
     asm = TensorAssembler(max_bytes)
     try:
         for c in chunks:

@@ -98,7 +98,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         finally:
             self.run.detach(w)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
         yield from enc.wire  # serialised once per round; rpc.add_aggregator_servicer passes bytes through
 
