@@ -33,7 +33,15 @@ from fedentrpc.allocator import Prefaulter, prefault_async
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
-from fedentrpc.wire import UPDATE_PART_CHUNK_FIELD, Buffer, ChunkView, UpdatePartView, chunk_bytes, parse_chunk
+from fedentrpc.wire import (
+    ORACLE_MESSAGE_CHUNK_FIELD,
+    UPDATE_PART_CHUNK_FIELD,
+    Buffer,
+    ChunkView,
+    UpdatePartView,
+    chunk_bytes,
+    parse_chunk,
+)
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 CHECKSUM_PREFIX = "blake2b-128:"  # kept: older senders and tests name blake2b this way
@@ -713,9 +721,9 @@ def oracle_request_cids(req: est_pb.OracleRequest) -> list[int]:
 
 
 def oracle_result_messages(request_id: int, cid: int, num_samples: int, grads: Sequence[Tensor],
-                           spec: TransferSpec | None = None) -> Iterator[est_pb.OracleMessage]:
-    """One gradient answer on the Oracle stream: a header, then its tensor chunks."""
+                           spec: TransferSpec | None = None) -> Iterator[est_pb.OracleMessage | bytes]:
+    """One gradient answer on the Oracle stream: a header message, then its tensor chunks as serialised
+    ``OracleMessage`` bytes (send them through ``rpc.estimator_stub``, whose serializer passes bytes on)."""
     yield est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=request_id, cid=cid,
                                                                 num_samples=num_samples))
-    for chunk in stream_tensors({"grad": list(grads)}, spec):
-        yield est_pb.OracleMessage(chunk=chunk)
+    yield from stream_wire({"grad": list(grads)}, spec, wrap_field=ORACLE_MESSAGE_CHUNK_FIELD)

@@ -1,8 +1,9 @@
 """gRPC wiring for the tensor bulk path: servicers and stubs whose chunk-carrying methods skip protobuf's copies.
 
 The messages on the wire are the ones the .proto files define; only how Python turns them into objects
-changes, for four methods: ``FetchBlob`` answers with chunks serialised once (``EncodedTensors.wire``),
-and ``FetchBlob`` replies, ``PutBlob`` and ``SubmitUpdate`` requests are read as zero-copy views
+changes, for the tensor-carrying methods: ``FetchBlob`` answers with chunks serialised once
+(``EncodedTensors.wire``); uploads (``PutBlob``, ``SubmitUpdate``, the ``Oracle`` stream's gradients) take
+pre-serialised chunks; and ``FetchBlob`` replies and those uploads are read as zero-copy views
 (``fedentrpc.wire``). Every other method keeps protobuf's (de)serializers. Servicers are registered from
 the service descriptors, as the generated ``add_*Servicer_to_server`` would, with those overrides.
 """
@@ -21,7 +22,7 @@ from fedentrpc.v1 import aggregator_pb2_grpc as agg_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
-from fedentrpc.wire import parse_chunk, parse_update_part, serialize_any
+from fedentrpc.wire import parse_chunk, parse_oracle_message, parse_update_part, serialize_any
 
 Codec = Callable[[Any], Any]
 
@@ -59,7 +60,8 @@ def add_servicer(server: grpc.Server, service: ServiceDescriptor, servicer: Any,
 
 def add_estimator_servicer(servicer: Any, server: grpc.Server) -> None:
     add_servicer(server, est_pb.DESCRIPTOR.services_by_name["Estimator"], servicer,
-                 {"PutBlob": (parse_chunk, None), "FetchBlob": (None, serialize_any)})
+                 {"PutBlob": (parse_chunk, None), "FetchBlob": (None, serialize_any),
+                  "Oracle": (parse_oracle_message, None)})
 
 
 def add_aggregator_servicer(servicer: Any, server: grpc.Server) -> None:
@@ -68,7 +70,7 @@ def add_aggregator_servicer(servicer: Any, server: grpc.Server) -> None:
 
 
 def estimator_stub(channel: grpc.Channel) -> est_grpc.EstimatorStub:
-    """The generated stub, with PutBlob taking pre-serialised chunks and FetchBlob answering views."""
+    """The generated stub, with PutBlob and Oracle taking pre-serialised chunks and FetchBlob answering views."""
     stub = est_grpc.EstimatorStub(channel)
     stub.PutBlob = channel.stream_unary(  # type: ignore[method-assign]
         "/fedentrpc.v1.Estimator/PutBlob", request_serializer=serialize_any,
@@ -76,6 +78,9 @@ def estimator_stub(channel: grpc.Channel) -> est_grpc.EstimatorStub:
     stub.FetchBlob = channel.unary_stream(  # type: ignore[method-assign]
         "/fedentrpc.v1.Estimator/FetchBlob", request_serializer=tpb.FetchBlobRequest.SerializeToString,
         response_deserializer=parse_chunk)
+    stub.Oracle = channel.stream_stream(  # type: ignore[method-assign]
+        "/fedentrpc.v1.Estimator/Oracle", request_serializer=serialize_any,
+        response_deserializer=est_pb.OracleRequest.FromString)
     return stub
 
 

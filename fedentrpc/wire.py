@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
 
 Buffer = bytes | memoryview
@@ -24,6 +25,7 @@ _LEN = 2  # length-delimited wire type
 _VARINT = 0
 _TAG_HEADER, _TAG_INDEX, _TAG_DATA, _TAG_CHECKSUM = 0x0A, 0x10, 0x1A, 0x22  # TensorChunk fields 1-4
 UPDATE_PART_CHUNK_FIELD = 2  # UpdatePart.chunk
+ORACLE_MESSAGE_CHUNK_FIELD = 3  # OracleMessage.chunk
 
 
 class _OffPath(Exception):
@@ -135,37 +137,53 @@ def parse_chunk(buf: bytes) -> ChunkView | pb.TensorChunk:
     return view
 
 
-class UpdatePartView:
-    """An ``UpdatePart`` whose oneof is ``chunk``, holding a ``ChunkView``."""
+class WrappedChunkView:
+    """An ``UpdatePart`` or ``OracleMessage`` whose oneof holds a chunk, as a ``ChunkView``."""
 
-    __slots__ = ("chunk", "_size")
+    __slots__ = ("chunk", "_size", "_oneof")
 
-    def __init__(self, chunk: ChunkView, size: int) -> None:
+    def __init__(self, chunk: ChunkView, size: int, oneof: str) -> None:
         self.chunk = chunk
         self._size = size
+        self._oneof = oneof
+
+    def WhichOneof(self, name: str) -> str:  # noqa: N802 - protobuf's spelling
+        if name != self._oneof:
+            raise ValueError(f"no oneof {name!r}")
+        return "chunk"
 
     def ByteSize(self) -> int:  # noqa: N802 - protobuf's spelling
         """The message's size on the wire, as protobuf's ``ByteSize``."""
         return self._size
 
-    def WhichOneof(self, name: str) -> str:  # noqa: N802 - protobuf's spelling
-        if name != "part":
-            raise ValueError(f"UpdatePart has no oneof {name!r}")
-        return "chunk"
+
+UpdatePartView = WrappedChunkView  # the name the update path reads best with
 
 
-def parse_update_part(buf: bytes) -> UpdatePartView | agg_pb.UpdatePart:
+def _parse_wrapped(buf: bytes, field: int, oneof: str) -> WrappedChunkView:
+    tag, i = _read_varint(buf, 0, len(buf))
+    if tag != (field << 3 | _LEN):
+        raise _OffPath
+    n, i = _read_varint(buf, i, len(buf))
+    if i + n != len(buf):
+        raise _OffPath
+    return WrappedChunkView(_parse_chunk(buf, i, i + n), len(buf), oneof)
+
+
+def parse_update_part(buf: bytes) -> WrappedChunkView | agg_pb.UpdatePart:
     """gRPC deserializer for an UpdatePart: chunk parts as views, anything else through protobuf."""
     try:
-        tag, i = _read_varint(buf, 0, len(buf))
-        if tag != (UPDATE_PART_CHUNK_FIELD << 3 | _LEN):
-            raise _OffPath
-        n, i = _read_varint(buf, i, len(buf))
-        if i + n != len(buf):
-            raise _OffPath
-        return UpdatePartView(_parse_chunk(buf, i, i + n), len(buf))
+        return _parse_wrapped(buf, UPDATE_PART_CHUNK_FIELD, "part")
     except _OffPath:
         return agg_pb.UpdatePart.FromString(buf)
+
+
+def parse_oracle_message(buf: bytes) -> WrappedChunkView | est_pb.OracleMessage:
+    """gRPC deserializer for an OracleMessage: gradient chunks as views, anything else through protobuf."""
+    try:
+        return _parse_wrapped(buf, ORACLE_MESSAGE_CHUNK_FIELD, "kind")
+    except _OffPath:
+        return est_pb.OracleMessage.FromString(buf)
 
 
 def chunk_bytes(index: int, parts: Sequence[Buffer], nbytes: int, checksum: str,

@@ -29,7 +29,7 @@ from fedent.meanfield.estimator import OnlinePhi2Estimator
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.trainer import LocalTrainer
-from fedentrpc import convert
+from fedentrpc import convert, rpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -220,13 +220,13 @@ class FakeWorker:
         self.indices = {c: torch.from_numpy(np.asarray(inputs.client_indices[c])) for c in cids}
         self.cids, self.run_id, self.ignore, self.fail, self.seed = cids, run_id, ignore, fail, seed
         self.channel = grpc.insecure_channel(address)
-        self.stub = est_grpc.EstimatorStub(self.channel)
-        self.outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
+        self.stub = rpc.estimator_stub(self.channel)  # the stub real workers use (pre-serialised gradients)
+        self.outbox: queue.Queue[est_pb.OracleMessage | bytes | None] = queue.Queue()
         self.requests = 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
-    def _out(self) -> Iterator[est_pb.OracleMessage]:
+    def _out(self) -> Iterator[est_pb.OracleMessage | bytes]:
         yield est_pb.OracleMessage(hello=est_pb.OracleHello(worker_id=f"fake-{self.cids}", run_id=self.run_id,
                                                             client_ids=self.cids))
         while (m := self.outbox.get()) is not None:

@@ -20,6 +20,7 @@ from estimator.service import EstimatorHandle, create_estimator_service
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc, wire
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
+from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
 
 CASES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -34,18 +35,19 @@ headers = st.one_of(st.none(), st.builds(
 
 @CASES
 @given(headers, st.integers(0, 2**32 - 1), st.binary(max_size=300), st.text(max_size=20),
-       st.integers(1, 4), st.booleans())
+       st.integers(1, 4), st.sampled_from(["", "update", "oracle"]))
 def test_written_bytes_equal_protobufs(header: pb.TensorListHeader | None, index: int, data: bytes,
-                                       checksum: str, pieces: int, wrap: bool) -> None:
+                                       checksum: str, pieces: int, wrap: str) -> None:
     msg = pb.TensorChunk(index=index, data=data, checksum=checksum)
     if header is not None:
         msg.header.CopyFrom(header)
     cut = max(1, len(data) // pieces)
     parts = [memoryview(data)[i : i + cut] for i in range(0, len(data), cut)]
     head = header.SerializeToString() if header is not None else None
-    got = wire.chunk_bytes(index, parts, len(data), checksum, head, wire.UPDATE_PART_CHUNK_FIELD if wrap else 0)
-    want = agg_pb.UpdatePart(chunk=msg).SerializeToString() if wrap else msg.SerializeToString()
-    assert got == want
+    field = {"": 0, "update": wire.UPDATE_PART_CHUNK_FIELD, "oracle": wire.ORACLE_MESSAGE_CHUNK_FIELD}[wrap]
+    got = wire.chunk_bytes(index, parts, len(data), checksum, head, field)
+    want = {"": msg, "update": agg_pb.UpdatePart(chunk=msg), "oracle": est_pb.OracleMessage(chunk=msg)}[wrap]
+    assert got == want.SerializeToString()
 
 
 def _same(view: wire.ChunkView | pb.TensorChunk, msg: pb.TensorChunk) -> None:
@@ -71,6 +73,9 @@ def test_parsed_views_equal_protobufs_parse(header: pb.TensorListHeader | None, 
     assert isinstance(part, wire.UpdatePartView) and part.WhichOneof("part") == "chunk"
     _same(part.chunk, msg)
     assert part.chunk.serialized() == raw  # re-encoded from the view: one copy, same bytes
+    oracle = wire.parse_oracle_message(est_pb.OracleMessage(chunk=msg).SerializeToString())
+    assert isinstance(oracle, wire.WrappedChunkView) and oracle.WhichOneof("kind") == "chunk"
+    _same(oracle.chunk, msg)
 
 
 @CASES
@@ -95,6 +100,9 @@ def test_repeated_or_unknown_fields_go_through_protobuf() -> None:
     header_part = agg_pb.UpdatePart(header=agg_pb.UpdateHeader(cid=3)).SerializeToString()
     parsed = wire.parse_update_part(header_part)
     assert isinstance(parsed, agg_pb.UpdatePart) and parsed.header.cid == 3
+    hello = est_pb.OracleMessage(hello=est_pb.OracleHello(worker_id="w")).SerializeToString()
+    got = wire.parse_oracle_message(hello)
+    assert isinstance(got, est_pb.OracleMessage) and got.hello.worker_id == "w"
 
 
 def test_overrides_must_name_real_methods() -> None:
