@@ -91,16 +91,22 @@ def serve_raw() -> int:
     return 0
 
 
-def start_raw(extra_env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra_env}
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-raw"], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def spawn(args: list[str], what: str, extra_env: dict[str, str] | None = None,
+          stdin: int | None = None) -> tuple[subprocess.Popen[str], int]:
+    """Start a Python process that prints ``LISTENING port=N`` once serving; returns it and N."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                            text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("LISTENING port="):
         proc.kill()
-        raise SystemExit(f"bench_transfer: the raw gRPC peer did not start ({line!r})")
+        raise SystemExit(f"bench_transfer: {what} did not start ({line!r})")
     return proc, int(line.split("=", 1)[1])
+
+
+def start_raw(extra_env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    return spawn([str(Path(__file__).resolve()), "--serve-raw"], "the raw gRPC peer", extra_env, subprocess.PIPE)
 
 
 def raw_times(ch: grpc.Channel, nbytes: int, repeat: int) -> tuple[float, float]:
@@ -123,16 +129,8 @@ def raw_times(ch: grpc.Channel, nbytes: int, repeat: int) -> tuple[float, float]
 
 
 def start_service(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "estimator", "--host", "127.0.0.1", "--port", "0", "--insecure",
-                             "--blob-cache-mb", "1", "--log-level", "WARNING"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("LISTENING port="):
-        proc.kill()
-        raise SystemExit(f"bench_transfer: the estimator service did not start ({line!r})")
-    return proc, int(line.split("=", 1)[1])
+    return spawn(["-m", "estimator", "--host", "127.0.0.1", "--port", "0", "--insecure", "--blob-cache-mb", "1",
+                  "--log-level", "WARNING"], "the estimator service", extra_env)
 
 
 def peak_rss_gb(pid: int) -> float:

@@ -21,7 +21,6 @@ from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import aggregator_pb2_grpc as agg_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
-from fedentrpc.v1 import tensor_pb2 as tpb
 from fedentrpc.wire import parse_chunk, parse_oracle_message, parse_update_part, serialize_any
 
 Codec = Callable[[Any], Any]
@@ -69,28 +68,30 @@ def add_aggregator_servicer(servicer: Any, server: grpc.Server) -> None:
                  {"FetchBlob": (None, serialize_any), "SubmitUpdate": (parse_update_part, None)})
 
 
+def _rewire(stub: Any, channel: grpc.Channel, service: ServiceDescriptor,
+            overrides: Mapping[str, tuple[Codec | None, Codec | None]]) -> None:
+    """Replace ``stub``'s methods named in ``overrides`` (request serializer, response deserializer)."""
+    for name, (serializer, deserializer) in overrides.items():
+        m = service.methods_by_name[name]
+        make = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
+                (True, False): channel.stream_unary, (True, True): channel.stream_stream}
+        setattr(stub, name, make[(m.client_streaming, m.server_streaming)](
+            f"/{service.full_name}/{name}",
+            request_serializer=serializer or message_factory.GetMessageClass(m.input_type).SerializeToString,
+            response_deserializer=deserializer or message_factory.GetMessageClass(m.output_type).FromString))
+
+
 def estimator_stub(channel: grpc.Channel) -> est_grpc.EstimatorStub:
     """The generated stub, with PutBlob and Oracle taking pre-serialised chunks and FetchBlob answering views."""
     stub = est_grpc.EstimatorStub(channel)
-    stub.PutBlob = channel.stream_unary(  # type: ignore[method-assign]
-        "/fedentrpc.v1.Estimator/PutBlob", request_serializer=serialize_any,
-        response_deserializer=tpb.BlobRef.FromString)
-    stub.FetchBlob = channel.unary_stream(  # type: ignore[method-assign]
-        "/fedentrpc.v1.Estimator/FetchBlob", request_serializer=tpb.FetchBlobRequest.SerializeToString,
-        response_deserializer=parse_chunk)
-    stub.Oracle = channel.stream_stream(  # type: ignore[method-assign]
-        "/fedentrpc.v1.Estimator/Oracle", request_serializer=serialize_any,
-        response_deserializer=est_pb.OracleRequest.FromString)
+    _rewire(stub, channel, est_pb.DESCRIPTOR.services_by_name["Estimator"],
+            {"PutBlob": (serialize_any, None), "FetchBlob": (None, parse_chunk), "Oracle": (serialize_any, None)})
     return stub
 
 
 def aggregator_stub(channel: grpc.Channel) -> agg_grpc.AggregatorStub:
     """The generated stub, with FetchBlob answering views and SubmitUpdate taking pre-serialised parts."""
     stub = agg_grpc.AggregatorStub(channel)
-    stub.FetchBlob = channel.unary_stream(  # type: ignore[method-assign]
-        "/fedentrpc.v1.Aggregator/FetchBlob", request_serializer=tpb.FetchBlobRequest.SerializeToString,
-        response_deserializer=parse_chunk)
-    stub.SubmitUpdate = channel.stream_unary(  # type: ignore[method-assign]
-        "/fedentrpc.v1.Aggregator/SubmitUpdate", request_serializer=serialize_any,
-        response_deserializer=tpb.Ack.FromString)
+    _rewire(stub, channel, agg_pb.DESCRIPTOR.services_by_name["Aggregator"],
+            {"FetchBlob": (None, parse_chunk), "SubmitUpdate": (serialize_any, None)})
     return stub
