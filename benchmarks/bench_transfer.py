@@ -54,7 +54,7 @@ MB = 2**20
 OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
 
 
-GLIBC_DEFAULTS = {"MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}  # glibc's own default, set explicitly
+GLIBC_DEFAULTS = {"FEDENT_MALLOC_TUNING": "off"}  # both processes keep glibc's own (dynamic) settings
 
 
 RAW_SERVICE = "fedent.bench.Raw"

@@ -9,7 +9,8 @@ ran at 0.5-0.6 GB/s with the defaults and at 8-11 GB/s once freed memory stays i
 stay resident instead of going back to the OS.
 
 Called once at process start by ``python -m server|client|estimator``; never by the pure core. A user who
-sets glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` keeps those settings.
+sets glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` keeps those settings, and
+``FEDENT_MALLOC_TUNING=off`` leaves glibc's defaults alone.
 ``prefault_async`` covers the buffers too large for the heap: a decoded stream's one destination buffer.
 """
 
@@ -30,11 +31,14 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 2**20  # glibc's ceiling for this setting (HEAP_MAX_SIZE / 2 on 64-bit)
 TRIM_THRESHOLD = 256 * 2**20
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+OPT_OUT = "FEDENT_MALLOC_TUNING"  # "off" keeps glibc's defaults untouched
 
 
 def tune_for_streaming(env: Mapping[str, str], mmap_threshold: int = MMAP_THRESHOLD,
                        trim_threshold: int = TRIM_THRESHOLD) -> str:
     """Keep freed chunk buffers in the heap; returns what was done, for the process's start-up log line."""
+    if env.get(OPT_OUT, "").lower() in ("0", "off", "no", "false"):
+        return f"malloc: glibc's defaults ({OPT_OUT}={env[OPT_OUT]})"
     if any(k in env for k in USER_SETTINGS):
         return "malloc: left as set in the environment"
     if not sys.platform.startswith("linux"):

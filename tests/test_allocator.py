@@ -14,8 +14,9 @@ from fedentrpc import allocator
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc/Linux only")
 
 
-def test_user_malloc_settings_win() -> None:
+def test_user_malloc_settings_and_the_opt_out_win() -> None:
     assert "left as set" in allocator.tune_for_streaming({"MALLOC_TRIM_THRESHOLD_": "131072"})
+    assert "glibc's defaults" in allocator.tune_for_streaming({"FEDENT_MALLOC_TUNING": "off"})
 
 
 @linux_only
