@@ -48,6 +48,9 @@ CHECKSUM_PREFIX = "blake2b-128:"  # kept: older senders and tests name blake2b t
 CRC32_PREFIX = "crc32:"
 CRC32C_PREFIX = "crc32c:"
 CHECKSUMS = ("crc32c", "crc32", "blake2b")
+# google-crc32c's C extension runs at ~20 GB/s; its pure-Python fallback (platforms without a wheel) at a
+# few MB/s, where zlib's crc32 (~4 GB/s) is the better default. Receivers verify whichever was sent.
+DEFAULT_CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
 PARAMS_GROUP = "params"
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -87,7 +90,7 @@ class TransferSpec:
     compression: str = "none"
     chunk_bytes: int = MAX_CHUNK_BYTES
     zlib_level: int = 1
-    checksum: str = "crc32c"
+    checksum: str = DEFAULT_CHECKSUM
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in _WIRE_DTYPES:

@@ -222,7 +222,7 @@ def test_a_corrupted_chunk_is_named(algo: str) -> None:
 
 
 def test_crc32c_is_the_default_and_matches_the_standard_check_value() -> None:
-    assert TransferSpec().checksum == "crc32c"
+    assert TransferSpec().checksum == ("crc32c" if convert.google_crc32c.implementation == "c" else "crc32")
     assert convert._digest("crc32c", b"123456789") == "crc32c:e3069283"  # RFC 3720 B.4 check value
     assert convert._digest("crc32", b"123456789") == "crc32:cbf43926"
 
