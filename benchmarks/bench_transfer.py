@@ -44,8 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedentrpc import convert, rpc  # noqa: E402
-from fedentrpc.allocator import tune_for_streaming  # noqa: E402
+from fedentrpc import allocator, convert, rpc  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
 
@@ -54,7 +53,7 @@ MB = 2**20
 OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
 
 
-GLIBC_DEFAULTS = {"FEDENT_MALLOC_TUNING": "off"}  # both processes keep glibc's own (dynamic) settings
+MALLOC_OPT_OUT = {allocator.OPT_OUT: "off"}  # both processes keep glibc's own (dynamic) settings
 
 
 RAW_SERVICE = "fedent.bench.Raw"
@@ -64,7 +63,7 @@ def serve_raw() -> int:
     """The bare gRPC peer for the ``raw`` baseline: Down streams N bytes as 4 MiB messages, Up counts them."""
     from concurrent import futures
 
-    tune_for_streaming(os.environ)
+    allocator.tune_for_streaming(os.environ)
     piece = bytes(convert.MAX_CHUNK_BYTES)
 
     def down(req: bytes, ctx: grpc.ServicerContext) -> Any:
@@ -252,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.serve_raw:
         return serve_raw()
-    extra_env = GLIBC_DEFAULTS if args.malloc == "default" else {}
-    malloc = tune_for_streaming({**os.environ, **extra_env})
+    extra_env = MALLOC_OPT_OUT if args.malloc == "default" else {}
+    malloc = allocator.tune_for_streaming({**os.environ, **extra_env})
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s.strip()]
     except ValueError:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Any, cast
 
 from torch import Tensor
 
@@ -34,6 +35,17 @@ USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 OPT_OUT = "FEDENT_MALLOC_TUNING"  # "off" keeps glibc's defaults untouched
 
 
+@functools.cache
+def _libc_fn(name: str) -> Any:
+    """A libc function through ctypes (calls release the GIL), or None off Linux or where it is missing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
+    except (OSError, AttributeError):  # musl has no mallopt, for one
+        return None
+
+
 def tune_for_streaming(env: Mapping[str, str], mmap_threshold: int = MMAP_THRESHOLD,
                        trim_threshold: int = TRIM_THRESHOLD) -> str:
     """Keep freed chunk buffers in the heap; returns what was done, for the process's start-up log line."""
@@ -41,13 +53,9 @@ def tune_for_streaming(env: Mapping[str, str], mmap_threshold: int = MMAP_THRESH
         return f"malloc: glibc's defaults ({OPT_OUT}={env[OPT_OUT]})"
     if any(k in env for k in USER_SETTINGS):
         return "malloc: left as set in the environment"
-    if not sys.platform.startswith("linux"):
-        return "malloc: not glibc, left alone"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and other libcs have no mallopt
-        return "malloc: no mallopt, left alone"
+    mallopt = _libc_fn("mallopt")
+    if mallopt is None:
+        return "malloc: no glibc mallopt here, left alone"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
     if not ok:
@@ -63,14 +71,10 @@ PREFAULT_IDLE_S = 10.0  # a stalled or abandoned stream releases its helper thre
 
 
 def _madvise() -> Callable[[int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return cast(Callable[[int, int, int], int], fn)
+    fn = _libc_fn("madvise")
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return cast(Callable[[int, int, int], int] | None, fn)
 
 
 class Prefaulter:

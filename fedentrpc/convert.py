@@ -38,7 +38,7 @@ from fedentrpc.wire import (
     UPDATE_PART_CHUNK_FIELD,
     Buffer,
     ChunkView,
-    UpdatePartView,
+    WrappedChunkView,
     chunk_bytes,
     parse_chunk,
 )
@@ -177,10 +177,10 @@ class _Checksum:
 
     @classmethod
     def for_header(cls, checksum: str) -> _Checksum:
-        for prefix, algo in ((CRC32C_PREFIX, "crc32c"), (CRC32_PREFIX, "crc32"), (CHECKSUM_PREFIX, "blake2b")):
-            if checksum.startswith(prefix):
-                return cls(algo)
-        raise WireError(f"unknown tensor checksum algorithm in {checksum[:24]!r}")
+        algo = _CHECKSUM_BY_WIRE_NAME.get(checksum.partition(":")[0])
+        if algo is None:
+            raise WireError(f"unknown tensor checksum algorithm in {checksum[:24]!r}")
+        return cls(algo)
 
     def update(self, data: Buffer) -> None:
         if self._blake is not None:
@@ -193,9 +193,8 @@ class _Checksum:
             self._crc = zlib.crc32(data, self._crc)
 
     def text(self) -> str:
-        if self._blake is not None:
-            return CHECKSUM_PREFIX + self._blake.hexdigest()
-        return f"{CRC32C_PREFIX if self.algo == 'crc32c' else CRC32_PREFIX}{self._crc:08x}"
+        digest = self._blake.hexdigest() if self._blake is not None else f"{self._crc:08x}"
+        return f"{_CHECKSUM_WIRE_NAMES[self.algo]}:{digest}"
 
 
 def _digest(algo: str, *parts: Buffer) -> str:
@@ -359,7 +358,7 @@ class TensorAssembler:
             raise WireError("only the first tensor chunk may carry a header")
         h = self.header
         assert h is not None
-        data = chunk.data  # each access copies out of the message: read it once
+        data = chunk.data  # read once: on a protobuf message each access copies
         n = len(data)
         if n > MAX_CHUNK_BYTES:
             raise WireError(f"tensor chunk of {n} bytes exceeds {MAX_CHUNK_BYTES}")
@@ -379,11 +378,9 @@ class TensorAssembler:
         self._received += n
         if self._prefault is not None:
             self._prefault.advance(n)
-            if self._received == h.wire_bytes:
-                self.close()
 
     def close(self) -> None:
-        """Release the prefault helper early (a complete stream does this itself; idle ones time out)."""
+        """Release the prefault helper (``finish``/``verify`` do; an abandoned stream's times out when idle)."""
         if self._prefault is not None:
             self._prefault.close()
             self._prefault = None
@@ -621,7 +618,7 @@ class DecodedUpdate:
 
 
 def update_from_parts(
-    parts: Iterable[agg_pb.UpdatePart | UpdatePartView], max_bytes: int = DEFAULT_MAX_STREAM_BYTES
+    parts: Iterable[agg_pb.UpdatePart | WrappedChunkView], max_bytes: int = DEFAULT_MAX_STREAM_BYTES
 ) -> DecodedUpdate:
     it = iter(parts)
     first = next(it, None)

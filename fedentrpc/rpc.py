@@ -71,10 +71,10 @@ def add_aggregator_servicer(servicer: Any, server: grpc.Server) -> None:
 def _rewire(stub: Any, channel: grpc.Channel, service: ServiceDescriptor,
             overrides: Mapping[str, tuple[Codec | None, Codec | None]]) -> None:
     """Replace ``stub``'s methods named in ``overrides`` (request serializer, response deserializer)."""
+    make = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
+            (True, False): channel.stream_unary, (True, True): channel.stream_stream}
     for name, (serializer, deserializer) in overrides.items():
         m = service.methods_by_name[name]
-        make = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
-                (True, False): channel.stream_unary, (True, True): channel.stream_stream}
         setattr(stub, name, make[(m.client_streaming, m.server_streaming)](
             f"/{service.full_name}/{name}",
             request_serializer=serializer or message_factory.GetMessageClass(m.input_type).SerializeToString,

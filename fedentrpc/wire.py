@@ -22,7 +22,6 @@ from fedentrpc.v1 import tensor_pb2 as pb
 Buffer = bytes | memoryview
 
 _LEN = 2  # length-delimited wire type
-_VARINT = 0
 _TAG_HEADER, _TAG_INDEX, _TAG_DATA, _TAG_CHECKSUM = 0x0A, 0x10, 0x1A, 0x22  # TensorChunk fields 1-4
 UPDATE_PART_CHUNK_FIELD = 2  # UpdatePart.chunk
 ORACLE_MESSAGE_CHUNK_FIELD = 3  # OracleMessage.chunk
@@ -156,8 +155,6 @@ class WrappedChunkView:
         """The message's size on the wire, as protobuf's ``ByteSize``."""
         return self._size
 
-
-UpdatePartView = WrappedChunkView  # the name the update path reads best with
 
 
 def _parse_wrapped(buf: bytes, field: int, oneof: str) -> WrappedChunkView:
