@@ -156,7 +156,6 @@ class WrappedChunkView:
         return self._size
 
 
-
 def _parse_wrapped(buf: bytes, field: int, oneof: str) -> WrappedChunkView:
     tag, i = _read_varint(buf, 0, len(buf))
     if tag != (field << 3 | _LEN):
