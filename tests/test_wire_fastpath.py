@@ -70,7 +70,7 @@ def test_parsed_views_equal_protobufs_parse(header: pb.TensorListHeader | None, 
     _same(view, msg)
     assert view.serialized() == raw
     part = wire.parse_update_part(agg_pb.UpdatePart(chunk=msg).SerializeToString())
-    assert isinstance(part, wire.UpdatePartView) and part.WhichOneof("part") == "chunk"
+    assert isinstance(part, wire.WrappedChunkView) and part.WhichOneof("part") == "chunk"
     _same(part.chunk, msg)
     assert part.chunk.serialized() == raw  # re-encoded from the view: one copy, same bytes
     oracle = wire.parse_oracle_message(est_pb.OracleMessage(chunk=msg).SerializeToString())
