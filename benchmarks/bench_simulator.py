@@ -41,7 +41,8 @@ from fedent.config import DataConfig, ExperimentConfig, config_from_dict
 from fedent.data import load_dataset, make_partition
 from fedent.models import build_model
 from fedent.rng import sample_clients, torch_generator
-from fedent.sim import SimInputs, run_simulation
+from fedent.inputs import RunInputs
+from fedent.sim import run_simulation
 
 NUM_CLIENTS, FRACTION, EPOCHS, BATCH, LR, SEED = 100, 0.2, 1, 32, 0.01, 0
 
@@ -52,7 +53,7 @@ class Timing:
     cpu: float  # this process's CPU seconds: robust to a busy machine when torch uses one thread
 
 
-def make_inputs(max_train: int | None) -> SimInputs:
+def make_inputs(max_train: int | None) -> RunInputs:
     dcfg = DataConfig(name="fashion-mnist", num_clients=NUM_CLIENTS, partition="pathological",
                       max_train_samples=max_train, max_test_samples=1000)
     data = load_dataset(dcfg, SEED)
@@ -61,7 +62,7 @@ def make_inputs(max_train: int | None) -> SimInputs:
     def make_model() -> torch.nn.Module:
         return build_model("mnist-cnn", data.num_classes, data.in_channels, data.image_size, 0.0, SEED)
 
-    return SimInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
+    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
                      partition_info={"md5": part.md5()})
 
 
@@ -74,7 +75,7 @@ def config(algorithm: str, rounds: int, device: str) -> ExperimentConfig:
     })
 
 
-def bare_loop(inputs: SimInputs, rounds: int, device: torch.device) -> tuple[list[Timing], list[Tensor]]:
+def bare_loop(inputs: RunInputs, rounds: int, device: torch.device) -> tuple[list[Timing], list[Tensor]]:
     """Plain PyTorch FedAvg: per-round (wall, cpu) seconds and the final model (rounds 0..rounds-2, no eval)."""
     model = inputs.make_model().to(device)
     params = list(model.parameters())
@@ -117,7 +118,7 @@ class _StampedLog(runlog.MetricsLog):
         _StampedLog.stamps.append(Timing(time.perf_counter(), time.process_time()))
 
 
-def sim_round_times(inputs: SimInputs, algorithm: str, rounds: int, device: str) -> tuple[list[Timing], list[Tensor]]:
+def sim_round_times(inputs: RunInputs, algorithm: str, rounds: int, device: str) -> tuple[list[Timing], list[Tensor]]:
     """Per-round (wall, cpu) seconds of the simulator: differences of the clocks at consecutive log lines,
     so the bookkeeping after a line (clients.json, estimator.json, status.json) is charged to the next
     round. The last round (the only evaluation) is left out."""
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_same_model(inputs: SimInputs, dev: torch.device, device: str) -> None:
+def check_same_model(inputs: RunInputs, dev: torch.device, device: str) -> None:
     """Sanity: after 2 rounds the simulator's FedAvg model equals the bare loop's (same batches, same order)."""
     _, bare_params = bare_loop(inputs, 3, dev)
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ from torch import Tensor
 from fedent.client_store import ClientStateStore
 from fedent.config import ExperimentConfig, config_from_dict
 from fedent.params import Params
-from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
@@ -136,7 +136,7 @@ def config_from_yaml(text: str, data_root: str | None) -> ExperimentConfig:
 class Worker:
     """Connects, registers, and serves tasks until the aggregator says the run is over."""
 
-    def __init__(self, settings: WorkerSettings, inputs: SimInputs | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, inputs: RunInputs | None = None) -> None:
         self.settings = settings
         self._inputs_override = inputs
         self.name = settings.name or f"{socket.gethostname()}-{os.getpid()}-c{settings.client_ids[0]}"

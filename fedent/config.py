@@ -237,3 +237,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
     validate_algorithm(cfg.algorithm)
     return cfg
+
+
+def with_device(cfg: ExperimentConfig, device: str | None) -> ExperimentConfig:
+    """The config with ``train.device`` replaced by an explicit --device, so config.yaml says what ran."""
+    if device is None:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        args.estimator_tls_cert, args.estimator_tls_key)
         cfg = load_config(args.config, args.set)
         if args.device:
-            from fedent.sim.simulator import with_device
+            from fedent.config import with_device
 
             cfg = with_device(cfg, args.device)
         settings = settings_from_args(args, args.port)

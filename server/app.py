@@ -19,7 +19,7 @@ from torch import Tensor
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
-from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import resolve_device
@@ -116,7 +116,7 @@ def start_aggregator(
     settings: AggregatorSettings,
     run_dir: str | Path,
     *,
-    inputs: SimInputs | None = None,
+    inputs: RunInputs | None = None,
     dashboard: bool = False,
     dashboard_host: str = "127.0.0.1",
     dashboard_port: int = 0,

@@ -1,11 +1,9 @@
-"""The aggregator's round engine: worker registry, the round loop, deadlines and quorum (no gRPC here).
+"""The aggregator's side of a run: the worker registry and the remote client executor (no gRPC here).
 
-It drives the same strategy objects through the same steps as ``fedent.sim`` (docs/architecture.md):
-sample with ``fedent.rng.sample_clients``, optional probe, ``round_payload``, fit, ``aggregate`` on the
-updates sorted by cid, evaluate, log. The difference is that the client steps run on remote workers:
-the engine queues tasks for the workers' Work streams and waits (event-driven, with a deadline) for
-their results, which the servicer hands in through ``submit_*``. Domain errors raised here carry the
-kind of failure (``ClusterError.code``) so the servicer can map them to gRPC status codes.
+The round loop is the core's ``fedent.rounds.RoundEngine``, the same one the simulator runs; ``ClusterRun``
+is its ``ClientExecutor``: it queues tasks for the workers' Work streams and waits (event-driven, with a
+deadline) for their results, which the servicer hands in through ``submit_*``. Domain errors raised here
+carry the kind of failure (``ClusterError.code``) so the servicer can map them to gRPC status codes.
 """
 
 from __future__ import annotations
@@ -26,14 +24,14 @@ from torch import Tensor
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
-from fedent.params import Params, all_finite, clone, num_elements
-from fedent.rng import numpy_rng, sample_clients
-from fedent.sim.inputs import SimInputs
-from fedent.sim.simulator import is_eval_round, weighted_train_loss
-from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
+from fedent.inputs import RunInputs
+from fedent.params import all_finite
+from fedent.rng import numpy_rng
+from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError
+from fedent.rounds.evaluation import Evaluator
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
 from fedentrpc import convert
-from server.durability import resume_run, save_run_checkpoint
 from server.settings import AggregatorSettings
 
 RPC_THREADS_SPARE = 4  # server threads kept free for unary calls while every Work stream holds one
@@ -45,10 +43,6 @@ class ClusterError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class RoundFailedError(RuntimeError):
-    """A round missed its quorum on every allowed retry: the run stops (status.json ``failed``)."""
 
 
 @dataclass(frozen=True)
@@ -140,14 +134,14 @@ class Registration:
 
 
 class ClusterRun:
-    """One federated run on remote workers; ``run()`` is the round loop (call it in a thread)."""
+    """One federated run on remote workers: the registry and the executor; ``run()`` runs the rounds (in a thread)."""
 
     def __init__(
         self,
         cfg: ExperimentConfig,
         settings: AggregatorSettings,
         paths: runlog.RunPaths,
-        inputs: SimInputs,
+        inputs: RunInputs,
         strategy: Strategy,
         device: torch.device,
         config_yaml: str,
@@ -155,21 +149,12 @@ class ClusterRun:
         offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
         rebuild_strategy: Callable[[Any], Strategy] | None = None,
     ) -> None:
-        self.cfg, self.settings, self.paths, self.inputs = cfg, settings, paths, inputs
-        self.strategy, self.device, self.config_yaml = strategy, device, config_yaml
-        self.on_phase = on_phase
+        self.cfg, self.settings, self.paths = cfg, settings, paths
+        self.config_yaml = config_yaml
         self.offline, self.rebuild_strategy = offline, rebuild_strategy
         self.seed = cfg.train.seed
-        self.rounds = cfg.train.rounds
         self.sizes = inputs.client_sizes()
         self.md5 = str(inputs.partition_info.get("md5", ""))
-        data = inputs.data
-        self.trainer = LocalTrainer(inputs.make_model(), data.x_test[:0], data.y_test[:0],
-                                    cfg.train.batch_size, device)
-        self.x_test = data.x_test.to(device)
-        self.y_test = data.y_test.to(device)
-        self.global_params: Params = clone(self.trainer.params)
-        self.model_bytes = num_elements(self.global_params) * self.global_params[0].element_size()
         self.workers: dict[str, WorkerHandle] = {}
         self.owner: dict[int, str] = {}  # cid -> worker id
         self.lock = threading.RLock()
@@ -177,50 +162,106 @@ class ClusterRun:
         self.blobs: dict[str, convert.EncodedTensors] = {}
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
-        self.stop = threading.Event()
         self.finished = threading.Event()
-        self.phase = "starting"
-        self.round: int | None = None
         self.error: str | None = None
-        self.records: list[dict[str, Any]] = []
-        self.metrics = runlog.MetricsLog(paths.metrics)
-        self.started_at = time.time()
-        self.t_start = time.perf_counter()
-        self.trajectory: list[dict[str, Any]] = []
-        self.estimator_report: dict[str, Any] = {}  # Algorithm 1's report (offline mode), as the simulator's
-        self.local_eval = int(getattr(cfg.train, "local_eval", 0) or 0)
-        self.clients: list[dict[str, Any]] = [
-            runlog.client_row(cid, state="waiting", samples=n, participation=0, bytes=0)
-            for cid, n in enumerate(self.sizes)
-        ]
+        data = inputs.data  # the aggregator holds the test set only; training data lives with the workers
+        trainer = LocalTrainer(inputs.make_model(), data.x_test[:0], data.y_test[:0], cfg.train.batch_size, device)
+        evaluator = Evaluator(trainer, data.x_test, data.y_test, cfg.train.eval_batch_size, self.seed,
+                              int(getattr(cfg.train, "local_eval", 0) or 0))
+        policy = RoundPolicy(settings.quorum, settings.round_retries, settings.checkpoint_keep)
+        self.engine = RoundEngine(cfg, paths, strategy, self, evaluator, trainer.params, self.sizes,
+                                  dict(inputs.partition_info), policy, on_phase=on_phase)
+        self.book = self.engine.clients
+        self.stop = self.engine.stop
 
-    # ---- files ---------------------------------------------------------------------------------
+    # ---- the engine's state, as the servicer and the dashboard read it ----------------------------
+    @property
+    def strategy(self) -> Strategy:
+        return self.engine.strategy
+
+    @property
+    def phase(self) -> str:
+        return self.engine.phase
+
+    @property
+    def rounds(self) -> int:
+        return self.engine.rounds
+
+    @property
+    def round(self) -> int | None:
+        return self.engine.round
+
+    @property
+    def global_params(self) -> list[Tensor]:
+        return self.engine.global_params
+
+    @property
+    def on_phase(self) -> Callable[[str], None] | None:
+        return self.engine.on_phase
+
+    @on_phase.setter
+    def on_phase(self, fn: Callable[[str], None] | None) -> None:
+        self.engine.on_phase = fn
+
     def status(self, phase: str, rnd: int | None, **state: Any) -> None:
-        self.phase, self.round = phase, rnd
+        self.engine.status(phase, rnd, **state)
+
+    # ---- ClientExecutor -------------------------------------------------------------------------
+    def bind(self, engine: RoundEngine) -> None:
+        engine.clients.update(range(len(self.sizes)), state="waiting")
+
+    def status_fields(self) -> dict[str, Any]:
         with self.lock:
             workers = sum(1 for w in self.workers.values() if not w.gone)
-        runlog.atomic_write_json(self.paths.status, runlog.status_record(
-            self.paths.run_id, self.strategy.name, phase, rnd, self.rounds, self.started_at,
-            {"device": str(self.device), "mode": "cluster", "workers": workers, **state}))
-        if self.on_phase is not None:
-            self.on_phase(phase)
+        return {"mode": "cluster", "workers": workers}
 
-    def write_clients(self) -> None:
+    def start(self) -> None:
+        threading.Thread(target=self._watch_heartbeats, name="heartbeats", daemon=True).start()
+        self.wait_for_workers()
+
+    def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
+                rounds: int) -> tuple[Strategy, dict[str, Any]]:
+        """Algorithm 1 runs on the estimator service (the aggregator has no training data); the strategy is
+        rebuilt around the estimator it returns."""
+        if self.offline is None or self.rebuild_strategy is None:
+            raise RunError(f"{strategy.name} needs Algorithm 1 before round 0, which runs on the estimator "
+                           "service: start the aggregator with --estimator HOST:PORT")
+        estimator = self.offline(global_params, sizes, rounds)
+        report = getattr(estimator, "report", None)
+        return self.rebuild_strategy(estimator), dict(report) if isinstance(report, dict) else {}
+
+    def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
+        """w(t) encoded once for every download of the round; the previous round's blobs are dropped."""
+        enc = convert.encode_tensors({convert.PARAMS_GROUP: list(global_params)}, self.settings.transfer())
         with self.lock:
-            rows = [dict(r) for r in self.clients]
-        runlog.write_clients(self.paths.clients, rows)
+            self.blobs = {model_blob(rnd): enc}
 
-    def write_estimator(self) -> None:
-        """estimator.json in the simulator's layout: Algorithm 1's report and the per-round φ2 trajectory."""
-        runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name,
-                                                        "report": self.estimator_report,
-                                                        "trajectory": self.trajectory})
+    def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
+              strategy: Strategy) -> Gathered[Probe]:
+        col = self._dispatch("probe", rnd, cids, model_blob(rnd))
+        return Gathered(self._gather(col), dict(col.failed))
 
-    def write_start_files(self) -> None:
-        runlog.write_config(self.paths.config, self.cfg.to_dict())
-        runlog.atomic_write_json(self.paths.partition, self.inputs.partition_info)
-        self.write_clients()
-        self.status("starting", None)
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        payload_blob = ""
+        if payload.tensors:
+            payload_blob = f"r{rnd}-payload"
+            enc = convert.encode_tensors(convert.payload_bundle(payload), self.settings.transfer())
+            with self.lock:
+                self.blobs[payload_blob] = enc
+        with self.lock:
+            hosted = [c for c in cids if self._hosted(c)]  # a down or disconnected client keeps showing why
+        self.book.update(hosted, state="training")
+        self.book.write()
+        col = self._dispatch("fit", rnd, cids, model_blob(rnd), payload, payload_blob)
+        return Gathered(self._gather(col), dict(col.failed))
+
+    def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
+        return self.retry_clients(rnd, attempt, k, exclude)
+
+    def finish(self, ok: bool, reason: str) -> None:
+        if not ok or self.settings.stop_workers_when_done:
+            self.shutdown_workers(reason, failed=not ok)
 
     # ---- registry (called from RPC threads) ------------------------------------------------------
     def register(self, name: str, token: str, cids: Sequence[int], device: str, hostname: str) -> Registration:
@@ -253,8 +294,8 @@ class ClusterRun:
             self.workers[wid] = WorkerHandle(wid, name or wid, wanted, device, hostname)
             for c in wanted:
                 self.owner[c] = wid
-                self.clients[c].update(worker=name or wid, device=device, state="registered")
-        self.write_clients()
+                self.book.update([c], worker=name or wid, device=device, state="registered")
+        self.book.write()
         return Registration(wid, self.paths.run_id, self.config_yaml, self.md5, self.settings.transfer(),
                             self.settings.heartbeat_s)
 
@@ -278,9 +319,9 @@ class ClusterRun:
         with self.registry_changed:
             w.ready = True
             for c in w.cids:
-                self.clients[c].update(state="idle", last_heartbeat=time.time())
+                self.book.update([c], state="idle", last_heartbeat=time.time())
             self.registry_changed.notify_all()
-        self.write_clients()
+        self.book.write()
 
     def attach(self, worker_id: str) -> WorkerHandle:
         w = self.worker(worker_id)
@@ -299,13 +340,13 @@ class ClusterRun:
             w.gone = True
             self.registry_changed.notify_all()
             for c in w.cids:
-                self.clients[c]["state"] = "finished" if self.finished.is_set() or self.phase == "done" \
-                    else "disconnected"
+                self.book.update([c], state="finished" if self.finished.is_set() or self.phase == "done"
+                                 else "disconnected")
         col = self.collector
         if col is not None:
             for c in w.cids:
                 col.fail(c, "worker disconnected")
-        self.write_clients()
+        self.book.write()
 
     def _retire(self, w: WorkerHandle, state: str, why: str) -> None:
         """Mark ``w`` gone (clients ``state`` in clients.json), fail its open tasks now and end its Work stream."""
@@ -315,7 +356,7 @@ class ClusterRun:
             w.gone = True
             self.registry_changed.notify_all()
             for c in w.cids:
-                self.clients[c]["state"] = state
+                self.book.update([c], state=state)
         col = self.collector
         if col is not None:
             for c in w.cids:
@@ -334,7 +375,7 @@ class ClusterRun:
         for w in silent:
             self._retire(w, "down", f"missed heartbeats for {now - w.last_seen:.1f}s")
         if silent:
-            self.write_clients()
+            self.book.write()
         return [w.worker_id for w in silent]
 
     def _watch_heartbeats(self) -> None:
@@ -348,8 +389,7 @@ class ClusterRun:
         if w is None or w.gone:
             return False
         w.last_seen = time.time()
-        for c in w.cids:
-            self.clients[c]["last_heartbeat"] = w.last_seen
+        self.book.update(w.cids, last_heartbeat=w.last_seen)
         return True
 
     def fetch_blob(self, blob_id: str, worker_id: str = "") -> convert.EncodedTensors:
@@ -396,13 +436,13 @@ class ClusterRun:
     def max_update_bytes(self) -> int:
         """The most an update stream may carry: the parameters plus up to three model-sized tensor groups
         (SCAFFOLD's control variate, FedDyn's state) and framing headroom; anything larger is rejected."""
-        return 4 * self.model_bytes + (1 << 20)
+        return 4 * self.engine.model_bytes + (1 << 20)
 
     def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int) -> None:
         col = self._collector("fit")
         w = self._own(worker_id, update.cid)
         w.bytes_up += wire_bytes
-        self.clients[update.cid]["bytes"] = (self.clients[update.cid]["bytes"] or 0) + wire_bytes
+        self.book.add_bytes(update.cid, wire_bytes)
         try:
             convert.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
             if not all_finite(update.params):
@@ -485,20 +525,6 @@ class ClusterRun:
             raise RuntimeError("stopped")
         return dict(sorted(col.results.items()))
 
-    def _quorum(self, got: int, asked: int) -> bool:
-        return got >= max(1, math.ceil(self.settings.quorum * asked))
-
-    def setup(self) -> None:
-        """Strategy setup; FedEnt offline first runs Algorithm 1 on the estimator service (Steps 1-2)."""
-        if self.offline is not None and self.rebuild_strategy is not None:
-            self.status("estimating", None)
-            estimator = self.offline(self.global_params, self.sizes, self.rounds)
-            self.strategy = self.rebuild_strategy(estimator)
-            report = getattr(estimator, "report", None)
-            self.estimator_report = dict(report) if isinstance(report, dict) else {}
-            self.write_estimator()
-        self.strategy.setup(self.global_params, self.sizes)
-
     def retry_clients(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         """Fresh participants for retry ``attempt`` of round ``rnd``: ``k`` clients hosted by a live worker, in
         the order of a stream derived from (seed, round, attempt), those that failed this round last. Waits
@@ -517,126 +543,6 @@ class ClusterRun:
                     return sorted(live[:k])
                 self.registry_changed.wait(timeout=left)
 
-    def _attempt(self, rnd: int, participants: list[int], model_blob: str) -> tuple[list[ClientUpdate],
-                                                                                     dict[str, Any]]:
-        """One try at round ``rnd`` with ``participants``: probe (if the strategy needs it) and fit; returns the
-        updates sorted by cid and the skip diagnostics (``skipped`` present when the quorum was missed)."""
-        skipped: dict[str, Any] = {}
-        fit_cids = list(participants)
-        probes: list[Probe] = []
-        if self.strategy.needs_probe:
-            self.status("estimating", rnd)
-            got = self._gather(self._dispatch("probe", rnd, participants, model_blob))
-            probes = list(got.values())
-            fit_cids = sorted(got)
-            if not self._quorum(len(fit_cids), len(participants)):
-                skipped = {"skipped": f"{len(fit_cids)}/{len(participants)} probes before the deadline"}
-        updates: list[ClientUpdate] = []
-        if not skipped:
-            payload = self.strategy.round_payload(rnd, self.global_params, probes)
-            payload_blob = ""
-            if payload.tensors:
-                payload_blob = f"r{rnd}-payload"
-                with self.lock:
-                    self.blobs[payload_blob] = convert.encode_tensors(convert.payload_bundle(payload),
-                                                                      self.settings.transfer())
-            self.status("training", rnd)
-            with self.lock:
-                for c in fit_cids:
-                    if self._hosted(c):  # a down or disconnected client keeps showing why
-                        self.clients[c]["state"] = "training"
-            self.write_clients()
-            col = self._dispatch("fit", rnd, fit_cids, model_blob, payload, payload_blob)
-            got_updates = self._gather(col)
-            updates = list(got_updates.values())  # sorted by cid, as the simulator aggregates
-            if not self._quorum(len(updates), len(participants)):
-                skipped = {"skipped": f"{len(updates)}/{len(participants)} updates before the deadline"}
-            failures = {str(c): why for c, why in sorted(col.failed.items())}
-            if failures:
-                skipped["failed_clients"] = failures
-        return updates, skipped
-
-    def run_round(self, rnd: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        participants = sample_clients(self.seed, rnd, len(self.sizes), self.cfg.train.fraction)
-        model_blob = f"r{rnd}-model"
-        with self.lock:
-            self.blobs = {model_blob: convert.encode_tensors({convert.PARAMS_GROUP: self.global_params},
-                                                             self.settings.transfer())}
-        failed_before: set[int] = set()
-        retries: list[dict[str, Any]] = []
-        for attempt in itertools.count():
-            updates, skipped = self._attempt(rnd, participants, model_blob)
-            if "skipped" not in skipped or self.settings.round_retries < 0:
-                break
-            failed_before.update(int(c) for c in skipped.get("failed_clients", {}))
-            retries.append({"clients": participants, "why": skipped["skipped"]})
-            if attempt >= self.settings.round_retries:
-                raise RoundFailedError(f"round {rnd} missed its quorum in {attempt + 1} attempt(s), last: "
-                                       f"{skipped['skipped']}")
-            participants = self.retry_clients(rnd, attempt + 1, len(participants), failed_before)
-        if retries:
-            skipped["retried"] = retries
-        fedent_diag = None
-        diagnostics: dict[str, Any] = {}
-        if updates and "skipped" not in skipped:
-            self.status("aggregating", rnd)
-            result = self.strategy.aggregate(rnd, self.global_params, updates)
-            if not all_finite(result.params):
-                raise RuntimeError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
-                                   "lower train.lr")
-            self.global_params = list(result.params)
-            diagnostics = dict(result.diagnostics)
-            fedent_diag = diagnostics.pop("fedent", None)
-        diagnostics.update(skipped)
-        test_loss = test_acc = None
-        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every):
-            self.status("evaluating", rnd)
-            if self.local_eval > 0 and updates:
-                diagnostics.update(self._evaluate_local(rnd, updates))
-            test_loss, test_acc = self._evaluate(self.global_params)
-        now = time.perf_counter()
-        rec = runlog.metrics_record(
-            round=rnd, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
-            train_loss=weighted_train_loss(updates) if updates else None, clients=participants,
-            num_clients=len(participants), wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag,
-            diagnostics=diagnostics)
-        self.metrics.append(rec)
-        self.records.append(rec)
-        self._record_clients(rnd, updates)
-        if isinstance(fedent_diag, dict):
-            self.trajectory.append({"round": rnd, **{k: fedent_diag.get(k) for k in
-                                                     ("phi2_pred", "phi2_actual", "entropy", "guards")}})
-            self.write_estimator()
-        return rec
-
-    def _evaluate(self, params: Sequence[Tensor]) -> tuple[float, float]:
-        self.trainer.load(params)
-        return self.trainer.evaluate(self.x_test, self.y_test, self.cfg.train.eval_batch_size)
-
-    def _evaluate_local(self, rnd: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
-        k = min(self.local_eval, len(updates))
-        pick = sorted(int(i) for i in numpy_rng(self.seed, "eval", rnd).choice(len(updates), size=k, replace=False))
-        accs = [self._evaluate(updates[i].params)[1] for i in pick]
-        return {"local_acc": accs, "local_clients": [updates[i].cid for i in pick]}
-
-    def _record_clients(self, rnd: int, updates: Sequence[ClientUpdate]) -> None:
-        taken = {u.cid: u for u in updates}
-        with self.lock:
-            for row in self.clients:
-                u = taken.get(row["cid"])
-                if u is None:
-                    if row["state"] in ("training", "done"):
-                        row["state"] = "idle"
-                    continue
-                row["state"] = "done"
-                row["participation"] += 1
-                row["bytes"] = (row["bytes"] or 0) + self.model_bytes
-                row["eta"] = u.scalars.get("eta", row["eta"])
-                row["eta_star"] = u.scalars.get("eta_star", row["eta_star"])
-                row["last_round"] = rnd
-        self.write_clients()
-
     def shutdown_workers(self, reason: str, failed: bool) -> None:
         with self.lock:
             workers = list(self.workers.values())
@@ -646,30 +552,15 @@ class ClusterRun:
     def run(self) -> None:
         """The whole run; sets ``finished`` at the end whatever happens (``error`` says why it failed)."""
         try:
-            self.write_start_files()
-            threading.Thread(target=self._watch_heartbeats, name="heartbeats", daemon=True).start()
-            self.wait_for_workers()
-            self.setup()
-            first = resume_run(self) if self.settings.checkpoint_keep > 0 else 0
-            for rnd in range(first, self.rounds):
-                if self.stop.is_set():
-                    raise RuntimeError("stopped")
-                self.run_round(rnd)
-                if self.settings.checkpoint_keep > 0:
-                    save_run_checkpoint(self, rnd, keep=self.settings.checkpoint_keep)
-            torch.save([p.detach().cpu() for p in self.global_params], self.paths.model)
-            last = runlog.final_accuracy(self.records)
-            self.status("done", self.rounds - 1, final_acc=last)
-            if self.settings.stop_workers_when_done:
-                self.shutdown_workers("run finished", failed=False)
-        except (Exception, StrategyError) as e:  # noqa: B014 - StrategyError named for the reader
+            self.engine.run()
+        except Exception as e:  # the engine wrote status.json "failed" and released the workers
             self.error = f"{type(e).__name__}: {e}"
-            try:
-                self.status("failed", self.round, error=self.error)
-            finally:
-                self.shutdown_workers(f"run failed: {self.error}", failed=True)
         finally:
             self.finished.set()
             with self.lock:
                 for w in self.workers.values():
                     w.tasks.put(None)
+
+
+def model_blob(rnd: int) -> str:
+    return f"r{rnd}-model"

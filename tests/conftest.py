@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from fedent.config import ExperimentConfig, config_from_dict
-from fedent.sim.inputs import SimInputs
+from fedent.inputs import RunInputs
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class TinyData:
     num_classes: int = 3
 
 
-def tiny_inputs(num_clients: int = 4, per_client: int = 12, seed: int = 0) -> SimInputs:
+def tiny_inputs(num_clients: int = 4, per_client: int = 12, seed: int = 0) -> RunInputs:
     """Seeded data, an IID split and a deterministic linear model: fast enough for RPC-level tests."""
     g = torch.Generator().manual_seed(seed)
     n = num_clients * per_client
@@ -44,7 +44,7 @@ def tiny_inputs(num_clients: int = 4, per_client: int = 12, seed: int = 0) -> Si
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
         return m
 
-    return SimInputs(data=data, client_indices=tuple(idx), make_model=make_model,
+    return RunInputs(data=data, client_indices=tuple(idx), make_model=make_model,
                      partition_info={"md5": md5, "num_clients": num_clients})
 
 
@@ -60,7 +60,7 @@ def tiny_config(algorithm: str = "fedavg", num_clients: int = 4, rounds: int = 2
 
 
 @pytest.fixture
-def tiny() -> SimInputs:
+def tiny() -> RunInputs:
     return tiny_inputs()
 
 
@@ -127,7 +127,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     handles: list[Any] = []
 
-    def go(cfg: Any, inputs: SimInputs, **settings: Any) -> Any:
+    def go(cfg: Any, inputs: RunInputs, **settings: Any) -> Any:
         s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
         h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
         handles.append(h)

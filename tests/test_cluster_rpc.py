@@ -19,9 +19,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from fedent.inputs import RunInputs
 from fedent.params import weighted_sum
 from fedent.runlog import read_json, read_metrics
-from fedent.sim.inputs import SimInputs
 from fedent.sim.simulator import run_simulation
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
@@ -37,7 +37,7 @@ def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorStub:
     return pb_grpc.AggregatorStub(grpc.insecure_channel(f"127.0.0.1:{h.port}"))
 
 
-def _run_workers(h: AggregatorHandle, inputs: SimInputs, groups: list[tuple[int, ...]]) -> list[Worker]:
+def _run_workers(h: AggregatorHandle, inputs: RunInputs, groups: list[tuple[int, ...]]) -> list[Worker]:
     workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
                                      connect_timeout_s=10), inputs=inputs) for g in groups]
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]

@@ -9,6 +9,7 @@ import pytest
 from test_sim_support import tiny_config, tiny_inputs
 
 from fedent.config import ExperimentConfig
+from fedent.inputs import RunInputs
 from fedent.sim.compare import (
     AlgorithmSummary,
     RunSummary,
@@ -18,10 +19,9 @@ from fedent.sim.compare import (
     sampling_identical,
     summarize,
 )
-from fedent.sim.inputs import SimInputs
 
 
-def _inputs(cfg: ExperimentConfig) -> SimInputs:
+def _inputs(cfg: ExperimentConfig) -> RunInputs:
     return tiny_inputs(seed=cfg.train.seed)
 
 

@@ -19,9 +19,9 @@ import torch
 from conftest import FakeWorker, tiny_config, tiny_inputs
 
 from client.worker import Worker, WorkerError, WorkerSettings, backoff_delay
+from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics
-from fedent.sim.inputs import SimInputs
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
 from fedentrpc.v1 import aggregator_pb2 as pb
@@ -36,7 +36,7 @@ def Silent(h: AggregatorHandle, cids: list[int], md5: str, name: str = "silent")
     return FakeWorker(h.port, cids, md5, name=name)
 
 
-def _worker(h: AggregatorHandle, inputs: SimInputs, cids: tuple[int, ...], **kw: Any) -> tuple[Worker, Any]:
+def _worker(h: AggregatorHandle, inputs: RunInputs, cids: tuple[int, ...], **kw: Any) -> tuple[Worker, Any]:
     w = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=cids, device="cpu",
                               connect_timeout_s=10, name=f"w{cids[0]}", **kw), inputs=inputs)
     box: dict[str, Any] = {}

@@ -20,9 +20,9 @@ from conftest import TinyData, tiny_config
 from torch import nn
 
 from client.worker import Worker, WorkerSettings
+from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics
-from fedent.sim.inputs import SimInputs
 from server.app import start_aggregator
 from server.settings import AggregatorSettings
 
@@ -30,7 +30,7 @@ CLIENTS, PER_WORKER, ROUNDS, FEATURES = 200, 5, 20, 2048
 LEAK_BOUND_MB = 60.0  # a leak of one round's 20 updates is ~10 MB per round, 150 MB over 15 rounds
 
 
-def wide_inputs(num_clients: int, per_client: int = 4, features: int = FEATURES) -> SimInputs:
+def wide_inputs(num_clients: int, per_client: int = 4, features: int = FEATURES) -> RunInputs:
     g = torch.Generator().manual_seed(5)
     n = num_clients * per_client
     x = torch.randn(n + 20, features, generator=g)
@@ -45,7 +45,7 @@ def wide_inputs(num_clients: int, per_client: int = 4, features: int = FEATURES)
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(6)) * 0.01)
         return m
 
-    return SimInputs(data=TinyData(x[:n], y[:n], x[n:], y[n:], 64), client_indices=tuple(idx),
+    return RunInputs(data=TinyData(x[:n], y[:n], x[n:], y[n:], 64), client_indices=tuple(idx),
                      make_model=make_model, partition_info={"md5": md5, "num_clients": num_clients})
 
 

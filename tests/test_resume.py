@@ -13,8 +13,8 @@ from conftest import tiny_config, tiny_inputs
 
 from client.worker import Worker, WorkerSettings
 from fedent.checkpoint import CheckpointMismatchError, list_checkpoints
+from fedent.inputs import RunInputs
 from fedent.runlog import read_metrics
-from fedent.sim.inputs import SimInputs
 from fedent.sim.simulator import run_simulation
 from server.app import AggregatorHandle, start_aggregator
 from server.settings import AggregatorSettings
@@ -26,7 +26,7 @@ class SimulatedCrash(RuntimeError):
     pass
 
 
-def _workers(h: AggregatorHandle, inputs: SimInputs, state_dir: Path | None) -> list[threading.Thread]:
+def _workers(h: AggregatorHandle, inputs: RunInputs, state_dir: Path | None) -> list[threading.Thread]:
     threads = []
     for i, group in enumerate([(0, 1), (2, 3)]):
         w = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=group, device="cpu",
@@ -38,7 +38,7 @@ def _workers(h: AggregatorHandle, inputs: SimInputs, state_dir: Path | None) -> 
     return threads
 
 
-def _run(cfg: Any, inputs: SimInputs, run_dir: Path, state_dir: Path | None,
+def _run(cfg: Any, inputs: RunInputs, run_dir: Path, state_dir: Path | None,
          crash_at: tuple[str, int] | None = None) -> AggregatorHandle:
     h = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
     if crash_at is not None:

@@ -17,10 +17,12 @@ from torch import Tensor
 from fedent import runlog
 from fedent.params import clone
 from fedent.rng import sample_clients
+from fedent.rounds import is_eval_round
 from fedent.sim.progress import ProgressBar, format_duration
-from fedent.sim.simulator import SimulationError, is_eval_round, run_simulation
+from fedent.sim.simulator import SimulationError, run_simulation
 from fedent.strategies.base import (
     AggregateResult,
+    Capabilities,
     ClientState,
     ClientTask,
     ClientUpdate,
@@ -148,7 +150,13 @@ def test_fedent_eta_state_persists_when_registered(tmp_path: Path) -> None:
 
 
 class PreparingFedAvg(FedAvg):
+    """Declares the oracle capability, so the engine calls ``prepare`` before round 0 (by capability, not name)."""
+
     name = "preparing"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(oracle=True)
 
     def prepare(self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int],
                 rounds: int) -> dict[str, Any]:
@@ -157,7 +165,6 @@ class PreparingFedAvg(FedAvg):
 
 
 def test_prepare_hook_report_goes_to_estimator_json(tmp_path: Path) -> None:
-    pytest.importorskip("fedent.meanfield.oracle")
     run_simulation(tiny_config(rounds=2), tmp_path / "p", progress=False, inputs=tiny_inputs(),
                    strategy=PreparingFedAvg(), plots=False)
     est = json.loads(runlog.RunPaths(tmp_path / "p").estimator.read_text())

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from fedent.config import ExperimentConfig, config_from_dict
-from fedent.sim.inputs import SimInputs
+from fedent.inputs import RunInputs
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class TinyData:
     source: str = "tests"
 
 
-def tiny_inputs(num_clients: int = 10, per_client: int = 40, num_classes: int = 4, seed: int = 0) -> SimInputs:
+def tiny_inputs(num_clients: int = 10, per_client: int = 40, num_classes: int = 4, seed: int = 0) -> RunInputs:
     """Gaussian class clusters in 16 dims; each client holds two classes (non-IID), a linear MLP learns it."""
     g = torch.Generator().manual_seed(1234)
     protos = torch.randn(num_classes, 16, generator=g) * 1.5
@@ -57,7 +57,7 @@ def tiny_inputs(num_clients: int = 10, per_client: int = 40, num_classes: int = 
         return m
 
     data = TinyData(x_train, y_train, x_test, y_test, num_classes)
-    return SimInputs(data=data, client_indices=client_indices, make_model=make_model, partition_info=info)
+    return RunInputs(data=data, client_indices=client_indices, make_model=make_model, partition_info=info)
 
 
 def tiny_config(algorithm: str = "fedavg", rounds: int = 3, **train: object) -> ExperimentConfig:

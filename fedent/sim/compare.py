@@ -18,7 +18,7 @@ import numpy as np
 
 from fedent import runlog
 from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
-from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs
 from fedent.sim.simulator import SimulationError, run_simulation
 from fedent.strategies.registry import validate_algorithm
 
@@ -168,7 +168,7 @@ def run_comparison(
     device: str | None = None,
     progress: bool = True,
     local_eval: int | None = None,
-    inputs_for: Callable[[ExperimentConfig], SimInputs] = load_inputs,
+    inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures."""
     out = Path(out_dir)

@@ -29,7 +29,7 @@ import yaml
 
 from fedent import runlog
 from fedent.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, load_config
-from fedent.sim.inputs import SimInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import StrategyError
 from fedent.strategies.registry import validate_algorithm
 
@@ -362,7 +362,7 @@ def same_config(run_dir: Path, config: Mapping[str, Any]) -> bool:
 
 
 @lru_cache(maxsize=2)
-def _cached_inputs(key: str) -> SimInputs:
+def _cached_inputs(key: str) -> RunInputs:
     """Data + partition + model factory per (data, model, seed), reused by a worker's consecutive runs."""
     return load_inputs(config_from_dict(json.loads(key)))
 
@@ -372,7 +372,7 @@ def _inputs_key(cfg: Mapping[str, Any]) -> str:
                       sort_keys=True)
 
 
-InputsFor = Callable[[ExperimentConfig], SimInputs]
+InputsFor = Callable[[ExperimentConfig], RunInputs]
 
 
 def execute(spec: RunSpec, inputs_for: InputsFor | None = None) -> RunOutcome:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -85,6 +85,16 @@ class ClientUpdate:
     scalars: dict[str, float] = field(default_factory=dict)  # e.g. FedEnt's eta, eta_star
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a strategy needs from whoever runs its rounds; runners read this, never the algorithm's name."""
+
+    probe: bool = False  # clients report scalars at w(t) before the round's payload is built
+    oracle: bool = False  # before round 0 it needs a gradient oracle over every client (Algorithm 1)
+    phi2_estimator: Literal["online", "offline"] | None = None  # FedEnt's φ2(t+1) source (estimator service)
+    client_state: bool = False  # clients keep state across rounds (persisted by the worker)
+
+
 @dataclass
 class AggregateResult:
     params: Params
@@ -96,6 +106,12 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     needs_probe: ClassVar[bool] = False
+    keeps_client_state: ClassVar[bool] = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Overridden where options change the needs (FedEnt's offline estimator needs an oracle)."""
+        return Capabilities(probe=self.needs_probe, client_state=self.keeps_client_state)
 
     # ---- server side -------------------------------------------------------------------------
     def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
@@ -104,7 +120,7 @@ class Strategy(ABC):
     def prepare(
         self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int], rounds: int
     ) -> dict[str, Any]:
-        """Called by the simulator before round 0 with a gradient oracle over all clients
+        """Called before round 0, when ``capabilities.oracle``, with a gradient oracle over all clients
         (fedent.meanfield.oracle); FedEnt's offline mode runs Algorithm 1 here. Returns a report."""
         return {}
 

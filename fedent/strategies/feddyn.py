@@ -86,6 +86,7 @@ def dynamic_hook(server_params: Sequence[Tensor], lam: Sequence[Tensor], alpha_k
 
 class FedDyn(Strategy):
     name = "feddyn"
+    keeps_client_state = True
     Options = FedDynOptions
 
     def __init__(self, options: FedDynOptions | None = None) -> None:

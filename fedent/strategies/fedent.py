@@ -24,6 +24,7 @@ from fedent.params import clone, dot, norm_sq
 from fedent.rng import torch_generator
 from fedent.strategies.base import (
     AggregateResult,
+    Capabilities,
     ClientState,
     ClientTask,
     ClientUpdate,
@@ -71,6 +72,7 @@ class FedEntOptions:
 class FedEnt(Strategy):
     name = "fedent"
     needs_probe = True
+    keeps_client_state = True
     Options = FedEntOptions
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:
@@ -83,6 +85,13 @@ class FedEnt(Strategy):
             self.estimator = OnlinePhi2Estimator(self.options.beta, self.options.variant)
         else:
             self.estimator = None  # installed by prepare() or load_server_state()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Offline mode needs Algorithm 1's gradient oracle before round 0 (unless an estimator was injected)."""
+        mode = self.options.estimator
+        return Capabilities(probe=True, oracle=mode == "offline" and not self._injected,
+                            phi2_estimator="offline" if mode == "offline" else "online", client_state=True)
 
     # ---- server side -------------------------------------------------------------------------
     def prepare(

@@ -55,6 +55,7 @@ class FedNormOptions:
 
 class FedNorm(Strategy):
     name = "fednorm"
+    keeps_client_state = True
     Options = FedNormOptions
 
     def __init__(self, options: FedNormOptions | None = None) -> None:

@@ -80,6 +80,7 @@ def control_variate_delta(
 
 class Scaffold(Strategy):
     name = "scaffold"
+    keeps_client_state = True
     Options = ScaffoldOptions
 
     def __init__(self, options: ScaffoldOptions | None = None) -> None:

@@ -1,4 +1,4 @@
-"""What a simulation trains on: the dataset tensors, the client partition and a model factory.
+"""What a run trains on (simulator and aggregator alike): the dataset tensors, the client partition and a model factory.
 
 Kept separate from the round loop so that a comparison loads the data and partition once per seed and
 hands the identical inputs to every algorithm, and so tests and benchmarks can inject tiny inputs.
@@ -36,7 +36,7 @@ class DatasetLike(Protocol):
 
 
 @dataclass(frozen=True)
-class SimInputs:
+class RunInputs:
     """Data, partition and a factory building the (seeded, identical every call) initial model."""
 
     data: DatasetLike
@@ -52,7 +52,7 @@ class SimInputs:
         return [int(len(ix)) for ix in self.client_indices]
 
 
-def load_inputs(cfg: ExperimentConfig) -> SimInputs:
+def load_inputs(cfg: ExperimentConfig) -> RunInputs:
     """The configured dataset, its seeded partition (fedent.data) and model (fedent.models), all from train.seed."""
     from fedent.data import load_dataset, make_partition
     from fedent.models import build_model
@@ -71,5 +71,5 @@ def load_inputs(cfg: ExperimentConfig) -> SimInputs:
         return build_model(cfg.model.name, data.num_classes, data.in_channels, data.image_size,
                            cfg.model.dropout, seed)
 
-    return SimInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
+    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
                      partition_info=info)

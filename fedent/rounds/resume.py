@@ -1,7 +1,8 @@
-"""Aggregator checkpoint/resume: the glue between ``server.engine.ClusterRun`` and ``fedent.checkpoint``.
+"""Checkpoint and resume of a run: the glue between ``fedent.rounds.engine.RoundEngine`` and ``fedent.checkpoint``.
 
-After every completed round the aggregator saves a checkpoint under ``runs/<id>/checkpoint/``; started
-again on the same run directory (same config, checked by fingerprint) it continues from the next round.
+With ``RoundPolicy.checkpoint_keep`` (the aggregator's default) the engine saves a checkpoint under
+``runs/<id>/checkpoint/`` after every completed round; started again on the same run directory (same
+config, checked by fingerprint) it continues from the next round.
 Sampling and batch order are derived from (seed, round), so the resumed run computes exactly what an
 uninterrupted one would — provided the workers restore their client state as of before the replayed
 round (``fedent.client_store.ClientStateStore.load(cid, before_round=...)``).
@@ -12,14 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedent import runlog
 from fedent.checkpoint import Checkpoint, config_fingerprint, load_latest_checkpoint, save_checkpoint
 
-log = logging.getLogger("fedent.aggregator")
+if TYPE_CHECKING:
+    from fedent.rounds.engine import RoundEngine
+
+log = logging.getLogger("fedent.rounds")
 
 # Per-client counters that survive a restart (worker/device/state come from the new registrations).
 _CLIENT_COUNTERS = ("participation", "bytes", "eta", "eta_star", "last_round")
@@ -35,10 +39,9 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def save_run_checkpoint(run: Any, rnd: int, keep: int = 3) -> None:
-    """Checkpoint ``run`` (a ClusterRun) after round ``rnd`` completed."""
-    with run.lock:
-        rows = [dict(r) for r in run.clients]
+def save(run: RoundEngine, rnd: int, keep: int = 3) -> None:
+    """Checkpoint ``run`` after round ``rnd`` completed."""
+    rows = run.clients.snapshot()
     save_checkpoint(run.paths.checkpoint, Checkpoint(
         round=rnd,
         global_params=list(run.global_params),
@@ -51,10 +54,10 @@ def save_run_checkpoint(run: Any, rnd: int, keep: int = 3) -> None:
     ), keep=keep)
 
 
-def resume_run(run: Any) -> int:
+def resume(run: RoundEngine) -> int:
     """Restore ``run`` from its newest intact checkpoint; returns the first round to execute (0: fresh).
 
-    Call after ``run.setup()`` (the strategy's own setup runs first, then its saved state replaces it).
+    Call after ``run.prepare()`` (the strategy's own setup runs first, then its saved state replaces it).
     metrics.jsonl is cut back to the checkpointed rounds, so a round that finished but was not yet
     checkpointed when the aggregator died is not logged twice.
     """
@@ -72,8 +75,8 @@ def resume_run(run: Any) -> int:
     run.strategy.load_server_state(_to_device(ckpt.server_state, run.device))
     run.trajectory = list(ckpt.estimator.get("trajectory", []))
     saved = {int(r["cid"]): r for r in ckpt.clients.get("rows", []) if isinstance(r, dict) and "cid" in r}
-    with run.lock:
-        for row in run.clients:
+    with run.clients.lock:
+        for row in run.clients.rows:
             old = saved.get(int(row["cid"]))
             if old:
                 row.update({k: old[k] for k in _CLIENT_COUNTERS if k in old})

@@ -1,0 +1,235 @@
+"""The round loop, written once: the simulator and the cluster aggregator both run ``RoundEngine.run``.
+
+Round t (docs/architecture.md, "Strategy interface"): sample the participants from (seed, t); if the
+strategy probes, gather the probes; build the round's payload; gather the fits; aggregate the updates in
+cid order; evaluate every ``eval_every`` rounds; append the metrics line and update status.json,
+clients.json and estimator.json. A round that misses its quorum is retried with fresh clients or skipped
+(``RoundPolicy``); with ``checkpoint_keep`` the run checkpoints every round and resumes after a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedent import runlog
+from fedent.config import ExperimentConfig
+from fedent.params import Params, all_finite, clone, num_elements
+from fedent.rng import sample_clients
+from fedent.rounds import resume
+from fedent.rounds.clients import ClientBook
+from fedent.rounds.evaluation import Evaluator
+from fedent.rounds.executor import ClientExecutor
+from fedent.strategies.base import ClientUpdate, Probe, Strategy
+
+TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on (the model diverged, a round missed its quorum on every retry); one line."""
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How a round copes with missing clients, and whether the run checkpoints.
+
+    ``quorum``: the fraction of the sampled clients whose updates a round needs. ``retries``: how often a
+    round that missed it is tried again with fresh clients before the run fails; -1 skips such a round
+    (logged as ``skipped``) and goes on. ``checkpoint_keep``: checkpoints kept (0: none, no resume).
+    """
+
+    quorum: float = 1.0
+    retries: int = 0
+    checkpoint_keep: int = 0
+
+
+def is_eval_round(rnd: int, rounds: int, every: int) -> bool:
+    """Every ``every`` rounds (counting from 1) and always the last round."""
+    return (rnd + 1) % every == 0 or rnd == rounds - 1
+
+
+def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float | None:
+    total = sum(u.num_samples for u in updates)
+    if total <= 0:
+        return None
+    return sum(u.train_loss * u.num_samples for u in updates) / total
+
+
+class RoundEngine:
+    """One run: the strategy, the global model and the run directory, driven round by round over an executor."""
+
+    def __init__(self, cfg: ExperimentConfig, paths: runlog.RunPaths, strategy: Strategy, executor: ClientExecutor,
+                 evaluator: Evaluator, initial_params: Params, sizes: Sequence[int],
+                 partition_info: dict[str, Any], policy: RoundPolicy | None = None,
+                 on_phase: Callable[[str], None] | None = None,
+                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cfg, self.paths, self.strategy, self.executor = cfg, paths, strategy, executor
+        self.evaluator = evaluator
+        self.policy = policy or RoundPolicy()
+        self.on_phase, self.on_round = on_phase, on_round
+        self.seed = cfg.train.seed
+        self.rounds = cfg.train.rounds
+        self.sizes = list(sizes)
+        self.partition_info = partition_info
+        self.device = evaluator.trainer.device
+        self.global_params: Params = clone(initial_params)
+        self.model_bytes = num_elements(self.global_params) * self.global_params[0].element_size()
+        self.clients = ClientBook(paths.clients, self.sizes)
+        self.metrics = runlog.MetricsLog(paths.metrics)
+        self.records: list[dict[str, Any]] = []
+        self.trajectory: list[dict[str, Any]] = []
+        self.estimator_report: dict[str, Any] = {}
+        self.stop = threading.Event()
+        self.phase = "starting"
+        self.round: int | None = None
+        self.started_at = time.time()
+        self.t_start = time.perf_counter()
+        executor.bind(self)
+
+    # ---- run files ---------------------------------------------------------------------------------
+    def status(self, phase: str, rnd: int | None, **state: Any) -> None:
+        self.phase, self.round = phase, rnd
+        runlog.atomic_write_json(self.paths.status, runlog.status_record(
+            self.paths.run_id, self.strategy.name, phase, rnd, self.rounds, self.started_at,
+            {"device": str(self.device), **self.executor.status_fields(), **state}))
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
+    def write_estimator(self) -> None:
+        """estimator.json: Algorithm 1's report (offline) and the per-round φ2 trajectory."""
+        runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name,
+                                                        "report": self.estimator_report,
+                                                        "trajectory": self.trajectory})
+
+    def write_start_files(self) -> None:
+        runlog.write_config(self.paths.config, self.cfg.to_dict())
+        runlog.atomic_write_json(self.paths.partition, self.partition_info)
+        self.clients.write()
+        self.status("starting", None)
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise RunError("stopped")
+
+    # ---- before round 0 ------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Algorithm 1 where the strategy needs it (Steps 1-2), then the strategy's own setup."""
+        if self.strategy.capabilities.oracle:
+            self.status("estimating", None)
+            self.strategy, report = self.executor.prepare(self.strategy, self.global_params, self.sizes, self.rounds)
+            self.estimator_report = dict(report)
+            self.write_estimator()
+        self.strategy.setup(self.global_params, self.sizes)
+
+    # ---- one round -----------------------------------------------------------------------------------
+    def quorum(self, got: int, asked: int) -> bool:
+        return got >= max(1, math.ceil(self.policy.quorum * asked))
+
+    def attempt(self, rnd: int, participants: list[int]) -> tuple[list[ClientUpdate], dict[str, Any]]:
+        """One try at round ``rnd``: probe (if the strategy does), payload, fit. Returns the updates sorted by
+        cid and the skip diagnostics (``skipped`` present when the quorum was missed)."""
+        skipped: dict[str, Any] = {}
+        fit_cids = list(participants)
+        probes: list[Probe] = []
+        if self.strategy.capabilities.probe:
+            self.status("estimating", rnd)
+            got = self.executor.probe(rnd, participants, self.global_params, self.strategy)
+            self.check_stop()
+            probes, fit_cids = list(got.results.values()), sorted(got.results)
+            if not self.quorum(len(fit_cids), len(participants)):
+                return [], {"skipped": f"{len(fit_cids)}/{len(participants)} probes before the deadline"}
+        payload = self.strategy.round_payload(rnd, self.global_params, probes)
+        self.status("training", rnd)
+        fits = self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload)
+        self.check_stop()
+        updates = list(fits.results.values())
+        if not self.quorum(len(updates), len(participants)):
+            skipped["skipped"] = f"{len(updates)}/{len(participants)} updates before the deadline"
+        if fits.failed:
+            skipped["failed_clients"] = {str(c): why for c, why in sorted(fits.failed.items())}
+        return updates, skipped
+
+    def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
+        """The round's participants and updates, retrying with fresh clients as the policy allows."""
+        participants = sample_clients(self.seed, rnd, len(self.sizes), self.cfg.train.fraction)
+        failed_before: set[int] = set()
+        retries: list[dict[str, Any]] = []
+        for attempt in itertools.count():
+            updates, skipped = self.attempt(rnd, participants)
+            if "skipped" not in skipped or self.policy.retries < 0:
+                break
+            failed_before.update(int(c) for c in skipped.get("failed_clients", {}))
+            retries.append({"clients": participants, "why": skipped["skipped"]})
+            if attempt >= self.policy.retries:
+                raise RunError(f"round {rnd} missed its quorum in {attempt + 1} attempt(s), last: "
+                               f"{skipped['skipped']}")
+            participants = self.executor.replacements(rnd, attempt + 1, len(participants), failed_before)
+        if retries:
+            skipped["retried"] = retries
+        return participants, updates, skipped
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.executor.begin_round(rnd, self.global_params)
+        participants, updates, diagnostics = self.gather(rnd)
+        fedent_diag = None
+        if updates and "skipped" not in diagnostics:
+            self.status("aggregating", rnd)
+            result = self.strategy.aggregate(rnd, self.global_params, updates)
+            if not all_finite(result.params):
+                raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
+                               "lower train.lr")
+            self.global_params = list(result.params)
+            diagnostics = {**result.diagnostics, **diagnostics}
+            fedent_diag = diagnostics.pop("fedent", None)
+        test_loss = test_acc = None
+        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every):
+            self.status("evaluating", rnd)
+            diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
+            test_loss, test_acc = self.evaluator.evaluate(self.global_params)
+        now = time.perf_counter()
+        rec = runlog.metrics_record(
+            round=rnd, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
+            train_loss=weighted_train_loss(updates), clients=participants, num_clients=len(participants),
+            wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
+        self.metrics.append(rec)
+        self.records.append(rec)
+        self.clients.record_round(rnd, updates, self.model_bytes)
+        if isinstance(fedent_diag, dict):
+            self.trajectory.append({"round": rnd, **{k: fedent_diag.get(k) for k in TRAJECTORY_KEYS}})
+            self.write_estimator()
+        return rec
+
+    # ---- the run -------------------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        """The whole run; status.json ends ``done`` or ``failed`` (with the error), and errors propagate."""
+        self.write_start_files()
+        try:
+            self.executor.start()
+            self.prepare()
+            first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
+            for rnd in range(first, self.rounds):
+                self.check_stop()
+                rec = self.run_round(rnd)
+                if self.policy.checkpoint_keep > 0:
+                    resume.save(self, rnd, keep=self.policy.checkpoint_keep)
+                if self.on_round is not None:
+                    self.on_round(rec)
+            torch.save([p.detach().cpu() for p in self.global_params], self.paths.model)
+            self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+        except BaseException as e:
+            error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+            try:
+                self.status("failed", self.round, error=error)
+            finally:
+                self.executor.finish(False, f"run failed: {error}")
+            raise
+        self.executor.finish(True, "run finished")
+        return self.records
