@@ -30,8 +30,8 @@ from torch import Tensor
 
 from fedent.client_store import ClientStateStore
 from fedent.config import ExperimentConfig, config_from_dict
-from fedent.params import Params
 from fedent.inputs import RunInputs, load_inputs
+from fedent.params import Params
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
@@ -303,9 +303,8 @@ class Worker:
 
     # ---- Algorithm 1's gradient oracle (FedEnt offline mode) ---------------------------------------
     def wants_oracle(self) -> bool:
-        if not self.settings.estimator or self.cfg.algorithm.name != "fedent":
-            return False
-        return str(getattr(validate_algorithm(self.cfg.algorithm), "estimator", "online")) == "offline"
+        """The strategy needs Algorithm 1's gradient oracle, which this worker serves to the estimator service."""
+        return bool(self.settings.estimator) and self.strategy.capabilities.oracle
 
     def start_oracle(self) -> threading.Thread:
         """Open the Oracle stream to the estimator service (dialling out) and answer its gradient requests."""

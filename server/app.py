@@ -40,10 +40,8 @@ def config_yaml(cfg: ExperimentConfig) -> str:
 
 
 def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
-    """'online' / 'offline' when the algorithm takes a φ2 estimator (FedEnt), else None."""
-    if cfg.algorithm.name != "fedent":
-        return None
-    return str(getattr(validate_algorithm(cfg.algorithm), "estimator", "online"))
+    """'online' / 'offline' when the strategy takes φ2(t+1) from an estimator (which the service can serve)."""
+    return build_strategy(cfg.algorithm).capabilities.phi2_estimator
 
 
 def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str,

@@ -130,11 +130,7 @@ def test_client_state_persists_across_skipped_rounds(tmp_path: Path) -> None:
     assert skipped_then_back > 0  # the seed actually exercises a gap
 
 
-def test_fedent_eta_state_persists_when_registered(tmp_path: Path) -> None:
-    from fedent.strategies.registry import STRATEGIES
-
-    if "fedent" not in STRATEGIES:
-        pytest.skip("fedent strategy not available yet")
+def test_fedent_eta_state_persists(tmp_path: Path) -> None:
     res = run_simulation(tiny_config("fedent", rounds=4, fraction=0.2), tmp_path / "f", progress=False,
                          inputs=tiny_inputs(), plots=False)
     gamma = 0.99
@@ -225,10 +221,7 @@ def test_progress_bar_draws_only_on_a_tty() -> None:
 
 def test_fedent_offline_runs_algorithm_1_first(tmp_path: Path) -> None:
     from fedent.config import config_from_dict
-    from fedent.strategies.registry import STRATEGIES
 
-    if "fedent" not in STRATEGIES:
-        pytest.skip("fedent strategy not available yet")
     raw = tiny_config(rounds=2).to_dict()
     raw["algorithm"] = {"name": "fedent", "estimator": "offline", "max_sweeps": 3}
     res = run_simulation(config_from_dict(raw), tmp_path / "o", progress=False, inputs=tiny_inputs(), plots=False)

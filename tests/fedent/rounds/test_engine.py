@@ -1,0 +1,155 @@
+"""The one round loop (fedent.rounds.engine) over scripted executors: quorum, retries, skips, stop, capabilities.
+
+The executors here wrap the real in-process one and drop or delay clients the way a remote worker would, so
+the engine's policy is tested without gRPC (the cluster tests exercise the same code over real processes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_inputs
+from torch import Tensor
+
+from fedent import runlog
+from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError, SequentialExecutor
+from fedent.rounds.evaluation import Evaluator
+from fedent.strategies.base import Capabilities, ClientUpdate, RoundPayload, Strategy
+from fedent.strategies.fedavg import FedAvg
+from fedent.trainer import LocalTrainer
+
+
+class Dropping(SequentialExecutor):
+    """Clients in ``down`` never answer a fit; ``replacements`` hands out the live ones in cid order."""
+
+    def __init__(self, *args: Any, down: set[int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.down = set(down)
+        self.asked: list[list[int]] = []
+        self.finished: list[tuple[bool, str]] = []
+
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        self.asked.append(list(cids))
+        got = super().fit(rnd, [c for c in cids if c not in self.down], global_params, strategy, payload)
+        return Gathered(got.results, {c: "deadline" for c in cids if c in self.down})
+
+    def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
+        return sorted(c for c in range(len(self.indices)) if c not in self.down)[:k]
+
+    def finish(self, ok: bool, reason: str) -> None:
+        self.finished.append((ok, reason))
+
+
+def engine(tmp_path: Path, executor_cls: type[SequentialExecutor] = SequentialExecutor, *, rounds: int = 2,
+           strategy: Strategy | None = None, policy: RoundPolicy | None = None, **kw: Any) -> RoundEngine:
+    cfg = tiny_config("fedavg", num_clients=4, rounds=rounds)
+    inputs = tiny_inputs()
+    data = inputs.data
+    tr = cfg.train
+    trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, torch.device("cpu"))
+    ex = executor_cls(trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed, tr.batch_size, **kw)
+    ev = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed)
+    paths = runlog.create_run_dir(tmp_path / "run", exist_ok=True)
+    return RoundEngine(cfg, paths, strategy or FedAvg(), ex, ev, trainer.params, inputs.client_sizes(),
+                       dict(inputs.partition_info), policy)
+
+
+def status(e: RoundEngine) -> dict[str, Any]:
+    return json.loads(e.paths.status.read_text())
+
+
+def test_a_full_quorum_run_writes_every_file(tmp_path: Path) -> None:
+    e = engine(tmp_path)
+    records = e.run()
+    assert [r["round"] for r in records] == [0, 1] and records == runlog.read_metrics(e.paths.metrics)
+    assert status(e)["phase"] == "done" and e.paths.model.exists() and e.paths.config.exists()
+    rows = runlog.read_clients(e.paths.clients)
+    assert sum(r["participation"] for r in rows) == sum(r["num_clients"] for r in records)
+    assert all(r["worker"] == "simulator" for r in rows)
+    assert all(r["bytes"] > 0 for r in rows if r["participation"])  # download + upload counted once each
+
+
+def test_a_missed_quorum_is_retried_with_replacements(tmp_path: Path) -> None:
+    e = engine(tmp_path, Dropping, policy=RoundPolicy(quorum=1.0, retries=2), down={0, 1})
+    records = e.run()
+    ex = e.executor
+    assert isinstance(ex, Dropping)
+    for rec in records:
+        assert set(rec["clients"]).isdisjoint({0, 1})  # the round ran with live clients
+    retried = [r for r in records if "retried" in r["diagnostics"]]
+    assert retried and all(r["diagnostics"]["retried"][0]["why"].endswith("updates before the deadline")
+                           for r in retried)
+
+
+def test_retries_exhausted_fail_the_run_with_one_line(tmp_path: Path) -> None:
+    e = engine(tmp_path, Dropping, policy=RoundPolicy(quorum=1.0, retries=0), down={0, 1, 2, 3})
+    with pytest.raises(RunError, match="missed its quorum in 1 attempt"):
+        e.run()
+    st = status(e)
+    assert st["phase"] == "failed" and "\n" not in st["state"]["error"]
+    assert isinstance(e.executor, Dropping) and e.executor.finished == [(False, f"run failed: {st['state']['error']}")]
+
+
+def test_a_skipped_round_keeps_the_model_and_the_run_goes_on(tmp_path: Path) -> None:
+    e = engine(tmp_path, Dropping, policy=RoundPolicy(quorum=1.0, retries=-1), down={0, 1, 2, 3})
+    w0 = [p.clone() for p in e.global_params]
+    records = e.run()
+    assert all("skipped" in r["diagnostics"] for r in records)
+    assert all(r["train_loss"] is None for r in records)
+    assert all(torch.equal(a, b) for a, b in zip(e.global_params, w0, strict=True))
+    assert status(e)["phase"] == "done"
+
+
+def test_stop_ends_the_run_as_failed(tmp_path: Path) -> None:
+    e = engine(tmp_path, rounds=3)
+    e.on_round = lambda rec: e.stop.set()
+    with pytest.raises(RunError, match="stopped"):
+        e.run()
+    assert status(e)["phase"] == "failed" and len(runlog.read_metrics(e.paths.metrics)) == 1
+
+
+class NeedsOracle(FedAvg):
+    name = "needs-oracle"
+
+    def __init__(self, oracle: bool) -> None:
+        super().__init__()
+        self.oracle = oracle
+        self.prepared = 0
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(oracle=self.oracle)
+
+    def prepare(self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int],
+                rounds: int) -> dict[str, Any]:
+        self.prepared += 1
+        return {"clients": len(client_sizes)}
+
+
+@pytest.mark.parametrize("oracle", [True, False])
+def test_prepare_runs_by_capability_not_by_name(tmp_path: Path, oracle: bool) -> None:
+    s = NeedsOracle(oracle)
+    e = engine(tmp_path, strategy=s, rounds=1)
+    e.run()
+    assert s.prepared == int(oracle)
+    assert e.paths.estimator.exists() == oracle
+
+
+def test_the_executor_may_replace_the_strategy_when_preparing(tmp_path: Path) -> None:
+    replacement = FedAvg()
+
+    class Replacing(SequentialExecutor):
+        def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
+                    rounds: int) -> tuple[Strategy, dict[str, Any]]:
+            return replacement, {"replaced": True}
+
+    e = engine(tmp_path, Replacing, strategy=NeedsOracle(True), rounds=1)
+    e.run()
+    assert e.strategy is replacement
+    assert json.loads(e.paths.estimator.read_text())["report"] == {"replaced": True}
