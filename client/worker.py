@@ -36,10 +36,11 @@ from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strate
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import convert, rpc
+from fedentrpc.security.flags import ClientSecurity
+from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.security import ClientSecurity, open_channel
 
 log = logging.getLogger("fedent.worker")
 MAX_MESSAGE = 8 * 1024 * 1024

@@ -4,7 +4,7 @@ Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls 
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
 The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
-token authentication as the aggregator (``server.security``: the shared gRPC security building blocks).
+token authentication as the aggregator (``fedentrpc.security``: the shared gRPC security building blocks).
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc
+from fedentrpc.security.flags import ServerSecurity
+from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.tls import bind
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.security import ServerSecurity, bind, server_interceptors
 
 log = logging.getLogger("fedent.estimator")
 
@@ -147,7 +149,7 @@ def grpc_options() -> list[tuple[str, Any]]:
 def create_estimator_service(settings: EstimatorSettings, security: ServerSecurity | None = None) -> EstimatorHandle:
     """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts.
 
-    ``security``: TLS / mutual TLS / caller tokens (server.security); None = ``settings.security``
+    ``security``: TLS / mutual TLS / caller tokens (fedentrpc.security); None = ``settings.security``
     (plaintext without auth unless set).
     """
     sec = security or settings.security

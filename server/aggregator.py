@@ -20,11 +20,13 @@ from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
 from fedentrpc import convert, rpc
+from fedentrpc.security.flags import ServerSecurity
+from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.engine import ClusterError, ClusterRun, Task
-from server.security import ServerSecurity, bind, server_interceptors
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")
@@ -173,7 +175,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
                              security: ServerSecurity | None = None) -> tuple[grpc.Server, int]:
     """A started aggregator server bound to ``settings.host:settings.port`` (0 = free port) and that port.
 
-    ``security``: TLS / mutual TLS / worker tokens (server.security); None = plaintext without auth.
+    ``security``: TLS / mutual TLS / worker tokens (fedentrpc.security); None = plaintext without auth.
     """
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),

@@ -19,9 +19,10 @@ from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
 from fedent.strategies.registry import validate_algorithm
 from fedentrpc import convert, rpc
+from fedentrpc.security.flags import ClientSecurity
+from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from server.app import OfflineRunner
-from server.security import ClientSecurity, open_channel
 
 log = logging.getLogger("fedent.aggregator")
 
