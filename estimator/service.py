@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,6 +26,7 @@ from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc
+from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
 from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
@@ -36,7 +37,6 @@ from fedentrpc.v1 import tensor_pb2 as tpb
 log = logging.getLogger("fedent.estimator")
 
 SERVICE_NAME = est_pb.DESCRIPTOR.services_by_name["Estimator"].full_name
-MAX_MESSAGE = 8 * 1024 * 1024  # tensor chunks are ≤ 4 MiB; headroom for the chunk's header
 MAX_LONG_POLL_S = 60.0
 T = TypeVar("T")
 
@@ -140,10 +140,6 @@ class EstimatorHandle:
         self.jobs.shutdown(grace_s)
         self.hub.close_all()
         self.server.stop(grace_s).wait(grace_s + 1)
-
-
-def grpc_options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
 
 def create_estimator_service(settings: EstimatorSettings, security: ServerSecurity | None = None) -> EstimatorHandle:

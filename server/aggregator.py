@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
 from fedentrpc import convert, rpc
+from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
 from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
@@ -32,7 +33,6 @@ from server.settings import AggregatorSettings
 log = logging.getLogger("fedent.aggregator")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
-MAX_MESSAGE = 8 * 1024 * 1024  # chunks are ≤ 4 MiB; headroom for the chunk's header
 CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "conflict": grpc.StatusCode.ALREADY_EXISTS,
@@ -155,10 +155,6 @@ def bounded_parts(parts: Iterator[pb.UpdatePart], limit: int) -> Iterator[pb.Upd
 def _span(cids: Any) -> str:
     c = sorted(int(x) for x in cids)
     return f"{c[0]}-{c[-1]} ({len(c)})" if len(c) > 3 else str(c)
-
-
-def grpc_options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
 
 def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:

@@ -24,9 +24,9 @@ from fedent.runlog import read_json, read_metrics
 from fedent.sim.inputs import SimInputs
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
+from fedentrpc.options import MAX_MESSAGE_BYTES
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.aggregator import MAX_MESSAGE
 from server.app import AggregatorHandle, start_aggregator
 from server.settings import AggregatorSettings, SettingsError
 
@@ -191,7 +191,7 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit = fake.next("fit").task
     # one message over the server's 8 MiB receive limit
-    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE + 1024), task_id=fit.task_id, round=0)
+    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE_BYTES + 1024), task_id=fit.task_id, round=0)
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitProbes(big)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
