@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from estimator.blobs import BlobNotFound, BlobStore
 from estimator.hub import OracleHub
@@ -26,6 +25,7 @@ from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc
+from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
 from fedentrpc.security.interceptors import server_interceptors
@@ -156,11 +156,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
     rpc.add_estimator_servicer(EstimatorServicer(settings, blobs, hub, jobs), server)
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    for name in ("", SERVICE_NAME):
-        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)
     except (ValueError, RuntimeError):

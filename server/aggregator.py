@@ -15,11 +15,10 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
 from fedentrpc import convert, rpc
+from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
 from fedentrpc.security.interceptors import server_interceptors
@@ -155,16 +154,6 @@ def bounded_parts(parts: Iterator[pb.UpdatePart], limit: int) -> Iterator[pb.Upd
 def _span(cids: Any) -> str:
     c = sorted(int(x) for x in cids)
     return f"{c[0]}-{c[-1]} ({len(c)})" if len(c) > 3 else str(c)
-
-
-def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
-    """grpc.health.v1 (every service SERVING) and server reflection, as every fedent service offers."""
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    for name in ["", *service_names]:
-        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    return hs
 
 
 def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
