@@ -36,6 +36,7 @@ from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strate
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import convert, rpc
+from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ClientSecurity
 from fedentrpc.security.tls import open_channel
@@ -87,12 +88,6 @@ class AggregatorLostError(WorkerError):
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
                        grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN,
                        grpc.StatusCode.RESOURCE_EXHAUSTED})
-
-
-def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**attempt)], so reconnecting workers spread out instead of
-    hitting a restarted aggregator in lockstep."""
-    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, 30)))
 
 
 def parse_client_ids(text: str) -> tuple[int, ...]:

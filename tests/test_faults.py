@@ -18,12 +18,13 @@ import pytest
 import torch
 from conftest import FakeWorker, tiny_config, tiny_inputs
 
-from client.worker import Worker, WorkerError, WorkerSettings, backoff_delay
+from client.worker import Worker, WorkerError, WorkerSettings
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.inputs import SimInputs
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
+from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import MAX_MESSAGE_BYTES
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -72,6 +73,16 @@ def test_backoff_is_full_jitter_exponential_and_capped() -> None:
     assert backoff_delay(10_000, 0.1, 2.0, rng) <= 2.0
     with pytest.raises(ValueError):
         WorkerSettings(aggregator="h:1", client_ids=(0,), backoff_base_s=1.0, backoff_cap_s=0.5)
+
+
+def test_backoff_draws_match_the_former_worker_and_offline_formulas() -> None:
+    """One ``uniform`` draw per delay, as the worker's and the offline runner's inline formulas drew: a seeded
+    generator gives the same sequence as before they shared fedentrpc.backoff."""
+    ours, worker_rng, offline_rng = random.Random(7), random.Random(7), random.Random(7)
+    for attempt in range(40):
+        got = backoff_delay(attempt, 0.5, 10.0, ours)
+        assert got == worker_rng.uniform(0.0, min(10.0, 0.5 * 2.0 ** min(attempt, 30)))
+        assert got == offline_rng.uniform(0.0, min(10.0, 0.5 * 2.0 ** attempt))
 
 
 def test_settings_validate_the_failure_knobs() -> None:
