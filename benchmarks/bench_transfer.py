@@ -45,12 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedentrpc import allocator, convert, rpc  # noqa: E402
+from fedentrpc.options import grpc_options  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
 
 GB = 1e9
 MB = 2**20
-OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
+OPTIONS = grpc_options()  # the services' message-size limits
 
 
 MALLOC_OPT_OUT = {allocator.OPT_OUT: "off"}  # both processes keep glibc's own (dynamic) settings

@@ -11,12 +11,9 @@ from types import FrameType
 
 from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
 from fedentrpc.allocator import tune_for_streaming
-from server.security import (
-    SecurityConfigError,
-    add_client_security_args,
-    client_security_from_args,
-    install_log_redaction,
-)
+from fedentrpc.security.errors import SecurityConfigError
+from fedentrpc.security.flags import add_client_security_args, client_security_from_args
+from fedentrpc.security.redaction import install_log_redaction
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,13 +36,15 @@ from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strate
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import convert, rpc
+from fedentrpc.backoff import backoff_delay
+from fedentrpc.options import grpc_options
+from fedentrpc.security.flags import ClientSecurity
+from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.security import ClientSecurity, open_channel
 
 log = logging.getLogger("fedent.worker")
-MAX_MESSAGE = 8 * 1024 * 1024
 
 
 class WorkerError(RuntimeError):
@@ -88,21 +90,6 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, g
                        grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
-def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
-    """Full jitter: uniform in [0, min(cap, base * 2**attempt)], so reconnecting workers spread out instead of
-    hitting a restarted aggregator in lockstep."""
-    return rng.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, 30)))
-
-
-def channel_options() -> list[tuple[str, Any]]:
-    return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ("grpc.max_send_message_length", MAX_MESSAGE),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-    ]
-
-
 def parse_client_ids(text: str) -> tuple[int, ...]:
     """``0-9``, ``3,5,7`` or ``0-4,10-14`` -> sorted unique ids; a clear error otherwise."""
     out: set[int] = set()
@@ -142,7 +129,7 @@ class Worker:
         self.name = settings.name or f"{socket.gethostname()}-{os.getpid()}-c{settings.client_ids[0]}"
         self.device = resolve_device(settings.device)
         self.security = settings.security or ClientSecurity(insecure=True)
-        self.channel = open_channel(settings.aggregator, self.security, channel_options())
+        self.channel = open_channel(settings.aggregator, self.security, grpc_options(keepalive=True))
         self.store: ClientStateStore | None = None
         self.stub = rpc.aggregator_stub(self.channel)
         self.worker_id = ""
@@ -317,7 +304,7 @@ class Worker:
         backoff, so a restarted estimator's re-run of Algorithm 1 finds this worker's clients again."""
         rng = random.Random()
         attempt = 0
-        channel = open_channel(self.settings.estimator, self.security, channel_options())
+        channel = open_channel(self.settings.estimator, self.security, grpc_options(keepalive=True))
         try:
             while not self._stop.is_set():
                 served = self._oracle_stream(channel)

@@ -18,12 +18,9 @@ from estimator.service import create_estimator_service
 from estimator.settings import EstimatorSettings, SettingsError
 from fedent import runlog
 from fedentrpc.allocator import tune_for_streaming
-from server.security import (
-    SecurityConfigError,
-    add_server_security_args,
-    install_log_redaction,
-    server_security_from_args,
-)
+from fedentrpc.security.errors import SecurityConfigError
+from fedentrpc.security.flags import add_server_security_args, server_security_from_args
+from fedentrpc.security.redaction import install_log_redaction
 
 
 def build_parser() -> argparse.ArgumentParser:

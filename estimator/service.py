@@ -4,7 +4,7 @@ Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls 
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
 The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
-token authentication as the aggregator (``server.security``: the shared gRPC security building blocks).
+token authentication as the aggregator (``fedentrpc.security``: the shared gRPC security building blocks).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from estimator.blobs import BlobNotFound, BlobStore
 from estimator.hub import OracleHub
@@ -26,15 +25,18 @@ from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc
+from fedentrpc.health import add_health_and_reflection
+from fedentrpc.options import grpc_options
+from fedentrpc.security.flags import ServerSecurity
+from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.tls import bind
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.security import ServerSecurity, bind, server_interceptors
 
 log = logging.getLogger("fedent.estimator")
 
 SERVICE_NAME = est_pb.DESCRIPTOR.services_by_name["Estimator"].full_name
-MAX_MESSAGE = 8 * 1024 * 1024  # tensor chunks are ≤ 4 MiB; headroom for the chunk's header
 MAX_LONG_POLL_S = 60.0
 T = TypeVar("T")
 
@@ -140,14 +142,10 @@ class EstimatorHandle:
         self.server.stop(grace_s).wait(grace_s + 1)
 
 
-def grpc_options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
-
-
 def create_estimator_service(settings: EstimatorSettings, security: ServerSecurity | None = None) -> EstimatorHandle:
     """A started estimator server on ``settings.host:settings.port`` (0 = a free port) with its parts.
 
-    ``security``: TLS / mutual TLS / caller tokens (server.security); None = ``settings.security``
+    ``security``: TLS / mutual TLS / caller tokens (fedentrpc.security); None = ``settings.security``
     (plaintext without auth unless set).
     """
     sec = security or settings.security
@@ -158,11 +156,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
     rpc.add_estimator_servicer(EstimatorServicer(settings, blobs, hub, jobs), server)
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    for name in ("", SERVICE_NAME):
-        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)
     except (ValueError, RuntimeError):

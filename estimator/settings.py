@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from server.security import ServerSecurity
+from fedentrpc.security.flags import ServerSecurity
 
 
 class SettingsError(ValueError):

@@ -13,16 +13,16 @@ from types import FrameType
 from fedent import runlog
 from fedent.config import ConfigError, load_config
 from fedentrpc.allocator import tune_for_streaming
-from server.app import save_port, start_aggregator
-from server.security import (
+from fedentrpc.security.errors import SecurityConfigError
+from fedentrpc.security.flags import (
     ClientSecurity,
-    SecurityConfigError,
     ServerSecurity,
     add_server_security_args,
-    install_log_redaction,
-    read_worker_token,
     server_security_from_args,
 )
+from fedentrpc.security.redaction import install_log_redaction
+from fedentrpc.security.tokens import read_worker_token
+from server.app import save_port, start_aggregator
 from server.settings import AggregatorSettings, SettingsError
 
 

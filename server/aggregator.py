@@ -15,22 +15,23 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
 from fedentrpc import convert, rpc
+from fedentrpc.health import add_health_and_reflection
+from fedentrpc.options import grpc_options
+from fedentrpc.security.flags import ServerSecurity
+from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.engine import ClusterError, ClusterRun, Task
-from server.security import ServerSecurity, bind, server_interceptors
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
-MAX_MESSAGE = 8 * 1024 * 1024  # chunks are ≤ 4 MiB; headroom for the chunk's header
 CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "conflict": grpc.StatusCode.ALREADY_EXISTS,
@@ -155,25 +156,11 @@ def _span(cids: Any) -> str:
     return f"{c[0]}-{c[-1]} ({len(c)})" if len(c) > 3 else str(c)
 
 
-def grpc_options() -> list[tuple[str, Any]]:
-    return [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
-
-
-def add_health_and_reflection(server: grpc.Server, service_names: list[str]) -> health.HealthServicer:
-    """grpc.health.v1 (every service SERVING) and server reflection, as every fedent service offers."""
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    for name in ["", *service_names]:
-        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    return hs
-
-
 def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
                              security: ServerSecurity | None = None) -> tuple[grpc.Server, int]:
     """A started aggregator server bound to ``settings.host:settings.port`` (0 = free port) and that port.
 
-    ``security``: TLS / mutual TLS / worker tokens (server.security); None = plaintext without auth.
+    ``security``: TLS / mutual TLS / worker tokens (fedentrpc.security); None = plaintext without auth.
     """
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),

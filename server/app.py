@@ -23,9 +23,10 @@ from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy, validate_algorithm
 from fedent.trainer import resolve_device
+from fedentrpc.security.flags import ClientSecurity, ServerSecurity
+from fedentrpc.security.tls import open_channel
 from server.aggregator import create_aggregator_server
 from server.engine import ClusterRun
-from server.security import ClientSecurity, ServerSecurity, open_channel
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")

@@ -21,9 +21,10 @@ from typing import Any
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
+from fedentrpc.security.flags import ClientSecurity, ServerSecurity
+from fedentrpc.security.tokens import read_worker_token
 from server.app import AggregatorHandle, start_aggregator, uses_fedent_estimator
 from server.certs import CertBundle, make_dev_pki
-from server.security import ClientSecurity, ServerSecurity, read_worker_token
 from server.settings import AggregatorSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -19,9 +19,11 @@ from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
 from fedent.strategies.registry import validate_algorithm
 from fedentrpc import convert, rpc
+from fedentrpc.backoff import backoff_delay
+from fedentrpc.security.flags import ClientSecurity
+from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from server.app import OfflineRunner
-from server.security import ClientSecurity, open_channel
 
 log = logging.getLogger("fedent.aggregator")
 
@@ -48,7 +50,7 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
             except grpc.RpcError as e:
                 if e.code() not in RESTARTABLE or attempt == restarts:
                     raise RuntimeError(f"estimator service at {address}: {e.code().name}: {e.details()}") from None
-                delay = rng.uniform(0.0, min(backoff_cap_s, backoff_base_s * 2.0 ** attempt))
+                delay = backoff_delay(attempt, backoff_base_s, backoff_cap_s, rng)
                 log.warning("offline job lost (%s: %s); starting it again in %.2fs (restart %d of %d)",
                             e.code().name, e.details(), delay, attempt + 1, restarts)
                 time.sleep(delay)

@@ -359,8 +359,10 @@ def test_oracle_stream_must_start_with_hello(stub: est_grpc.EstimatorStub) -> No
 
 
 def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> None:
+    from fedentrpc.security.flags import ClientSecurity, ServerSecurity
+    from fedentrpc.security.tls import open_channel
+    from fedentrpc.security.tokens import read_worker_token
     from server.certs import make_dev_pki
-    from server.security import ClientSecurity, ServerSecurity, open_channel, read_worker_token
 
     pki = make_dev_pki(tmp_path, hosts=["localhost", "127.0.0.1"], workers=["worker-0"])
     sec = ServerSecurity(cert=pki.server_cert, key=pki.server_key, ca=pki.ca_cert,

@@ -18,15 +18,16 @@ import pytest
 import torch
 from conftest import FakeWorker, tiny_config, tiny_inputs
 
-from client.worker import Worker, WorkerError, WorkerSettings, backoff_delay
+from client.worker import Worker, WorkerError, WorkerSettings
 from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics
 from fedent.strategies.base import ClientUpdate
 from fedentrpc import convert
+from fedentrpc.backoff import backoff_delay
+from fedentrpc.options import MAX_MESSAGE_BYTES
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import tensor_pb2 as tpb
-from server.aggregator import MAX_MESSAGE
 from server.app import AggregatorHandle, start_aggregator
 from server.settings import AggregatorSettings, SettingsError
 
@@ -72,6 +73,16 @@ def test_backoff_is_full_jitter_exponential_and_capped() -> None:
     assert backoff_delay(10_000, 0.1, 2.0, rng) <= 2.0
     with pytest.raises(ValueError):
         WorkerSettings(aggregator="h:1", client_ids=(0,), backoff_base_s=1.0, backoff_cap_s=0.5)
+
+
+def test_backoff_draws_match_the_former_worker_and_offline_formulas() -> None:
+    """One ``uniform`` draw per delay, as the worker's and the offline runner's inline formulas drew: a seeded
+    generator gives the same sequence as before they shared fedentrpc.backoff."""
+    ours, worker_rng, offline_rng = random.Random(7), random.Random(7), random.Random(7)
+    for attempt in range(40):
+        got = backoff_delay(attempt, 0.5, 10.0, ours)
+        assert got == worker_rng.uniform(0.0, min(10.0, 0.5 * 2.0 ** min(attempt, 30)))
+        assert got == offline_rng.uniform(0.0, min(10.0, 0.5 * 2.0 ** attempt))
 
 
 def test_settings_validate_the_failure_knobs() -> None:
@@ -191,7 +202,7 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit = fake.next("fit").task
     # one message over the server's 8 MiB receive limit
-    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE + 1024), task_id=fit.task_id, round=0)
+    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE_BYTES + 1024), task_id=fit.task_id, round=0)
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitProbes(big)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -18,27 +18,20 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from server.certs import CertBundle, make_dev_pki, revoke_workers
-from server.security import (
-    AuthInterceptor,
+from fedentrpc.security.errors import SecurityConfigError
+from fedentrpc.security.flags import (
     ClientSecurity,
-    RedactingFilter,
-    SecurityConfigError,
     ServerSecurity,
-    TokenRegistry,
     add_client_security_args,
     add_server_security_args,
-    bearer_token,
-    bind,
     client_security_from_args,
-    install_log_redaction,
-    open_channel,
-    read_worker_token,
-    redact_config,
-    redact_text,
     server_security_from_args,
-    token_hash,
 )
+from fedentrpc.security.interceptors import AuthInterceptor, bearer_token
+from fedentrpc.security.redaction import RedactingFilter, install_log_redaction, redact_config, redact_text
+from fedentrpc.security.tls import bind, open_channel
+from fedentrpc.security.tokens import TokenRegistry, read_worker_token, token_hash
+from server.certs import CertBundle, make_dev_pki, revoke_workers
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 TIMEOUT = 5.0

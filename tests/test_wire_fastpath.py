@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from estimator.service import EstimatorHandle, create_estimator_service
 from estimator.settings import EstimatorSettings
 from fedentrpc import convert, rpc, wire
+from fedentrpc.options import grpc_options
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
@@ -121,8 +122,7 @@ def service() -> Iterator[EstimatorHandle]:
 
 def test_fast_stub_and_service_round_trip_a_multi_chunk_model(service: EstimatorHandle) -> None:
     tensors = [torch.randn(1_500_000), torch.arange(10), torch.randn(3, 3).double()]  # 6 MB: 2 chunks
-    options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
-    with grpc.insecure_channel(f"127.0.0.1:{service.port}", options=options) as ch:
+    with grpc.insecure_channel(f"127.0.0.1:{service.port}", options=grpc_options()) as ch:
         stub = rpc.estimator_stub(ch)
         ref = stub.PutBlob(convert.stream_wire({"params": tensors}), timeout=30)
         got = list(stub.FetchBlob(pb.FetchBlobRequest(blob_id=ref.blob_id), timeout=30))
