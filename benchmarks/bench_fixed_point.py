@@ -23,8 +23,8 @@ from torch import nn
 
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.meanfield.lr import solve_eta
-from fedent.meanfield.online import solve_online
 from fedent.meanfield.oracle import TrainerOracle
+from fedent.meanfield.scalar_fixed_point import solve_online
 from fedent.params import clone
 from fedent.rng import torch_generator
 from fedent.trainer import LocalTrainer

@@ -39,9 +39,9 @@ from torch import Tensor
 from fedent import runlog
 from fedent.config import DataConfig, ExperimentConfig, config_from_dict
 from fedent.data import load_dataset, make_partition
+from fedent.inputs import RunInputs
 from fedent.models import build_model
 from fedent.rng import sample_clients, torch_generator
-from fedent.inputs import RunInputs
 from fedent.sim import run_simulation
 
 NUM_CLIENTS, FRACTION, EPOCHS, BATCH, LR, SEED = 100, 0.2, 1, 32, 0.01, 0

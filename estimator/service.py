@@ -1,6 +1,6 @@
 """The estimator calculator's gRPC service: a thin servicer over fedent.meanfield.
 
-Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls the core, and encodes the
+Each method decodes with ``fedentrpc.convert`` (or ``estimator.solve_round``), calls the core, and encodes the
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
 The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
@@ -21,9 +21,9 @@ from grpc_health.v1 import health
 
 from estimator.blobs import BlobNotFound, BlobStore
 from estimator.hub import OracleHub
-from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
-from estimator.online import solve_online_reply
+from estimator.offline_jobs import JobNotFound, OfflineJobs, spec_from_request
 from estimator.settings import EstimatorSettings
+from estimator.solve_round import solve_online_reply
 from fedentrpc import convert, rpc
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options

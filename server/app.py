@@ -136,7 +136,7 @@ def start_aggregator(
                          f"{cfg.data.num_clients}")
     strategy = build_cluster_strategy(cfg, settings, paths.run_id, estimator_security)
     if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
-        from server.offline import service_offline_runner
+        from server.offline_runner import service_offline_runner
 
         offline = service_offline_runner(settings.estimator, cfg, paths.run_id, security=estimator_security)
 

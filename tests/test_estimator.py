@@ -76,7 +76,7 @@ def test_online_solve_matches_the_core(stub: est_grpc.EstimatorStub, variant: st
     assert reply.iterations == direct.report["iterations"]
     report = json.loads(reply.report_json)
     assert report == json.loads(json.dumps(direct.report))
-    from fedent.meanfield.online import solve_online
+    from fedent.meanfield.scalar_fixed_point import solve_online
 
     sol = solve_online(c, thetas, a, b, 0.9, variant)
     assert [reply.eta_star[i] for i in range(len(a))] == sol.eta_star.tolist()

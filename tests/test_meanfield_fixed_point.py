@@ -11,7 +11,7 @@ from torch import Tensor
 
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.meanfield.lr import solve_eta
-from fedent.meanfield.online import solve_online
+from fedent.meanfield.scalar_fixed_point import solve_online
 
 BETA = 0.9
 

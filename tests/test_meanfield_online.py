@@ -1,4 +1,4 @@
-"""The online scalar fixed point φ2' = Σθ_i q_i(η*_i(φ2')) (fedent.meanfield.online)."""
+"""The online scalar fixed point φ2' = Σθ_i q_i(η*_i(φ2')) (fedent.meanfield.scalar_fixed_point)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedent.meanfield.lr import q_value, solve_eta
-from fedent.meanfield.online import solve_online
+from fedent.meanfield.scalar_fixed_point import solve_online
 
 
 def _g(phi: float, c: float, th: np.ndarray, a: np.ndarray, b: np.ndarray, beta: float, variant: str) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedent.meanfield.fixed_point import FixedPointResult
 from fedent.meanfield.lr import VARIANTS
-from fedent.meanfield.online import solve_online
+from fedent.meanfield.scalar_fixed_point import solve_online
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Phi2Estimator(Protocol):
 
 
 class OnlinePhi2Estimator:
-    """Solves the round's scalar fixed point φ2' = Σθ_i q_i(η*_i(φ2')) (fedent.meanfield.online)."""
+    """Solves the round's scalar fixed point φ2' = Σθ_i q_i(η*_i(φ2')) (fedent.meanfield.scalar_fixed_point)."""
 
     def __init__(self, beta: float, variant: str = "exact") -> None:
         if not (0.0 < beta < 1.0):

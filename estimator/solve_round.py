@@ -1,4 +1,4 @@
-"""FedEnt online mode on the service: one scalar fixed point per round (fedent.meanfield.online).
+"""FedEnt online mode on the service: one scalar fixed point per round (fedent.meanfield.scalar_fixed_point).
 
 The request carries c = ‖w(t)‖² and each participant's (a_i, b_i, θ_i or D_i); the reply is φ2(t+1) of
 φ2' = Σθ_i q_i(η*_i(φ2')) (Eq. (phi_next_t_2)) with η*_i of Eq. (eta_solve_t_1) at it. Inputs that
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from fedent.meanfield.lr import VARIANTS
-from fedent.meanfield.online import solve_online
+from fedent.meanfield.scalar_fixed_point import solve_online
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 DEFAULT_RTOL = 1e-12
