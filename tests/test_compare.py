@@ -9,8 +9,7 @@ import pytest
 from test_sim_support import tiny_config, tiny_inputs
 
 from fedent.config import ExperimentConfig
-from fedent.inputs import RunInputs
-from fedent.sim.compare import (
+from fedent.experiments.compare import (
     AlgorithmSummary,
     RunSummary,
     markdown_table,
@@ -19,6 +18,7 @@ from fedent.sim.compare import (
     sampling_identical,
     summarize,
 )
+from fedent.inputs import RunInputs
 
 
 def _inputs(cfg: ExperimentConfig) -> RunInputs:

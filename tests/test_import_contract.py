@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # The simulator, the experiments and the CLI commands are the core's own programs: no service runs them.
-EXPERIMENTS = ("fedent.sim", "fedent.commands", "fedent.cli")
+EXPERIMENTS = ("fedent.sim", "fedent.experiments", "fedent.commands", "fedent.cli")
 # package -> what it must never import (a name forbids itself and everything below it)
 FORBIDDEN: Mapping[str, tuple[str, ...]] = {
     "fedent": ("fedentrpc", "server", "client", "estimator", "grpc", "google.protobuf", "fastapi"),

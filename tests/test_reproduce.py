@@ -11,8 +11,8 @@ from conftest import tiny_inputs
 from fedent import runlog
 from fedent.cli import main
 from fedent.config import ConfigError
-from fedent.sim.reproduce import Profile, Row, Section, Setting, build_plan, get_profile, is_complete, run_plan
-from fedent.sim.reproduce_report import BEGIN, END, publish, write_report
+from fedent.experiments.reproduce import Profile, Row, Section, Setting, build_plan, get_profile, is_complete, run_plan
+from fedent.experiments.reproduce_report import BEGIN, END, publish, write_report
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SEVEN = {"fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm", "fedent"}

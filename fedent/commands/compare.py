@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedent.commands.errors import check_device, input_error_types, one_line, set_threads
 from fedent.config import ConfigError, load_config
-from fedent.sim.errors import check_device, input_error_types, one_line, set_threads
 
 DEFAULT_ALGORITHMS = "fedavg,fedadam,fedprox,feddyn,fedent"
 
@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedent.sim.compare import parse_list, run_comparison
+    from fedent.experiments.compare import parse_list, run_comparison
 
     cfg = load_config(args.config, args.overrides)
     algorithms = parse_list(args.algorithms, "algorithms", str)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except input_error_types() as e:
         print(f"fedent compare: {one_line(e)}", file=sys.stderr)
         return 2
-    from fedent.sim.compare import markdown_table
+    from fedent.experiments.compare import markdown_table
 
     print(markdown_table(res.summaries, res.target))
     print(f"wrote {out / 'compare.md'} and {len(res.figures)} figures in {out / 'figures'}")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fedent import runlog
+from fedent.commands.errors import input_error_types, one_line
 from fedent.config import ConfigError
-from fedent.sim.errors import input_error_types, one_line
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -73,9 +73,9 @@ def git_commit() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedent.sim.compare import parse_list
-    from fedent.sim.reproduce import build_plan, get_profile, run_plan, validate_plan_configs
-    from fedent.sim.reproduce_report import publish, write_report
+    from fedent.experiments.compare import parse_list
+    from fedent.experiments.reproduce import build_plan, get_profile, run_plan, validate_plan_configs
+    from fedent.experiments.reproduce_report import publish, write_report
 
     profile = get_profile(args.profile, args.paper_datasets)
     seeds = parse_list(args.seeds, "seeds", int)

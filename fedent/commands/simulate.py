@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedent.commands.errors import check_device, input_error_types, one_line, set_threads
 from fedent.config import ConfigError, load_config
 from fedent.runlog import new_run_id
-from fedent.sim.errors import check_device, input_error_types, one_line, set_threads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

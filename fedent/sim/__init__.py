@@ -1,4 +1,4 @@
-"""The in-process simulator (one process, one reused model) and the multi-algorithm comparison."""
+"""The in-process simulator: the round engine over the sequential executor, and its progress bar."""
 
 from fedent.sim.simulator import SimResult, SimulationError, run_simulation
 

@@ -1,0 +1,1 @@
+"""Experiments built on the simulator: multi-algorithm comparisons and the paper's reproduction plan."""
