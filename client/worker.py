@@ -33,7 +33,7 @@ from fedent.config import ExperimentConfig, config_from_dict
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
-from fedent.strategies.registry import build_strategy, validate_algorithm
+from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import convert, rpc
 from fedentrpc.backoff import backoff_delay
@@ -115,9 +115,7 @@ def config_from_yaml(text: str, data_root: str | None) -> ExperimentConfig:
     raw = yaml.safe_load(text) or {}
     if data_root is not None:
         raw.setdefault("data", {})["root"] = data_root
-    cfg = config_from_dict(raw)
-    validate_algorithm(cfg.algorithm)
-    return cfg
+    return config_from_dict(raw)
 
 
 class Worker:

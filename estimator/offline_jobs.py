@@ -26,10 +26,11 @@ from torch import Tensor
 
 from estimator.blobs import BlobStore
 from estimator.hub import Gradient, OracleCallError, OracleHub
+from estimator.params import fedent_options
 from fedent import runlog
 from fedent.meanfield.fixed_point import solve_fixed_point
-from fedent.meanfield.lr import VARIANTS
 from fedent.params import Params
+from fedent.strategies.options import FedEntOptions
 from fedentrpc import convert
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
@@ -186,11 +187,7 @@ class OfflineSpec:
     client_ids: tuple[int, ...]
     thetas: tuple[float, ...]
     rounds: int
-    beta: float
-    variant: str
-    eps1: float
-    eps2: float
-    max_sweeps: int
+    options: FedEntOptions  # beta, variant and Algorithm 1's eps1, eps2, max_sweeps
     seed: int
     batch_size: int
     wait_workers_s: float
@@ -223,20 +220,9 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
         raise ValueError("the clients hold no samples")
     # θ over the population (spec §3): clients without samples take no part, as in FedEnt.prepare.
     kept = [(c, n / total) for c, n in zip(cids, sizes, strict=True) if n > 0]
-    p = req.params
-    variant = p.variant or "exact"
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    if not 0.0 < p.beta < 1.0:
-        raise ValueError(f"beta must be in (0, 1), got {p.beta}")
+    options = fedent_options(req.params, eps1=req.eps1, eps2=req.eps2, max_sweeps=req.max_sweeps)
     if req.rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {req.rounds}")
-    eps1, eps2 = req.eps1 or 1e-3, req.eps2 or 1e-3
-    if not (eps1 > 0 and eps2 > 0):
-        raise ValueError("eps1 and eps2 must be > 0")
-    max_sweeps = req.max_sweeps or 20
-    if max_sweeps < 1:
-        raise ValueError(f"max_sweeps must be >= 1, got {max_sweeps}")
     if req.batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {req.batch_size}")
     if req.wait_workers_s < 0 or req.wait_workers_s != req.wait_workers_s:
@@ -244,7 +230,7 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
     return OfflineSpec(
         run_id=req.run_id, w0=list(w0),
         client_ids=tuple(c for c, _ in kept), thetas=tuple(th for _, th in kept), rounds=int(req.rounds),
-        beta=float(p.beta), variant=variant, eps1=float(eps1), eps2=float(eps2), max_sweeps=int(max_sweeps),
+        options=options,
         seed=int(req.seed), batch_size=int(req.batch_size), wait_workers_s=float(req.wait_workers_s or default_wait_s),
     )
 
@@ -360,8 +346,9 @@ class OfflineJobs:
                                     f"{spec.wait_workers_s:g}s")
             self._update(job, message="sweeping")
             t0 = time.perf_counter()
-            res = solve_fixed_point(oracle, spec.w0, spec.client_ids, spec.thetas, spec.rounds, spec.beta,
-                                    spec.variant, spec.eps1, spec.eps2, spec.max_sweeps)
+            o = spec.options
+            res = solve_fixed_point(oracle, spec.w0, spec.client_ids, spec.thetas, spec.rounds, o.beta, o.variant,
+                                    o.eps1, o.eps2, o.max_sweeps)
             report = {"phi2": [float(v) for v in res.phi2], **res.report.to_dict(), "mode": "offline",
                       "wall_s": time.perf_counter() - t0, "oracle_retries": oracle.retries_used,
                       "clients": len(spec.client_ids)}

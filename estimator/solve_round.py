@@ -12,12 +12,11 @@ import json
 import math
 from dataclasses import dataclass
 
-from fedent.meanfield.lr import VARIANTS
-from fedent.meanfield.scalar_fixed_point import solve_online
+from estimator.params import fedent_options
+from fedent.meanfield.scalar_fixed_point import DEFAULT_MAX_ITER, DEFAULT_RTOL, solve_online
+from fedent.strategies.options import FedEntOptions
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
-DEFAULT_RTOL = 1e-12
-DEFAULT_MAX_ITER = 200
 THETA_SUM_TOL = 1e-6
 
 
@@ -28,8 +27,7 @@ class OnlineInputs:
     thetas: tuple[float, ...]
     a: tuple[float, ...]
     b: tuple[float, ...]
-    beta: float
-    variant: str
+    options: FedEntOptions  # beta and variant are what the solver uses
     rtol: float
     max_iter: int
 
@@ -65,24 +63,20 @@ def online_inputs(req: est_pb.SolveOnlineRequest) -> OnlineInputs:
     if abs(sum(thetas) - 1.0) > THETA_SUM_TOL:
         raise ValueError(f"thetas must sum to 1 over the round's participants, got {sum(thetas):.9g}")
     p = req.params
-    if not 0.0 < p.beta < 1.0:
-        raise ValueError(f"beta must be in (0, 1), got {p.beta}")
-    variant = p.variant or "exact"
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    options = fedent_options(p)
     rtol = p.tol or DEFAULT_RTOL
     if not (math.isfinite(rtol) and 0 < rtol < 1):
         raise ValueError(f"tol must be in (0, 1), got {rtol}")
     max_iter = p.max_iter or DEFAULT_MAX_ITER
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    return OnlineInputs(cids, c, thetas, a, b, float(p.beta), variant, float(rtol), int(max_iter))
+    return OnlineInputs(cids, c, thetas, a, b, options, float(rtol), int(max_iter))
 
 
 def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineReply:
     """Solve the round's fixed point exactly as the in-process ``OnlinePhi2Estimator`` does."""
     x = online_inputs(req)
-    sol = solve_online(x.c, x.thetas, x.a, x.b, x.beta, x.variant, rtol=x.rtol, max_iter=x.max_iter)
+    sol = solve_online(x.c, x.thetas, x.a, x.b, x.options.beta, x.options.variant, rtol=x.rtol, max_iter=x.max_iter)
     report = {"mode": "online", **sol.to_dict()}
     return est_pb.SolveOnlineReply(
         phi2_next=sol.phi2_next,

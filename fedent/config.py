@@ -1,8 +1,13 @@
 """Experiment configuration: frozen dataclasses, loaded from YAML with strict validation.
 
 Unknown keys, wrong types and out-of-range values raise ``ConfigError`` with the dotted path of the
-offending key, so a typo never silently falls back to a default. Algorithm-specific options are
-validated against the options dataclass that each strategy declares (see fedent.strategies.registry).
+offending key, so a typo never silently falls back to a default.
+
+Algorithm options are typed too: ``AlgorithmConfig.options`` is the strategy's ``StrategyOptions``
+subclass (fedent/strategies/options.py), built and validated once when the config is built. Each
+field is declared with ``option(default, doc, gt=..., ...)``; its type (``Literal`` choices included)
+and range are checked in ``StrategyOptions.__post_init__``, so every consumer (strategies, simulator,
+aggregator, workers, estimator service) receives an object that is already valid.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import yaml
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -83,10 +90,174 @@ class TrainConfig:
                "train.device", "must be auto, cpu, cuda or cuda:N")
 
 
+# ---- typed strategy options ----------------------------------------------------------------------
+
+
+class OptionError(ConfigError):
+    """A bad option value; ``field`` and ``why`` let a caller re-prefix the key (e.g. the estimator's)."""
+
+    def __init__(self, prefix: str, field_name: str, why: str) -> None:
+        super().__init__(f"{prefix}.{field_name}: {why}")
+        self.field, self.why = field_name, why
+
+
+def option(default: T, doc: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+           le: float | None = None) -> T:
+    """Declare a ``StrategyOptions`` field: its default, a one-line doc, and its range (bounds on numbers).
+
+    The type comes from the annotation: ``float`` (ints accepted), ``int``, ``bool``, ``str``, a ``Literal``
+    of strings (the allowed choices) or ``X | None`` (None always allowed, the bounds apply otherwise).
+    """
+    meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le}
+    return field(default=default, metadata=meta)
+
+
+def _range_text(m: Mapping[str, Any]) -> str | None:
+    lo = ("(", m["gt"]) if m.get("gt") is not None else ("[", m["ge"]) if m.get("ge") is not None else None
+    hi = (")", m["lt"]) if m.get("lt") is not None else ("]", m["le"]) if m.get("le") is not None else None
+    if lo and hi:
+        return f"must be in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return f"must be {'>' if lo[0] == '(' else '>='} {lo[1]:g}"
+    if hi:
+        return f"must be {'<' if hi[0] == ')' else '<='} {hi[1]:g}"
+    return None
+
+
+def _in_range(v: float, m: Mapping[str, Any]) -> bool:
+    return not ((m.get("gt") is not None and not v > m["gt"]) or (m.get("ge") is not None and not v >= m["ge"])
+                or (m.get("lt") is not None and not v < m["lt"]) or (m.get("le") is not None and not v <= m["le"]))
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """Base of every strategy's options: a frozen dataclass of ``option(...)`` fields, valid once built.
+
+    ``__post_init__`` checks each field's type and range (ints are stored as floats where the field is a
+    float) and then calls ``check()`` for cross-field rules. Errors are ``OptionError``s keyed
+    ``algorithm.<field>``. ``from_mapping`` parses the flat YAML layout; ``to_dict`` writes it back.
+    """
+
+    algorithm: ClassVar[str] = ""  # the strategy name, set by each subclass (for error messages)
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            try:
+                coerced = _coerce(value, hints[f.name], f.name)
+            except ConfigError:
+                raise OptionError("algorithm", f.name, f"{_type_text(hints[f.name])}, got {value!r}") from None
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
+            why = _range_text(f.metadata)
+            if why is not None and isinstance(coerced, (int, float)) and not _in_range(coerced, f.metadata):
+                none_ok = type(None) in typing.get_args(hints[f.name])
+                raise OptionError("algorithm", f.name, f"{why}{' or null' if none_ok else ''}, got {coerced!r}")
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field rules (raise ``OptionError``); single fields are checked from their declarations."""
+
+    @classmethod
+    def from_mapping(cls: type[SO], raw: Mapping[str, Any] | None, prefix: str = "algorithm") -> SO:
+        """Build from the flat YAML layout; unknown keys name the keys that are allowed."""
+        raw = dict(raw or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            allowed = ", ".join(sorted(names)) or "(none)"
+            raise ConfigError(f"{prefix}: unknown key(s) {', '.join(unknown)} for {cls.algorithm or cls.__name__}; "
+                              f"allowed: {allowed}")
+        try:
+            return cls(**raw)
+        except OptionError as e:
+            if prefix == "algorithm":
+                raise
+            raise OptionError(prefix, e.field, e.why) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, in declaration order (the ``algorithm:`` section of config.yaml, besides ``name``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """Field name -> its one-line doc."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls)}
+
+
+SO = TypeVar("SO", bound=StrategyOptions)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field annotations of an Options class (cached: resolving is the slow part)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _type_text(tp: Any) -> str:
+    """What a field accepts, as the start of an error message."""
+    if typing.get_origin(tp) is typing.Literal:
+        return "must be one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return "expected " + " or ".join(names.get(a, str(a)) for a in args)
+
+
+def options_class(name: str) -> type[StrategyOptions]:
+    """The Options class of algorithm ``name`` (torch-free: fedent.strategies.options, not the strategy)."""
+    from fedent.strategies.options import OPTIONS  # local import: the options module imports this one
+
+    try:
+        return OPTIONS[name]
+    except KeyError:
+        listed = ", ".join(sorted(OPTIONS))
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}") from None
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    """``name`` picks the strategy; ``options`` is that strategy's typed Options, valid once built.
+
+    ``options`` may be given as a plain mapping (the YAML layout without ``name``): it is parsed here,
+    once. Left out, the strategy's defaults apply. YAML: ``algorithm: {name: fedent, beta: 0.99, ...}``.
+    """
+
     name: str = "fedent"
-    options: Mapping[str, Any] = field(default_factory=dict)  # validated by the strategy's Options
+    options: StrategyOptions = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError("algorithm.name: expected a string")
+        cls = options_class(self.name)
+        opts: Any = self.options
+        if opts is None:
+            opts = cls()
+        elif isinstance(opts, Mapping):
+            opts = cls.from_mapping(opts)
+        elif type(opts) is not cls:
+            raise ConfigError(f"algorithm.options: {type(opts).__name__} given for {self.name}, "
+                              f"which takes {cls.__name__}")
+        object.__setattr__(self, "options", opts)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> AlgorithmConfig:
+        """The YAML layout ``{name: ..., <options>}`` (name defaults to fedent)."""
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ConfigError("algorithm: expected a mapping")
+        opts = dict(raw or {})
+        return cls(name=opts.pop("name", "fedent"), options=opts)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options.to_dict()}
+
+    def options_as(self, kind: type[SO]) -> SO | None:
+        """The options when they are ``kind`` (e.g. FedEntOptions), else None: typed access for consumers."""
+        return self.options if type(self.options) is kind else None
 
 
 @dataclass(frozen=True)
@@ -104,13 +275,13 @@ class ExperimentConfig:
         self.train.validate()
 
     def to_dict(self) -> dict[str, Any]:
-        # asdict() would deep-copy the read-only options mapping, which cannot be pickled: build by hand.
+        # The algorithm section keeps its flat YAML layout {name, <options>} (asdict would nest "options").
         return {
             "name": self.name,
             "data": dataclasses.asdict(self.data),
             "model": dataclasses.asdict(self.model),
             "train": dataclasses.asdict(self.train),
-            "algorithm": {"name": self.algorithm.name, **dict(self.algorithm.options)},
+            "algorithm": self.algorithm.to_dict(),
             "out_dir": self.out_dir,
         }
 
@@ -131,6 +302,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if any(value == c and type(value) is type(c) for c in choices):
+            return value
+        raise ConfigError(f"{key}: must be one of {', '.join(str(c) for c in choices)}, got {value!r}")
     if tp is type(None):
         if value is None:
             return None
@@ -176,16 +352,12 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if unknown:
         listed = ", ".join(sorted(allowed))
         raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}; allowed: {listed}")
-    algo_raw = dict(raw.get("algorithm") or {})
-    algo_name = algo_raw.pop("name", "fedent")
-    if not isinstance(algo_name, str):
-        raise ConfigError("algorithm.name: expected a string")
     cfg = ExperimentConfig(
         name=str(raw.get("name", "experiment")),
         data=dataclass_from_mapping(DataConfig, raw.get("data"), "data"),
         model=dataclass_from_mapping(ModelConfig, raw.get("model"), "model"),
         train=dataclass_from_mapping(TrainConfig, raw.get("train"), "train"),
-        algorithm=AlgorithmConfig(name=algo_name, options=types.MappingProxyType(algo_raw)),
+        algorithm=AlgorithmConfig.from_mapping(raw.get("algorithm")),
         out_dir=str(raw.get("out_dir", "runs")),
     )
     cfg.validate()
@@ -208,9 +380,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides in order.
+
+    ``algorithm.name=X`` that changes the algorithm drops the previous algorithm's options (they belong to
+    it, e.g. FedEnt's beta means nothing to FedAvg); ``algorithm.<option>`` overrides given in the same
+    call are kept, before or after the name change, so they apply to the new algorithm.
+    """
     out = dict(raw)
+    given: dict[str, Any] = {}  # algorithm.<option> values set by these overrides
     for text in overrides:
         path, value = parse_override(text)
+        if len(path) == 2 and path[0] == "algorithm":
+            section = out.get("algorithm")
+            section = dict(section) if isinstance(section, Mapping) else {}
+            if path[1] == "name" and value != section.get("name", AlgorithmConfig.name):
+                out["algorithm"] = {"name": value, **given}
+                continue
+            if path[1] != "name":
+                given[path[1]] = value
         node = out
         for p in path[:-1]:
             child = node.get(p)
@@ -222,7 +409,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load, override and validate; the algorithm options are checked against the strategy too."""
+    """Load, override and validate (the algorithm's options become its typed Options here, once)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -232,11 +419,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
-    cfg = config_from_dict(apply_overrides(raw, overrides or []))
-    from fedent.strategies.registry import validate_algorithm  # local import: registry imports config
-
-    validate_algorithm(cfg.algorithm)
-    return cfg
+    return config_from_dict(apply_overrides(raw, overrides or []))
 
 
 def with_device(cfg: ExperimentConfig, device: str | None) -> ExperimentConfig:

@@ -21,7 +21,8 @@ from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import Strategy
-from fedent.strategies.registry import build_strategy, validate_algorithm
+from fedent.strategies.options import FedEntOptions
+from fedent.strategies.registry import build_strategy
 from fedent.trainer import resolve_device
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tls import open_channel
@@ -48,11 +49,10 @@ def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
 def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str,
                            estimator_security: ClientSecurity | None = None) -> Strategy:
     """The same strategy as the simulator's; FedEnt online gets the estimator service adapter when configured."""
-    mode = uses_fedent_estimator(cfg)
-    if mode == "online" and settings.estimator:
+    opts = cfg.algorithm.options_as(FedEntOptions)  # the service's solver takes FedEnt's β and variant
+    if uses_fedent_estimator(cfg) == "online" and settings.estimator and opts is not None:
         from server.estimator_adapter import RemotePhi2Estimator
 
-        opts = validate_algorithm(cfg.algorithm)
         channel = open_channel(settings.estimator, estimator_security or ClientSecurity(insecure=True))
         return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(
             settings.estimator, opts.beta, opts.variant, run_id, channel=channel))

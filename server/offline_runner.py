@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
-from fedent.strategies.registry import validate_algorithm
+from fedent.strategies.options import FedEntOptions
 from fedentrpc import convert, rpc
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.security.flags import ClientSecurity
@@ -40,7 +40,9 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
     """``restarts``: how often a job lost with its estimator (UNAVAILABLE, or NOT_FOUND after a restart) is
     started again, after a full-jitter backoff. Algorithm 1 is deterministic given the seed, so a restarted
     job yields the same φ2 trajectory."""
-    opts = validate_algorithm(cfg.algorithm)
+    opts = cfg.algorithm.options_as(FedEntOptions)
+    if opts is None:
+        raise ValueError(f"the offline estimator is FedEnt's; this run's algorithm is {cfg.algorithm.name}")
 
     def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         rng = random.Random()

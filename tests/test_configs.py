@@ -43,7 +43,7 @@ def test_paper_config_follows_table_iv_and_has_a_fashion_twin(path: Path) -> Non
     t = cfg.train
     assert (t.lr, t.batch_size, t.rounds, t.local_epochs) == TABLE_IV[cfg.data.name]
     assert cfg.model.name == MODELS[cfg.data.name]
-    opts = dict(cfg.algorithm.options)
+    opts = cfg.algorithm.options.to_dict()
     assert cfg.algorithm.name == "fedent"
     if "beta" not in path.stem:
         assert opts["beta"] == 0.99

@@ -135,8 +135,8 @@ def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub:
         "theta must be >= 0": _bad(good, theta=-0.01),
         "duplicate client ids": dup,
         "no clients": no_clients,
-        "beta must be in (0, 1)": bad_beta,
-        "variant must be one of": bad_variant,
+        "params.beta: must be in (0, 1), got 1.5": bad_beta,
+        "params.variant: must be one of exact, paper, got 'magic'": bad_variant,
         "c is not finite": nan_c,
     }
     for needle, req in cases.items():
@@ -339,7 +339,7 @@ def test_bad_offline_requests(stub: est_grpc.EstimatorStub) -> None:
         "the clients hold no samples": (convert.start_offline_request("r", ref.blob_id, [0, 0], 2, 0.9, 0.9, "exact",
                                                                       1e-3, 1e-3, 2, 0, 0),
                                         grpc.StatusCode.INVALID_ARGUMENT),
-        "beta must be in (0, 1)": (convert.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact", 1e-3,
+        "params.beta: must be in (0, 1)": (convert.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact", 1e-3,
                                                                  1e-3, 2, 0, 0), grpc.StatusCode.INVALID_ARGUMENT),
     }
     for needle, (req, code) in cases.items():

@@ -31,7 +31,7 @@ from fedent.strategies.fedcos import FedCos, cosine_weights
 from fedent.strategies.feddyn import FedDyn, FedDynOptions
 from fedent.strategies.fedprox import FedProx, FedProxOptions
 from fedent.strategies.fedyogi import FedYogi, FedYogiOptions
-from fedent.strategies.registry import STRATEGIES, build_strategy, validate_algorithm
+from fedent.strategies.registry import STRATEGIES, build_strategy
 from fedent.strategies.scaffold import Scaffold, ScaffoldOptions
 from fedent.trainer import LocalTrainer
 
@@ -106,16 +106,17 @@ def vec(*values: float) -> Params:
 )
 def test_bad_options_are_config_errors(name: str, options: dict[str, float], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
-        validate_algorithm(AlgorithmConfig(name=name, options=options))
+        AlgorithmConfig(name=name, options=options)
 
 
 def test_defaults_are_the_papers() -> None:
-    adam = validate_algorithm(AlgorithmConfig(name="fedadam"))
+    adam = FedAdamOptions()
     assert (adam.beta1, adam.beta2, adam.tau, adam.server_lr) == (0.9, 0.99, 1e-3, 0.01)
-    assert validate_algorithm(AlgorithmConfig(name="fedprox")).mu == 0.01
-    assert validate_algorithm(AlgorithmConfig(name="feddyn")).alpha == 0.001
-    assert validate_algorithm(AlgorithmConfig(name="scaffold")).global_lr == 1.0
-    assert validate_algorithm(AlgorithmConfig(name="fedyogi", options={"server_lr": 0.1})).server_lr == 0.1
+    assert AlgorithmConfig(name="fedadam").options == adam
+    assert AlgorithmConfig(name="fedprox").options == FedProxOptions(mu=0.01)
+    assert AlgorithmConfig(name="feddyn").options == FedDynOptions(alpha=0.001)
+    assert AlgorithmConfig(name="scaffold").options == ScaffoldOptions(global_lr=1.0)
+    assert AlgorithmConfig(name="fedyogi", options={"server_lr": 0.1}).options == FedYogiOptions(server_lr=0.1)
 
 
 # ---- FedAdam / FedYogi -----------------------------------------------------------------------------

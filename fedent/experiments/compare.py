@@ -20,7 +20,6 @@ from fedent import runlog
 from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
 from fedent.inputs import RunInputs, load_inputs
 from fedent.sim.simulator import SimulationError, run_simulation
-from fedent.strategies.registry import validate_algorithm
 
 Records = Sequence[Mapping[str, Any]]
 
@@ -136,12 +135,9 @@ def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str]
     for o in overrides:
         if "." not in o.partition("=")[0]:
             raise ConfigError(f"--algo-set {o!r}: expected ALGORITHM.KEY=VALUE, e.g. fedprox.mu=0.1")
-    opts: dict[str, Any] = dict(base.algorithm.options) if base.algorithm.name == name else {}
+    opts: dict[str, Any] = base.algorithm.options.to_dict() if base.algorithm.name == name else {}
     mine = [o.partition(".")[2] for o in overrides if o.partition(".")[0] == name]
-    opts = apply_overrides(opts, mine)
-    spec = AlgorithmConfig(name=name, options=opts)
-    validate_algorithm(spec)
-    return spec
+    return AlgorithmConfig.from_mapping({**apply_overrides(opts, mine), "name": name})
 
 
 def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:

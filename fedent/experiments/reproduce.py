@@ -28,10 +28,16 @@ from typing import Any
 import yaml
 
 from fedent import runlog
-from fedent.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, load_config
+from fedent.config import (
+    AlgorithmConfig,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+)
 from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import StrategyError
-from fedent.strategies.registry import validate_algorithm
 
 PROFILES = ("cpu", "paper")
 
@@ -309,8 +315,7 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
                 bases[key] = setting_config(profile.setting(key), cdir)
         for label in sec.rows:
             row = profile.row(label)
-            validate_algorithm(config_from_dict({"algorithm": {"name": row.algorithm, **row.options_dict()}})
-                               .algorithm)
+            AlgorithmConfig.from_mapping({"name": row.algorithm, **row.options_dict()})  # fail before any run
     order = sorted(((run_tier(sec.priority, i), i, j) for i in range(len(seeds)) for j, sec in enumerate(sections)))
     runs: dict[str, RunSpec] = {}
     for _, i, j in order:
@@ -338,8 +343,7 @@ def run_tier(priority: int, seed_index: int) -> int:
 def validate_plan_configs(plan: Plan) -> None:
     """Fail before any training if a run's config does not validate (strategy options included)."""
     for spec in plan.runs:
-        cfg = config_from_dict(spec.config)
-        validate_algorithm(cfg.algorithm)
+        config_from_dict(spec.config)
 
 
 # ---- running ---------------------------------------------------------------------------------------------

@@ -52,6 +52,10 @@ class OnlineFixedPoint:
         }
 
 
+DEFAULT_RTOL = 1e-12  # relative tolerance of the round's scalar fixed point
+DEFAULT_MAX_ITER = 200
+
+
 def solve_online(
     c: float,
     thetas: ArrayLike,
@@ -59,8 +63,8 @@ def solve_online(
     b: ArrayLike,
     beta: float,
     variant: str = "exact",
-    rtol: float = 1e-12,
-    max_iter: int = 200,
+    rtol: float = DEFAULT_RTOL,
+    max_iter: int = DEFAULT_MAX_ITER,
 ) -> OnlineFixedPoint:
     """Solve φ2' = Σθ_i q_i(η*_i(φ2')) (Eq. (phi_next_t_2) with φ1(t) = w(t))."""
     th = np.atleast_1d(np.asarray(thetas, dtype=np.float64))

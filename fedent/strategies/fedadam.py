@@ -16,13 +16,11 @@ The moments are server state and survive checkpoints via ``server_state`` / ``lo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.params import Params, clone, sub
 from fedent.strategies.base import (
     AggregateResult,
@@ -32,24 +30,7 @@ from fedent.strategies.base import (
     tensor_lists_from_state,
     weighted_average,
 )
-
-
-@dataclass(frozen=True)
-class FedAdamOptions:
-    server_lr: float = 0.01  # η_s; not given by the paper
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3  # adaptivity τ; also v's initial value is τ²
-
-    def validate(self) -> None:
-        if not self.server_lr > 0:
-            raise ConfigError(f"algorithm.server_lr: must be > 0, got {self.server_lr}")
-        if not 0.0 <= self.beta1 < 1.0:
-            raise ConfigError(f"algorithm.beta1: must be in [0, 1), got {self.beta1}")
-        if not 0.0 <= self.beta2 < 1.0:
-            raise ConfigError(f"algorithm.beta2: must be in [0, 1), got {self.beta2}")
-        if not self.tau > 0:
-            raise ConfigError(f"algorithm.tau: must be > 0, got {self.tau}")
+from fedent.strategies.options import FedAdamOptions
 
 
 class FedAdam(LocalSGDStrategy):
@@ -58,7 +39,6 @@ class FedAdam(LocalSGDStrategy):
 
     def __init__(self, options: FedAdamOptions | None = None) -> None:
         self.options = options or FedAdamOptions()
-        self.options.validate()
         self._m: Params | None = None
         self._v: Params | None = None
 

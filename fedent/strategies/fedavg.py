@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -13,11 +12,7 @@ from fedent.strategies.base import (
     LocalSGDStrategy,
     weighted_average,
 )
-
-
-@dataclass(frozen=True)
-class FedAvgOptions:
-    pass
+from fedent.strategies.options import FedAvgOptions
 
 
 class FedAvg(LocalSGDStrategy):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -23,12 +22,7 @@ from fedent.strategies.base import (
     StrategyError,
     sample_weights,
 )
-
-
-@dataclass(frozen=True)
-class FedCosOptions:
-    def validate(self) -> None:
-        """No hyperparameters."""
+from fedent.strategies.options import FedCosOptions
 
 
 def cosine(x: Sequence[Tensor], y: Sequence[Tensor]) -> float:

@@ -25,13 +25,11 @@ n̄ travels to the clients in ``payload.scalars["mean_samples"]``; N and n̄ com
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.params import Params, clone, sub, weighted_sum, zeros_like
 from fedent.strategies.base import (
     AggregateResult,
@@ -46,19 +44,11 @@ from fedent.strategies.base import (
     tensor_lists_from_state,
     train_generator,
 )
+from fedent.strategies.options import FedDynOptions
 from fedent.trainer import GradHook, LocalTrainer
 
 LAMBDA = "lambda"  # ClientState.tensors key of λ_k
 MEAN_SAMPLES = "mean_samples"  # RoundPayload.scalars key of n̄
-
-
-@dataclass(frozen=True)
-class FedDynOptions:
-    alpha: float = 0.001  # α (paper)
-
-    def validate(self) -> None:
-        if not self.alpha > 0:
-            raise ConfigError(f"algorithm.alpha: must be > 0, got {self.alpha}")
 
 
 def client_alpha(alpha: float, num_samples: int, mean_samples: float) -> float:
@@ -91,7 +81,6 @@ class FedDyn(Strategy):
 
     def __init__(self, options: FedDynOptions | None = None) -> None:
         self.options = options or FedDynOptions()
-        self.options.validate()
         self._num_clients = 0
         self._mean_samples = 0.0
         self._lambda_sum: Params | None = None  # Σ over all N clients of λ_k

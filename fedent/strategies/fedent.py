@@ -9,17 +9,15 @@ client solves η*_i by Proposition 1 (Eq. (eta_solve_t_1)), decays it with its o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.meanfield.decay import ETA_STATE_KEY, decayed_rate, previous_rate
 from fedent.meanfield.diagnostics import ParticipantReport, fedent_round_record
 from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator, Phi2Estimator
 from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
-from fedent.meanfield.lr import VARIANTS, solve_eta
+from fedent.meanfield.lr import solve_eta
 from fedent.params import clone, dot, norm_sq
 from fedent.rng import torch_generator
 from fedent.strategies.base import (
@@ -35,38 +33,10 @@ from fedent.strategies.base import (
     train_generator,
     weighted_average,
 )
+from fedent.strategies.options import FedEntOptions
 from fedent.trainer import LocalTrainer
 
-ESTIMATORS = ("online", "offline")
 _PROBE_ROUND = "probe_round"
-
-
-@dataclass(frozen=True)
-class FedEntOptions:
-    beta: float = 0.99
-    gamma: float = 0.99
-    variant: str = "exact"
-    estimator: str = "online"
-    eps1: float = 1e-3
-    eps2: float = 1e-3
-    max_sweeps: int = 20
-    probe_batch_size: int | None = None  # None: the training batch size
-
-    def validate(self) -> None:
-        if not 0.0 < self.beta < 1.0:
-            raise ConfigError("algorithm.beta: must be in (0, 1)")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError("algorithm.gamma: must be in [0, 1]")
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"algorithm.variant: must be one of {', '.join(VARIANTS)}")
-        if self.estimator not in ESTIMATORS:
-            raise ConfigError(f"algorithm.estimator: must be one of {', '.join(ESTIMATORS)}")
-        if not (self.eps1 > 0 and self.eps2 > 0):
-            raise ConfigError("algorithm.eps1/eps2: must be > 0")
-        if self.max_sweeps < 1:
-            raise ConfigError("algorithm.max_sweeps: must be >= 1")
-        if self.probe_batch_size is not None and self.probe_batch_size < 1:
-            raise ConfigError("algorithm.probe_batch_size: must be >= 1 or null")
 
 
 class FedEnt(Strategy):
@@ -77,7 +47,6 @@ class FedEnt(Strategy):
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:
         self.options = options or FedEntOptions()
-        self.options.validate()
         self._injected = estimator is not None
         if estimator is not None:
             self.estimator: Phi2Estimator | None = estimator

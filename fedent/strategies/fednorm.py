@@ -10,13 +10,11 @@ sample-weighted mean.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.meanfield.decay import ETA_STATE_KEY, decayed_rate, previous_rate
 from fedent.meanfield.fednorm import fednorm_rate
 from fedent.params import Params, clone, dot, norm_sq, sub, zeros_like
@@ -33,24 +31,10 @@ from fedent.strategies.base import (
     train_generator,
     weighted_average,
 )
+from fedent.strategies.options import FedNormOptions
 from fedent.trainer import LocalTrainer
 
 DELTA_KEY = "delta"
-
-
-@dataclass(frozen=True)
-class FedNormOptions:
-    beta: float = 0.99
-    gamma: float = 0.99
-    probe_batch_size: int | None = None  # None: the training batch size
-
-    def validate(self) -> None:
-        if not 0.0 < self.beta < 1.0:
-            raise ConfigError("algorithm.beta: must be in (0, 1)")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError("algorithm.gamma: must be in [0, 1]")
-        if self.probe_batch_size is not None and self.probe_batch_size < 1:
-            raise ConfigError("algorithm.probe_batch_size: must be >= 1 or null")
 
 
 class FedNorm(Strategy):
@@ -60,7 +44,6 @@ class FedNorm(Strategy):
 
     def __init__(self, options: FedNormOptions | None = None) -> None:
         self.options = options or FedNormOptions()
-        self.options.validate()
         self._prev_round: int | None = None  # round whose global model is held in _prev_params
         self._prev_params: Params | None = None
 

@@ -8,12 +8,10 @@ FedProx is then FedAvg bit for bit (tested).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.params import clone
 from fedent.strategies.base import (
     AggregateResult,
@@ -25,16 +23,8 @@ from fedent.strategies.base import (
     train_generator,
     weighted_average,
 )
+from fedent.strategies.options import FedProxOptions
 from fedent.trainer import GradHook, LocalTrainer
-
-
-@dataclass(frozen=True)
-class FedProxOptions:
-    mu: float = 0.01  # proximal weight μ (paper)
-
-    def validate(self) -> None:
-        if not self.mu >= 0:
-            raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
 
 
 def proximal_hook(anchor: Sequence[Tensor], mu: float) -> GradHook:
@@ -56,7 +46,6 @@ class FedProx(Strategy):
 
     def __init__(self, options: FedProxOptions | None = None) -> None:
         self.options = options or FedProxOptions()
-        self.options.validate()
 
     def fit(
         self,

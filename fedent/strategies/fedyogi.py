@@ -11,17 +11,11 @@ The paper uses FedAdam's hyperparameters for its adaptive baseline; FedYogi reus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from fedent.params import Params
-from fedent.strategies.fedadam import FedAdam, FedAdamOptions
-
-
-@dataclass(frozen=True)
-class FedYogiOptions(FedAdamOptions):
-    """Same fields and checks as FedAdam's (server_lr, beta1, beta2, tau)."""
+from fedent.strategies.fedadam import FedAdam
+from fedent.strategies.options import FedYogiOptions
 
 
 class FedYogi(FedAdam):

@@ -1,10 +1,11 @@
-"""Name -> strategy class. Each strategy declares ``Options``, a frozen dataclass of its hyperparameters."""
+"""Name -> strategy class. Each strategy's ``Options`` is its class in fedent.strategies.options (typed, validated
+when built), so a strategy is built from ``AlgorithmConfig.options`` without parsing anything again."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fedent.config import AlgorithmConfig, ConfigError, dataclass_from_mapping
+from fedent.config import AlgorithmConfig, ConfigError
 from fedent.strategies.base import Strategy
 from fedent.strategies.fedavg import FedAvg
 
@@ -39,16 +40,6 @@ def strategy_class(name: str) -> type[Strategy]:
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}") from None
 
 
-def validate_algorithm(spec: AlgorithmConfig) -> Any:
-    cls = strategy_class(spec.name)
-    opts = dataclass_from_mapping(cls.Options, dict(spec.options), "algorithm")  # type: ignore[attr-defined]
-    check = getattr(opts, "validate", None)
-    if check is not None:
-        check()
-    return opts
-
-
 def build_strategy(spec: AlgorithmConfig, **kwargs: Any) -> Strategy:
-    """Instantiate with validated options; kwargs carry runtime collaborators (e.g. an estimator)."""
-    cls = strategy_class(spec.name)
-    return cls(validate_algorithm(spec), **kwargs)  # type: ignore[call-arg]
+    """Instantiate with the config's typed options; kwargs carry runtime collaborators (e.g. an estimator)."""
+    return strategy_class(spec.name)(spec.options, **kwargs)  # type: ignore[call-arg]

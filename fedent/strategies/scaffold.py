@@ -19,13 +19,11 @@ after it updated c_i leaves the server's c without that Δc_i, as in any SCAFFOL
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedent.config import ConfigError
 from fedent.params import Params, clone, sub, weighted_sum, zeros_like
 from fedent.strategies.base import (
     AggregateResult,
@@ -40,19 +38,11 @@ from fedent.strategies.base import (
     tensor_lists_from_state,
     train_generator,
 )
+from fedent.strategies.options import ScaffoldOptions
 from fedent.trainer import GradHook, LocalTrainer
 
 C = "c"  # payload.tensors key of the server's c, and ClientState.tensors key of c_i
 DELTA_C = "delta_c"  # ClientUpdate.tensors key of Δc_i
-
-
-@dataclass(frozen=True)
-class ScaffoldOptions:
-    global_lr: float = 1.0  # η_g
-
-    def validate(self) -> None:
-        if not self.global_lr > 0:
-            raise ConfigError(f"algorithm.global_lr: must be > 0, got {self.global_lr}")
 
 
 def correction_hook(correction: Sequence[Tensor]) -> GradHook:
@@ -85,7 +75,6 @@ class Scaffold(Strategy):
 
     def __init__(self, options: ScaffoldOptions | None = None) -> None:
         self.options = options or ScaffoldOptions()
-        self.options.validate()
         self._num_clients = 0
         self._c: Params | None = None
 

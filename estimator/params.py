@@ -1,0 +1,30 @@
+"""FedEnt's options from an estimator request, validated by the class the config uses (FedEntOptions).
+
+The service keeps no defaults or range checks of its own for FedEnt's knobs: a request's ``FedEntParams``
+(and StartOffline's eps1, eps2, max_sweeps) become a ``FedEntOptions``, whose errors are ValueErrors
+(the service answers INVALID_ARGUMENT) keyed by the request field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedent.config import OptionError
+from fedent.strategies.options import FedEntOptions
+from fedentrpc.v1 import estimator_pb2 as est_pb
+
+_IN_PARAMS = ("beta", "gamma", "variant")  # FedEntParams fields; the Algorithm 1 knobs are StartOffline fields
+
+
+def fedent_options(params: est_pb.FedEntParams, *, eps1: float = 0.0, eps2: float = 0.0,
+                   max_sweeps: int = 0) -> FedEntOptions:
+    """proto3 zero (unset) ``variant``, ``eps1``, ``eps2``, ``max_sweeps`` take FedEntOptions' defaults.
+
+    ``beta`` and ``gamma`` are taken as sent: β = 0 is out of range and reported, γ = 0 is a valid value.
+    """
+    sent = {"variant": params.variant, "eps1": eps1, "eps2": eps2, "max_sweeps": max_sweeps}
+    raw: dict[str, Any] = {"beta": params.beta, "gamma": params.gamma, **{k: v for k, v in sent.items() if v}}
+    try:
+        return FedEntOptions(**raw)
+    except OptionError as e:
+        raise OptionError("params" if e.field in _IN_PARAMS else "request", e.field, e.why) from None
