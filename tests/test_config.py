@@ -5,8 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from fedent.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, load_config
+from fedent.config import (
+    AlgorithmConfig,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+)
+from fedent.strategies.options import OPTIONS, FedEntOptions, FedNormOptions, FedProxOptions
+from fedent.strategies.registry import strategy_class
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -54,3 +64,80 @@ def test_overrides() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+# ---- typed algorithm options ----------------------------------------------------------------------
+
+FEDENT_YAML = "algorithm: {name: fedent, beta: 0.9, gamma: 0.5, variant: paper, estimator: online}\n"
+
+
+def test_algorithm_options_are_the_strategys_typed_options(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, FEDENT_YAML))
+    assert type(cfg.algorithm.options) is FedEntOptions
+    assert cfg.algorithm.options == FedEntOptions(beta=0.9, gamma=0.5, variant="paper")
+    assert cfg.algorithm.options_as(FedEntOptions) is cfg.algorithm.options
+    assert cfg.algorithm.options_as(FedNormOptions) is None
+    assert type(load_config(_write(tmp_path, "algorithm: {name: fedprox, mu: 1}\n")).algorithm.options.mu) is float
+    for name, cls in OPTIONS.items():  # every strategy's Options is the class config loading builds
+        assert strategy_class(name).Options is cls  # type: ignore[attr-defined]
+        assert all(doc for doc in cls.docs().values()), f"{name}: every option has a doc line"
+
+
+def test_to_dict_keeps_the_flat_layout_and_round_trips(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, FEDENT_YAML))
+    algo = cfg.to_dict()["algorithm"]
+    assert algo == {"name": "fedent", **FedEntOptions(beta=0.9, gamma=0.5, variant="paper").to_dict()}
+    assert config_from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+    fedavg = config_from_dict({"algorithm": {"name": "fedavg"}})
+    assert fedavg.to_dict()["algorithm"] == {"name": "fedavg"}
+
+
+def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path) -> None:
+    path = _write(tmp_path, FEDENT_YAML)
+    assert load_config(path, ["algorithm.name=fedavg"]).algorithm == AlgorithmConfig("fedavg")
+    # the same name keeps the file's options; other keys still apply
+    same = load_config(path, ["algorithm.name=fedent", "algorithm.gamma=0.7"]).algorithm.options
+    assert same == FedEntOptions(beta=0.9, gamma=0.7, variant="paper")
+    # options given with --set in the same call belong to the new algorithm, before or after the name
+    for sets in (["algorithm.name=fednorm", "algorithm.beta=0.5"], ["algorithm.beta=0.5", "algorithm.name=fednorm"]):
+        assert load_config(path, sets).algorithm == AlgorithmConfig("fednorm", FedNormOptions(beta=0.5))
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) beta for fedavg; allowed: \(none\)"):
+        load_config(path, ["algorithm.beta=0.5", "algorithm.name=fedavg"])
+    # no algorithm section means fedent: switching from it starts empty too
+    bare = _write(tmp_path, "train: {rounds: 2}\n")
+    assert load_config(bare, ["algorithm.name=fedprox"]).algorithm.options == FedProxOptions()
+
+
+@pytest.mark.parametrize(
+    "algorithm, needle",
+    [
+        ("{name: fedavg, foo: 1}", "algorithm: unknown key(s) foo for fedavg; allowed: (none)"),
+        ("{name: fedent, foo: 1, bar: 2}", "algorithm: unknown key(s) bar, foo for fedent; allowed: beta, eps1, eps2, "
+                                           "estimator, gamma, max_sweeps, probe_batch_size, variant"),
+        ("{name: fedprox, mew: 1}", "allowed: mu"),
+        ("{name: fedent, beta: 1}", "algorithm.beta: must be in (0, 1), got 1.0"),
+        ("{name: fedent, gamma: -0.1}", "algorithm.gamma: must be in [0, 1], got -0.1"),
+        ("{name: fedent, variant: magic}", "algorithm.variant: must be one of exact, paper, got 'magic'"),
+        ("{name: fedent, estimator: 1}", "algorithm.estimator: must be one of online, offline, got 1"),
+        ("{name: fedent, max_sweeps: 2.5}", "algorithm.max_sweeps: expected an integer, got 2.5"),
+        ("{name: fedent, probe_batch_size: 0}", "algorithm.probe_batch_size: must be >= 1 or null, got 0"),
+        ("{name: fedadam, beta1: true}", "algorithm.beta1: expected a number, got True"),
+        ("{name: fedadam, tau: 0}", "algorithm.tau: must be > 0, got 0.0"),
+        ("{name: 3}", "algorithm.name: expected a string"),
+        ("[fedent]", "algorithm: expected a mapping"),
+    ],
+)
+def test_option_errors_are_one_line_and_name_the_key(tmp_path: Path, algorithm: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, f"algorithm: {algorithm}\n"))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_options_validate_however_they_are_built() -> None:
+    """Direct construction checks too, so a strategy never receives an unchecked object."""
+    with pytest.raises(ConfigError, match="algorithm.beta"):
+        FedEntOptions(beta=1.5)
+    with pytest.raises(ConfigError, match="FedNormOptions given for fedent"):
+        AlgorithmConfig("fedent", FedNormOptions())
+    assert AlgorithmConfig("fedent", {"beta": 0.5}) == AlgorithmConfig("fedent", FedEntOptions(beta=0.5))
+    assert AlgorithmConfig().options == FedEntOptions()

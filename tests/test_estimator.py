@@ -339,8 +339,9 @@ def test_bad_offline_requests(stub: est_grpc.EstimatorStub) -> None:
         "the clients hold no samples": (convert.start_offline_request("r", ref.blob_id, [0, 0], 2, 0.9, 0.9, "exact",
                                                                       1e-3, 1e-3, 2, 0, 0),
                                         grpc.StatusCode.INVALID_ARGUMENT),
-        "params.beta: must be in (0, 1)": (convert.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact", 1e-3,
-                                                                 1e-3, 2, 0, 0), grpc.StatusCode.INVALID_ARGUMENT),
+        "params.beta: must be in (0, 1)": (convert.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact",
+                                                                        1e-3, 1e-3, 2, 0, 0),
+                                           grpc.StatusCode.INVALID_ARGUMENT),
     }
     for needle, (req, code) in cases.items():
         with pytest.raises(grpc.RpcError) as ei:
