@@ -24,7 +24,7 @@ simulate: $(STAMP)
 	$(BIN)/fedent simulate --config $(CONFIG)
 
 lint: $(STAMP)
-	$(BIN)/ruff check fedent server client estimator tests benchmarks
+	$(BIN)/ruff check fedent fedentrpc server client estimator tests benchmarks
 	$(BIN)/mypy
 
 test: $(STAMP) lint proto-check

@@ -1,6 +1,6 @@
 """The estimator calculator's gRPC service: a thin servicer over fedent.meanfield.
 
-Each method decodes with ``fedentrpc.convert`` (or ``estimator.online``), calls the core, and encodes the
+Each method decodes with ``fedentrpc.codec`` (or ``estimator.online``), calls the core, and encodes the
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
 The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
@@ -25,7 +25,7 @@ from estimator.hub import OracleHub
 from estimator.offline import JobNotFound, OfflineJobs, spec_from_request
 from estimator.online import solve_online_reply
 from estimator.settings import EstimatorSettings
-from fedentrpc import convert, rpc
+from fedentrpc import codec
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -50,7 +50,7 @@ def _guard(context: grpc.ServicerContext, what: str, fn: Callable[[], T]) -> T:
         return fn()
     except (BlobNotFound, JobNotFound) as e:
         _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: {e}")
-    except ValueError as e:  # includes convert.WireError
+    except ValueError as e:  # includes codec.WireError
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {e}")
 
 
@@ -69,20 +69,20 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
     # ---- blobs ---------------------------------------------------------------------------------------
     def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
         def go() -> tpb.BlobRef:
-            asm = convert.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
-            wire = []
+            asm = codec.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
+            chunks = []
             for c in request_iterator:
                 asm.add(c)
-                wire.append(convert.chunk_message_bytes(c))  # as received: served again without re-encoding
+                chunks.append(c)  # as received: served again without re-encoding
             raw = asm.verify().raw_bytes  # sizes, every checksum and the shapes, before anything is stored
-            enc = convert.EncodedTensors(tuple(wire), int(raw), asm.wire_bytes)
+            enc = codec.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
             return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
 
         return _guard(context, "PutBlob", go)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
-        yield from enc.wire  # serialised once; rpc.add_estimator_servicer passes bytes through
+        yield from enc.chunks
 
     # ---- offline mode (Algorithm 1) ------------------------------------------------------------------
     def StartOffline(self, request: est_pb.StartOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
@@ -157,7 +157,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
-    rpc.add_estimator_servicer(EstimatorServicer(settings, blobs, hub, jobs), server)
+    est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     for name in ("", SERVICE_NAME):

@@ -1,6 +1,6 @@
 """The aggregator gRPC service: a thin servicer over ``server.engine.ClusterRun``.
 
-Each method decodes its request with ``fedentrpc.convert``, calls the engine, encodes the reply and maps
+Each method decodes its request with ``fedentrpc.mappers``, calls the engine, encodes the reply and maps
 domain errors to status codes (invalid -> INVALID_ARGUMENT, precondition -> FAILED_PRECONDITION, ...).
 A bad request never takes the service down: it gets a status with a one-line message.
 """
@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedent.strategies.base import StrategyError
-from fedentrpc import convert, rpc
+from fedentrpc import codec, mappers
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -48,7 +48,7 @@ def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         return fn()
     except ClusterError as e:
         context.abort(CODES.get(e.code, grpc.StatusCode.INVALID_ARGUMENT), str(e))
-    except (convert.WireError, StrategyError) as e:
+    except (codec.WireError, StrategyError) as e:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     raise AssertionError("unreachable")
 
@@ -62,7 +62,7 @@ def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkIt
     if task.kind == "probe":
         return pb.WorkItem(probe=pb.ProbeTask(task=header))
     assert task.payload is not None
-    return pb.WorkItem(fit=pb.FitTask(task=header, payload=convert.payload_to_msg(task.payload, task.payload_blob)))
+    return pb.WorkItem(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
@@ -75,7 +75,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
                  _span(request.client_ids))
         return pb.RegisterReply(worker_id=reg.worker_id, run_id=reg.run_id, config_yaml=reg.config_yaml,
-                                partition_md5=reg.partition_md5, transfer=convert.transfer_to_msg(reg.transfer),
+                                partition_md5=reg.partition_md5, transfer=codec.transfer_to_msg(reg.transfer),
                                 heartbeat_s=reg.heartbeat_s)
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> tpb.Ack:
@@ -98,13 +98,13 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         finally:
             self.run.detach(w)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
-        yield from enc.wire  # serialised once per round; rpc.add_aggregator_servicer passes bytes through
+        yield from enc.chunks  # encoded once per round
 
     def SubmitProbes(self, request: pb.ProbeReport, context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
-            probes = [convert.probe_from_msg(p) for p in request.probes]
+            probes = [mappers.probe_from_msg(p) for p in request.probes]
             self.run.submit_probes(request.worker_id, request.task_id, request.round, probes)
 
         _guard(context, go)
@@ -113,7 +113,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
             limit = self.run.max_update_bytes()
-            dec = convert.update_from_parts(bounded_parts(request_iterator, limit), max_bytes=limit)
+            dec = mappers.update_from_parts(bounded_parts(request_iterator, limit), max_bytes=limit)
             m = dec.meta
             self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
 
@@ -146,7 +146,7 @@ def bounded_parts(parts: Iterator[pb.UpdatePart], limit: int) -> Iterator[pb.Upd
     for part in parts:
         total += part.ByteSize()
         if total > limit:
-            raise convert.WireError(f"update stream exceeds {limit} bytes (the model and its tensors are smaller)")
+            raise codec.WireError(f"update stream exceeds {limit} bytes (the model and its tensors are smaller)")
         yield part
 
 
@@ -178,7 +178,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
                          interceptors=server_interceptors(sec))
-    rpc.add_aggregator_servicer(AggregatorServicer(run), server)
+    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

@@ -32,7 +32,7 @@ from fedent.sim.inputs import SimInputs
 from fedent.sim.simulator import is_eval_round, weighted_train_loss
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
 from fedent.trainer import LocalTrainer
-from fedentrpc import convert
+from fedentrpc import codec, mappers
 from server.durability import resume_run, save_run_checkpoint
 from server.settings import AggregatorSettings
 
@@ -135,7 +135,7 @@ class Registration:
     run_id: str
     config_yaml: str
     partition_md5: str
-    transfer: convert.TransferSpec
+    transfer: codec.TransferSpec
     heartbeat_s: float
 
 
@@ -174,7 +174,7 @@ class ClusterRun:
         self.owner: dict[int, str] = {}  # cid -> worker id
         self.lock = threading.RLock()
         self.registry_changed = threading.Condition(self.lock)
-        self.blobs: dict[str, convert.EncodedTensors] = {}
+        self.blobs: dict[str, codec.EncodedTensors] = {}
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
         self.stop = threading.Event()
@@ -352,7 +352,7 @@ class ClusterRun:
             self.clients[c]["last_heartbeat"] = w.last_seen
         return True
 
-    def fetch_blob(self, blob_id: str, worker_id: str = "") -> convert.EncodedTensors:
+    def fetch_blob(self, blob_id: str, worker_id: str = "") -> codec.EncodedTensors:
         with self.lock:
             enc = self.blobs.get(blob_id)
         if enc is None:
@@ -404,13 +404,13 @@ class ClusterRun:
         w.bytes_up += wire_bytes
         self.clients[update.cid]["bytes"] = (self.clients[update.cid]["bytes"] or 0) + wire_bytes
         try:
-            convert.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
+            codec.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
             if not all_finite(update.params):
-                raise convert.WireError(f"update of client {update.cid} is not finite (NaN/inf)")
+                raise codec.WireError(f"update of client {update.cid} is not finite (NaN/inf)")
             if update.num_samples != self.sizes[update.cid]:
-                raise convert.WireError(f"update of client {update.cid} claims {update.num_samples} samples, "
+                raise codec.WireError(f"update of client {update.cid} claims {update.num_samples} samples, "
                                         f"expected {self.sizes[update.cid]}")
-        except convert.WireError as e:
+        except codec.WireError as e:
             col.fail(update.cid, str(e), task_id, rnd)
             raise ClusterError("invalid", f"{e}; excluded from aggregation") from None
         col.put(task_id, rnd, update.cid, update)
@@ -538,7 +538,7 @@ class ClusterRun:
             if payload.tensors:
                 payload_blob = f"r{rnd}-payload"
                 with self.lock:
-                    self.blobs[payload_blob] = convert.encode_tensors(convert.payload_bundle(payload),
+                    self.blobs[payload_blob] = codec.encode_tensors(mappers.payload_bundle(payload),
                                                                       self.settings.transfer())
             self.status("training", rnd)
             with self.lock:
@@ -561,7 +561,7 @@ class ClusterRun:
         participants = sample_clients(self.seed, rnd, len(self.sizes), self.cfg.train.fraction)
         model_blob = f"r{rnd}-model"
         with self.lock:
-            self.blobs = {model_blob: convert.encode_tensors({convert.PARAMS_GROUP: self.global_params},
+            self.blobs = {model_blob: codec.encode_tensors({codec.PARAMS_GROUP: self.global_params},
                                                              self.settings.transfer())}
         failed_before: set[int] = set()
         retries: list[dict[str, Any]] = []
