@@ -1,15 +1,19 @@
-"""Tensor transfer over loopback gRPC: each wire path against bare gRPC moving the same bytes, in one run.
+"""Tensor transfer over loopback gRPC: the codec on the generated stubs against bare gRPC, in one run.
 
-Every path runs against its own peer process (``--serve PATH``, port 0) and the same client process, with
+Each path runs against its own peer process (``--serve PATH``, port 0) and the same client process, with
 the paths interleaved round by round so that load on a shared box hits them alike. For each size and
-direction it reports GB/s (10^9 bytes/s, best of ``--repeat``) and the ratio to ``raw``:
+direction it reports GB/s (10^9 bytes/s, best of ``--repeat``), the ratio to ``raw``, and the CPU seconds
+both processes spent per GB (all runs; steadier than wall time on a busy box):
 
 * ``raw``: bare gRPC, the ceiling: the same number of bytes as plain ``bytes`` messages of one chunk's size
-  (4 MiB) with identity (de)serializers: no protobuf, no checksum, nothing decoded;
-* ``generated``: the generated stubs and servicer registration with protobuf's own (de)serialisation of
-  ``TensorChunk`` (a ``bytes`` field per chunk, one CRC-32C per chunk);
-* ``hand``: the hand-written wire path (``fedentrpc.wire``/``rpc``: chunk bytes written and read by hand,
-  zero-copy views), when the tree still has it.
+  (``--chunk-kb``, 4 MiB) with identity (de)serializers: no protobuf, no checksum, nothing decoded;
+* ``generated``: what the services do: ``fedentrpc.codec`` over the generated stubs and servicer
+  registration, protobuf's own (de)serialisation of ``TensorChunk`` (a ``bytes`` field, one CRC-32C per
+  chunk).
+
+The hand-written framing that this benchmark once held against the generated stubs (``hand``: chunk bytes
+written and read by hand, zero-copy views) was measured with it at commit 7f6fd82 and removed; the figures
+are in benchmarks/README.md.
 
 ``up``: the client cuts the tensors into checksummed chunks as gRPC sends them; the peer verifies every
 chunk's checksum and the header's shapes and keeps the chunks (what ``PutBlob`` does). ``down``: the peer
@@ -27,6 +31,7 @@ instead of being unmapped and faulted in again for the next chunk. ``default`` l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -43,72 +48,51 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedentrpc import convert  # noqa: E402
+from fedentrpc import codec  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
 
-try:  # the hand-written path, while the tree has it
-    from fedentrpc import rpc as hand_rpc  # noqa: E402
-except ImportError:  # pragma: no cover
-    hand_rpc = None  # type: ignore[assignment]
-
 GB = 1e9
 MB = 2**20
-CHUNK = convert.MAX_CHUNK_BYTES
 OPTIONS = [("grpc.max_receive_message_length", 8 * MB), ("grpc.max_send_message_length", 8 * MB)]
 RAW_SERVICE = "fedent.bench.Raw"
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * MB), "MALLOC_TRIM_THRESHOLD_": str(256 * MB)}
-PATHS = ("raw", "generated", "hand")
+PATHS = ("raw", "generated")
 
 
 def _ident(b: bytes) -> bytes:
     return b
 
 
-# ---- the generated path's codec (protobuf builds, serialises and parses every chunk) --------------------
-
-
-def generated_chunks(bundle: dict[str, list[torch.Tensor]]) -> Iterator[tpb.TensorChunk]:
-    """Chunks as protobuf messages: one join of the tensors' bytes per chunk, CRC-32C of it, then protobuf."""
-    spec = convert.TransferSpec(checksum="crc32c")
-    header, parts = convert._plan(bundle, spec)
-    for i, piece in enumerate(convert._pieces(parts, header.wire_bytes, spec.chunk_bytes)):
-        data = b"".join(piece)
-        c = tpb.TensorChunk(index=i, data=data, checksum=convert._digest(spec.checksum, data))
-        if i == 0:
-            c.header.CopyFrom(header)
-        yield c
-
-
 # ---- peers --------------------------------------------------------------------------------------------
 
 
 class _Store(est_grpc.EstimatorServicer):
-    """PutBlob verifies every chunk and keeps the last upload's chunks; FetchBlob streams them back."""
+    """The estimator service's PutBlob and FetchBlob: verify every chunk and keep the chunks (the last
+    upload's only, so peak memory stays at one model), then stream them back as they are."""
 
-    def __init__(self, keep: Callable[[Any], Any]) -> None:
-        self.keep = keep
-        self.chunks: list[Any] = []
+    def __init__(self) -> None:
+        self.chunks: list[tpb.TensorChunk] = []
 
-    def PutBlob(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> tpb.BlobRef:
-        self.chunks = []  # drop the previous upload first: peak memory stays at one model
-        asm = convert.TensorAssembler(keep_payload=False)
+    def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
+        self.chunks = []
+        asm = codec.TensorAssembler(keep_payload=False)
         kept = []
         for c in request_iterator:
             asm.add(c)
-            kept.append(self.keep(c))
+            kept.append(c)
         asm.verify()
         self.chunks = kept
         return tpb.BlobRef(blob_id="last", wire_bytes=asm.wire_bytes)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         yield from self.chunks
 
 
-def serve(path: str) -> int:
+def serve(path: str, chunk: int) -> int:
     server = grpc.server(futures.ThreadPoolExecutor(4), options=OPTIONS)
     if path == "raw":
-        piece = bytes(CHUNK)
+        piece = bytes(chunk)
 
         def down(req: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
             left = int(req)
@@ -122,11 +106,8 @@ def serve(path: str) -> int:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RAW_SERVICE, {
             "Down": grpc.unary_stream_rpc_method_handler(down, _ident, _ident),
             "Up": grpc.stream_unary_rpc_method_handler(up, _ident, _ident)}),))
-    elif path == "generated":
-        est_grpc.add_EstimatorServicer_to_server(_Store(lambda c: c), server)
     else:
-        assert hand_rpc is not None
-        hand_rpc.add_estimator_servicer(_Store(convert.chunk_message_bytes), server)
+        est_grpc.add_EstimatorServicer_to_server(_Store(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"LISTENING port={port}", flush=True)
@@ -135,8 +116,9 @@ def serve(path: str) -> int:
     return 0
 
 
-def spawn(path: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", path], cwd=ROOT,
+def spawn(path: str, chunk: int, env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", path,
+                             "--chunk-kb", str(chunk // 1024)], cwd=ROOT,
                             env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -160,35 +142,32 @@ def make_params(nbytes: int, pieces: int = 4) -> list[torch.Tensor]:
 class Path_:
     """One wire path's upload and download against its peer."""
 
-    def __init__(self, name: str, ch: grpc.Channel) -> None:
+    def __init__(self, name: str, ch: grpc.Channel, chunk: int) -> None:
         self.name = name
+        self.chunk = chunk
+        self.spec = codec.TransferSpec(chunk_bytes=chunk, checksum="crc32c")
         if name == "raw":
             self._down = ch.unary_stream(f"/{RAW_SERVICE}/Down", request_serializer=_ident,
                                          response_deserializer=_ident)
             self._up = ch.stream_unary(f"/{RAW_SERVICE}/Up", request_serializer=_ident, response_deserializer=_ident)
-        elif name == "generated":
-            self.stub = est_grpc.EstimatorStub(ch)
         else:
-            assert hand_rpc is not None
-            self.stub = hand_rpc.estimator_stub(ch)
+            self.stub = est_grpc.EstimatorStub(ch)
 
     def up(self, params: list[torch.Tensor], nbytes: int) -> None:
         if self.name == "raw":
-            piece = bytes(CHUNK)
-            pieces = (piece if i + CHUNK <= nbytes else piece[: nbytes - i] for i in range(0, nbytes, CHUNK))
+            piece, step = bytes(self.chunk), self.chunk
+            pieces = (piece if i + step <= nbytes else piece[: nbytes - i] for i in range(0, nbytes, step))
             assert int(self._up(pieces, timeout=3600)) == nbytes
             return
-        bundle = {convert.PARAMS_GROUP: params}
-        chunks = generated_chunks(bundle) if self.name == "generated" else convert.stream_wire(
-            bundle, convert.TransferSpec(checksum="crc32c"))
+        chunks = codec.stream_tensors({codec.PARAMS_GROUP: params}, self.spec)
         assert self.stub.PutBlob(chunks, timeout=3600).wire_bytes == nbytes
 
     def down(self, nbytes: int) -> list[torch.Tensor] | None:
         if self.name == "raw":
             assert sum(len(b) for b in self._down(str(nbytes).encode(), timeout=3600)) == nbytes
             return None
-        return convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id="last"), timeout=3600))[
-            convert.PARAMS_GROUP]
+        return codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id="last"), timeout=3600))[
+            codec.PARAMS_GROUP]
 
 
 def peer_cpu_s(pid: int) -> float:
@@ -222,7 +201,7 @@ def bench_size(paths: list[Path_], pids: dict[str, int], size_mb: int, repeat: i
     down = {p.name: Clock(pids[p.name]) for p in paths}
     for _ in range(repeat):  # interleaved: a burst of load elsewhere hits every path alike
         for p in paths:
-            up[p.name](lambda p=p: p.up(params, nbytes))  # type: ignore[misc]
+            up[p.name](functools.partial(p.up, params, nbytes))
     for p in paths:
         got = p.down(nbytes)
         assert got is None or all(torch.equal(a, b) for a, b in zip(got, params, strict=True)), p.name
@@ -230,7 +209,7 @@ def bench_size(paths: list[Path_], pids: dict[str, int], size_mb: int, repeat: i
     del params
     for _ in range(repeat):
         for p in paths:
-            down[p.name](lambda p=p: p.down(nbytes))  # type: ignore[misc]
+            down[p.name](functools.partial(p.down, nbytes))
     r: dict[str, Any] = {"size_mb": size_mb, "bytes": nbytes}
     for name in up:
         for d, c in (("up", up[name]), ("down", down[name])):
@@ -247,29 +226,32 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", default="16,256,1024", help="comma-separated sizes in MiB")
     p.add_argument("--repeat", type=int, default=5, help="best of this many runs per size, path and direction")
-    p.add_argument("--paths", default=",".join(x for x in PATHS if x != "hand" or hand_rpc is not None))
+    p.add_argument("--chunk-kb", type=int, default=codec.MAX_CHUNK_BYTES // 1024,
+                   help="chunk (and bare gRPC message) size in KiB, at most 4096")
     p.add_argument("--malloc", choices=["tuned", "default"], default="default",
                    help="tuned: glibc keeps freed chunk buffers in the heap (every process); default: glibc's own")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--serve", choices=PATHS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    chunk = args.chunk_kb * 1024
     if args.serve:
-        return serve(args.serve)
+        return serve(args.serve, chunk)
     env = {k: v for k, v in os.environ.items() if k not in TUNED_MALLOC}
     if args.malloc == "tuned":
         env.update(TUNED_MALLOC)
     if any(os.environ.get(k) != env.get(k) for k in TUNED_MALLOC):  # glibc reads these at start: restart
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])], env)
     sizes = [int(s) for s in args.sizes_mb.split(",") if s.strip()]
-    names = ["raw"] + [n for n in args.paths.split(",") if n and n != "raw"]
-    peers = {n: spawn(n, env) for n in names}
+    names = list(PATHS)
+    peers = {n: spawn(n, chunk, env) for n in names}
     results: dict[str, Any] = {"cpus": os.cpu_count(), "malloc": args.malloc, "repeat": args.repeat,
-                               "paths": names, "sizes": []}
-    print(f"malloc {args.malloc}; GB/s best of {args.repeat}; (x) = ratio to bare gRPC (raw) in the same run; "
+                               "chunk_bytes": chunk, "paths": names, "sizes": []}
+    print(f"chunks {chunk >> 10} KiB; malloc {args.malloc}; GB/s best of {args.repeat}; (x) = ratio to bare gRPC "
+          "(raw) in the same run; "
           "cpu s/GB: both processes' CPU seconds per GB moved, all runs (x = raw's / the path's)")
     chans = {n: grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS) for n, (_, port) in peers.items()}
     try:
-        paths = [Path_(n, chans[n]) for n in names]
+        paths = [Path_(n, chans[n], chunk) for n in names]
         print(f"{'size':>7} {'dir':>4} " + " ".join(f"{n:>16}" for n in names), flush=True)
         for s in sizes:
             r = bench_size(paths, {n: proc.pid for n, (proc, _) in peers.items()}, s, args.repeat)
