@@ -113,7 +113,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
             limit = self.run.max_update_bytes()
-            dec = mappers.update_from_parts(bounded_parts(request_iterator, limit), max_bytes=limit)
+            # bounded by the decoder: the header's sizes against limit before anything is allocated, then
+            # every chunk against the header (a running ByteSize() re-serialised each 4 MiB chunk)
+            dec = mappers.update_from_parts(request_iterator, max_bytes=limit)
             m = dec.meta
             self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
 
@@ -137,17 +139,6 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return pb.RunStatus(run_id=r.paths.run_id, algorithm=r.strategy.name, phase=r.phase,
                             round=-1 if r.round is None else r.round, rounds=r.rounds, state=r.error or "",
                             workers=workers, clients=len(r.sizes))
-
-
-def bounded_parts(parts: Iterator[pb.UpdatePart], limit: int) -> Iterator[pb.UpdatePart]:
-    """Pass ``parts`` through, failing once their total size passes ``limit``: each chunk is under the gRPC
-    message cap, so only a running total stops a stream of endless chunks from filling the memory."""
-    total = 0
-    for part in parts:
-        total += part.ByteSize()
-        if total > limit:
-            raise codec.WireError(f"update stream exceeds {limit} bytes (the model and its tensors are smaller)")
-        yield part
 
 
 def _span(cids: Any) -> str:
