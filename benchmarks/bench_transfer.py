@@ -26,6 +26,7 @@ instead of being unmapped and faulted in again for the next chunk. ``default`` l
 
     python benchmarks/bench_transfer.py                                  # 16, 256, 1024 MB, both directions
     python benchmarks/bench_transfer.py --sizes-mb 16 --repeat 3 --malloc tuned --json out.json
+    python benchmarks/bench_transfer.py --sizes-mb 16 --repeat 1 --big-gb 2.2      # + a model over 2 GB
 """
 
 from __future__ import annotations
@@ -222,6 +223,24 @@ def bench_size(paths: list[Path_], pids: dict[str, int], size_mb: int, repeat: i
     return r
 
 
+def bench_big(path: Path_, gb: float) -> dict[str, Any]:
+    """One parameter list over 2 GB (protobuf's and gRPC's message limits), up and down once, cold, with
+    every chunk's checksum verified on both ends and the result compared element by element."""
+    nbytes = int(gb * GB) // 4 * 4
+    params = make_params(nbytes, pieces=3)
+    t_up = time.perf_counter()
+    path.up(params, nbytes)
+    t_up = time.perf_counter() - t_up
+    t_down = time.perf_counter()
+    got = path.down(nbytes)
+    t_down = time.perf_counter() - t_down
+    assert got is not None
+    equal = [t.shape for t in got] == [t.shape for t in params] and all(
+        torch.equal(a, b) for a, b in zip(got, params, strict=True))
+    return {"bytes": nbytes, "chunks": -(-nbytes // path.chunk), "upload_gbps": nbytes / t_up / GB,
+            "download_gbps": nbytes / t_down / GB, "content_equal": equal}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", default="16,256,1024", help="comma-separated sizes in MiB")
@@ -230,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="chunk (and bare gRPC message) size in KiB, at most 4096")
     p.add_argument("--malloc", choices=["tuned", "default"], default="default",
                    help="tuned: glibc keeps freed chunk buffers in the heap (every process); default: glibc's own")
+    p.add_argument("--big-gb", type=float, default=0.0, help="then move one model of this many GB (e.g. 2.2) "
+                   "through the generated path and check it")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--serve", choices=PATHS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -261,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = [f"{r[f'{n}_{d}_cpu_s_per_gb']:.2f} ({r[f'{n}_{d}_cpu_vs_raw']:.2f}x)" for n in names]
                 print(f"{s:>5}MB {d:>4} " + " ".join(f"{c:>16}" for c in cells) + "  |  cpu s/GB " +
                       " ".join(f"{c:>14}" for c in cpu), flush=True)
+        if args.big_gb > 0:
+            big = results["big"] = bench_big(paths[names.index("generated")], args.big_gb)
+            print(f"big: {big['bytes'] / GB:.2f} GB in {big['chunks']} chunks, cold, once: up "
+                  f"{big['upload_gbps']:.2f} GB/s, down {big['download_gbps']:.2f} GB/s; every chunk's checksum "
+                  f"verified; content equal={big['content_equal']}", flush=True)
     finally:
         for ch in chans.values():
             ch.close()
@@ -268,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.communicate(timeout=60)  # closes its stdin: it stops
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    return 0
+    return 0 if results.get("big", {}).get("content_equal", True) else 1
 
 
 if __name__ == "__main__":
