@@ -156,7 +156,7 @@ class Worker:
         self.tasks_done = 0
         self.run_id = ""
         self._trainer_lock = threading.Lock()
-        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | bytes | None] | None = None
+        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | None] | None = None
         self._loaded: tuple[str, str] | None = None  # (config yaml, partition md5) the data was built for
         self.reconnects = 0
 
@@ -335,7 +335,7 @@ class Worker:
         """One Oracle stream until it ends; True if it answered at least one request."""
         from fedent.meanfield.oracle import TrainerOracle
 
-        outbox: queue.Queue[est_pb.OracleMessage | bytes | None] = queue.Queue()
+        outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
         old = self._oracle_outbox
         if old is not None:
             old.put(None)
@@ -344,7 +344,7 @@ class Worker:
             worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
             token=self.settings.token)))
 
-        def outgoing() -> Iterator[est_pb.OracleMessage | bytes]:
+        def outgoing() -> Iterator[est_pb.OracleMessage]:
             while True:
                 m = outbox.get()
                 if m is None:
