@@ -177,7 +177,7 @@ class Worker:
         self.run_id = reply.run_id
         if s.state_dir:
             self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
-        self.transfer = codec.transfer_from_msg(reply.transfer)
+        self.transfer = mappers.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
         if self._loaded == (reply.config_yaml, reply.partition_md5):  # a re-registration: data already here
             self._ready(reply.partition_md5)

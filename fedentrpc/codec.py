@@ -37,22 +37,12 @@ PARAMS_GROUP = "params"
 CHECKSUMS = ("crc32c", "crc32")  # also the names on the wire: header.chunk_checksum, "<name>:<hex>" per chunk
 DEFAULT_CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
+_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in (
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-_WIRE_DTYPES = {"native": pb.WIRE_DTYPE_NATIVE, "float16": pb.WIRE_DTYPE_FLOAT16, "bfloat16": pb.WIRE_DTYPE_BFLOAT16}
+WIRE_DTYPES = {"native": pb.WIRE_DTYPE_NATIVE, "float16": pb.WIRE_DTYPE_FLOAT16, "bfloat16": pb.WIRE_DTYPE_BFLOAT16}
 _WIRE_TORCH: dict[int, torch.dtype] = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
-_COMPRESSIONS = {"none": pb.COMPRESSION_NONE, "zlib": pb.COMPRESSION_ZLIB}
+COMPRESSIONS = {"none": pb.COMPRESSION_NONE, "zlib": pb.COMPRESSION_ZLIB}
 
 Bundle = dict[str, list[Tensor]]
 
@@ -75,32 +65,16 @@ class TransferSpec:
     checksum: str = DEFAULT_CHECKSUM
 
     def __post_init__(self) -> None:
-        if self.wire_dtype not in _WIRE_DTYPES:
-            raise ValueError(f"wire_dtype must be one of {', '.join(_WIRE_DTYPES)}, got {self.wire_dtype!r}")
-        if self.compression not in _COMPRESSIONS:
-            raise ValueError(f"compression must be one of {', '.join(_COMPRESSIONS)}, got {self.compression!r}")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}, got {self.wire_dtype!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if not 1 <= self.chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in [1, {MAX_CHUNK_BYTES}], got {self.chunk_bytes}")
         if not 0 <= self.zlib_level <= 9:
             raise ValueError(f"zlib_level must be in [0, 9], got {self.zlib_level}")
         if self.checksum not in CHECKSUMS:
             raise ValueError(f"checksum must be one of {', '.join(CHECKSUMS)}, got {self.checksum!r}")
-
-
-def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
-    return pb.TransferSettings(wire_dtype=_WIRE_DTYPES[spec.wire_dtype], compression=_COMPRESSIONS[spec.compression],
-                               chunk_bytes=spec.chunk_bytes)
-
-
-def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:
-    wire = {v: k for k, v in _WIRE_DTYPES.items()}.get(msg.wire_dtype)
-    comp = {v: k for k, v in _COMPRESSIONS.items()}.get(msg.compression)
-    if wire is None or comp is None:
-        raise WireError("transfer settings: unknown wire dtype or compression")
-    chunk = int(msg.chunk_bytes) or MAX_CHUNK_BYTES
-    if chunk > MAX_CHUNK_BYTES:
-        raise WireError(f"transfer settings: chunk_bytes {chunk} exceeds {MAX_CHUNK_BYTES}")
-    return TransferSpec(wire_dtype=wire, compression=comp, chunk_bytes=chunk)
 
 
 # ---- checksums -----------------------------------------------------------------------------------------
@@ -179,7 +153,7 @@ def _pieces(parts: Sequence[memoryview], total: int, size: int) -> Iterator[list
 
 def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[pb.TensorListHeader, list[memoryview]]:
     """The stream's header and its payload as buffers (views of the tensors unless cast or compressed)."""
-    wire = _WIRE_DTYPES[spec.wire_dtype]
+    wire = WIRE_DTYPES[spec.wire_dtype]
     specs, groups, parts = [], [], []
     for name, tensors in bundle.items():
         groups.append(pb.TensorGroup(name=name, count=len(tensors)))
@@ -194,7 +168,7 @@ def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[p
         parts = [memoryview(b"".join([comp.compress(p) for p in parts] + [comp.flush()]))]
     wire_len = sum(len(p) for p in parts)
     header = pb.TensorListHeader(
-        tensors=specs, groups=groups, wire_dtype=wire, compression=_COMPRESSIONS[spec.compression],
+        tensors=specs, groups=groups, wire_dtype=wire, compression=COMPRESSIONS[spec.compression],
         raw_bytes=raw_len, wire_bytes=wire_len, num_chunks=max(1, -(-wire_len // spec.chunk_bytes)),
         chunk_checksum=spec.checksum,
     )

@@ -2,9 +2,9 @@
 
 Why it exists: the core (``fedent``) knows no protobuf, and the services should not build messages field
 by field; this is the one place where ``Probe``, ``RoundPayload``, ``ClientUpdate``, the estimator's
-requests and answers meet their messages. Tensors inside them travel through ``codec`` (an update's
-chunks in the ``UpdatePart.chunk`` oneof, a gradient answer's in ``OracleMessage.chunk``). Decoding
-validates and raises ``codec.WireError`` with a one-line message.
+requests and answers, and the transfer settings meet their messages. Tensors inside them travel through
+``codec`` (an update's chunks in the ``UpdatePart.chunk`` oneof, a gradient answer's in
+``OracleMessage.chunk``). Decoding validates and raises ``codec.WireError`` with a one-line message.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from torch import Tensor
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
 from fedentrpc.codec import (
+    COMPRESSIONS,
     DEFAULT_MAX_STREAM_BYTES,
+    MAX_CHUNK_BYTES,
     PARAMS_GROUP,
+    WIRE_DTYPES,
     Bundle,
     Chunk,
     TensorAssembler,
@@ -36,6 +39,25 @@ from fedentrpc.v1 import tensor_pb2 as pb
 
 def _scalars(m: Mapping[str, float]) -> dict[str, float]:
     return {str(k): float(v) for k, v in m.items()}
+
+
+# ---- transfer settings -------------------------------------------------------------------------------
+
+
+def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
+    return pb.TransferSettings(wire_dtype=WIRE_DTYPES[spec.wire_dtype], compression=COMPRESSIONS[spec.compression],
+                               chunk_bytes=spec.chunk_bytes)
+
+
+def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:
+    wire = {v: k for k, v in WIRE_DTYPES.items()}.get(msg.wire_dtype)
+    comp = {v: k for k, v in COMPRESSIONS.items()}.get(msg.compression)
+    if wire is None or comp is None:
+        raise WireError("transfer settings: unknown wire dtype or compression")
+    chunk = int(msg.chunk_bytes) or MAX_CHUNK_BYTES
+    if chunk > MAX_CHUNK_BYTES:
+        raise WireError(f"transfer settings: chunk_bytes {chunk} exceeds {MAX_CHUNK_BYTES}")
+    return TransferSpec(wire_dtype=wire, compression=comp, chunk_bytes=chunk)
 
 
 # ---- probes --------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
                  _span(request.client_ids))
         return pb.RegisterReply(worker_id=reg.worker_id, run_id=reg.run_id, config_yaml=reg.config_yaml,
-                                partition_md5=reg.partition_md5, transfer=codec.transfer_to_msg(reg.transfer),
+                                partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
                                 heartbeat_s=reg.heartbeat_s)
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> tpb.Ack:

@@ -77,7 +77,7 @@ def test_random_bytes_as_small_messages(data: bytes) -> None:
     if (m := parsed(agg_pb.RoundPayloadMsg, data)) is not None:
         clear_or_ok(lambda: mappers.payload_from_msg(m))
     if (m := parsed(pb.TransferSettings, data)) is not None:
-        clear_or_ok(lambda: codec.transfer_from_msg(m))
+        clear_or_ok(lambda: mappers.transfer_from_msg(m))
     if (m := parsed(est_pb.SolveOnlineReply, data)) is not None:
         clear_or_ok(lambda: mappers.estimate_from_reply(m))
     if (m := parsed(est_pb.OfflineJob, data)) is not None:

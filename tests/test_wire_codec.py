@@ -84,7 +84,7 @@ def test_transfer_spec_validates() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         TransferSpec(chunk_bytes=8 * 1024 * 1024)
     spec = TransferSpec(wire_dtype="bfloat16", compression="zlib", chunk_bytes=1024)
-    assert codec.transfer_from_msg(codec.transfer_to_msg(spec)) == spec
+    assert mappers.transfer_from_msg(mappers.transfer_to_msg(spec)) == spec
 
 
 def test_update_round_trip() -> None:
