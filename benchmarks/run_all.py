@@ -17,7 +17,7 @@ QUICK = {
     "bench_simulator.py": ["--quick", "--rounds", "3", "--repeats", "1"],
     "bench_fixed_point.py": ["--clients", "10", "--rounds", "2"],
     "bench_cluster.py": ["--rounds", "4", "--workers", "1", "--threads", "1"],
-    "bench_transfer.py": ["--sizes-mb", "1,16,256", "--big-gb", "0"],
+    "bench_transfer.py": ["--sizes-mb", "16,256", "--repeat", "3"],
 }
 
 

@@ -10,7 +10,6 @@ import sys
 from types import FrameType
 
 from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
-from fedentrpc.allocator import tune_for_streaming
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_client_security_args, client_security_from_args
 from fedentrpc.security.redaction import install_log_redaction
@@ -43,7 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s worker %(levelname)s %(message)s")
-    logging.getLogger("fedent.worker").debug(tune_for_streaming(os.environ))
     try:
         security = client_security_from_args(args, worker=args.name or None)
         cids = parse_client_ids(args.clients) if args.clients else tuple(sorted(set(args.client_ids)))

@@ -35,13 +35,15 @@ from fedent.params import Params
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
-from fedentrpc import convert, rpc
+from fedentrpc import codec, mappers
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ClientSecurity
 from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger("fedent.worker")
@@ -129,17 +131,17 @@ class Worker:
         self.security = settings.security or ClientSecurity(insecure=True)
         self.channel = open_channel(settings.aggregator, self.security, grpc_options(keepalive=True))
         self.store: ClientStateStore | None = None
-        self.stub = rpc.aggregator_stub(self.channel)
+        self.stub = pb_grpc.AggregatorStub(self.channel)
         self.worker_id = ""
-        self.transfer = convert.TransferSpec()
+        self.transfer = codec.TransferSpec()
         self.states: dict[int, ClientState] = {}
-        self._blob_cache: dict[str, convert.Bundle] = {}
+        self._blob_cache: dict[str, codec.Bundle] = {}
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._stop = threading.Event()
         self.tasks_done = 0
         self.run_id = ""
         self._trainer_lock = threading.Lock()
-        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | bytes | None] | None = None
+        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | None] | None = None
         self._loaded: tuple[str, str] | None = None  # (config yaml, partition md5) the data was built for
         self.reconnects = 0
 
@@ -160,7 +162,7 @@ class Worker:
         self.run_id = reply.run_id
         if s.state_dir:
             self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
-        self.transfer = convert.transfer_from_msg(reply.transfer)
+        self.transfer = mappers.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
         if self._loaded == (reply.config_yaml, reply.partition_md5):  # a re-registration: data already here
             self._ready(reply.partition_md5)
@@ -214,19 +216,19 @@ class Worker:
         return st
 
     # ---- tasks ---------------------------------------------------------------------------------
-    def fetch(self, blob_id: str) -> convert.Bundle:
+    def fetch(self, blob_id: str) -> codec.Bundle:
         """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
         got = self._blob_cache.get(blob_id)
         if got is None:
             stream = self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob_id, worker_id=self.worker_id))
-            got = convert.decode_tensors(stream)
+            got = codec.decode_tensors(stream)
             prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
             self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
             self._blob_cache[blob_id] = got
         return got
 
     def _model(self, blob_id: str) -> Params:
-        return [t.to(self.device) for t in self.fetch(blob_id)[convert.PARAMS_GROUP]]
+        return [t.to(self.device) for t in self.fetch(blob_id)[codec.PARAMS_GROUP]]
 
     def _task(self, h: pb.TaskHeader, cid: int) -> ClientTask:
         return ClientTask(cid=cid, round=h.round, indices=self.indices[cid], lr=h.lr, epochs=h.epochs, seed=h.seed)
@@ -245,7 +247,7 @@ class Worker:
         probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)) for c in cids]
         self._call(self.stub.SubmitProbes, pb.ProbeReport(
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-            probes=[convert.probe_to_msg(p) for p in probes]))
+            probes=[mappers.probe_to_msg(p) for p in probes]))
 
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
         h = t.task
@@ -253,7 +255,7 @@ class Worker:
         w = self._model(h.model_blob)
         tensors = self.fetch(t.payload.tensors_blob) if t.payload.tensors_blob else {}
         tensors = {k: [x.to(self.device) for x in v] for k, v in tensors.items()}
-        payload: RoundPayload = convert.payload_from_msg(t.payload, tensors)
+        payload: RoundPayload = mappers.payload_from_msg(t.payload, tensors)
         pending = []
         for c in cids:
             t0 = time.perf_counter()
@@ -268,12 +270,12 @@ class Worker:
                 continue
             update.params = [p.detach().cpu() for p in update.params]
             update.tensors = {k: [x.detach().cpu() for x in v] for k, v in update.tensors.items()}
-            meta = convert.UpdateMeta(self.worker_id, h.task_id, h.round, time.perf_counter() - t0)
+            meta = mappers.UpdateMeta(self.worker_id, h.task_id, h.round, time.perf_counter() - t0)
             pending.append(self._uploader.submit(self._upload, update, meta))  # overlaps with the next client
         return pending
 
-    def _upload(self, update: Any, meta: convert.UpdateMeta) -> None:
-        parts: Iterator[bytes] = convert.update_wire(update, meta, self.transfer)
+    def _upload(self, update: Any, meta: mappers.UpdateMeta) -> None:
+        parts: Iterator[pb.UpdatePart] = mappers.update_to_parts(update, meta, self.transfer)
         try:
             self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
         except grpc.RpcError as e:
@@ -317,7 +319,7 @@ class Worker:
         """One Oracle stream until it ends; True if it answered at least one request."""
         from fedent.meanfield.oracle import TrainerOracle
 
-        outbox: queue.Queue[est_pb.OracleMessage | bytes | None] = queue.Queue()
+        outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
         old = self._oracle_outbox
         if old is not None:
             old.put(None)
@@ -326,14 +328,14 @@ class Worker:
             worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
             token=self.settings.token)))
 
-        def outgoing() -> Iterator[est_pb.OracleMessage | bytes]:
+        def outgoing() -> Iterator[est_pb.OracleMessage]:
             while True:
                 m = outbox.get()
                 if m is None:
                     return
                 yield m
 
-        stub = rpc.estimator_stub(channel)
+        stub = est_grpc.EstimatorStub(channel)
         points: dict[str, Params] = {}
         served = False
         try:
@@ -341,15 +343,15 @@ class Worker:
                 served = True
                 try:
                     if req.point_blob not in points:
-                        got = convert.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(
+                        got = codec.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(
                             blob_id=req.point_blob, worker_id=self.worker_id)))
-                        points = {req.point_blob: [x.to(self.device) for x in got[convert.PARAMS_GROUP]]}
+                        points = {req.point_blob: [x.to(self.device) for x in got[codec.PARAMS_GROUP]]}
                     oracle = TrainerOracle(self.trainer, self.indices, req.seed or self.cfg.train.seed,
                                            req.batch_size or None)
-                    for cid in convert.oracle_request_cids(req):
+                    for cid in mappers.oracle_request_cids(req):
                         with self._trainer_lock:
                             grads = [g.detach().cpu() for g in oracle.gradient(req.t, cid, points[req.point_blob])]
-                        for m in convert.oracle_result_messages(req.request_id, cid, int(self.indices[cid].numel()),
+                        for m in mappers.oracle_result_messages(req.request_id, cid, int(self.indices[cid].numel()),
                                                                 grads, self.transfer):
                             outbox.put(m)
                 except (KeyError, ValueError, grpc.RpcError) as e:
@@ -401,7 +403,7 @@ class Worker:
                     self.tasks_done += 1
                 except AggregatorLostError:
                     raise
-                except (WorkerError, convert.WireError, ValueError) as e:
+                except (WorkerError, codec.WireError, ValueError) as e:
                     h = item.probe.task if kind == "probe" else item.fit.task
                     log.error("task %d failed: %s", h.task_id, e)
                     self._report(h, -1, str(e))

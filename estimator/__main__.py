@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -17,7 +16,6 @@ from types import FrameType
 from estimator.service import create_estimator_service
 from estimator.settings import EstimatorSettings, SettingsError
 from fedent import runlog
-from fedentrpc.allocator import tune_for_streaming
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_server_security_args, server_security_from_args
 from fedentrpc.security.redaction import install_log_redaction
@@ -59,7 +57,6 @@ def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s estimator %(levelname)s %(message)s")
-    logging.getLogger("fedent.estimator").debug(tune_for_streaming(os.environ))
     install_log_redaction([args.token] if args.token else [])
     try:
         settings = settings_from_args(args)

@@ -11,7 +11,7 @@ import itertools
 import threading
 from collections import OrderedDict
 
-from fedentrpc import convert
+from fedentrpc import codec
 
 
 class BlobNotFound(KeyError):
@@ -26,12 +26,12 @@ class BlobStore:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._blobs: OrderedDict[str, convert.EncodedTensors] = OrderedDict()
+        self._blobs: OrderedDict[str, codec.EncodedTensors] = OrderedDict()
         self._pinned: set[str] = set()
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def put(self, enc: convert.EncodedTensors, prefix: str = "blob", pin: bool = False) -> str:
+    def put(self, enc: codec.EncodedTensors, prefix: str = "blob", pin: bool = False) -> str:
         with self._lock:
             blob_id = f"{prefix}-{next(self._ids)}"
             self._blobs[blob_id] = enc
@@ -40,15 +40,15 @@ class BlobStore:
             self._evict()
             return blob_id
 
-    def get(self, blob_id: str) -> convert.EncodedTensors:
+    def get(self, blob_id: str) -> codec.EncodedTensors:
         with self._lock:
             enc = self._blobs.get(blob_id)
             if enc is None:
                 raise BlobNotFound(blob_id)
             return enc
 
-    def decode(self, blob_id: str) -> convert.Bundle:
-        return convert.decode_tensors(self.get(blob_id).views())
+    def decode(self, blob_id: str) -> codec.Bundle:
+        return codec.decode_tensors(self.get(blob_id).chunks)
 
     def drop(self, blob_id: str) -> None:
         with self._lock:

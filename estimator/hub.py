@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from fedentrpc import convert
+from fedentrpc import codec
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 log = logging.getLogger("fedent.estimator")
@@ -165,7 +165,7 @@ class OracleHub:
     def consume(self, conn: WorkerConn, messages: Iterable[est_pb.OracleMessage]) -> None:
         """Read a stream's answers until it ends: result header, its chunks, ... (runs in its own thread)."""
         current: tuple[int, int] | None = None
-        asm: convert.TensorAssembler | None = None
+        asm: codec.TensorAssembler | None = None
         got = 0  # chunks of the current answer
         try:
             for m in messages:
@@ -173,13 +173,11 @@ class OracleHub:
                 if kind == "result":
                     if current is not None:
                         self._resolve(conn, *current, None, "answer ended before its tensor chunks did")
-                    if asm is not None:
-                        asm.close()
-                    current, asm = (int(m.result.request_id), int(m.result.cid)), convert.TensorAssembler()
+                    current, asm = (int(m.result.request_id), int(m.result.cid)), codec.TensorAssembler()
                     got = 0
                 elif kind == "chunk":
                     if current is None or asm is None:
-                        raise convert.WireError("tensor chunk without a result header")
+                        raise codec.WireError("tensor chunk without a result header")
                     rid, cid = current
                     try:
                         asm.add(m.chunk)
@@ -187,23 +185,19 @@ class OracleHub:
                         if asm.header is not None and got >= max(asm.header.num_chunks, 1):
                             grads = asm.finish().get("grad")
                             if grads is None:
-                                raise convert.WireError("gradient answer carries no 'grad' tensor group")
+                                raise codec.WireError("gradient answer carries no 'grad' tensor group")
                             self._resolve(conn, rid, cid, list(grads))
                             current, asm = None, None
-                    except convert.WireError as e:
-                        if asm is not None:
-                            asm.close()
+                    except codec.WireError as e:
                         self._resolve(conn, rid, cid, None, str(e))
                         current, asm = None, None
                 elif kind == "error":
                     self._resolve(conn, int(m.error.request_id), int(m.error.cid), None,
                                   m.error.message or "error without a message")
                 elif kind == "hello":
-                    raise convert.WireError("a second hello on the same oracle stream")
+                    raise codec.WireError("a second hello on the same oracle stream")
             self.detach(conn, "closed its stream")
-        except convert.WireError as e:
-            if asm is not None:
-                asm.close()
+        except codec.WireError as e:
             self.detach(conn, f"sent a malformed stream ({e})")
         except Exception as e:  # the transport ended (cancelled, reset): fail its requests, keep serving
             self.detach(conn, f"stream ended ({type(e).__name__})")

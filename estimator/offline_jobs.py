@@ -31,7 +31,7 @@ from fedent import runlog
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.params import Params
 from fedent.strategies.options import FedEntOptions
-from fedentrpc import convert
+from fedentrpc import codec
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 log = logging.getLogger("fedent.estimator")
@@ -109,8 +109,8 @@ class RpcGradientOracle:
                 last = f"no answer within {self.settings.timeout_s:g}s"
                 continue
             try:
-                convert.check_shapes(grads, point, f"gradient of client {cid}")
-            except convert.WireError as e:
+                codec.check_shapes(grads, point, f"gradient of client {cid}")
+            except codec.WireError as e:
                 raise OracleFailure(str(e)) from None
             return [g.to(p.device) for g, p in zip(grads, point, strict=True)]
         raise OracleFailure(f"gradient of client {cid} at t={t} (sweep {self.sweep}) failed after "
@@ -136,7 +136,7 @@ class RpcGradientOracle:
         if point is self._point and t == self._t:
             return
         self.close()
-        enc = convert.encode_tensors({convert.PARAMS_GROUP: [p.detach().cpu() for p in point]})
+        enc = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach().cpu() for p in point]})
         self._point_blob = self.blobs.put(enc, prefix=f"point-s{self.sweep}-t{t}", pin=True)
         self._point, self._t = point, t
 
@@ -198,9 +198,9 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
     if not req.init_blob:
         raise ValueError("init_blob is empty: upload w(0) with PutBlob first")
     bundle = blobs.decode(req.init_blob)
-    w0 = bundle.get(convert.PARAMS_GROUP)
+    w0 = bundle.get(codec.PARAMS_GROUP)
     if not w0:
-        raise ValueError(f"blob {req.init_blob!r} carries no {convert.PARAMS_GROUP!r} tensors")
+        raise ValueError(f"blob {req.init_blob!r} carries no {codec.PARAMS_GROUP!r} tensors")
     if not all(t.is_floating_point() for t in w0):
         raise ValueError("w(0) must hold floating-point tensors")
     if not all(bool(torch.isfinite(t).all()) for t in w0):

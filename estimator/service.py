@@ -1,6 +1,6 @@
 """The estimator calculator's gRPC service: a thin servicer over fedent.meanfield.
 
-Each method decodes with ``fedentrpc.convert`` (or ``estimator.solve_round``), calls the core, and encodes the
+Each method decodes with ``fedentrpc.codec`` (or ``estimator.solve_round``), calls the core, and encodes the
 reply. Domain errors become status codes with one-line messages (bad input -> INVALID_ARGUMENT, unknown
 blob or job -> NOT_FOUND, bad token -> UNAUTHENTICATED); the service keeps serving after any of them.
 The server also offers grpc.health.v1 and server reflection (both open), and the same TLS / mutual TLS /
@@ -24,7 +24,7 @@ from estimator.hub import OracleHub
 from estimator.offline_jobs import JobNotFound, OfflineJobs, spec_from_request
 from estimator.settings import EstimatorSettings
 from estimator.solve_round import solve_online_reply
-from fedentrpc import convert, rpc
+from fedentrpc import codec
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
@@ -52,7 +52,7 @@ def _guard(context: grpc.ServicerContext, what: str, fn: Callable[[], T]) -> T:
         return fn()
     except (BlobNotFound, JobNotFound) as e:
         _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: {e}")
-    except ValueError as e:  # includes convert.WireError
+    except ValueError as e:  # includes codec.WireError
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {e}")
 
 
@@ -71,20 +71,20 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
     # ---- blobs ---------------------------------------------------------------------------------------
     def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
         def go() -> tpb.BlobRef:
-            asm = convert.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
-            wire = []
+            asm = codec.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
+            chunks = []
             for c in request_iterator:
                 asm.add(c)
-                wire.append(convert.chunk_message_bytes(c))  # as received: served again without re-encoding
+                chunks.append(c)  # as received: served again without re-encoding
             raw = asm.verify().raw_bytes  # sizes, every checksum and the shapes, before anything is stored
-            enc = convert.EncodedTensors(tuple(wire), int(raw), asm.wire_bytes)
+            enc = codec.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
             return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
 
         return _guard(context, "PutBlob", go)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
-        yield from enc.wire  # serialised once; rpc.add_estimator_servicer passes bytes through
+        yield from enc.chunks
 
     # ---- offline mode (Algorithm 1) ------------------------------------------------------------------
     def StartOffline(self, request: est_pb.StartOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
@@ -155,7 +155,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
-    rpc.add_estimator_servicer(EstimatorServicer(settings, blobs, hub, jobs), server)
+    est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

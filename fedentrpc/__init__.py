@@ -1,2 +1,3 @@
-"""gRPC wire layer: code generated from proto/fedentrpc/v1/*.proto (``make proto``) plus the codec
-in :mod:`fedentrpc.convert`, the only module where protobuf messages and core types meet."""
+"""gRPC wire layer: code generated from proto/fedentrpc/v1/*.proto (``make proto``), used as generated, plus
+:mod:`fedentrpc.codec` (tensor lists <-> ``TensorChunk`` streams) and :mod:`fedentrpc.mappers`, the only
+module where protobuf messages and core types meet."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from types import FrameType
 
 from fedent import runlog
 from fedent.config import ConfigError, load_config
-from fedentrpc.allocator import tune_for_streaming
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import (
     ClientSecurity,
@@ -91,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimator-tls-key", default=None, help="its private key (PEM)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
-    logging.getLogger("fedent.aggregator").debug(tune_for_streaming(os.environ))
     install_log_redaction()
     try:
         security = server_security_from_args(args)

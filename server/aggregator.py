@@ -1,6 +1,6 @@
 """The aggregator gRPC service: a thin servicer over ``server.engine.ClusterRun``.
 
-Each method decodes its request with ``fedentrpc.convert``, calls the engine, encodes the reply and maps
+Each method decodes its request with ``fedentrpc.mappers``, calls the engine, encodes the reply and maps
 domain errors to status codes (invalid -> INVALID_ARGUMENT, precondition -> FAILED_PRECONDITION, ...).
 A bad request never takes the service down: it gets a status with a one-line message.
 """
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from fedent.strategies.base import StrategyError
-from fedentrpc import convert, rpc
+from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
@@ -49,7 +49,7 @@ def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         return fn()
     except ClusterError as e:
         context.abort(CODES.get(e.code, grpc.StatusCode.INVALID_ARGUMENT), str(e))
-    except (convert.WireError, StrategyError) as e:
+    except (codec.WireError, StrategyError) as e:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     raise AssertionError("unreachable")
 
@@ -63,7 +63,7 @@ def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkIt
     if task.kind == "probe":
         return pb.WorkItem(probe=pb.ProbeTask(task=header))
     assert task.payload is not None
-    return pb.WorkItem(fit=pb.FitTask(task=header, payload=convert.payload_to_msg(task.payload, task.payload_blob)))
+    return pb.WorkItem(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
@@ -76,7 +76,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
                  _span(request.client_ids))
         return pb.RegisterReply(worker_id=reg.worker_id, run_id=reg.run_id, config_yaml=reg.config_yaml,
-                                partition_md5=reg.partition_md5, transfer=convert.transfer_to_msg(reg.transfer),
+                                partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
                                 heartbeat_s=reg.heartbeat_s)
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> tpb.Ack:
@@ -99,13 +99,13 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         finally:
             self.run.detach(w)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
         enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
-        yield from enc.wire  # serialised once per round; rpc.add_aggregator_servicer passes bytes through
+        yield from enc.chunks  # encoded once per round
 
     def SubmitProbes(self, request: pb.ProbeReport, context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
-            probes = [convert.probe_from_msg(p) for p in request.probes]
+            probes = [mappers.probe_from_msg(p) for p in request.probes]
             self.run.submit_probes(request.worker_id, request.task_id, request.round, probes)
 
         _guard(context, go)
@@ -114,7 +114,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
         def go() -> None:
             limit = self.run.max_update_bytes()
-            dec = convert.update_from_parts(bounded_parts(request_iterator, limit), max_bytes=limit)
+            # bounded by the decoder: the header's sizes against limit before anything is allocated, then
+            # every chunk against the header (a running ByteSize() re-serialised each 4 MiB chunk)
+            dec = mappers.update_from_parts(request_iterator, max_bytes=limit)
             m = dec.meta
             self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
 
@@ -140,17 +142,6 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                             workers=workers, clients=len(r.sizes))
 
 
-def bounded_parts(parts: Iterator[pb.UpdatePart], limit: int) -> Iterator[pb.UpdatePart]:
-    """Pass ``parts`` through, failing once their total size passes ``limit``: each chunk is under the gRPC
-    message cap, so only a running total stops a stream of endless chunks from filling the memory."""
-    total = 0
-    for part in parts:
-        total += part.ByteSize()
-        if total > limit:
-            raise convert.WireError(f"update stream exceeds {limit} bytes (the model and its tensors are smaller)")
-        yield part
-
-
 def _span(cids: Any) -> str:
     c = sorted(int(x) for x in cids)
     return f"{c[0]}-{c[-1]} ({len(c)})" if len(c) > 3 else str(c)
@@ -165,7 +156,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
                          interceptors=server_interceptors(sec))
-    rpc.add_aggregator_servicer(AggregatorServicer(run), server)
+    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

@@ -31,7 +31,7 @@ from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
-from fedentrpc import convert
+from fedentrpc import codec, mappers
 from server.settings import AggregatorSettings
 
 RPC_THREADS_SPARE = 4  # server threads kept free for unary calls while every Work stream holds one
@@ -129,7 +129,7 @@ class Registration:
     run_id: str
     config_yaml: str
     partition_md5: str
-    transfer: convert.TransferSpec
+    transfer: codec.TransferSpec
     heartbeat_s: float
 
 
@@ -159,7 +159,7 @@ class ClusterRun:
         self.owner: dict[int, str] = {}  # cid -> worker id
         self.lock = threading.RLock()
         self.registry_changed = threading.Condition(self.lock)
-        self.blobs: dict[str, convert.EncodedTensors] = {}
+        self.blobs: dict[str, codec.EncodedTensors] = {}
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
         self.finished = threading.Event()
@@ -232,7 +232,7 @@ class ClusterRun:
 
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """w(t) encoded once for every download of the round; the previous round's blobs are dropped."""
-        enc = convert.encode_tensors({convert.PARAMS_GROUP: list(global_params)}, self.settings.transfer())
+        enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer())
         with self.lock:
             self.blobs = {model_blob(rnd): enc}
 
@@ -246,7 +246,7 @@ class ClusterRun:
         payload_blob = ""
         if payload.tensors:
             payload_blob = f"r{rnd}-payload"
-            enc = convert.encode_tensors(convert.payload_bundle(payload), self.settings.transfer())
+            enc = codec.encode_tensors(mappers.payload_bundle(payload), self.settings.transfer())
             with self.lock:
                 self.blobs[payload_blob] = enc
         with self.lock:
@@ -392,7 +392,7 @@ class ClusterRun:
         self.book.update(w.cids, last_heartbeat=w.last_seen)
         return True
 
-    def fetch_blob(self, blob_id: str, worker_id: str = "") -> convert.EncodedTensors:
+    def fetch_blob(self, blob_id: str, worker_id: str = "") -> codec.EncodedTensors:
         with self.lock:
             enc = self.blobs.get(blob_id)
         if enc is None:
@@ -444,13 +444,13 @@ class ClusterRun:
         w.bytes_up += wire_bytes
         self.book.add_bytes(update.cid, wire_bytes)
         try:
-            convert.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
+            codec.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
             if not all_finite(update.params):
-                raise convert.WireError(f"update of client {update.cid} is not finite (NaN/inf)")
+                raise codec.WireError(f"update of client {update.cid} is not finite (NaN/inf)")
             if update.num_samples != self.sizes[update.cid]:
-                raise convert.WireError(f"update of client {update.cid} claims {update.num_samples} samples, "
+                raise codec.WireError(f"update of client {update.cid} claims {update.num_samples} samples, "
                                         f"expected {self.sizes[update.cid]}")
-        except convert.WireError as e:
+        except codec.WireError as e:
             col.fail(update.cid, str(e), task_id, rnd)
             raise ClusterError("invalid", f"{e}; excluded from aggregation") from None
         col.put(task_id, rnd, update.cid, update)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import grpc
 
 from fedent.meanfield.estimator import Phi2Estimate
-from fedentrpc import convert
+from fedentrpc import mappers
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 
 
@@ -36,12 +36,12 @@ class RemotePhi2Estimator:
     def estimate(
         self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float]
     ) -> Phi2Estimate:
-        req = convert.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant)
+        req = mappers.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant)
         try:
             reply = self.stub.SolveOnline(req, timeout=self.timeout_s, wait_for_ready=True)
         except grpc.RpcError as e:
             raise EstimatorUnavailable(f"estimator service at {self.address}: {e.code().name}: {e.details()}") from None
-        est = convert.estimate_from_reply(reply)
+        est = mappers.estimate_from_reply(reply)
         est.report.setdefault("mode", "online")
         est.report["service"] = self.address
         return est

@@ -18,11 +18,12 @@ from torch import Tensor
 from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
 from fedent.strategies.options import FedEntOptions
-from fedentrpc import convert, rpc
+from fedentrpc import codec, mappers
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.security.flags import ClientSecurity
 from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from server.app import OfflineRunner
 
 log = logging.getLogger("fedent.aggregator")
@@ -60,10 +61,10 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
 
     def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
-            stub = rpc.estimator_stub(ch)
-            ref = stub.PutBlob(convert.stream_wire({convert.PARAMS_GROUP: list(w0)}), timeout=120,
+            stub = est_grpc.EstimatorStub(ch)
+            ref = stub.PutBlob(codec.stream_tensors({codec.PARAMS_GROUP: list(w0)}), timeout=120,
                                wait_for_ready=True)
-            req = convert.start_offline_request(
+            req = mappers.start_offline_request(
                 run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
                 opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size)
             job = stub.StartOffline(req, timeout=60)
@@ -72,6 +73,6 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"offline estimation did not finish within {timeout_s:.0f}s")
                 job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60)
-            return convert.offline_estimator_from_job(job)
+            return mappers.offline_estimator_from_job(job)
 
     return run

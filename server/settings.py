@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedentrpc.convert import TransferSpec
+from fedentrpc.codec import TransferSpec
 
 
 class SettingsError(ValueError):

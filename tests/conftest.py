@@ -106,17 +106,17 @@ class FakeWorker:
                 return getattr(item, kind)
 
     def model(self, blob: str) -> list[Tensor]:
-        from fedentrpc import convert
+        from fedentrpc import codec
         from fedentrpc.v1 import tensor_pb2 as tpb
 
-        return convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
+        return codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
 
     def upload(self, task: Any, cid: int, params: list[Tensor], n: int = 12) -> None:
         from fedent.strategies.base import ClientUpdate
-        from fedentrpc import convert
+        from fedentrpc import mappers
 
         u = ClientUpdate(cid=cid, params=params, num_samples=n, train_loss=0.1)
-        self.stub.SubmitUpdate(convert.update_to_parts(u, convert.UpdateMeta(self.wid, task.task_id, task.round)))
+        self.stub.SubmitUpdate(mappers.update_to_parts(u, mappers.UpdateMeta(self.wid, task.task_id, task.round)))
 
 
 @pytest.fixture

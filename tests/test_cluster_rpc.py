@@ -24,7 +24,7 @@ from fedent.params import weighted_sum
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 from fedent.strategies.base import ClientUpdate
-from fedentrpc import convert
+from fedentrpc import codec, mappers
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -72,7 +72,7 @@ def test_model_is_fetched_once_per_round_per_worker(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(cfg, inputs)
     _run_workers(h, inputs, [(0, 1, 2, 3)])
-    blob = convert.encode_tensors({convert.PARAMS_GROUP: [p.detach() for p in inputs.make_model().parameters()]})
+    blob = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach() for p in inputs.make_model().parameters()]})
     (w,) = h.run.workers.values()
     assert w.bytes_down == 3 * blob.wire_bytes  # 4 clients hosted, yet one download per round
 
@@ -131,7 +131,7 @@ def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
     with pytest.raises(grpc.RpcError) as e:
         fake.upload(fit, 1, [w[0][:, :4].clone(), w[1].clone()])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expected" in e.value.details()
-    headless = list(convert.update_to_parts(ClientUpdate(2, w, 12, 0.0), convert.UpdateMeta(fake.wid, 0, 0)))[1:]
+    headless = list(mappers.update_to_parts(ClientUpdate(2, w, 12, 0.0), mappers.UpdateMeta(fake.wid, 0, 0)))[1:]
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitUpdate(iter(headless))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

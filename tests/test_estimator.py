@@ -29,7 +29,7 @@ from fedent.meanfield.estimator import OnlinePhi2Estimator
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.trainer import LocalTrainer
-from fedentrpc import convert, rpc
+from fedentrpc import codec, mappers
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
@@ -69,7 +69,7 @@ def _round_scalars(seed: int, n: int = 6) -> tuple[float, list[float], list[floa
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_online_solve_matches_the_core(stub: est_grpc.EstimatorStub, variant: str, seed: int) -> None:
     c, thetas, a, b = _round_scalars(seed)
-    req = convert.solve_online_request("run", 3, c, thetas, a, b, 0.9, variant)
+    req = mappers.solve_online_request("run", 3, c, thetas, a, b, 0.9, variant)
     reply = stub.SolveOnline(req, timeout=10)
     direct = OnlinePhi2Estimator(0.9, variant).estimate(3, c, thetas, a, b)
     assert reply.phi2_next == direct.phi2_next
@@ -113,7 +113,7 @@ def _bad(req: est_pb.SolveOnlineRequest, **changes: float) -> est_pb.SolveOnline
 
 def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub: est_grpc.EstimatorStub) -> None:
     c, thetas, a, b = _round_scalars(4)
-    good = convert.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
+    good = mappers.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
     dup = est_pb.SolveOnlineRequest()
     dup.CopyFrom(good)
     dup.clients[1].cid = dup.clients[0].cid
@@ -148,8 +148,8 @@ def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub:
 
 
 def test_mismatched_lengths_are_rejected_before_the_wire() -> None:
-    with pytest.raises(convert.WireError, match="one entry per participant"):
-        convert.solve_online_request("r", 0, 1.0, [0.5, 0.5], [0.1], [0.2, 0.3], 0.9, "exact")
+    with pytest.raises(codec.WireError, match="one entry per participant"):
+        mappers.solve_online_request("r", 0, 1.0, [0.5, 0.5], [0.1], [0.2, 0.3], 0.9, "exact")
 
 
 # ---- health, reflection, blobs --------------------------------------------------------------------
@@ -189,11 +189,11 @@ def test_settings_are_validated() -> None:
 
 def test_blob_round_trip_and_errors(stub: est_grpc.EstimatorStub) -> None:
     tensors = [torch.randn(3, 4), torch.arange(5)]
-    ref = stub.PutBlob(iter(convert.encode_tensors({"params": tensors}, convert.TransferSpec(chunk_bytes=16))),
+    ref = stub.PutBlob(iter(codec.encode_tensors({"params": tensors}, codec.TransferSpec(chunk_bytes=16))),
                        timeout=10)
-    back = convert.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(blob_id=ref.blob_id), timeout=10))
+    back = codec.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(blob_id=ref.blob_id), timeout=10))
     assert all(torch.equal(x, y) for x, y in zip(back["params"], tensors, strict=True))
-    chunks = list(convert.encode_tensors({"params": tensors}, convert.TransferSpec(chunk_bytes=16)))
+    chunks = list(codec.encode_tensors({"params": tensors}, codec.TransferSpec(chunk_bytes=16)))
     chunks[1] = tpb.TensorChunk(index=1, data=b"\xff" * len(chunks[1].data))
     with pytest.raises(grpc.RpcError) as ei:
         stub.PutBlob(iter(chunks), timeout=10)
@@ -220,7 +220,7 @@ class FakeWorker:
         self.indices = {c: torch.from_numpy(np.asarray(inputs.client_indices[c])) for c in cids}
         self.cids, self.run_id, self.ignore, self.fail, self.seed = cids, run_id, ignore, fail, seed
         self.channel = grpc.insecure_channel(address)
-        self.stub = rpc.estimator_stub(self.channel)  # the stub real workers use (pre-serialised gradients)
+        self.stub = est_grpc.EstimatorStub(self.channel)
         self.outbox: queue.Queue[est_pb.OracleMessage | bytes | None] = queue.Queue()
         self.requests = 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -243,12 +243,12 @@ class FakeWorker:
                         self.outbox.put(est_pb.OracleMessage(error=est_pb.OracleError(
                             request_id=req.request_id, cid=cid, message="out of memory")))
                     continue
-                point = convert.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=req.point_blob)))
+                point = codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=req.point_blob)))
                 oracle = TrainerOracle(self.trainer, self.indices, req.seed, req.batch_size or None)
                 for cid in req.client_ids:
                     g = oracle.gradient(req.t, cid, point["params"])
-                    for m in convert.oracle_result_messages(req.request_id, cid, 12, g,
-                                                            convert.TransferSpec(chunk_bytes=64)):
+                    for m in mappers.oracle_result_messages(req.request_id, cid, 12, g,
+                                                            codec.TransferSpec(chunk_bytes=64)):
                         self.outbox.put(m)
         except grpc.RpcError:
             pass
@@ -261,8 +261,8 @@ class FakeWorker:
 def _start_offline(stub: est_grpc.EstimatorStub, rounds: int = 3, wait_s: float = 5.0,
                    sizes: tuple[int, ...] = (12, 12, 12, 12)) -> tuple[est_pb.OfflineJob, list[torch.Tensor]]:
     w0 = [p.detach().clone() for p in tiny_inputs().make_model().parameters()]
-    ref = stub.PutBlob(iter(convert.encode_tensors({"params": w0})), timeout=10)
-    req = convert.start_offline_request("run", ref.blob_id, list(sizes), rounds, 0.9, 0.9, "exact", 1e-6, 1e-6,
+    ref = stub.PutBlob(iter(codec.encode_tensors({"params": w0})), timeout=10)
+    req = mappers.start_offline_request("run", ref.blob_id, list(sizes), rounds, 0.9, 0.9, "exact", 1e-6, 1e-6,
                                         4, 1, 4)
     req.wait_workers_s = wait_s
     job = stub.StartOffline(req, timeout=10)
@@ -293,7 +293,7 @@ def test_offline_over_oracle_streams_equals_in_process_algorithm_1(service: Esti
     report = json.loads(job.report_json)
     assert report["sweeps"] == job.sweep >= 1 and report["gradient_evaluations"] == job.sweep * 3 * 4
     assert job.stop_reason in ("both", "max_sweeps")
-    est = convert.offline_estimator_from_job(job)
+    est = mappers.offline_estimator_from_job(job)
     assert est.horizon == 3
     assert len(service.blobs) == 1  # the points were dropped; only the uploaded w(0) is left
 
@@ -330,16 +330,16 @@ def test_missing_workers_fail_the_job_after_the_wait(stub: est_grpc.EstimatorStu
 
 def test_bad_offline_requests(stub: est_grpc.EstimatorStub) -> None:
     w0 = [torch.zeros(2)]
-    ref = stub.PutBlob(iter(convert.encode_tensors({"params": w0})), timeout=10)
+    ref = stub.PutBlob(iter(codec.encode_tensors({"params": w0})), timeout=10)
     cases = {
-        "unknown blob": (convert.start_offline_request("r", "missing", [1], 2, 0.9, 0.9, "exact", 1e-3, 1e-3, 2, 0, 0),
+        "unknown blob": (mappers.start_offline_request("r", "missing", [1], 2, 0.9, 0.9, "exact", 1e-3, 1e-3, 2, 0, 0),
                          grpc.StatusCode.NOT_FOUND),
-        "rounds must be >= 1": (convert.start_offline_request("r", ref.blob_id, [1], 0, 0.9, 0.9, "exact", 1e-3,
+        "rounds must be >= 1": (mappers.start_offline_request("r", ref.blob_id, [1], 0, 0.9, 0.9, "exact", 1e-3,
                                                               1e-3, 2, 0, 0), grpc.StatusCode.INVALID_ARGUMENT),
-        "the clients hold no samples": (convert.start_offline_request("r", ref.blob_id, [0, 0], 2, 0.9, 0.9, "exact",
+        "the clients hold no samples": (mappers.start_offline_request("r", ref.blob_id, [0, 0], 2, 0.9, 0.9, "exact",
                                                                       1e-3, 1e-3, 2, 0, 0),
                                         grpc.StatusCode.INVALID_ARGUMENT),
-        "params.beta: must be in (0, 1)": (convert.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact",
+        "params.beta: must be in (0, 1)": (mappers.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact",
                                                                         1e-3, 1e-3, 2, 0, 0),
                                            grpc.StatusCode.INVALID_ARGUMENT),
     }
@@ -370,7 +370,7 @@ def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> No
                          token_file=pki.tokens_file).validate()
     h = create_estimator_service(EstimatorSettings(port=0, security=sec))
     c, thetas, a, b = _round_scalars(5)
-    req = convert.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
+    req = mappers.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
     try:
         token = read_worker_token(pki.token_files["worker-0"])
         with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert, token=token)) as ch:

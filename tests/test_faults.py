@@ -23,7 +23,7 @@ from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics
 from fedent.strategies.base import ClientUpdate
-from fedentrpc import convert
+from fedentrpc import codec, mappers
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import MAX_MESSAGE_BYTES
 from fedentrpc.v1 import aggregator_pb2 as pb
@@ -180,7 +180,7 @@ def test_replayed_update_from_an_old_round_is_rejected(start: Any) -> None:
     h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, quorum=0.5)
     fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit0 = fake.next("fit").task
-    w0 = convert.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit0.model_blob)))["params"]
+    w0 = codec.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit0.model_blob)))["params"]
     for c in range(4):
         fake.upload(fit0, c, [p + c for p in w0])
     fit1 = fake.next("fit").task
@@ -207,10 +207,10 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
         fake.stub.SubmitProbes(big)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     # a stream of legal 4 MiB chunks whose total passes the cap: cut off, not buffered to the end
-    w = convert.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit.model_blob)))["params"]
+    w = codec.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit.model_blob)))["params"]
     huge = [torch.zeros(3 * 1024 * 1024)]  # 12 MiB of float32, far above this tiny model's limit
-    parts = list(convert.update_to_parts(ClientUpdate(1, w, 12, 0.0, tensors={"extra": huge}),
-                                         convert.UpdateMeta(fake.wid, fit.task_id, 0)))
+    parts = list(mappers.update_to_parts(ClientUpdate(1, w, 12, 0.0, tensors={"extra": huge}),
+                                         mappers.UpdateMeta(fake.wid, fit.task_id, 0)))
     assert len(parts) > 3
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitUpdate(iter(parts))
@@ -223,10 +223,10 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     assert rec["diagnostics"]["failed_clients"] == {"1": "deadline"}  # the oversized update never counted
     # (after the round, so the 1 s deadline above is not raced) a header that merely promises 32 GiB is
     # refused while decoding, before anything is allocated, at the model-sized bound
-    liar = list(convert.update_to_parts(ClientUpdate(1, w, 12, 0.0), convert.UpdateMeta(fake.wid, fit.task_id, 0)))
+    liar = list(mappers.update_to_parts(ClientUpdate(1, w, 12, 0.0), mappers.UpdateMeta(fake.wid, fit.task_id, 0)))
     lh = liar[1].chunk.header
     lh.wire_bytes = lh.raw_bytes = 32 << 30
-    lh.num_chunks = (32 << 30) // convert.MAX_CHUNK_BYTES
+    lh.num_chunks = (32 << 30) // codec.MAX_CHUNK_BYTES
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitUpdate(iter(liar))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -1,5 +1,5 @@
-"""Fuzzing the wire decoders: whatever bytes arrive, fedentrpc.convert either decodes them or raises its
-clear ``WireError`` (a ValueError with a one-line message) — never another exception, never a hang.
+"""Fuzzing the wire decoders: whatever bytes arrive, fedentrpc.codec and fedentrpc.mappers either decode
+them or raise their clear ``WireError`` (a ValueError with a one-line message) — never another exception, never a hang.
 
 Inputs: random bytes parsed as each message type (protobuf's own DecodeError is gRPC's business and is
 skipped), byte-level mutations of valid encoded streams, and structured random headers (odd dtypes,
@@ -8,7 +8,6 @@ shapes, counts, sizes, compression) with random payloads.
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedentrpc import convert
+from fedentrpc import codec, mappers
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
@@ -33,7 +32,7 @@ def clear_or_ok(fn: Callable[[], Any]) -> Any:
     """Run a decoder: success, or WireError with a one-line message; anything else fails the test."""
     try:
         return fn()
-    except convert.WireError as e:
+    except codec.WireError as e:
         msg = str(e)
         assert msg and "\n" not in msg
         return None
@@ -49,8 +48,8 @@ def parsed(cls: type[Message], data: bytes) -> Any:
 def _valid_chunks(chunk_bytes: int = 24, compression: str = "none") -> list[pb.TensorChunk]:
     bundle = {"params": [torch.arange(12, dtype=torch.float32).reshape(3, 4), torch.tensor([1, -2, 3])],
               "h": [torch.ones(2, dtype=torch.float64)]}
-    spec = convert.TransferSpec(chunk_bytes=chunk_bytes, compression=compression)
-    return list(convert.encode_tensors(bundle, spec))
+    spec = codec.TransferSpec(chunk_bytes=chunk_bytes, compression=compression)
+    return list(codec.encode_tensors(bundle, spec))
 
 
 # ---- random bytes as messages --------------------------------------------------------------------------
@@ -60,29 +59,29 @@ def _valid_chunks(chunk_bytes: int = 24, compression: str = "none") -> list[pb.T
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
 def test_random_bytes_as_tensor_chunks(blobs: list[bytes]) -> None:
     chunks = [c for c in (parsed(pb.TensorChunk, b) for b in blobs) if c is not None]
-    clear_or_ok(lambda: convert.decode_tensors(chunks))
+    clear_or_ok(lambda: codec.decode_tensors(chunks))
 
 
 @FUZZ
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
 def test_random_bytes_as_update_parts(blobs: list[bytes]) -> None:
     parts = [p for p in (parsed(agg_pb.UpdatePart, b) for b in blobs) if p is not None]
-    clear_or_ok(lambda: convert.update_from_parts(parts))
+    clear_or_ok(lambda: mappers.update_from_parts(parts))
 
 
 @FUZZ
 @given(st.binary(max_size=300))
 def test_random_bytes_as_small_messages(data: bytes) -> None:
     if (m := parsed(agg_pb.ProbeMsg, data)) is not None:
-        clear_or_ok(lambda: convert.probe_from_msg(m))
+        clear_or_ok(lambda: mappers.probe_from_msg(m))
     if (m := parsed(agg_pb.RoundPayloadMsg, data)) is not None:
-        clear_or_ok(lambda: convert.payload_from_msg(m))
+        clear_or_ok(lambda: mappers.payload_from_msg(m))
     if (m := parsed(pb.TransferSettings, data)) is not None:
-        clear_or_ok(lambda: convert.transfer_from_msg(m))
+        clear_or_ok(lambda: mappers.transfer_from_msg(m))
     if (m := parsed(est_pb.SolveOnlineReply, data)) is not None:
-        clear_or_ok(lambda: convert.estimate_from_reply(m))
+        clear_or_ok(lambda: mappers.estimate_from_reply(m))
     if (m := parsed(est_pb.OfflineJob, data)) is not None:
-        clear_or_ok(lambda: convert.offline_estimator_from_job(m))
+        clear_or_ok(lambda: mappers.offline_estimator_from_job(m))
 
 
 # ---- mutations of valid streams -------------------------------------------------------------------------
@@ -121,7 +120,7 @@ def mutated_stream(draw: st.DrawFn) -> list[bytes]:
 @given(mutated_stream())
 def test_mutated_tensor_streams(raw_chunks: list[bytes]) -> None:
     chunks = [c for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
-    clear_or_ok(lambda: convert.decode_tensors(chunks))
+    clear_or_ok(lambda: codec.decode_tensors(chunks))
 
 
 @FUZZ
@@ -161,13 +160,14 @@ def random_stream(draw: st.DrawFn) -> list[pb.TensorChunk]:
     raw_len = draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63)))
     pieces = [payload[i : i + 16] for i in range(0, len(payload), 16)] or [b""]
     good_sum = draw(st.booleans())
+    algo = draw(st.sampled_from(["crc32c", "crc32"])) if good_sum else draw(st.text(max_size=10))
     header = pb.TensorListHeader(
         tensors=specs, groups=groups, wire_dtype=draw(st.sampled_from([0, 1, 2, 9])), compression=compression,
         raw_bytes=raw_len, wire_bytes=draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63))),
-        checksum=(convert.CHECKSUM_PREFIX + hashlib.blake2b(payload, digest_size=16).hexdigest()) if good_sum
-        else draw(st.text(max_size=10)),
-        num_chunks=draw(st.one_of(st.just(len(pieces)), st.integers(0, 2**32 - 1))))
-    chunks = [pb.TensorChunk(index=i, data=p) for i, p in enumerate(pieces)]
+        chunk_checksum=algo, num_chunks=draw(st.one_of(st.just(len(pieces)), st.integers(0, 2**32 - 1))))
+    chunks = [pb.TensorChunk(index=i, data=p,
+                             checksum=codec.checksum(algo, p) if good_sum else draw(st.text(max_size=10)))
+              for i, p in enumerate(pieces)]
     chunks[0].header.CopyFrom(header)
     return chunks
 
@@ -175,15 +175,15 @@ def random_stream(draw: st.DrawFn) -> list[pb.TensorChunk]:
 @FUZZ
 @given(random_stream())
 def test_random_headers_and_payloads(chunks: list[pb.TensorChunk]) -> None:
-    clear_or_ok(lambda: convert.decode_tensors(chunks))
+    clear_or_ok(lambda: codec.decode_tensors(chunks))
 
 
 @FUZZ
 @given(st.text(max_size=40), st.lists(st.floats(allow_nan=True), max_size=4), st.sampled_from(["done", "failed", ""]))
 def test_estimator_replies_with_odd_json_and_trajectories(report: str, phi2: list[float], state: str) -> None:
-    clear_or_ok(lambda: convert.estimate_from_reply(est_pb.SolveOnlineReply(phi2_next=1.0, report_json=report)))
+    clear_or_ok(lambda: mappers.estimate_from_reply(est_pb.SolveOnlineReply(phi2_next=1.0, report_json=report)))
     job = est_pb.OfflineJob(job_id="j", state=state, phi2=phi2, report_json=report)
-    clear_or_ok(lambda: convert.offline_estimator_from_job(job))
+    clear_or_ok(lambda: mappers.offline_estimator_from_job(job))
 
 
 def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:
@@ -193,4 +193,4 @@ def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:
 
     with pytest.raises(RuntimeError):
         clear_or_ok(boom)
-    assert clear_or_ok(lambda: convert.decode_tensors(_valid_chunks()))["h"][0].dtype == torch.float64
+    assert clear_or_ok(lambda: codec.decode_tensors(_valid_chunks()))["h"][0].dtype == torch.float64

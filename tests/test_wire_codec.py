@@ -1,15 +1,14 @@
-"""The tensor codec: exact round trips, chunking below 4 MiB, lossy casts, and clear errors on bad input."""
+"""The tensor codec and the message mappers: exact round trips, chunking below 4 MiB, lossy casts, per-chunk
+checksums, and clear errors on bad input (corrupt, truncated, reordered, oversized, zlib bombs)."""
 
 from __future__ import annotations
-
-import zlib
 
 import pytest
 import torch
 
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
-from fedentrpc import convert
-from fedentrpc.convert import TransferSpec, WireError, decode_tensors, encode_tensors
+from fedentrpc import codec, mappers
+from fedentrpc.codec import TransferSpec, WireError, decode_tensors, encode_tensors
 from fedentrpc.v1 import tensor_pb2 as pb
 
 
@@ -48,7 +47,7 @@ def test_large_model_is_chunked_at_most_4mib() -> None:
     big = {"params": [torch.randn(3 * 1024 * 1024)]}  # 12 MiB of float32
     enc = encode_tensors(big)
     assert len(enc.chunks) == 3
-    assert all(len(c.data) <= convert.MAX_CHUNK_BYTES for c in enc.chunks)
+    assert all(len(c.data) <= codec.MAX_CHUNK_BYTES for c in enc.chunks)
     assert all(c.ByteSize() < 4 * 1024 * 1024 + 1024 for c in enc.chunks)
     assert torch.equal(decode_tensors(enc)["params"][0], big["params"][0])
 
@@ -85,14 +84,14 @@ def test_transfer_spec_validates() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         TransferSpec(chunk_bytes=8 * 1024 * 1024)
     spec = TransferSpec(wire_dtype="bfloat16", compression="zlib", chunk_bytes=1024)
-    assert convert.transfer_from_msg(convert.transfer_to_msg(spec)) == spec
+    assert mappers.transfer_from_msg(mappers.transfer_to_msg(spec)) == spec
 
 
 def test_update_round_trip() -> None:
     u = ClientUpdate(cid=7, params=[torch.randn(2, 3)], num_samples=40, train_loss=0.5,
                      tensors={"delta_c": [torch.ones(2)]}, scalars={"eta": 0.01})
-    meta = convert.UpdateMeta(worker_id="w1", task_id=3, round=2)
-    dec = convert.update_from_parts(list(convert.update_to_parts(u, meta)))
+    meta = mappers.UpdateMeta(worker_id="w1", task_id=3, round=2)
+    dec = mappers.update_from_parts(list(mappers.update_to_parts(u, meta)))
     assert dec.meta.worker_id == "w1" and dec.meta.round == 2 and dec.meta.task_id == 3
     assert dec.update.cid == 7 and dec.update.num_samples == 40 and dec.update.scalars == {"eta": 0.01}
     assert torch.equal(dec.update.params[0], u.params[0])
@@ -101,23 +100,23 @@ def test_update_round_trip() -> None:
 
 def test_update_without_header_is_rejected() -> None:
     u = ClientUpdate(cid=1, params=[torch.ones(1)], num_samples=1, train_loss=0.0)
-    parts = list(convert.update_to_parts(u, convert.UpdateMeta("w", 1, 0)))
+    parts = list(mappers.update_to_parts(u, mappers.UpdateMeta("w", 1, 0)))
     with pytest.raises(WireError, match="header"):
-        convert.update_from_parts(parts[1:])
+        mappers.update_from_parts(parts[1:])
 
 
 def test_probe_and_payload_round_trip() -> None:
     p = Probe(cid=4, num_samples=12, scalars={"a": 1.5, "b": 2.0})
-    assert convert.probe_from_msg(convert.probe_to_msg(p)) == p
+    assert mappers.probe_from_msg(mappers.probe_to_msg(p)) == p
     rp = RoundPayload(round=3, scalars={"phi2_next": 4.0}, per_client={4: {"eta_prev": 0.1}})
-    back = convert.payload_from_msg(convert.payload_to_msg(rp, "blob-x"))
+    back = mappers.payload_from_msg(mappers.payload_to_msg(rp, "blob-x"))
     assert back == rp
 
 
 def test_check_shapes() -> None:
-    convert.check_shapes([torch.ones(2)], [torch.zeros(2)], "u")
+    codec.check_shapes([torch.ones(2)], [torch.zeros(2)], "u")
     with pytest.raises(WireError, match="expected"):
-        convert.check_shapes([torch.ones(3)], [torch.zeros(2)], "u")
+        codec.check_shapes([torch.ones(3)], [torch.zeros(2)], "u")
 
 
 def test_unaligned_offsets_decode_to_independent_tensors() -> None:
@@ -128,18 +127,17 @@ def test_unaligned_offsets_decode_to_independent_tensors() -> None:
     assert torch.equal(out["i"][0], torch.arange(3)) and torch.equal(out["flags"][0], b["flags"][0])
 
 
-@pytest.mark.parametrize("algo", ["crc32c", "crc32", "blake2b"])
-@pytest.mark.parametrize("chunk_bytes", [1, 5, 7, 64, convert.MAX_CHUNK_BYTES])
+@pytest.mark.parametrize("algo", ["crc32c", "crc32"])
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 7, 64, codec.MAX_CHUNK_BYTES])
 def test_either_checksum_round_trips_across_odd_chunk_boundaries(algo: str, chunk_bytes: int) -> None:
     b = _bundle()
     enc = encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes, checksum=algo))
     header = enc.chunks[0].header
-    prefix = {"crc32c": convert.CRC32C_PREFIX, "crc32": convert.CRC32_PREFIX, "blake2b": convert.CHECKSUM_PREFIX}[algo]
-    assert header.chunk_checksum == prefix[:-1] and header.checksum == ""
-    assert all(c.checksum.startswith(prefix) for c in enc.chunks)
+    assert header.chunk_checksum == algo
+    assert all(c.checksum.startswith(f"{algo}:") and len(c.checksum) == len(algo) + 9 for c in enc.chunks)
     assert header.num_chunks == len(enc.chunks)
     assert b"".join(c.data for c in enc.chunks) == b"".join(
-        bytes(convert._tensor_u8(t, pb.WIRE_DTYPE_NATIVE)) for ts in b.values() for t in ts
+        bytes(codec._tensor_u8(t, pb.WIRE_DTYPE_NATIVE)) for ts in b.values() for t in ts
     )
     assert all(len(c.data) == chunk_bytes for c in enc.chunks[:-1]) and 0 < len(enc.chunks[-1].data) <= chunk_bytes
     out = decode_tensors(enc)
@@ -147,7 +145,7 @@ def test_either_checksum_round_trips_across_odd_chunk_boundaries(algo: str, chun
         assert all(torch.equal(x, y) for x, y in zip(b[name], out[name], strict=True))
 
 
-@pytest.mark.parametrize("algo", ["crc32", "blake2b"])
+@pytest.mark.parametrize("algo", ["crc32c", "crc32"])
 def test_a_flipped_bit_in_a_later_chunk_fails_either_checksum(algo: str) -> None:
     chunks = [pb.TensorChunk.FromString(c.SerializeToString())
               for c in encode_tensors(_bundle(), TransferSpec(chunk_bytes=8, checksum=algo))]
@@ -160,20 +158,18 @@ def test_a_flipped_bit_in_a_later_chunk_fails_either_checksum(algo: str) -> None
 
 def test_unknown_checksum_algorithm_is_a_wire_error() -> None:
     chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
-    chunks[0].header.chunk_checksum = "md5"
-    with pytest.raises(WireError, match="checksum algorithm"):
-        decode_tensors(chunks)
-    chunks[0].header.chunk_checksum = ""  # the whole-payload form, naming an unknown algorithm
-    chunks[0].header.checksum = "md5:00"
-    with pytest.raises(WireError, match="checksum algorithm"):
-        decode_tensors(chunks)
-    with pytest.raises(ValueError, match="checksum"):
-        TransferSpec(checksum="md5")
+    for name in ("md5", "blake2b-128", ""):  # "": the retired whole-payload form, refused as well
+        chunks[0].header.chunk_checksum = name
+        with pytest.raises(WireError, match="checksum algorithm"):
+            decode_tensors(chunks)
+    for name in ("md5", "blake2b"):
+        with pytest.raises(ValueError, match="checksum"):
+            TransferSpec(checksum=name)
 
 
 def test_assembler_reports_wire_bytes_after_finishing() -> None:
     enc = encode_tensors(_bundle(), TransferSpec(chunk_bytes=16, compression="zlib"))
-    asm = convert.TensorAssembler()
+    asm = codec.TensorAssembler()
     for c in enc:
         asm.add(c)
     asm.finish()
@@ -186,29 +182,7 @@ def test_empty_bundle_round_trips() -> None:
     assert decode_tensors(enc) == {"params": []}
 
 
-def _legacy_stream(b: dict[str, list[torch.Tensor]], chunk_bytes: int) -> list[pb.TensorChunk]:
-    """The older form: no per-chunk checksums, one crc32 of the whole payload in the header."""
-    chunks = [pb.TensorChunk.FromString(c.SerializeToString())
-              for c in encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes))]
-    payload = b"".join(c.data for c in chunks)
-    for c in chunks:
-        c.ClearField("checksum")
-    chunks[0].header.chunk_checksum = ""
-    chunks[0].header.checksum = f"{convert.CRC32_PREFIX}{zlib.crc32(payload):08x}"
-    return chunks
-
-
-def test_the_older_whole_payload_checksum_is_still_accepted_and_verified() -> None:
-    b = _bundle()
-    out = decode_tensors(_legacy_stream(b, 16))
-    assert all(torch.equal(x, y) for x, y in zip(b["extra"], out["extra"], strict=True))
-    chunks = _legacy_stream(b, 16)
-    chunks[2].data = bytes(16)  # same length, different bytes
-    with pytest.raises(WireError, match="checksum mismatch"):
-        decode_tensors(chunks)
-
-
-@pytest.mark.parametrize("algo", ["crc32c", "crc32", "blake2b"])
+@pytest.mark.parametrize("algo", ["crc32c", "crc32"])
 def test_a_corrupted_chunk_is_named(algo: str) -> None:
     big = {"params": [torch.randn(600_000)]}  # 2.4 MB in 1 MiB chunks
     chunks = [pb.TensorChunk.FromString(c.SerializeToString())
@@ -222,9 +196,9 @@ def test_a_corrupted_chunk_is_named(algo: str) -> None:
 
 
 def test_crc32c_is_the_default_and_matches_the_standard_check_value() -> None:
-    assert TransferSpec().checksum == ("crc32c" if convert.google_crc32c.implementation == "c" else "crc32")
-    assert convert._digest("crc32c", b"123456789") == "crc32c:e3069283"  # RFC 3720 B.4 check value
-    assert convert._digest("crc32", b"123456789") == "crc32:cbf43926"
+    assert TransferSpec().checksum == ("crc32c" if codec.google_crc32c.implementation == "c" else "crc32")
+    assert codec.checksum("crc32c", b"123456789") == "crc32c:e3069283"  # RFC 3720 B.4 check value
+    assert codec.checksum("crc32", b"123456789") == "crc32:cbf43926"
 
 
 def test_a_chunk_without_its_checksum_is_rejected() -> None:
@@ -254,9 +228,9 @@ def test_a_zlib_bomb_is_stopped_at_the_headers_raw_size() -> None:
 
 def test_stream_tensors_fails_on_bad_input_before_the_first_chunk_and_equals_encode() -> None:
     with pytest.raises(WireError, match="dtype"):
-        convert.stream_tensors({"p": [torch.zeros(2, dtype=torch.complex64)]})
+        codec.stream_tensors({"p": [torch.zeros(2, dtype=torch.complex64)]})
     b = _bundle()
-    streamed = [c.SerializeToString() for c in convert.stream_tensors(b, TransferSpec(chunk_bytes=24))]
+    streamed = [c.SerializeToString() for c in codec.stream_tensors(b, TransferSpec(chunk_bytes=24))]
     assert streamed == [c.SerializeToString() for c in encode_tensors(b, TransferSpec(chunk_bytes=24))]
 
 
@@ -265,7 +239,7 @@ def test_verify_only_checks_everything_without_building_tensors(compression: str
     spec = TransferSpec(chunk_bytes=16, compression=compression)
 
     def verify(chunks: list[pb.TensorChunk]) -> pb.TensorListHeader:
-        asm = convert.TensorAssembler(keep_payload=False)
+        asm = codec.TensorAssembler(keep_payload=False)
         for c in chunks:
             asm.add(c)
         return asm.verify()
@@ -282,9 +256,38 @@ def test_verify_only_checks_everything_without_building_tensors(compression: str
         verify(corrupt)
     with pytest.raises(WireError, match="truncated"):
         verify(good[:-1])
-    asm = convert.TensorAssembler(keep_payload=False)
+    asm = codec.TensorAssembler(keep_payload=False)
     for c in good:
         asm.add(c)
     if compression == "none":
         with pytest.raises(WireError, match="only verifies"):
             asm.finish()
+
+
+def test_update_and_oracle_chunks_are_the_plain_chunks_written_in_place() -> None:
+    """The mappers write each chunk into its outer message's oneof: the same bytes as the plain stream."""
+    params = [torch.randn(40), torch.arange(5)]
+    spec = TransferSpec(chunk_bytes=64)
+    plain = [c.SerializeToString() for c in codec.stream_tensors({"params": params}, spec)]
+    u = ClientUpdate(cid=2, params=params, num_samples=3, train_loss=0.0)
+    parts = list(mappers.update_to_parts(u, mappers.UpdateMeta("w", 1, 0), spec))
+    assert parts[0].WhichOneof("part") == "header" and all(p.WhichOneof("part") == "chunk" for p in parts[1:])
+    assert [p.chunk.SerializeToString() for p in parts[1:]] == plain
+    msgs = list(mappers.oracle_result_messages(7, 2, 3, params, spec))
+    assert msgs[0].WhichOneof("kind") == "result" and msgs[0].result.request_id == 7
+    grads = [c.SerializeToString() for c in codec.stream_tensors({"grad": params}, spec)]
+    assert [m.chunk.SerializeToString() for m in msgs[1:]] == grads
+    assert torch.equal(decode_tensors([m.chunk for m in msgs[1:]])["grad"][0], params[0])
+    with pytest.raises(WireError, match="dtype"):
+        next(mappers.oracle_result_messages(7, 2, 3, [torch.zeros(1, dtype=torch.complex64)]))
+
+
+def test_a_chunk_over_4mib_or_past_the_header_is_refused() -> None:
+    chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors({"p": [torch.ones(4)]})]
+    chunks[0].data = bytes(codec.MAX_CHUNK_BYTES + 1)
+    with pytest.raises(WireError, match="exceeds"):
+        decode_tensors(chunks)
+    extra = pb.TensorChunk(index=1, data=b"x", checksum=codec.checksum("crc32c", b"x"))
+    good = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors({"p": [torch.ones(4)]})]
+    with pytest.raises(WireError, match="more tensor chunks"):
+        decode_tensors([*good, extra])

@@ -40,14 +40,13 @@ class TensorGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class TensorListHeader(_message.Message):
-    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "checksum", "num_chunks", "chunk_checksum")
+    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "num_chunks", "chunk_checksum")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -56,10 +55,9 @@ class TensorListHeader(_message.Message):
     compression: Compression
     raw_bytes: int
     wire_bytes: int
-    checksum: str
     num_chunks: int
     chunk_checksum: str
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., checksum: _Optional[str] = ..., num_chunks: _Optional[int] = ..., chunk_checksum: _Optional[str] = ...) -> None: ...
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunk_checksum: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("header", "index", "data", "checksum")
