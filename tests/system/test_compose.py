@@ -19,7 +19,7 @@ import pytest
 import tomllib
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 WORKERS = sorted(n for n in SERVICES if n.startswith("worker"))
