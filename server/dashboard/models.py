@@ -77,15 +77,19 @@ class ClientOut(BaseModel):
     cid: int
     worker: str | None = None
     state: str | None = None
-    health: str = Field(description="ok, stale (no recent heartbeat), down (failed/lost) or unknown")
+    health: str = Field(description="ok, stale (no recent heartbeat), down (failed/lost) or unknown while the run "
+                                    "is live; finished (run done) or stopped (run failed) once it is over, unless down")
     device: str | None = None
     samples: int | None = None
     participation: int = 0
     bytes_sent: int | None = None
     bytes_received: int | None = None
-    bytes_total: int | None = Field(None, description="bytes both ways (sent + received, or the writer's total)")
-    eta: float | None = Field(None, description="FedEnt learning rate used in the client's last round")
-    eta_star: float | None = Field(None, description="FedEnt's last η* before the decay")
+    bytes_total: int | None = Field(None, description="bytes both ways: sent + received when both are known, "
+                                                      "else the writer's total")
+    eta: float | None = Field(None, description="FedEnt: the learning rate η the client actually trained with in its "
+                                                "last round, η = γ·η(previous) + (1−γ)·η*")
+    eta_star: float | None = Field(None, description="FedEnt: the entropy-optimal rate η* of Proposition 1 in the "
+                                                     "client's last round, before the decay toward it")
     last_heartbeat: float | None = Field(None, description="Unix epoch seconds")
     heartbeat_age_s: float | None = None
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fedent.runlog import PHASES
-from server.dashboard.models import ClientsOut, EstimatorOut, RoundOut, StatusOut
-from server.dashboard.views import DOWN_STATES, integer, mapping
+from server.dashboard.models import ClientOut, ClientsOut, EstimatorOut, RoundOut, StatusOut
+from server.dashboard.views import DOWN_STATES, HEALTHS, integer, mapping
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -41,6 +41,35 @@ class _Writer:
 
     def one(self, name: str, kind: str, help_text: str, value: float | None) -> None:
         self.metric(name, kind, help_text, [({}, value)])
+
+
+def _client_counters(w: _Writer, rows: list[ClientOut]) -> None:
+    """Traffic and client counts, all sums over the same /api/clients rows, so they add up:
+
+    * ``bytes_total`` = Σ rows' ``bytes_total``; ``bytes_sent_total`` and ``bytes_received_total`` are written only
+      when every row with traffic knows both directions, and then ``sent + received == total`` exactly (a writer
+      that records only totals, as the simulator and the round engine do, gets ``bytes_total`` alone, never a
+      misleading 0 beside it);
+    * ``clients{health}`` counts every row once, so Σ over health = the number of rows;
+      ``connected_clients`` = ``clients{health="ok"}`` (0 once the run is over), ``down_clients`` = ``{health="down"}``.
+    """
+    with_traffic = [c for c in rows if c.bytes_total is not None]
+    w.one("fedent_bytes_total", "counter", "Bytes exchanged with clients, both ways (sum over clients.json).",
+          float(sum(c.bytes_total or 0 for c in with_traffic)))
+    if with_traffic and all(c.bytes_sent is not None and c.bytes_received is not None for c in with_traffic):
+        w.one("fedent_bytes_sent_total", "counter", "Bytes sent to clients (sum over clients.json).",
+              float(sum(c.bytes_sent or 0 for c in with_traffic)))
+        w.one("fedent_bytes_received_total", "counter", "Bytes received from clients (sum over clients.json).",
+              float(sum(c.bytes_received or 0 for c in with_traffic)))
+    by_health = {h: 0 for h in HEALTHS}
+    for c in rows:
+        by_health[c.health] = by_health.get(c.health, 0) + 1
+    w.metric("fedent_clients", "gauge", "Clients (rows of /api/clients), by health (" + ", ".join(HEALTHS) + ").",
+             [({"health": h}, float(n)) for h, n in by_health.items()])
+    w.one("fedent_connected_clients", "gauge", "Clients of a live run that are neither down nor stale "
+          "(0 once the run is over).", float(by_health["ok"]))
+    w.one("fedent_down_clients", "gauge", "Clients whose state is one of " + ", ".join(DOWN_STATES) + ".",
+          float(by_health["down"]))
 
 
 def render(status: StatusOut, rounds: list[RoundOut], clients: ClientsOut, estimator: EstimatorOut,
@@ -78,17 +107,8 @@ def render(status: StatusOut, rounds: list[RoundOut], clients: ClientsOut, estim
         w.one("fedent_train_loss", "gauge", "Mean client training loss in the last round.", last_train.train_loss)
 
     rows = clients.clients
-    listed = clients.source == "clients.json"
-    w.one("fedent_bytes_sent_total", "counter", "Bytes sent to clients (sum over clients.json).",
-          float(sum(c.bytes_sent or 0 for c in rows)) if listed else None)
-    w.one("fedent_bytes_received_total", "counter", "Bytes received from clients (sum over clients.json).",
-          float(sum(c.bytes_received or 0 for c in rows)) if listed else None)
-    w.one("fedent_bytes_total", "counter", "Bytes exchanged with clients, both ways (sum over clients.json).",
-          float(sum(c.bytes_total or 0 for c in rows)) if listed else None)
-    w.one("fedent_connected_clients", "gauge", "Clients listed in clients.json that are neither down nor stale.",
-          float(sum(1 for c in rows if c.health == "ok")) if listed else None)
-    w.one("fedent_down_clients", "gauge", "Clients whose state is one of " + ", ".join(DOWN_STATES) + ".",
-          float(sum(1 for c in rows if c.health == "down")) if listed else None)
+    if clients.source == "clients.json":
+        _client_counters(w, rows)
     st = mapping(raw_status)
     errors = integer(st.get("errors"))
     if errors is None:

@@ -30,6 +30,9 @@ __all__ = ["free_json", "integer", "mapping", "num", "round_row", "round_rows", 
 ACTIVE_PHASES = ("starting", "estimating", "training", "aggregating", "evaluating")
 DOWN_STATES = ("failed", "lost", "dead", "error", "disconnected", "evicted")
 UNATTACHED_STATES = ("waiting", "pending", "unassigned")
+# Client health once the run is over, by the run's phase (a client that is down stays down).
+ENDED_HEALTH = {"done": "finished", "failed": "stopped"}
+HEALTHS = ("ok", "stale", "down", "unknown", "finished", "stopped")
 REDACTED = "***"
 # Wider than fedent.runlog's writer-side list: the dashboard also hides any key that names key material.
 _SECRET_KEY = re.compile(r"token|secret|passw|key|credential|cert_?pem|auth", re.IGNORECASE)
@@ -52,20 +55,35 @@ def _round_durations(rows: list[RoundOut]) -> list[float]:
     return [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False) if b >= a]
 
 
+def _configured_rounds(snap: Snapshot) -> int | None:
+    rounds = integer(mapping(snap.status).get("rounds"))
+    if rounds is None:
+        rounds = integer(mapping(mapping(snap.config).get("train")).get("rounds"))
+    return rounds
+
+
+def _phase(st: Mapping[str, Any], rounds: int | None, completed: int) -> str:
+    phase = text(st.get("phase"))
+    if phase in PHASES:
+        return phase
+    return "done" if rounds is not None and completed >= rounds > 0 else "unknown"
+
+
+def build_phase(snap: Snapshot) -> str:
+    """The run's phase as /api/status reports it (status.json's, else inferred from config and metrics)."""
+    return _phase(mapping(snap.status), _configured_rounds(snap), len(snap.rounds))
+
+
 def build_status(snap: Snapshot, now: float) -> StatusOut:
     st = mapping(snap.status)
     cfg = mapping(snap.config)
     rows = snap.rounds
     completed = len(rows)
-    rounds = integer(st.get("rounds"))
-    if rounds is None:
-        rounds = integer(mapping(cfg.get("train")).get("rounds"))
+    rounds = _configured_rounds(snap)
     algorithm = text(st.get("algorithm")) or text(mapping(cfg.get("algorithm")).get("name"))
     if algorithm is None and rows:
         algorithm = rows[-1].algorithm
-    phase = text(st.get("phase"))
-    if phase not in PHASES:
-        phase = "done" if rounds is not None and completed >= rounds > 0 else "unknown"
+    phase = _phase(st, rounds, completed)
     cur = integer(st.get("round"))
     started, updated = timestamp(st.get("started_at")), timestamp(st.get("updated_at"))
     elapsed: float | None = None
@@ -109,7 +127,11 @@ def _client_rows(raw: Any) -> list[Mapping[str, Any]]:
 
 
 def _bytes(row: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """(sent, received, total): clients.json's "bytes" may be a total or a {sent, received} object."""
+    """(sent, received, total): clients.json's "bytes" may be a total or a {sent, received} object.
+
+    One row never contradicts itself: with both directions known the total *is* sent + received (a writer's
+    differing "total" is ignored); with one direction known the other is unknown (null), not 0.
+    """
     b = row.get("bytes")
     sent, recv = integer(row.get("bytes_sent")), integer(row.get("bytes_received"))
     total = integer(b)
@@ -119,14 +141,24 @@ def _bytes(row: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
         total = integer(b.get("total"))
     elif isinstance(b, list) and len(b) == 2:
         sent, recv = integer(b[0]), integer(b[1])
-    if total is None and (sent is not None or recv is not None):
-        total = (sent or 0) + (recv or 0)
+    sent = None if sent is None or sent < 0 else sent
+    recv = None if recv is None or recv < 0 else recv
+    total = None if total is None or total < 0 else total
+    if sent is not None and recv is not None:
+        total = sent + recv
+    elif total is None and (sent is not None or recv is not None):
+        total = sent if sent is not None else recv
     return sent, recv, total
 
 
-def _health(state: str | None, age: float | None, run_active: bool, stale_after_s: float, listed: bool) -> str:
+def _health(state: str | None, age: float | None, run_phase: str | None, stale_after_s: float, listed: bool) -> str:
+    """ok, stale, down or unknown while the run is live; once it ended, a client not down is finished (the
+    run completed) or stopped (the run failed): nobody is connected to a run that is over."""
     if state is not None and state.lower() in DOWN_STATES:
         return "down"
+    if run_phase in ENDED_HEALTH:
+        return ENDED_HEALTH[run_phase]
+    run_active = run_phase in ACTIVE_PHASES
     if state is not None and state.lower() in UNATTACHED_STATES:
         return "unknown"  # listed, but no worker has claimed it yet
     if age is not None and run_active and age > stale_after_s:
@@ -155,7 +187,7 @@ def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> Cl
             listed[key] = listed_row
     n_part = integer(part.get("num_clients")) or len(sizes)
     cids = sorted(set(listed) | set(participation) | set(last_eta) | set(range(n_part or 0)))
-    run_active = text(mapping(snap.status).get("phase")) in ACTIVE_PHASES
+    run_phase = build_phase(snap)
     out = []
     for cid in cids:
         row: Mapping[str, Any] = listed.get(cid, {})
@@ -170,7 +202,7 @@ def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> Cl
             samples = integer(sizes[cid])
         out.append(ClientOut(
             cid=cid, worker=text(row.get("worker")), state=state,
-            health=_health(state, age, run_active, stale_after_s, cid in listed), device=text(row.get("device")),
+            health=_health(state, age, run_phase, stale_after_s, cid in listed), device=text(row.get("device")),
             samples=samples, participation=integer(row.get("participation")) or participation.get(cid, 0),
             bytes_sent=sent, bytes_received=recv, bytes_total=total,
             eta=eta if eta is not None else m_eta, eta_star=eta_star if eta_star is not None else m_eta_star,

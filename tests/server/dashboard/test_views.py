@@ -108,9 +108,37 @@ def test_client_health_and_traffic_from_clients_json() -> None:
     assert (by[0].bytes_sent, by[0].bytes_received, by[0].bytes_total) == (10, 5, 15)
     assert (by[1].bytes_sent, by[1].bytes_total) == (None, 99)
     assert by[0].heartbeat_age_s == pytest.approx(5.0)
-    # a finished run has no stale clients: nobody is expected to heartbeat any more
+    # a run that is over has no stale (nor ok) clients: nobody is connected or expected to heartbeat any more
     done = views.build_clients(snap(clients=rows, status={"phase": "done"}), now=100.0)
-    assert {c.cid: c.health for c in done.clients}[1] == "ok"
+    assert [c.health for c in done.clients] == ["finished", "finished", "down", "finished"]
+    failed = views.build_clients(snap(clients=rows, status={"phase": "failed"}), now=100.0)
+    assert [c.health for c in failed.clients] == ["stopped", "stopped", "down", "stopped"]
+
+
+def test_clients_of_a_finished_run_show_finished_even_without_status_json() -> None:
+    """The phase /api/status infers (config rounds reached) is the one the clients' health follows."""
+    metrics = [rec(r, fedent=fedent_diag(r)) for r in range(2)]
+    s = snap(metrics=metrics, config={"train": {"rounds": 2}}, clients={"clients": [{"cid": 0}, {"cid": 3}]})
+    assert views.build_status(s, 0.0).phase == "done"
+    assert {c.health for c in views.build_clients(s, now=0.0).clients} == {"finished"}
+    live = snap(metrics=metrics[:1], config={"train": {"rounds": 2}}, status={"phase": "training"},
+                clients={"clients": [{"cid": 0, "state": "training"}]})
+    assert {c.cid: c.health for c in views.build_clients(live, now=0.0).clients}[0] == "ok"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({"bytes": 99}, (None, None, 99)),
+    ({"bytes": {"sent": 10, "received": 5}}, (10, 5, 15)),
+    ({"bytes": {"sent": 10, "received": 5, "total": 99}}, (10, 5, 15)),  # the directions win over a wrong total
+    ({"bytes": [7, 3]}, (7, 3, 10)),
+    ({"bytes": {"sent": 10}}, (10, None, 10)),
+    ({"bytes_sent": 4, "bytes_received": 6, "bytes": 1}, (4, 6, 10)),
+    ({"bytes": -5}, (None, None, None)),
+    ({}, (None, None, None)),
+])
+def test_client_traffic_never_contradicts_itself(raw: dict[str, Any], expected: tuple[Any, ...]) -> None:
+    c = views.build_clients(snap(clients={"clients": [{"cid": 0, **raw}]}), now=0.0).clients[0]
+    assert (c.bytes_sent, c.bytes_received, c.bytes_total) == expected
 
 
 def test_estimator_overlays_metrics_on_estimator_json() -> None:
@@ -166,6 +194,51 @@ def test_prometheus_text_is_well_formed_and_escapes_labels() -> None:
     assert values['fedent_phase{phase="training"}'] == 1 and values['fedent_phase{phase="done"}'] == 0
     assert 'run_id="we\\"ird\\nid"' in body
     assert all(math.isfinite(v) for v in values.values())
+
+
+def _metrics(s: Snapshot, now: float = 100.0) -> dict[str, float]:
+    body = prometheus.render(views.build_status(s, now), s.rounds, views.build_clients(s, now),
+                             views.build_estimator(s), s.status)
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in body.splitlines() if ln and not ln.startswith("#")}
+
+
+def _by_health(values: dict[str, float]) -> dict[str, float]:
+    return {k[len('fedent_clients{health="'):-2]: v for k, v in values.items() if k.startswith("fedent_clients{")}
+
+
+def test_prometheus_traffic_counters_add_up() -> None:
+    totals_only = {"clients": [{"cid": 0, "bytes": 100}, {"cid": 1, "bytes": 33}, {"cid": 2}]}
+    v = _metrics(snap(clients=totals_only, status={"phase": "training"}))
+    assert v["fedent_bytes_total"] == 133
+    # a writer that records only totals (simulator, round engine) gets no sent/received, never a 0 beside the total
+    assert "fedent_bytes_sent_total" not in v and "fedent_bytes_received_total" not in v
+    split = {"clients": [{"cid": 0, "bytes": {"sent": 60, "received": 40, "total": 1}},
+                         {"cid": 1, "bytes_sent": 20, "bytes_received": 13}, {"cid": 2}]}
+    v = _metrics(snap(clients=split, status={"phase": "training"}))
+    assert v["fedent_bytes_sent_total"] + v["fedent_bytes_received_total"] == v["fedent_bytes_total"] == 133
+    assert (v["fedent_bytes_sent_total"], v["fedent_bytes_received_total"]) == (80, 53)
+    mixed = {"clients": [{"cid": 0, "bytes": {"sent": 60, "received": 40}}, {"cid": 1, "bytes": 33}]}
+    v = _metrics(snap(clients=mixed, status={"phase": "training"}))
+    assert v["fedent_bytes_total"] == 133 and "fedent_bytes_sent_total" not in v
+
+
+def test_prometheus_client_counts_add_up_and_a_finished_run_has_none_connected() -> None:
+    rows = {"clients": [
+        {"cid": 0, "state": "training", "last_heartbeat": 95.0}, {"cid": 1, "state": "training", "last_heartbeat": 1.0},
+        {"cid": 2, "state": "lost"}, {"cid": 3, "state": "waiting"},
+        {"cid": 4, "state": "idle", "last_heartbeat": 99.0},
+    ]}
+    live = _metrics(snap(clients=rows, status={"phase": "training"}))
+    health = _by_health(live)
+    assert sum(health.values()) == 5 and set(health) == set(views.HEALTHS)
+    assert (health["ok"], health["stale"], health["down"], health["unknown"]) == (2, 1, 1, 1)
+    assert live["fedent_connected_clients"] == health["ok"] and live["fedent_down_clients"] == health["down"]
+    for phase, ended in (("done", "finished"), ("failed", "stopped")):
+        v = _metrics(snap(clients=rows, status={"phase": phase}))
+        health = _by_health(v)
+        assert v["fedent_connected_clients"] == 0 and v["fedent_down_clients"] == 1
+        assert health[ended] == 4 and sum(health.values()) == 5
 
 
 def test_reader_skips_torn_line_and_sees_updates(tmp_path: Path) -> None:
