@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 
@@ -32,6 +36,7 @@ from server.dashboard.models import (
 from server.dashboard.rundir import RunDirReader
 
 STATIC_DIR = Path(__file__).parent / "static"
+SWAGGER_DIR = STATIC_DIR / "swagger"  # swagger-ui-dist, vendored (see its README.md): /docs works offline
 MAX_PAGE = 1000
 # The page loads only its own files and talks only to this server; no inline script or style.
 PAGE_HEADERS = {
@@ -41,6 +46,27 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
+# Swagger UI's own options; validatorUrl null: never send the schema to validator.swagger.io.
+SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
+_INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
+
+
+def docs_headers(body: str) -> dict[str, str]:
+    """/docs may load and connect to this server only; its one inline script is allowed by its hash.
+
+    Swagger UI sets inline styles from script (React), hence 'unsafe-inline' for styles only.
+    """
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(m.group(1).encode("utf-8")).digest()).decode("ascii") + "'"
+        for m in _INLINE_SCRIPT.finditer(body))
+    return {
+        "Content-Security-Policy": f"default-src 'self'; script-src 'self' {hashes}; "
+                                   "style-src 'self' 'unsafe-inline'; img-src 'self' data:; object-src 'none'; "
+                                   "base-uri 'none'; frame-ancestors 'none'",
+        "Referrer-Policy": "no-referrer",
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-cache",
+    }
 
 
 def _sse(event: str, data: dict[str, Any]) -> str:
@@ -64,7 +90,7 @@ def create_app(
         title="FedEnt dashboard",
         version="1",
         description="Read-only status of one FedEnt run directory (simulator or cluster).",
-        docs_url="/docs",
+        docs_url=None,  # served below from the vendored Swagger UI, not from a CDN
         redoc_url=None,
     )
     app.state.reader = reader
@@ -160,6 +186,20 @@ def create_app(
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
+
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs(request: Request) -> HTMLResponse:
+        """Swagger UI from this package's files: no CDN, so the schema is browsable offline."""
+        root = str(request.scope.get("root_path", "")).rstrip("/")
+        html = get_swagger_ui_html(
+            openapi_url=root + (app.openapi_url or "/openapi.json"), title=f"{app.title} - API",
+            swagger_js_url=f"{root}/static/swagger/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}/static/swagger/swagger-ui.css",
+            swagger_favicon_url=f"{root}/static/swagger/favicon-32x32.png",
+            swagger_ui_parameters=SWAGGER_UI_PARAMETERS,
+        )
+        body = bytes(html.body).decode("utf-8")
+        return HTMLResponse(body, headers=docs_headers(body))
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

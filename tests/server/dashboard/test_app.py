@@ -4,6 +4,7 @@ and the live page in headless Chromium (skipped only when /usr/bin/chromium is m
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -195,6 +196,48 @@ def test_page_and_assets_are_served(api: str) -> None:
         assert get(f"{api}/{asset}").status_code == 200
 
 
+def _local_refs(html: str) -> list[str]:
+    """Every src/href of a page, and the schema URL Swagger UI is told to load."""
+    return re.findall(r'(?:src|href)="([^"]*)"', html) + re.findall(r"url: '([^']*)'", html)
+
+
+def test_docs_are_served_from_the_package_not_a_cdn(api: str) -> None:
+    r = get(api + "/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "://" not in r.text and "cdn" not in r.text.lower()  # FastAPI's default loads jsDelivr
+    assert "default-src 'self'" in r.headers["content-security-policy"]  # the browser may fetch nothing else
+    refs = _local_refs(r.text)
+    kinds = {
+        "/static/swagger/swagger-ui-bundle.js": "javascript", "/static/swagger/swagger-ui.css": "text/css",
+        "/static/swagger/favicon-32x32.png": "image/png", "/openapi.json": "application/json",
+    }
+    assert sorted(refs) == sorted(kinds)
+    for ref, kind in kinds.items():
+        asset = get(api + ref)
+        assert asset.status_code == 200 and kind in asset.headers["content-type"], ref
+    assert b"SwaggerUIBundle" in get(api + "/static/swagger/swagger-ui-bundle.js").content
+    assert get(api + "/redoc").status_code == 404  # ReDoc would need a CDN too: off
+
+
+def test_vendored_swagger_ui_is_package_data() -> None:
+    """pyproject's package-data globs cover every vendored file, so a wheel serves /docs as the checkout does."""
+    import ast
+    import fnmatch
+
+    from server.dashboard.app import SWAGGER_DIR
+
+    line = re.search(r'^"server\.dashboard" = (\[.*\])$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert line, "pyproject.toml lists no package-data for server.dashboard"
+    globs = [g.split("/") for g in ast.literal_eval(line.group(1))]
+    pkg = SWAGGER_DIR.parents[1]
+    files = [f.relative_to(pkg).as_posix() for f in SWAGGER_DIR.iterdir() if f.is_file()]
+    required = {"static/swagger/swagger-ui-bundle.js", "static/swagger/swagger-ui.css", "static/swagger/LICENSE"}
+    assert required <= set(files)
+    for f in files:  # setuptools globs: "*" stays within one path segment
+        parts = f.split("/")
+        assert any(len(g) == len(parts) and all(map(fnmatch.fnmatchcase, parts, g)) for g in globs), f
+
+
 # ---- damaged, missing and live run directories ------------------------------------------------------------------
 
 def test_empty_and_missing_run_dirs_give_empty_200s(serve: Any, tmp_path: Path) -> None:
@@ -338,6 +381,47 @@ def test_cli_serves_until_terminated(real_run: Path, tmp_path: Path) -> None:
 
 
 # ---- the live page in headless Chromium ----------------------------------------------------------------------------
+
+needs_chromium = pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs /usr/bin/chromium")
+
+
+def recording_chromium(**kw: Any) -> Any:
+    """A ``Chromium`` that also records every URL the page requests and the browser's own error log
+    (CSP violations and failed loads land there, not in the console)."""
+    from browser import Chromium
+
+    class Recording(Chromium):
+        def start(self) -> None:
+            self.requests: list[str] = []
+            self.log_errors: list[str] = []
+            super().start()
+            self.call("Network.enable")
+            self.call("Log.enable")
+
+        def _event(self, msg: dict[str, Any]) -> None:
+            super()._event(msg)
+            params = msg.get("params", {})
+            if msg.get("method") == "Network.requestWillBeSent":
+                self.requests.append(params["request"]["url"])
+            elif msg.get("method") == "Log.entryAdded" and params["entry"].get("level") == "error":
+                self.log_errors.append(params["entry"].get("text", ""))
+
+    return Recording(**kw)
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_docs_render_offline_in_headless_chromium(api: str) -> None:
+    with recording_chromium() as page:
+        page.navigate(api + "/docs")
+        page.wait_for("document.querySelectorAll('.opblock').length >= 9", 20)
+        paths = page.evaluate("[...document.querySelectorAll('.opblock-summary-path')].map(e => e.textContent)")
+        for route in ("/api/status", "/api/rounds", "/api/clients", "/api/events", "/metrics", "/healthz"):
+            assert route in paths, route
+        page.screenshot(ARTIFACTS / "dashboard-docs.png")
+        assert page.requests and all(u.startswith(api + "/") or u.startswith("data:") for u in page.requests), \
+            page.requests
+        assert page.exceptions == [] and page.console_errors == [] and page.log_errors == []
 
 def _truncate_to(run: Path, full: list[dict[str, Any]], n: int, phase: str) -> None:
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in full[:n]))
