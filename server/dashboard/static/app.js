@@ -496,7 +496,7 @@
   function renderClients() {
     const table = $("#clients");
     const rows = state.clients ? state.clients.clients : [];
-    const counts = { ok: 0, stale: 0, down: 0, unknown: 0 };
+    const counts = { ok: 0, stale: 0, down: 0, unknown: 0, finished: 0, stopped: 0 };
     const trs = rows.map((c) => {
       counts[c.health] = (counts[c.health] || 0) + 1;
       const tr = document.createElement("tr");
@@ -520,7 +520,7 @@
     table.tBodies[0].replaceChildren(...trs);
     table.dataset.rows = String(trs.length);
     const parts = [`${rows.length} clients`];
-    for (const k of ["ok", "stale", "down"]) if (counts[k]) parts.push(`${counts[k]} ${k}`);
+    for (const k of ["ok", "stale", "down", "finished", "stopped"]) if (counts[k]) parts.push(`${counts[k]} ${k}`);
     if (state.clients && state.clients.source !== "clients.json") parts.push(`from ${state.clients.source}`);
     $("#clients-summary").textContent = parts.join(" · ");
   }

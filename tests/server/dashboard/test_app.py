@@ -196,6 +196,23 @@ def test_page_and_assets_are_served(api: str) -> None:
         assert get(f"{api}/{asset}").status_code == 200
 
 
+def test_charts_have_axis_titles_and_the_page_explains_eta(api: str) -> None:
+    html = get(api + "/").text
+    found = re.findall(r'id="(chart-[a-z0-9]+|heatmap)".*?class="ytitle">(.*?)</span>.*?class="xtitle">(.*?)</span>',
+                       html, re.S)
+    titles = {cid: (y, x) for cid, y, x in found}
+    assert titles == {
+        "chart-accuracy": ("test accuracy", "round"), "chart-loss": ("loss", "round"),
+        "chart-phi2": ("φ<sub>2</sub>", "round"), "chart-eta": ("η (learning rate)", "round"),
+        "chart-entropy": ("entropy", "round"), "heatmap": ("class", "client"),
+    }
+    note = re.search(r'id="eta-note">(.*?)</p>', html, re.S)
+    assert note and "trained with" in note.group(1) and "Proposition 1" in note.group(1)
+    assert "before this decay" in note.group(1)
+    for th in ("η", "η*"):  # the table's columns say what they are on hover too
+        assert re.search(r'<th class="num" title="[^"]+">' + re.escape(th) + "</th>", html), th
+
+
 def _local_refs(html: str) -> list[str]:
     """Every src/href of a page, and the schema URL Swagger UI is told to load."""
     return re.findall(r'(?:src|href)="([^"]*)"', html) + re.findall(r"url: '([^']*)'", html)
@@ -476,6 +493,13 @@ def test_live_page_in_headless_chromium(serve: Any, real_run: Path, tmp_path: Pa
         assert page.evaluate(chart("chart-loss")) == str(2 * ROUNDS)  # test and train loss
         assert page.evaluate("document.querySelector('#progress-fill').style.width") == "100%"
         assert page.evaluate("document.querySelector('#error').hidden") is True
+        page.wait_for("[...document.querySelectorAll('#clients .health')].every(e => e.dataset.health === 'finished')",
+                      5)  # the run is done: its clients are finished, not "ok"
+        assert f"{NUM_CLIENTS} finished" in page.evaluate("document.querySelector('#clients-summary').textContent")
+        for fig in ("chart-accuracy", "chart-eta", "heatmap"):  # axis titles are laid out, not just present
+            assert page.evaluate(f"document.querySelector('#{fig} .ytitle').getBoundingClientRect().height > 20 && "
+                                 f"document.querySelector('#{fig} .xtitle').getBoundingClientRect().width > 20"), fig
+        assert page.evaluate("document.querySelector('#eta-note').getBoundingClientRect().height > 0")
         page.wait_for("document.querySelector('#progress-fill').getBoundingClientRect().width >= "
                       "document.querySelector('#progress').getBoundingClientRect().width - 1", 5)  # CSS transition
         shot = page.screenshot(ARTIFACTS / "dashboard.png")
