@@ -19,11 +19,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 
-from server.dashboard import auth, prometheus, views
+from server.dashboard import auth, page, prometheus, views
 from server.dashboard.models import (
     ClientsOut,
     ConfigOut,
@@ -183,9 +183,12 @@ def create_app(
         )
         return PlainTextResponse(body, media_type=prometheus.CONTENT_TYPE)
 
-    @app.get("/", include_in_schema=False)
-    def index() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    def index() -> HTMLResponse:
+        """The page, with the run's state in it (only when no token guards the data: the page itself is open)."""
+        snap = reader.snapshot() if token is None else None
+        body = page.render_index(STATIC_DIR / "index.html", snap, clock(), stale_after_s)
+        return HTMLResponse(body, headers=PAGE_HEADERS)
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def docs(request: Request) -> HTMLResponse:

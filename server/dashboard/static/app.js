@@ -1,5 +1,6 @@
 /* FedEnt dashboard page: fetches /api/*, draws small canvas charts and follows /api/events (SSE).
- * Hand-written, no dependencies. Each chart exposes what it drew as data-* attributes (data-points,
+ * The server embeds the run's state in the page (#initial-data, the API's own JSON), so the first paint
+ * is drawn from it before any fetch; fetches and events then keep it current. Hand-written, no dependencies. Each chart exposes what it drew as data-* attributes (data-points,
  * data-series, data-last) so tests and scripts can read the page without parsing pixels. */
 "use strict";
 
@@ -13,7 +14,7 @@
   const token = readToken(); // kept out of `state`, which is exposed below
   const state = {
     status: null, statusAt: 0, rounds: [], clients: null, estimator: null, partition: null,
-    refreshing: false, pending: null, pendingWanted: false, refreshes: 0, source: null,
+    refreshing: false, pending: null, pendingWanted: false, refreshes: 0, source: null, initial: false,
   };
   window.fedentDashboard = state; // for debugging in the console
 
@@ -79,6 +80,24 @@
   }
 
   // ---- data loading ------------------------------------------------------------------------------------
+  /** The state the server rendered into the page (absent when the dashboard needs a token). */
+  function loadInitial() {
+    const el = document.getElementById("initial-data");
+    const raw = el ? el.textContent.trim() : "";
+    if (!raw) return false;
+    let d;
+    try { d = JSON.parse(raw); } catch (e) { return false; }
+    if (!d || !d.status || !d.rounds) return false;
+    state.status = d.status;
+    state.statusAt = Date.now();
+    state.rounds = d.rounds.items || [];
+    state.clients = d.clients || null;
+    state.estimator = d.estimator || null;
+    state.partition = d.partition || null;
+    state.initial = true;
+    return true;
+  }
+
   async function loadRounds() {
     let offset = state.rounds.length;
     for (let guard = 0; guard < 10000; guard++) {
@@ -572,6 +591,7 @@
     resizeTimer = setTimeout(() => { renderCharts(); renderHeatmap(); }, 150);
   });
   setInterval(tickClock, 1000);
+  if (loadInitial()) render(); // first paint with data, before any fetch
   refresh(null);
   connect();
 })();

@@ -196,6 +196,26 @@ def test_page_and_assets_are_served(api: str) -> None:
         assert get(f"{api}/{asset}").status_code == 200
 
 
+def test_page_arrives_with_the_run_in_it(api: str, serve: Any, real_run: Path) -> None:
+    """The first paint needs no fetch: the header numbers are in the HTML and the API's JSON is embedded."""
+    body = get(api + "/").text
+    assert re.search(r'<span id="round">3</span> / <span id="rounds">3</span>', body)
+    assert re.search(r'id="phase"[^>]*data-phase="done">done<', body) and re.search(r'id="eta">done<', body)
+    last_acc = [r["test_acc"] for r in metrics_of(real_run) if r["test_acc"] is not None][-1]
+    assert re.search(r'id="last-acc">' + re.escape(f"{100 * last_acc:.1f}%") + "<", body)
+    data = json.loads(re.search(r'id="initial-data">(.*?)</script>', body, re.S).group(1))  # type: ignore[union-attr]
+    assert data["status"] == get(api + "/api/status").json() | {"elapsed_s": data["status"]["elapsed_s"]}
+    assert data["rounds"] == get(api + "/api/rounds", params={"limit": 1000}).json()
+    ages = ("heartbeat_age_s",)  # measured at each request
+    assert [{k: v for k, v in c.items() if k not in ages} for c in data["clients"]["clients"]] == [
+        {k: v for k, v in c.items() if k not in ages} for c in get(api + "/api/clients").json()["clients"]]
+    assert {c["health"] for c in data["clients"]["clients"]} == {"finished"}
+    assert data["partition"] == get(api + "/api/partition").json()
+    # with a token the page is open to anyone, so it must not carry the run: a shell that fetches with the token
+    guarded = get(serve(real_run, token=TOKEN) + "/").text
+    assert re.search(r'id="initial-data"></script>', guarded) and re.search(r'<span id="round">–</span>', guarded)
+
+
 def test_charts_have_axis_titles_and_the_page_explains_eta(api: str) -> None:
     html = get(api + "/").text
     found = re.findall(r'id="(chart-[a-z0-9]+|heatmap)".*?class="ytitle">(.*?)</span>.*?class="xtitle">(.*?)</span>',
@@ -424,6 +444,49 @@ def recording_chromium(**kw: Any) -> Any:
                 self.log_errors.append(params["entry"].get("text", ""))
 
     return Recording(**kw)
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_first_paint_shows_the_run_in_a_plain_dump_dom(api: str, tmp_path: Path) -> None:
+    """``chromium --dump-dom`` shows the run's numbers, not dashes. With JavaScript on, the fetches may also have
+    landed by the time of the dump; with it off, only the server's rendering can have put them there."""
+    from browser import CHROMIUM, FLAGS
+
+    def dump(*extra: str) -> str:
+        profile = tmp_path / f"profile{len(extra)}"
+        out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, "--dump-dom", api + "/"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-400:]
+        return out.stdout
+
+    dom = dump()
+    assert re.search(r'<span id="round">3</span> / <span id="rounds">3</span>', dom)
+    assert 'data-rows="4"' in dom and "finished" in dom
+    assert re.search(r'id="chart-accuracy"[^>]*data-points="3"', dom)
+    # even without JavaScript the header is the run's, rendered by the server
+    bare = dump("--blink-settings=javascriptEnabled=false")
+    assert re.search(r'<span id="round">3</span>', bare) and re.search(r'id="eta">done<', bare)
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_first_paint_draws_everything_before_any_fetch(api: str) -> None:
+    """With every /api/ request blocked, the page still draws its charts, table and header from the embedded state."""
+    with recording_chromium() as page:
+        page.call("Network.setBlockedURLs", urls=["*/api/*"])
+        page.navigate(api + "/")
+        state = page.evaluate("({initial: fedentDashboard.initial, refreshes: fedentDashboard.refreshes, "
+                              "round: document.querySelector('#round').textContent, "
+                              "acc: document.querySelector('#chart-accuracy').dataset.points, "
+                              "heat: document.querySelector('#heatmap').dataset.points, "
+                              "rows: document.querySelector('#clients').dataset.rows, "
+                              "width: document.querySelector('#progress-fill').style.width})")
+        assert state == {"initial": True, "refreshes": 0, "round": str(ROUNDS), "acc": str(ROUNDS),
+                         "heat": state["heat"], "rows": str(NUM_CLIENTS), "width": "100%"}
+        assert int(state["heat"]) > 0
+        page.screenshot(ARTIFACTS / "dashboard-first-paint.png")
+        assert page.exceptions == []
 
 
 @pytest.mark.browser
