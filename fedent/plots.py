@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, Normalize
@@ -187,7 +188,8 @@ def save(fig: Figure, path: str | Path, style: FigureStyle = DEFAULT_STYLE) -> l
         p = base.with_suffix(f".{fmt}")
         # fixed metadata (no creation date) so regenerated figures only differ when their content does
         meta: dict[str, Any] = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}.get(fmt, {})
-        fig.savefig(p, dpi=style.dpi, bbox_inches="tight", metadata=meta)
+        with rc_context({"pdf.fonttype": 42}):  # TrueType in PDFs: Type 3 fonts are refused by some publishers
+            fig.savefig(p, dpi=style.dpi, bbox_inches="tight", metadata=meta)
         out.append(p)
     return out
 
