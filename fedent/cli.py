@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "fedent.commands.compare",
     "plot": "fedent.commands.plot",
     "reproduce": "fedent.commands.reproduce",
+    "tensorboard": "fedent.commands.tensorboard",
 }
 ENTRY_POINT_GROUP = "fedent.commands"
 

@@ -7,31 +7,50 @@ from pathlib import Path
 
 from fedent.config import ConfigError
 
+FORMATS = ("png", "pdf", "svg")  # = fedent.plots.FORMATS (not imported here: matplotlib only when plotting)
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    fmts = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in text.split(",") if f.strip()))
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad) or '(none)'}: choose from {','.join(FORMATS)}")
+    return fmts
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("plot", help="re-plot run directories",
                               description="Plot accuracy/loss curves (and FedEnt's η and φ2 when logged) of runs. "
-                                          "One run: into RUN_DIR/plots (or --out). Several: one overlay in --out.")
+                                          "One run: into RUN_DIR/plots (or --out). Several: one overlay in --out. "
+                                          "Rounds are numbered 1..R, as simulate prints them.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", default=None, help="output directory")
+    p.add_argument("--formats", type=_formats, default=("png",), metavar="png,pdf,svg",
+                   help="file formats, comma-separated: one file per figure and format (default: png)")
+    p.add_argument("--dpi", type=int, default=300, help="resolution of raster output (default: 300)")
+    p.add_argument("--no-title", dest="titles", action="store_false",
+                   help="no titles on the figures (a paper's caption says it)")
 
 
 def run(args: argparse.Namespace) -> int:
     from fedent import runlog
-    from fedent.plots import plot_groups, plot_run
+    from fedent.plots import FigureStyle, plot_groups, plot_run
 
+    if args.dpi <= 0:
+        raise ConfigError("--dpi: must be > 0")
+    style = FigureStyle(formats=tuple(args.formats), dpi=args.dpi, titles=args.titles)
     dirs = [Path(r) for r in args.runs]
     for d in dirs:
         if not runlog.RunPaths(d).metrics.is_file():
             raise ConfigError(f"{d}: not a run directory (no metrics.jsonl)")
     made: list[Path] = []
     if len(dirs) == 1:
-        made = plot_run(dirs[0], args.out)
+        made = plot_run(dirs[0], args.out, style)
     else:
         if args.out is None:
             raise ConfigError("--out: required when plotting several runs together")
         groups = {d.name: [runlog.read_metrics(runlog.RunPaths(d).metrics)] for d in dirs}
-        made = plot_groups(groups, args.out)
+        made = plot_groups(groups, args.out, style=style)
     if not made:
         print("nothing to plot yet (no completed rounds)")
         return 0

@@ -237,7 +237,7 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
                      f"{r.run_dir.relative_to(out)} |")
     if result.figures:
         lines += ["", "## Figures", ""]
-        lines += [f"![{p.stem}]({p.relative_to(out)})" for p in result.figures]
+        lines += [f"![{p.stem}]({p.relative_to(out)})" for p in result.figures if p.suffix in (".png", ".svg")]
     runlog.atomic_write_text(out / "compare.md", "\n".join(lines) + "\n")
 
     def ms(v: tuple[float, float] | None) -> dict[str, float] | None:

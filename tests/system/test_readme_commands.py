@@ -36,8 +36,8 @@ SYSTEM_COPY = Path("/usr/share/datasets/fashion-mnist")
 
 SMALL_RUN = ["--set", "train.rounds=1", "--set", "train.local_epochs=1", "--set", "data.num_clients=10",
              "--set", "data.max_train_samples=600", "--set", "data.max_test_samples=200"]
-SMALL: dict[str, list[str]] = {"simulate": SMALL_RUN, "compare": SMALL_RUN, "plot": [], "partition": [],
-                               "dashboard": ["--port", "0"]}
+SMALL: dict[str, list[str]] = {"simulate": SMALL_RUN, "compare": SMALL_RUN, "plot": [], "tensorboard": [],
+                               "partition": [], "dashboard": ["--port", "0"]}
 
 
 def research_commands(text: str) -> list[list[str]]:
@@ -134,7 +134,11 @@ def test_readme_research_commands_run_verbatim(tmp_path: Path) -> None:
             assert [a["algorithm"] for a in summary["algorithms"]] == args[args.index("--algorithms") + 1].split(",")
             assert not any(a["failed"] for a in summary["algorithms"])
         if sub == "plot":
-            assert run_dir is not None and any((run_dir / "plots").glob("*.png"))
+            assert run_dir is not None
+            fmts = args[args.index("--formats") + 1].split(",") if "--formats" in args else ["png"]
+            assert all(any((run_dir / "plots").glob(f"*.{f}")) for f in fmts), fmts
+        if sub == "tensorboard":
+            assert run_dir is not None and any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
         if sub == "partition":
             assert (work / "part.json").is_file() and (work / "part.png").is_file()
 
