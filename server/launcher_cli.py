@@ -11,9 +11,11 @@ from typing import Any
 
 from fedent.config import load_config
 
+HELP = "run the aggregator, estimator, workers and dashboard locally"
+
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("cluster", help="run the aggregator, estimator, workers and dashboard locally")
+    p = subparsers.add_parser("cluster", help=HELP)
     sub = p.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser("up", help="start a local cluster for one config")
     up.add_argument("--config", required=True, help="experiment YAML")

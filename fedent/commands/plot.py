@@ -7,9 +7,11 @@ from pathlib import Path
 
 from fedent.config import ConfigError
 
+HELP = "re-plot run directories"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("plot", help="re-plot run directories",
+    p = subparsers.add_parser("plot", help=HELP,
                               description="Plot accuracy/loss curves (and FedEnt's η and φ2 when logged) of runs. "
                                           "One run: into RUN_DIR/plots (or --out). Several: one overlay in --out.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
