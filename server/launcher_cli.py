@@ -36,6 +36,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedent.commands.errors import input_error_types, one_line
     from server.__main__ import settings_from_args
     from server.launcher import Cluster, LaunchError, LaunchSettings, default_run_dir
     from server.settings import SettingsError
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             cluster.start(agg)
+        except input_error_types() as e:  # the dataset is missing: the same one line and exit code as simulate
+            print(f"fedent cluster: {one_line(e)}", file=sys.stderr)
+            return 2
         except (LaunchError, OSError, ValueError) as e:
             print(f"fedent cluster: {e}", file=sys.stderr)
             return 1
@@ -88,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.exit_when_done and handle.dashboard_url:
             print("fedent cluster: dashboard stays up; Ctrl-C to stop", flush=True)
             signal.pause()
+        elif handle.dashboard_url:  # its URL dies with this process: say how to open the finished run
+            print(f"fedent cluster: the dashboard stopped with the cluster; to browse this run: "
+                  f"fedent dashboard {handle.run_dir}", flush=True)
         return 0 if ok else 1
     except KeyboardInterrupt:
         print("fedent cluster: stopping", file=sys.stderr)

@@ -136,3 +136,23 @@ def test_missing_data_root_is_an_error_naming_it(tmp_path: Path, capsys: pytest.
                "--out", str(tmp_path / "runs"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and str(missing) in err and "no such directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_progress_is_a_plain_line_per_round_without_a_terminal(tmp_path: Path) -> None:
+    """Batch jobs and nohup: stdout is a file or a pipe, so each round is one line (simulate and compare)."""
+    cfg = write_tiny_config_file(tmp_path / "c.yaml", rounds=2)
+    sim = subprocess.Popen([sys.executable, "-m", "fedent.cli", "simulate", "--config", str(cfg), "--out",
+                            str(tmp_path / "runs"), "--no-plots"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    cmp = subprocess.Popen([sys.executable, "-m", "fedent.cli", "compare", "--config", str(cfg), "--algorithms",
+                            "fedavg,fedprox", "--out", str(tmp_path / "cmp")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    out, err = sim.communicate(timeout=300)
+    assert sim.returncode == 0, err
+    assert [ln.split(" acc")[0] for ln in out.splitlines() if " round " in f" {ln}"][:2] == ["round 1/2", "round 2/2"]
+    assert "\x1b" not in out + err and "\r" not in out + err
+    out, err = cmp.communicate(timeout=300)
+    assert cmp.returncode == 0, err
+    heads = [ln.split(" acc")[0] for ln in out.splitlines() if ln.startswith("run ")]
+    assert heads == ["run 1/2 fedavg s0: round 1/2", "run 1/2 fedavg s0: round 2/2",
+                     "run 2/2 fedprox s0: round 1/2", "run 2/2 fedprox s0: round 2/2"], out
