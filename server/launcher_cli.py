@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedent.commands.errors import input_error_types, one_line
+    from fedent.data import DatasetError
     from server.__main__ import settings_from_args
     from server.launcher import Cluster, LaunchError, LaunchSettings, default_run_dir
     from server.settings import SettingsError
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             cluster.start(agg)
-        except input_error_types() as e:  # the dataset is missing: the same one line and exit code as simulate
-            print(f"fedent cluster: {one_line(e)}", file=sys.stderr)
+        except DatasetError as e:  # the dataset is missing: the same one line and exit code as simulate
+            print(f"fedent cluster: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         except (LaunchError, OSError, ValueError) as e:
             print(f"fedent cluster: {e}", file=sys.stderr)
