@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= configs/demo.yaml
 PROTO_SRC := $(wildcard proto/fedentrpc/v1/*.proto)
 
-.PHONY: setup run test lint proto proto-check simulate cluster bench reproduce clean
+.PHONY: setup data browser run test lint proto proto-check simulate cluster bench reproduce clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,18 +16,28 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# System packages (Debian/Ubuntu): installed here when this user may (root or passwordless sudo); otherwise
+# one line with the exact command, and the target stops. The browser test skips without Chromium.
+DATA_DIR ?= /usr/share/datasets/fashion-mnist
+CHROMIUM ?= /usr/bin/chromium
+data:
+	@tools/ensure_system_deps.sh $(DATA_DIR) dataset-fashion-mnist "the offline Fashion-MNIST copy"
+
+browser:
+	@tools/ensure_system_deps.sh --optional $(CHROMIUM) chromium "Chromium (dashboard browser test)"
+
 # The main job: always the most complete thing that exists (the local cluster on the demo config).
-run: $(STAMP)
+run: data $(STAMP)
 	$(BIN)/fedent cluster up --config $(CONFIG) --workers 2 --exit-when-done
 
-simulate: $(STAMP)
+simulate: data $(STAMP)
 	$(BIN)/fedent simulate --config $(CONFIG)
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedent fedentrpc server client estimator tests benchmarks tools
 	$(BIN)/mypy
 
-test: $(STAMP) lint proto-check
+test: data browser $(STAMP) lint proto-check
 	$(BIN)/pytest -q
 
 proto: $(STAMP)
@@ -39,7 +49,7 @@ proto-check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
-reproduce: $(STAMP)
+reproduce: data $(STAMP)
 	$(BIN)/fedent reproduce --out results/reproduce
 
 clean:

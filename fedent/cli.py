@@ -3,6 +3,11 @@
 The core's own subcommands are listed here. Subcommands that need grpc or fastapi (cluster, dashboard,
 certs) belong to the services, which register them under the entry-point group ``fedent.commands``
 (pyproject.toml), so the core never names a service and an installed package can add a subcommand.
+
+Start-up is lazy: only the chosen subcommand's module builds its parser and runs; the others appear in
+``fedent --help`` with their one-line ``HELP`` (a module constant, read without building their parsers),
+and nothing imports torch before a command needs it. ``fedent --help`` takes a fraction of a second
+(benchmarks/bench_cli.py) instead of the seconds that importing torch and grpc up front cost.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from importlib.metadata import entry_points
+from collections.abc import Sequence
+from types import ModuleType
 
 from fedent.config import ConfigError
 
-# subcommand -> module providing add_parser(subparsers) and run(args)
+# subcommand -> module providing add_parser(subparsers) and run(args) (and, optionally, a one-line HELP)
 SUBCOMMANDS: dict[str, str] = {
     "partition": "fedent.commands.partition",
     "simulate": "fedent.commands.simulate",
@@ -28,33 +34,76 @@ ENTRY_POINT_GROUP = "fedent.commands"
 
 def subcommands() -> dict[str, str]:
     """The core's subcommands plus those that installed packages register (the services' among them)."""
+    from importlib.metadata import entry_points
+
     found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     return {**found, **SUBCOMMANDS}
 
 
-def _available() -> dict[str, object]:
-    mods: dict[str, object] = {}
-    for name, modname in subcommands().items():
-        try:
-            mods[name] = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name and modname.startswith(e.name):
-                continue  # not built yet / not installed
-            raise
-    return mods
+def version() -> str:
+    """The installed package's version (the source tree's pyproject when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("fedent")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _load(modname: str) -> ModuleType | None:
+    """The subcommand's module, or None when it (or the package providing it) is not installed."""
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name and modname.startswith(e.name):
+            return None
+        raise
+
+
+def _chosen(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: the first word that is not an option (the top-level parser
+    has no options that take a value)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in names else None
+    return None
+
+
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    """The parser with the chosen subcommand's full arguments and every other subcommand as a stub."""
+    parser = argparse.ArgumentParser(prog="fedent", description="FedEnt federated learning: simulator and cluster")
+    parser.add_argument("--version", action="version", version=f"fedent {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = subcommands()
+    chosen = _chosen(argv, list(commands))
+    loaded: dict[str, ModuleType] = {}
+    core = list(SUBCOMMANDS)
+    for name in sorted(commands, key=lambda n: (core.index(n) if n in core else len(core), n)):
+        mod = _load(commands[name])
+        if mod is None:
+            continue  # not built yet / not installed
+        loaded[name] = mod
+        summary = getattr(mod, "HELP", None)
+        if name == chosen or summary is None:
+            mod.add_parser(sub)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)
+    return parser, loaded
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedent", description="FedEnt federated learning: simulator and cluster")
-    sub = parser.add_subparsers(dest="command", required=True)
-    mods = _available()
-    for mod in mods.values():
-        mod.add_parser(sub)  # type: ignore[attr-defined]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, mods = build_parser(argv)
     args = parser.parse_args(argv)
     try:
-        return int(mods[args.command].run(args) or 0)  # type: ignore[attr-defined]
+        return int(mods[args.command].run(args) or 0)
     except ConfigError as e:
-        print(f"fedent {args.command}: config error: {e}", file=sys.stderr)
+        # "--flag: ..." is a command-line mistake; everything else names a config key
+        label = "" if str(e).startswith("--") else "config error: "
+        print(f"fedent {args.command}: {label}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fedent {args.command}: interrupted", file=sys.stderr)

@@ -29,7 +29,43 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A configuration problem, with a one-line message naming the key."""
+    """A configuration problem, with a one-line message naming the key.
+
+    ``problems`` holds every problem found (one message each); a config with several bad keys raises one
+    error that lists them all (``"; "``-joined, still one line), so one edit fixes the file.
+    """
+
+    def __init__(self, message: str = "", problems: list[str] | None = None) -> None:
+        self.problems = list(problems) if problems else [message]
+        super().__init__(message if problems is None else "; ".join(self.problems))
+
+
+def _raise_all(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(problems=problems)
+
+
+class _Collect:
+    """Gather the ConfigErrors of several independent steps, then raise them as one."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.problems.extend(e.problems)
+            return None
+
+    def check(self, ok: bool, key: str, why: str) -> None:
+        if not ok:
+            self.problems.append(f"{key}: {why}")
+
+    def raise_any(self) -> None:
+        _raise_all(self.problems)
 
 
 @dataclass(frozen=True)
@@ -49,13 +85,15 @@ class DataConfig:
     synthetic_test: int = 1000
 
     def validate(self) -> None:
-        _check(self.partition in ("iid", "pathological", "dirichlet"), "data.partition",
+        c = _Collect()
+        c.check(self.partition in ("iid", "pathological", "dirichlet"), "data.partition",
                "must be one of iid, pathological, dirichlet")
-        _check(self.dirichlet_flavour in ("client", "class"), "data.dirichlet_flavour", "must be client or class")
-        _check(self.num_clients >= 1, "data.num_clients", "must be >= 1")
-        _check(self.alpha > 0, "data.alpha", "must be > 0")
-        _check(self.shards_per_client >= 1, "data.shards_per_client", "must be >= 1")
-        _check(self.min_samples >= 0, "data.min_samples", "must be >= 0")
+        c.check(self.dirichlet_flavour in ("client", "class"), "data.dirichlet_flavour", "must be client or class")
+        c.check(self.num_clients >= 1, "data.num_clients", "must be >= 1")
+        c.check(self.alpha > 0, "data.alpha", "must be > 0")
+        c.check(self.shards_per_client >= 1, "data.shards_per_client", "must be >= 1")
+        c.check(self.min_samples >= 0, "data.min_samples", "must be >= 0")
+        c.raise_any()
 
 
 @dataclass(frozen=True)
@@ -64,7 +102,9 @@ class ModelConfig:
     dropout: float = 0.0
 
     def validate(self) -> None:
-        _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        c = _Collect()
+        c.check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        c.raise_any()
 
 
 @dataclass(frozen=True)
@@ -82,15 +122,17 @@ class TrainConfig:
     local_eval: int = 0  # evaluate this many uploaded local models per eval round (paper Fig. client_dev)
 
     def validate(self) -> None:
-        _check(self.rounds >= 1, "train.rounds", "must be >= 1")
-        _check(0.0 < self.fraction <= 1.0, "train.fraction", "must be in (0, 1]")
-        _check(self.local_epochs >= 1, "train.local_epochs", "must be >= 1")
-        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
-        _check(self.lr > 0, "train.lr", "must be > 0")
-        _check(self.eval_every >= 1, "train.eval_every", "must be >= 1")
-        _check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
-        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+        c = _Collect()
+        c.check(self.rounds >= 1, "train.rounds", "must be >= 1")
+        c.check(0.0 < self.fraction <= 1.0, "train.fraction", "must be in (0, 1]")
+        c.check(self.local_epochs >= 1, "train.local_epochs", "must be >= 1")
+        c.check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        c.check(self.lr > 0, "train.lr", "must be > 0")
+        c.check(self.eval_every >= 1, "train.eval_every", "must be >= 1")
+        c.check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
+        c.check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", "must be auto, cpu, cuda or cuda:N")
+        c.raise_any()
 
 
 # ---- typed strategy options ----------------------------------------------------------------------
@@ -273,9 +315,11 @@ class ExperimentConfig:
     out_dir: str = "runs"
 
     def validate(self) -> None:
-        self.data.validate()
-        self.model.validate()
-        self.train.validate()
+        c = _Collect()
+        c.run(self.data.validate)
+        c.run(self.model.validate)
+        c.run(self.train.validate)
+        c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
         # The algorithm section keeps its flat YAML layout {name, <options>} (asdict would nest "options").
@@ -289,22 +333,16 @@ class ExperimentConfig:
         }
 
 
-def _check(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {why}")
-
-
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against a (simple) type annotation; ints are accepted where floats are."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arg in typing.get_args(tp):
             try:
                 return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: {_type_text(tp)}, got {value!r}")
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if any(value == c and type(value) is type(c) for c in choices):
@@ -341,9 +379,11 @@ def dataclass_from_mapping(cls: Any, raw: Mapping[str, Any] | None, prefix: str)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
+    c = _Collect()
     if unknown:
-        raise ConfigError(f"{prefix}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items()}
+        c.problems.append(f"{prefix}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+    kwargs = {k: c.run(_coerce, v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items() if k in names}
+    c.raise_any()  # every unknown key and bad type at once
     return cls(**kwargs)
 
 
@@ -355,16 +395,17 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if unknown:
         listed = ", ".join(sorted(allowed))
         raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}; allowed: {listed}")
-    cfg = ExperimentConfig(
-        name=str(raw.get("name", "experiment")),
-        data=dataclass_from_mapping(DataConfig, raw.get("data"), "data"),
-        model=dataclass_from_mapping(ModelConfig, raw.get("model"), "model"),
-        train=dataclass_from_mapping(TrainConfig, raw.get("train"), "train"),
-        algorithm=AlgorithmConfig.from_mapping(raw.get("algorithm")),
-        out_dir=str(raw.get("out_dir", "runs")),
-    )
-    cfg.validate()
-    return cfg
+    c = _Collect()  # every section is checked, and all their problems reported together
+    data = c.run(dataclass_from_mapping, DataConfig, raw.get("data"), "data")
+    model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
+    train = c.run(dataclass_from_mapping, TrainConfig, raw.get("train"), "train")
+    algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
+    for section in (data, model, train):
+        if section is not None:
+            c.run(section.validate)
+    c.raise_any()
+    return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
+                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

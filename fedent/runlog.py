@@ -149,12 +149,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp file beside ``path``, fsync it, rename over ``path`` (readers see old or new, never half)."""
+def _umask() -> int:
+    """The process umask (read by setting and restoring it once; it does not change while fedent runs)."""
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
+
+
+_UMASK: int | None = None
+
+
+def file_mode() -> int:
+    """The one permission policy for the files fedent writes (run directories, reports, checkpoints, worker
+    state): what ``open()`` gives, 0o666 less the umask (0644 under umask 022). Nothing secret is in them:
+    config.yaml is redacted (``redact``), and keys and tokens are written with an explicit ``mode=0o600``."""
+    return 0o666 & ~_umask()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, mode: int | None = None) -> None:
+    """Write to a temp file beside ``path``, fsync it, rename over ``path`` (readers see old or new, never half).
+
+    The file gets ``mode``, by default ``file_mode()`` (mkstemp alone would leave 0600, unlike appended files).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, file_mode() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -8,9 +8,11 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from fedent import runlog
 from fedent.config import ConfigError, load_config
+from fedent.data import DatasetError
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import (
     ClientSecurity,
@@ -22,6 +24,8 @@ from fedentrpc.security.redaction import install_log_redaction
 from fedentrpc.security.tokens import read_worker_token
 from server.app import save_port, start_aggregator
 from server.settings import AggregatorSettings, SettingsError
+
+log = logging.getLogger("fedent.aggregator")
 
 
 def add_settings_args(p: argparse.ArgumentParser) -> None:
@@ -71,6 +75,16 @@ def estimator_client_security(sec: ServerSecurity, token_file: str | None, estim
                           key=Path(key) if key else None).validate()
 
 
+def round_log_line(rec: dict[str, Any], rounds: int) -> str:
+    """What the aggregator logs when a round completes (its log is where a batch job's progress shows)."""
+    acc, loss, wall = rec.get("test_acc"), rec.get("train_loss"), rec.get("wall_s")
+    acc_s = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+    loss_s = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
+    wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
+    return (f"round {int(rec.get('round', -1)) + 1}/{rounds} done: test acc {acc_s}, train loss {loss_s}, "
+            f"{rec.get('num_clients', '?')} clients, {wall_s}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m server", description="fedent aggregator")
     p.add_argument("--config", required=True)
@@ -102,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args, args.port)
         run_dir = Path(args.out) if args.out else Path(cfg.out_dir) / runlog.new_run_id(
             cfg.name, cfg.algorithm.name, cfg.train.seed)
+        rounds = cfg.train.rounds
         handle = start_aggregator(cfg, settings, run_dir, dashboard=args.dashboard_port is not None,
                                   dashboard_host=args.host, dashboard_port=args.dashboard_port or 0,
-                                  security=security, estimator_security=estimator_security)
-    except (ConfigError, SettingsError, SecurityConfigError, ValueError, OSError) as e:
+                                  security=security, estimator_security=estimator_security,
+                                  on_round=lambda rec: log.info(round_log_line(rec, rounds)))
+    except (ConfigError, SettingsError, SecurityConfigError, ValueError, OSError, DatasetError) as e:
         print(f"aggregator: {e}", file=sys.stderr)
         return 2
     if args.port_file:

@@ -122,11 +122,13 @@ def start_aggregator(
     offline: OfflineRunner | None = None,
     security: ServerSecurity | None = None,
     estimator_security: ClientSecurity | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> AggregatorHandle:
     """Start serving and run the rounds in a background thread; returns at once with the bound port.
 
     ``security`` protects the aggregator's port; ``estimator_security`` is how it dials the estimator
-    service (both default to plaintext without authentication, for in-process tests).
+    service (both default to plaintext without authentication, for in-process tests). ``on_round`` is
+    called with each completed round's metrics.jsonl record (``python -m server`` logs a line per round).
     """
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     device = resolve_device(cfg.train.device)
@@ -144,7 +146,7 @@ def start_aggregator(
         return build_strategy(cfg.algorithm, estimator=estimator)
 
     run = ClusterRun(cfg, settings, paths, inputs, strategy, device, config_yaml(cfg),
-                     offline=offline, rebuild_strategy=rebuild)
+                     offline=offline, rebuild_strategy=rebuild, on_round=on_round)
     server, port = create_aggregator_server(settings, run, security)
     dash, url = start_dashboard(paths.root, dashboard_host, dashboard_port) if dashboard else (None, None)
     thread = threading.Thread(target=run.run, name="rounds", daemon=True)

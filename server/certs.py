@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import os
 import re
 import secrets
 from collections.abc import Sequence
@@ -140,8 +139,7 @@ def make_leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn:
 
 
 def _write(path: Path, data: bytes, private: bool) -> Path:
-    atomic_write_bytes(path, data)
-    os.chmod(path, 0o600 if private else 0o644)
+    atomic_write_bytes(path, data, mode=0o600 if private else 0o644)  # private from the first byte
     return path
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.certs import DEFAULT_HOSTS, DEFAULT_WORKERS, CertsError, make_dev_pki, revoke_workers
+HELP = "make a development CA, TLS certificates and per-worker tokens (or revoke a worker)"
 
 
 def _csv(text: str) -> list[str]:
@@ -18,9 +18,11 @@ def _csv(text: str) -> list[str]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from server.certs import DEFAULT_HOSTS, DEFAULT_WORKERS  # cryptography: only when this command is chosen
+
     p = subparsers.add_parser(
         "certs",
-        help="make a development CA, TLS certificates and per-worker tokens (or revoke a worker)",
+        help=HELP,
         description="Writes ca.crt/key, server.crt/key, clients/<worker>.crt/key and tokens.json (0600) "
                     "under --out. With --revoke, adds workers to tokens.json's revocation list instead.",
     )
@@ -37,6 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from server.certs import CertsError, make_dev_pki, revoke_workers
+
     try:
         if args.revoke is not None:
             if not args.revoke:

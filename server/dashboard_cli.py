@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+HELP = "serve the live status dashboard of a run directory"
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "dashboard", help="serve the live status dashboard of a run directory",
+        "dashboard", help=HELP,
         description="Serve a read-only REST API, Prometheus /metrics and a live web page for one run directory.",
     )
     p.add_argument("run_dir", type=Path, help="run directory (runs/<run-id>) written by the simulator or cluster")

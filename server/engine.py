@@ -56,6 +56,7 @@ class ClusterRun:
         on_phase: Callable[[str], None] | None = None,
         offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
         rebuild_strategy: Callable[[Any], Strategy] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg, self.settings, self.paths = cfg, settings, paths
         self.config_yaml = config_yaml
@@ -78,7 +79,8 @@ class ClusterRun:
                               int(getattr(cfg.train, "local_eval", 0) or 0))
         policy = RoundPolicy(settings.quorum, settings.round_retries, settings.checkpoint_keep)
         self.engine = RoundEngine(cfg, paths, strategy, self, evaluator, trainer.params, self.sizes,
-                                  dict(inputs.partition_info), policy, on_phase=on_phase)
+                                  dict(inputs.partition_info), policy, on_phase=on_phase,
+                                  on_round=on_round)
         self.book = self.engine.clients
         self.stop = self.engine.stop
 

@@ -11,9 +11,11 @@ from typing import Any
 
 from fedent.config import load_config
 
+HELP = "run the aggregator, estimator, workers and dashboard locally"
+
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("cluster", help="run the aggregator, estimator, workers and dashboard locally")
+    p = subparsers.add_parser("cluster", help=HELP)
     sub = p.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser("up", help="start a local cluster for one config")
     up.add_argument("--config", required=True, help="experiment YAML")
@@ -34,6 +36,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedent.data import DatasetError
     from server.__main__ import settings_from_args
     from server.launcher import Cluster, LaunchError, LaunchSettings, default_run_dir
     from server.settings import SettingsError
@@ -58,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             cluster.start(agg)
+        except DatasetError as e:  # the dataset is missing: the same one line and exit code as simulate
+            print(f"fedent cluster: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
         except (LaunchError, OSError, ValueError) as e:
             print(f"fedent cluster: {e}", file=sys.stderr)
             return 1
@@ -86,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.exit_when_done and handle.dashboard_url:
             print("fedent cluster: dashboard stays up; Ctrl-C to stop", flush=True)
             signal.pause()
+        elif handle.dashboard_url:  # its URL dies with this process: say how to open the finished run
+            print(f"fedent cluster: the dashboard stopped with the cluster; to browse this run: "
+                  f"fedent dashboard {handle.run_dir}", flush=True)
         return 0 if ok else 1
     except KeyboardInterrupt:
         print("fedent cluster: stopping", file=sys.stderr)

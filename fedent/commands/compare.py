@@ -10,11 +10,12 @@ from fedent.commands.errors import check_device, input_error_types, one_line, se
 from fedent.config import ConfigError, load_config
 
 DEFAULT_ALGORITHMS = "fedavg,fedadam,fedprox,feddyn,fedent"
+HELP = "compare algorithms on identical partitions and client sampling"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
-        "compare", help="compare algorithms on identical partitions and client sampling",
+        "compare", help=HELP,
         description="Run several algorithms for several seeds on identical data, partitions and client sampling; "
                     "write compare.md (final/best accuracy, rounds to target) and paper-style figures.")
     p.add_argument("--config", required=True, help="experiment YAML (its algorithm section is the default options)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fedent.config import ConfigError, ExperimentConfig
-from fedent.trainer import resolve_device
 
 
 def input_error_types() -> tuple[type[BaseException], ...]:
@@ -17,6 +16,8 @@ def input_error_types() -> tuple[type[BaseException], ...]:
 
 def check_device(cfg: ExperimentConfig, device: str | None) -> None:
     """Fail before any work when the requested device does not exist (a config error, not a crash)."""
+    from fedent.trainer import resolve_device  # torch: imported when a command runs, not for --help
+
     try:
         resolve_device(device or cfg.train.device)
     except (ValueError, RuntimeError) as e:

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from fedent.config import ConfigError, DataConfig, dataclass_from_mapping
-from fedent.data.datasets import DATASETS, DatasetError, load_dataset
-from fedent.data.partition import FLAVOURS, SCHEMES, PartitionError, make_partition
+
+HELP = "split a dataset over clients (iid, pathological, dirichlet) and write partition JSON + heatmap"
 
 # CLI flag (argparse dest) -> DataConfig field; a flag given on the command line beats the --config file.
 _FLAG_TO_FIELD = {
@@ -38,9 +38,12 @@ _FLAG_TO_FIELD = {
 
 
 def add_parser(subparsers: Any) -> None:
+    from fedent.data.datasets import DATASETS  # torch: only when this command is chosen
+    from fedent.data.partition import FLAVOURS, SCHEMES
+
     p = subparsers.add_parser(
         "partition",
-        help="split a dataset over clients (iid, pathological, dirichlet) and write partition JSON + heatmap",
+        help=HELP,
         description="Split a dataset's train set over clients; writes label counts per client and an md5.",
     )
     p.add_argument("--config", help="YAML experiment config; its data section gives the defaults")
@@ -114,6 +117,9 @@ def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedent.data.datasets import DatasetError, load_dataset
+    from fedent.data.partition import PartitionError, make_partition
+
     try:
         cfg, seed = resolve(args)
         ds = load_dataset(cfg, seed=seed)

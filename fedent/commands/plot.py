@@ -7,6 +7,8 @@ from pathlib import Path
 
 from fedent.config import ConfigError
 
+HELP = "re-plot run directories"
+
 FORMATS = ("png", "pdf", "svg")  # = fedent.plots.FORMATS (not imported here: matplotlib only when plotting)
 
 
@@ -19,7 +21,7 @@ def _formats(text: str) -> tuple[str, ...]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("plot", help="re-plot run directories",
+    p = subparsers.add_parser("plot", help=HELP,
                               description="Plot accuracy/loss curves (and FedEnt's η and φ2 when logged) of runs. "
                                           "One run: into RUN_DIR/plots (or --out). Several: one overlay in --out. "
                                           "Rounds are numbered 1..R, as simulate prints them.")

@@ -19,10 +19,12 @@ from fedent import runlog
 from fedent.commands.errors import input_error_types, one_line
 from fedent.config import ConfigError
 
+HELP = "run the paper's experiments and write the results report"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
-        "reproduce", help="run the paper's experiments and write the results report",
+        "reproduce", help=HELP,
         description="Run the paper's Section VI experiments (Table III rows, participation, distance metric, "
                     "local-model deviation, β/γ sweeps) on identical partitions and client sampling per seed, "
                     "then write report.md, summary.json and figures. Complete runs are skipped (resume).")

@@ -10,9 +10,11 @@ from fedent.commands.errors import check_device, input_error_types, one_line, se
 from fedent.config import ConfigError, load_config
 from fedent.runlog import new_run_id
 
+HELP = "run one experiment in-process (the simulator)"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("simulate", help="run one experiment in-process (the simulator)",
+    p = subparsers.add_parser("simulate", help=HELP,
                               description="Run one federated experiment in this process and write a run directory.")
     p.add_argument("--config", required=True, help="experiment YAML (see configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

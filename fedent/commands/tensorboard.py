@@ -11,9 +11,11 @@ from pathlib import Path
 
 from fedent.config import ConfigError
 
+HELP = "export runs' scalars as TensorBoard event files"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("tensorboard", help="export runs' scalars as TensorBoard event files",
+    p = subparsers.add_parser("tensorboard", help=HELP,
                               description="Write each run's scalars (test accuracy, train/test loss, FedEnt's "
                                           "per-client η, φ2 predicted vs actual, entropy) as TensorBoard event "
                                           "files, step = round 1..R. One run: into RUN_DIR/tensorboard (or --out). "

@@ -2,7 +2,8 @@
 
 Where the files come from, in order (docs/data.md):
 
-1. ``cfg.root``: torchvision's layout (``ROOT/FashionMNIST/raw/...``, ``ROOT/cifar-10-batches-py/``) or a flat
+1. ``cfg.root``, which must exist when given (unless ``cfg.download`` may create it): torchvision's layout
+   (``ROOT/FashionMNIST/raw/...``, ``ROOT/cifar-10-batches-py/``) or a flat
    directory holding the raw files (``*-ubyte[.gz]``, the CIFAR batches);
 2. an OS-packaged copy, ``<system_dir>/<dataset-name>/`` (Debian's ``dataset-fashion-mnist`` installs
    ``/usr/share/datasets/fashion-mnist/*-ubyte.gz``);
@@ -259,6 +260,9 @@ def find_raw(spec: DatasetSpec, root: Path | None, download: bool, system_dirs: 
     """Search root, then the OS-packaged copies, then torchvision's download (docs/data.md)."""
     arrays: Arrays | None = None
     source = ""
+    if root is not None and not root.is_dir() and not download:
+        # an explicit root that is not there is a mistake to report, not a reason to read another copy
+        raise DatasetNotFoundError(f"data.root / --data-root {root}: no such directory (dataset {spec.name!r})")
     if root is not None:
         if _tv_layout_present(spec, root):
             arrays, source = _read_torchvision(spec, root, download=False), f"root:{root} (torchvision layout)"

@@ -176,6 +176,7 @@ def run_comparison(
     runs: list[RunSummary] = []
     records: dict[tuple[str, int], list[dict[str, Any]]] = {}
     md5s: dict[int, Any] = {}
+    total = len(seeds) * len(algorithms)
     for seed in seeds:
         cfg_s = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=int(seed)))
         inputs = inputs_for(cfg_s)
@@ -184,8 +185,9 @@ def run_comparison(
             cfg_a = dataclasses.replace(cfg_s, algorithm=specs[algo], name=f"{cfg.name}-{algo}")
             run_dir = out / "runs" / f"{algo}-s{seed}"
             try:
+                label = f"run {len(runs) + 1}/{total} {algo} s{seed}"
                 res = run_simulation(cfg_a, run_dir, device=device, progress=progress, inputs=inputs,
-                                     local_eval=local_eval, label=f"{algo} s{seed}", plots=False)
+                                     local_eval=local_eval, label=label, plots=False)
             except SimulationError as e:
                 recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
                 records[(algo, int(seed))] = recs

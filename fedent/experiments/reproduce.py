@@ -382,8 +382,11 @@ def _inputs_key(cfg: Mapping[str, Any]) -> str:
 InputsFor = Callable[[ExperimentConfig], RunInputs]
 
 
-def execute(spec: RunSpec, inputs_for: InputsFor | None = None) -> RunOutcome:
-    """Run one spec into its run dir (a partial dir from an interrupted run is cleared first)."""
+def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool = True) -> RunOutcome:
+    """Run one spec into its run dir (a partial dir from an interrupted run is cleared first).
+
+    ``progress``: one line per round on stdout when it is not a terminal (on a terminal, the per-run lines
+    of ``fedent reproduce`` are enough)."""
     from fedent.sim.simulator import SimulationError, run_simulation
 
     t0 = time.perf_counter()
@@ -395,7 +398,9 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None) -> RunOutcome:
     cfg = config_from_dict(spec.config)
     inputs = inputs_for(cfg) if inputs_for is not None else _cached_inputs(_inputs_key(spec.config))
     try:
-        res = run_simulation(cfg, spec.run_dir, progress=False, inputs=inputs, plots=False, label=spec.key)
+        # no bar (parallel runs would draw over each other); a line per round where there is no terminal
+        res = run_simulation(cfg, spec.run_dir, progress=progress, bar=False, inputs=inputs, plots=False,
+                             label=spec.key)
     except (SimulationError, StrategyError, ValueError, RuntimeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return RunOutcome(spec.key, "failed", time.perf_counter() - t0, None, f"{type(e).__name__}: {msg}")

@@ -72,11 +72,13 @@ def run_simulation(
     local_eval: int | None = None,
     plots: bool = True,
     label: str = "",
+    bar: bool = True,
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
     ``inputs`` (data, partition, model factory) defaults to the configured dataset; a comparison passes
-    the same inputs to every algorithm. ``local_eval`` overrides ``train.local_eval``.
+    the same inputs to every algorithm. ``local_eval`` overrides ``train.local_eval``. ``progress``: a bar
+    on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
     """
     cfg = with_device(cfg, device)
     dev = resolve_device(cfg.train.device)
@@ -91,19 +93,19 @@ def run_simulation(
     if runlog.RunPaths(Path(run_dir)).metrics.exists():
         raise SimulationError(f"{run_dir} already holds a run (metrics.jsonl); choose another run directory")
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
-    bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress)
+    progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
     last_acc: list[float | None] = [None]
 
     def on_round(rec: dict[str, Any]) -> None:
         if rec["test_acc"] is not None:
             last_acc[0] = rec["test_acc"]
-        bar.update(rec["round"] + 1, last_acc[0])
+        progress_bar.update(rec["round"] + 1, last_acc[0])
 
     engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round)
     try:
         records = engine.run()
     finally:
-        bar.close()
+        progress_bar.close()
     params = [p.detach().cpu() for p in engine.global_params]
     result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
                        time.perf_counter() - engine.t_start)

@@ -20,16 +20,16 @@ def test_bad_config_unknown_key_and_bad_set_exit_2_one_line(tmp_path: Path) -> N
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: {rounds: 2\n")
     cases = [
-        (["--config", str(broken)], "not valid YAML"),
-        (["--config", str(cfg), "--set", "train.bogus=1"], "unknown key(s) bogus"),
-        (["--config", str(cfg), "--set", "train.rounds"], "expected key=value"),
+        (["--config", str(broken)], "config error: " + str(broken) + ": not valid YAML"),
+        (["--config", str(cfg), "--set", "train.bogus=1"], "config error: train: unknown key(s) bogus"),
+        (["--config", str(cfg), "--set", "train.rounds"], "--set 'train.rounds': expected key=value"),  # a flag
     ]
     procs = [subprocess.Popen([sys.executable, "-m", "fedent.cli", "simulate", *args, "--out", str(tmp_path / "r")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args, _ in cases]
     for proc, (args, needle) in zip(procs, cases, strict=True):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2, (args, err)
-        assert needle in err and err.startswith("fedent simulate: config error:"), err
+        assert err.startswith("fedent simulate: " + needle), err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "r").exists()
 
@@ -92,3 +92,67 @@ def test_simulate_end_to_end_then_plot(tmp_path: Path, capsys: pytest.CaptureFix
     assert {"accuracy.png", "eta.png", "phi2.png", "train_loss.png"} <= set(made)
     rc = main(["plot", str(tmp_path)])
     assert rc == 2 and "not a run directory" in capsys.readouterr().err
+
+
+def test_help_and_version_are_fast_imports_only(tmp_path: Path) -> None:
+    """`fedent --help` lists every subcommand without importing torch, grpc or the dashboard (lazy CLI)."""
+    code = ("import sys\nfrom fedent.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'grpc', 'fastapi', 'cryptography', 'matplotlib')"
+            " if m in sys.modules)\n"
+            "print('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=120).stdout
+    assert "HEAVY []" in out, out
+    for name in ("partition", "simulate", "compare", "plot", "reproduce", "cluster", "dashboard", "certs"):
+        assert f"    {name}" in out, out
+    from importlib.metadata import version
+
+    ver = subprocess.run([sys.executable, "-m", "fedent.cli", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert ver.returncode == 0 and ver.stdout.strip() == f"fedent {version('fedent')}", ver
+
+
+def test_chosen_subcommand_help_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--help"])
+    assert info.value.code == 0 and "--no-progress" in capsys.readouterr().out
+
+
+def test_flag_mistakes_are_not_labelled_config_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml")
+    assert main(["simulate", "--config", str(cfg), "--threads", "0", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "fedent simulate: --threads: must be >= 1", err
+    assert main(["simulate", "--config", str(cfg), "--set", "train.rounds=x", "--set", "train.lr=y"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedent simulate: config error: train.rounds: expected an integer, got 'x'; "
+                          "train.lr: expected a number, got 'y'") and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_data_root_is_an_error_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "c.yaml")
+    missing = tmp_path / "no-such-dir"
+    rc = main(["simulate", "--config", str(cfg), "--set", "data.name=fashion-mnist", "--set", f"data.root={missing}",
+               "--out", str(tmp_path / "runs"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(missing) in err and "no such directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_progress_is_a_plain_line_per_round_without_a_terminal(tmp_path: Path) -> None:
+    """Batch jobs and nohup: stdout is a file or a pipe, so each round is one line (simulate and compare)."""
+    cfg = write_tiny_config_file(tmp_path / "c.yaml", rounds=2)
+    sim = subprocess.Popen([sys.executable, "-m", "fedent.cli", "simulate", "--config", str(cfg), "--out",
+                            str(tmp_path / "runs"), "--no-plots"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    cmp = subprocess.Popen([sys.executable, "-m", "fedent.cli", "compare", "--config", str(cfg), "--algorithms",
+                            "fedavg,fedprox", "--out", str(tmp_path / "cmp")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    out, err = sim.communicate(timeout=300)
+    assert sim.returncode == 0, err
+    assert [ln.split(" acc")[0] for ln in out.splitlines() if " round " in f" {ln}"][:2] == ["round 1/2", "round 2/2"]
+    assert "\x1b" not in out + err and "\r" not in out + err
+    out, err = cmp.communicate(timeout=300)
+    assert cmp.returncode == 0, err
+    heads = [ln.split(" acc")[0] for ln in out.splitlines() if ln.startswith("run ")]
+    assert heads == ["run 1/2 fedavg s0: round 1/2", "run 1/2 fedavg s0: round 2/2",
+                     "run 2/2 fedprox s0: round 1/2", "run 2/2 fedprox s0: round 2/2"], out

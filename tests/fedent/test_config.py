@@ -141,3 +141,39 @@ def test_options_validate_however_they_are_built() -> None:
         AlgorithmConfig("fedent", FedNormOptions())
     assert AlgorithmConfig("fedent", {"beta": 0.5}) == AlgorithmConfig("fedent", FedEntOptions(beta=0.5))
     assert AlgorithmConfig().options == FedEntOptions()
+
+
+def test_type_errors_name_the_expected_type_in_words() -> None:
+    cases = {
+        ("train", "rounds", "x"): "train.rounds: expected an integer, got 'x'",
+        ("train", "lr", "fast"): "train.lr: expected a number, got 'fast'",
+        ("data", "max_train_samples", "lots"): "data.max_train_samples: expected an integer or null, got 'lots'",
+        ("train", "target_accuracy", "high"): "train.target_accuracy: expected a number or null, got 'high'",
+        ("data", "download", "yes"): "data.download: expected true/false, got 'yes'",
+    }
+    for (section, key, value), message in cases.items():
+        with pytest.raises(ConfigError) as info:
+            config_from_dict({section: {key: value}})
+        assert str(info.value) == message
+        assert "|" not in str(info.value) and "None" not in str(info.value)
+
+
+def test_every_bad_key_is_reported_at_once() -> None:
+    raw = {"data": {"bogus": 1, "num_clients": "many"}, "model": {"dropout": 2.0},
+           "train": {"rounds": "x", "lr": -1.0}, "algorithm": {"name": "nope"}}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    e = info.value
+    assert len(e.problems) == 5, e.problems  # train.lr=-1 is range-checked once train.rounds has a type
+    text = str(e)
+    for needle in ("data: unknown key(s) bogus", "data.num_clients: expected an integer, got 'many'",
+                   "train.rounds: expected an integer, got 'x'", "unknown algorithm 'nope'"):
+        assert needle in text, text
+    assert "\n" not in text
+
+
+def test_every_out_of_range_value_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"train": {"rounds": 0, "lr": -1.0, "fraction": 2.0}, "model": {"dropout": 1.0}})
+    assert info.value.problems == ["model.dropout: must be in [0, 1)", "train.rounds: must be >= 1",
+                                   "train.fraction: must be in (0, 1]", "train.lr: must be > 0"]

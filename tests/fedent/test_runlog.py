@@ -90,3 +90,22 @@ def test_write_config_redacts_secrets(tmp_path: Path) -> None:
 def test_new_run_id_is_filesystem_safe() -> None:
     rid = runlog.new_run_id("my exp/1", "fedent", 3, now=0.0)
     assert rid == "my_exp_1-fedent-s3-19700101-000000"
+
+
+def test_run_files_share_one_permission_policy(tmp_path: Path) -> None:
+    """config.yaml, status.json (atomic writes) and metrics.jsonl (appended) get the same mode: open()'s."""
+    old = os.umask(0o022)
+    runlog._UMASK = None  # read afresh under the umask set here
+    try:
+        paths = runlog.create_run_dir(tmp_path / "run")
+        runlog.write_config(paths.config, {"name": "x", "token": "secret"})
+        runlog.atomic_write_json(paths.status, {"phase": "done"})
+        runlog.MetricsLog(paths.metrics).append(runlog.metrics_record(round=0))
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (paths.config, paths.status, paths.metrics)}
+        assert modes == {"config.yaml": 0o644, "status.json": 0o644, "metrics.jsonl": 0o644}, modes
+        assert "secret" not in paths.config.read_text()  # why 0644 is safe: secrets are redacted
+        runlog.atomic_write_bytes(tmp_path / "key.pem", b"k", mode=0o600)
+        assert (tmp_path / "key.pem").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+        runlog._UMASK = None

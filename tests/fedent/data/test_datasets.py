@@ -194,6 +194,15 @@ def test_missing_root_files_fall_back_to_system_dir(tmp_path: Path) -> None:
     assert ds.num_train == 50 and ds.source.startswith("system:")
 
 
+def test_missing_root_directory_is_an_error_not_a_fallback(tmp_path: Path) -> None:
+    """A data.root that does not exist is a typo to report, even when the OS copy would load."""
+    write_mnist_like(tmp_path / "sys" / "mnist", n_train=50)
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset(_cfg("mnist", tmp_path / "nope"), system_dirs=[tmp_path / "sys"])
+    msg = str(info.value)
+    assert str(tmp_path / "nope") in msg and "no such directory" in msg and "\n" not in msg
+
+
 def test_missing_dataset_error_names_the_three_options(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError) as info:
         load_dataset(_cfg("mnist", tmp_path), system_dirs=[tmp_path / "sys"])

@@ -205,17 +205,30 @@ class FakeTTY(io.StringIO):
 
 
 def test_progress_bar_draws_only_on_a_tty() -> None:
-    quiet = io.StringIO()
-    bar = ProgressBar(4, stream=quiet)
+    quiet, lines = io.StringIO(), io.StringIO()
+    bar = ProgressBar(4, stream=quiet, lines=lines)
     bar.update(1, 0.5)
+    bar.update(2, None)
     bar.close()
-    assert quiet.getvalue() == ""
+    assert quiet.getvalue() == ""  # no bar, no control characters where there is no terminal...
+    got = lines.getvalue().splitlines()  # ...but one plain line per round
+    assert [g.split(" elapsed")[0] for g in got] == ["round 1/4 acc 0.5000", "round 2/4 acc -"], got
+    assert "\x1b" not in lines.getvalue() and "\r" not in lines.getvalue()
+    labelled = io.StringIO()
+    ProgressBar(4, label="run 1/2 fedavg s0", stream=FakeTTY(), lines=labelled).update(1, 0.5)
+    assert labelled.getvalue().startswith("run 1/2 fedavg s0: round 1/4 acc 0.5000 elapsed ")
+    silent = io.StringIO()
+    ProgressBar(4, stream=quiet, lines=silent, enabled=False).update(1, 0.5)  # --no-progress
+    assert silent.getvalue() == ""
+    tty_lines = FakeTTY()
+    ProgressBar(4, stream=FakeTTY(), lines=tty_lines, bar=False).update(1, 0.5)  # parallel runs on a terminal
+    assert tty_lines.getvalue() == ""
     tty = FakeTTY()
-    bar = ProgressBar(4, label="fedavg", stream=tty)
+    bar = ProgressBar(4, label="fedavg", stream=tty, lines=FakeTTY())
     bar.update(2, 0.75)
     bar.close()
     assert "round 2/4" in tty.getvalue() and "acc 0.7500" in tty.getvalue() and tty.getvalue().endswith("\n")
-    assert ProgressBar(4, stream=tty).line(2, None, 10.0).endswith("ETA 10s")
+    assert ProgressBar(4, stream=tty, lines=FakeTTY()).line(2, None, 10.0).endswith("ETA 10s")
     assert format_duration(3725) == "1h02m" and format_duration(65) == "1m05s"
 
 
