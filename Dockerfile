@@ -15,7 +15,7 @@ RUN apt-get update \
 WORKDIR /app
 
 # The pinned torch/torchvision first (the largest layer, cached while the sources change);
-# the pins must match pyproject.toml (tests/test_compose.py checks that).
+# the pins must match pyproject.toml (tests/system/test_compose.py checks that).
 RUN pip install "torch==2.14.1" "torchvision==0.29.1"
 
 COPY pyproject.toml README.md ./

@@ -5,6 +5,9 @@ the aggregator sends (data never leaves the machine) and check its md5 -> Ready 
 and execute each pushed task. Per-client state (``ClientState``) lives here across rounds. The global
 model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
 clients this worker hosts.
+
+Why ~460 lines in one module: the worker is one state machine (register, ready, work stream, oracle
+stream, reconnect) over one channel and one client-state store; its parts are methods of that machine.
 """
 
 from __future__ import annotations

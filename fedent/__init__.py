@@ -1,6 +1,6 @@
 """FedEnt core: the math, models, data, partitions, strategies and the in-process simulator.
 
-This package must never import grpc, protobuf or fastapi (tests/test_core_purity.py checks it), so that
+This package must never import grpc, protobuf or fastapi (tests/system/test_core_purity.py checks it), so that
 the same algorithm code runs in the simulator and behind the gRPC services.
 """
 

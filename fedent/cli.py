@@ -1,7 +1,8 @@
 """``fedent`` command line: a thin dispatcher over subcommand modules.
 
-Subcommands that need grpc or fastapi (cluster, dashboard, certs) live outside the pure core and are
-imported lazily, only when chosen, so ``import fedent.cli`` stays free of them.
+The core's own subcommands are listed here. Subcommands that need grpc or fastapi (cluster, dashboard,
+certs) belong to the services, which register them under the entry-point group ``fedent.commands``
+(pyproject.toml), so the core never names a service and an installed package can add a subcommand.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 from fedent.config import ConfigError
 
@@ -19,15 +21,19 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "fedent.commands.compare",
     "plot": "fedent.commands.plot",
     "reproduce": "fedent.commands.reproduce",
-    "cluster": "server.launcher_cli",
-    "dashboard": "server.dashboard_cli",
-    "certs": "server.certs_cli",
 }
+ENTRY_POINT_GROUP = "fedent.commands"
+
+
+def subcommands() -> dict[str, str]:
+    """The core's subcommands plus those that installed packages register (the services' among them)."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return {**found, **SUBCOMMANDS}
 
 
 def _available() -> dict[str, object]:
     mods: dict[str, object] = {}
-    for name, modname in SUBCOMMANDS.items():
+    for name, modname in subcommands().items():
         try:
             mods[name] = importlib.import_module(modname)
         except ModuleNotFoundError as e:

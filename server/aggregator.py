@@ -25,8 +25,9 @@ from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
-from server.engine import ClusterError, ClusterRun, Task
+from server.engine import ClusterRun
 from server.settings import AggregatorSettings
+from server.work import ClusterError, Task
 
 log = logging.getLogger("fedent.aggregator")
 

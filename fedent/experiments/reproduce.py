@@ -9,6 +9,9 @@ the Table III FedEnt run) are run once.
 
 Hyperparameters are the paper's for every algorithm (Sec. VI-A: β = γ = 0.99, μ = 0.01, α = 0.001, FedAdam
 β1 0.9, β2 0.99, τ 1e-3), i.e. the strategies' defaults; nothing is tuned per algorithm.
+
+Why ~440 lines: the plan is data (profiles, settings, sections) and reads best in one place; the report
+that renders it lives in ``reproduce_report``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 
 from server import healthcheck
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 

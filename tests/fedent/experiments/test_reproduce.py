@@ -14,7 +14,7 @@ from fedent.config import ConfigError
 from fedent.experiments.reproduce import Profile, Row, Section, Setting, build_plan, get_profile, is_complete, run_plan
 from fedent.experiments.reproduce_report import BEGIN, END, publish, write_report
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SEVEN = {"fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm", "fedent"}
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sim_support import write_tiny_config_file
+from sim_support import write_tiny_config_file
 
 from fedent import runlog
 from fedent.cli import main

@@ -8,7 +8,7 @@ import pytest
 
 from fedent.config import ExperimentConfig, load_config
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 TABLE_IV = {  # dataset: (lr, batch, rounds, local epochs), paper Table IV
     "mnist": (0.01, 32, 50, 3),
     "emnist-letters": (0.1, 64, 50, 3),

@@ -18,7 +18,7 @@ from fedent.config import load_config
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CONFIG = """\
 name: e2e

@@ -25,7 +25,7 @@ from fedent.config import load_config
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 6
 CONFIG = f"""\
 name: faults

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from test_sim_support import tiny_config, tiny_inputs
+from sim_support import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog

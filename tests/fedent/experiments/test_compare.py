@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_sim_support import tiny_config, tiny_inputs
+from sim_support import tiny_config, tiny_inputs
 
 from fedent.config import ExperimentConfig
 from fedent.experiments.compare import (

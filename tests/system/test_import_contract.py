@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The simulator, the experiments and the CLI commands are the core's own programs: no service runs them.
 EXPERIMENTS = ("fedent.sim", "fedent.experiments", "fedent.commands", "fedent.cli")

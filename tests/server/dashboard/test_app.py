@@ -24,7 +24,7 @@ from fedent.config import config_from_dict
 from fedent.sim.simulator import run_simulation
 from server.dashboard import DashboardServer, create_app, serve_dashboard
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "test-artifacts"
 TOKEN = "dash-T0ken-6f1c"
 ROUNDS = 3

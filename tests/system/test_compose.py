@@ -19,7 +19,7 @@ import pytest
 import tomllib
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 WORKERS = sorted(n for n in SERVICES if n.startswith("worker"))
@@ -56,12 +56,13 @@ def module_parser(module: str) -> argparse.ArgumentParser:
 
 def fedent_parser(subcommand: str) -> argparse.ArgumentParser:
     """``fedent``'s parser with the one subcommand used (registered by the module fedent.cli dispatches to)."""
-    from fedent.cli import SUBCOMMANDS
+    from fedent.cli import subcommands
 
-    assert subcommand in SUBCOMMANDS, f"fedent has no subcommand {subcommand!r}"
+    commands = subcommands()
+    assert subcommand in commands, f"fedent has no subcommand {subcommand!r}"
     p = argparse.ArgumentParser(prog="fedent")
     sub = p.add_subparsers(dest="command", required=True)
-    importlib.import_module(SUBCOMMANDS[subcommand]).add_parser(sub)
+    importlib.import_module(commands[subcommand]).add_parser(sub)
     return p
 
 

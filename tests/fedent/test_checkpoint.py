@@ -196,7 +196,7 @@ def test_sigkill_in_tight_save_loop_leaves_a_loadable_checkpoint(tmp_path: Path)
     from fedent.client_store import ClientStateStore
 
     ck_dir, cs_dir = tmp_path / "ck", tmp_path / "cs"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(ck_dir), str(cs_dir)], env=env)
     try:
         deadline = time.monotonic() + 60

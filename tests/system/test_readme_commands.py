@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from datafiles import write_mnist_like
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SECTION = "## Research: the simulator"
 PREFIX = ".venv/bin/fedent"
