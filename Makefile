@@ -5,8 +5,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/demo.yaml
 PROTO_SRC := $(wildcard proto/fedentrpc/v1/*.proto)
+# buf (proto lint) from the npm registry, pinned, into the git-ignored .tools/; the stamp names the version,
+# so changing BUF_VERSION reinstalls. BUF_INPUT: what proto-lint checks (a directory with its own buf.yaml).
+BUF_VERSION := 1.75.0
+TOOLS := .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
+BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
+BUF_INPUT ?= .
 
-.PHONY: setup data browser run test lint proto proto-check simulate cluster bench reproduce clean
+.PHONY: setup data browser run test lint proto proto-check proto-lint buf simulate cluster bench reproduce clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,9 +40,22 @@ run: data $(STAMP)
 simulate: data $(STAMP)
 	$(BIN)/fedent simulate --config $(CONFIG)
 
-lint: $(STAMP)
+lint: $(STAMP) proto-lint
 	$(BIN)/ruff check fedent fedentrpc server client estimator tests benchmarks tools
 	$(BIN)/mypy
+
+$(BUF_STAMP):
+	mkdir -p $(TOOLS)
+	rm -f $(TOOLS)/.buf-*
+	npm install --no-save --no-audit --no-fund --prefix $(TOOLS) @bufbuild/buf@$(BUF_VERSION)
+	$(BUF) --version
+	touch $@
+
+buf: $(BUF_STAMP)
+
+# buf's STANDARD rules (buf.yaml): a Request/Response pair per RPC, *_UNSPECIFIED enum zero values, ...
+proto-lint: $(BUF_STAMP)
+	$(BUF) lint --error-format=msvs $(BUF_INPUT)  # msvs: each violation names its rule
 
 test: data browser $(STAMP) lint proto-check
 	$(BIN)/pytest -q

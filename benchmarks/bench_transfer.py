@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from fedentrpc import codec  # noqa: E402
 from fedentrpc.options import grpc_options  # noqa: E402
+from fedentrpc.v1 import estimator_pb2 as est_pb  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
-from fedentrpc.v1 import tensor_pb2 as tpb  # noqa: E402
 
 GB = 1e9
 MB = 2**20
@@ -69,26 +69,31 @@ def _ident(b: bytes) -> bytes:
 # ---- peers --------------------------------------------------------------------------------------------
 
 
-class _Store(est_grpc.EstimatorServicer):
-    """The estimator service's PutBlob and FetchBlob: verify every chunk and keep the chunks (the last
-    upload's only, so peak memory stays at one model), then stream them back as they are."""
+class _Store(est_grpc.EstimatorServiceServicer):
+    """The estimator service's PutBlob and FetchBlob: verify every chunk and keep the received messages (the
+    last upload's only, so peak memory stays at one model), then stream the chunks back in FetchBlob's
+    response messages, built at the first fetch (the untimed, checked download) and kept, as the service
+    does: the timed downloads stream them as they are, like the aggregator's round model, which is encoded
+    in its response messages once."""
 
     def __init__(self) -> None:
-        self.chunks: list[tpb.TensorChunk] = []
+        self.blob = codec.EncodedTensors((), 0, 0)
 
-    def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
-        self.chunks = []
+    def PutBlob(self, request_iterator: Iterator[est_pb.PutBlobRequest],
+                context: grpc.ServicerContext) -> est_pb.PutBlobResponse:
+        self.blob = codec.EncodedTensors((), 0, 0)
         asm = codec.TensorAssembler(keep_payload=False)
         kept = []
-        for c in request_iterator:
-            asm.add(c)
-            kept.append(c)
-        asm.verify()
-        self.chunks = kept
-        return tpb.BlobRef(blob_id="last", wire_bytes=asm.wire_bytes)
+        for m in request_iterator:
+            asm.add(m.chunk)
+            kept.append(m)
+        raw = asm.verify().raw_bytes
+        self.blob = codec.EncodedTensors(kept, int(raw), asm.wire_bytes)
+        return est_pb.PutBlobResponse(blob_id="last", wire_bytes=asm.wire_bytes)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
-        yield from self.chunks
+    def FetchBlob(self, request: est_pb.EstimatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[est_pb.EstimatorServiceFetchBlobResponse]:
+        yield from self.blob.as_messages(est_pb.EstimatorServiceFetchBlobResponse)
 
 
 def serve(path: str, chunk: int) -> int:
@@ -109,7 +114,7 @@ def serve(path: str, chunk: int) -> int:
             "Down": grpc.unary_stream_rpc_method_handler(down, _ident, _ident),
             "Up": grpc.stream_unary_rpc_method_handler(up, _ident, _ident)}),))
     else:
-        est_grpc.add_EstimatorServicer_to_server(_Store(), server)
+        est_grpc.add_EstimatorServiceServicer_to_server(_Store(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"LISTENING port={port}", flush=True)
@@ -153,7 +158,7 @@ class Path_:
                                          response_deserializer=_ident)
             self._up = ch.stream_unary(f"/{RAW_SERVICE}/Up", request_serializer=_ident, response_deserializer=_ident)
         else:
-            self.stub = est_grpc.EstimatorStub(ch)
+            self.stub = est_grpc.EstimatorServiceStub(ch)
 
     def up(self, params: list[torch.Tensor], nbytes: int) -> None:
         if self.name == "raw":
@@ -161,15 +166,15 @@ class Path_:
             pieces = (piece if i + step <= nbytes else piece[: nbytes - i] for i in range(0, nbytes, step))
             assert int(self._up(pieces, timeout=3600)) == nbytes
             return
-        chunks = codec.stream_tensors({codec.PARAMS_GROUP: params}, self.spec)
+        chunks = codec.stream_tensors({codec.PARAMS_GROUP: params}, est_pb.PutBlobRequest, self.spec)
         assert self.stub.PutBlob(chunks, timeout=3600).wire_bytes == nbytes
 
     def down(self, nbytes: int) -> list[torch.Tensor] | None:
         if self.name == "raw":
             assert sum(len(b) for b in self._down(str(nbytes).encode(), timeout=3600)) == nbytes
             return None
-        return codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id="last"), timeout=3600))[
-            codec.PARAMS_GROUP]
+        stream = self.stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(blob_id="last"), timeout=3600)
+        return codec.decode_tensors(stream)[codec.PARAMS_GROUP]
 
 
 def peer_cpu_s(pid: int) -> float:

@@ -28,7 +28,6 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
-import yaml
 from torch import Tensor
 
 from fedent.client_store import ClientStateStore
@@ -47,7 +46,6 @@ from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
-from fedentrpc.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger("fedent.worker")
 
@@ -116,8 +114,9 @@ def parse_client_ids(text: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def config_from_yaml(text: str, data_root: str | None) -> ExperimentConfig:
-    raw = yaml.safe_load(text) or {}
+def config_from_register(msg: pb.RegisterResponse, data_root: str | None) -> ExperimentConfig:
+    """The aggregator's resolved config (RegisterResponse.config), with this worker's data root if given."""
+    raw = mappers.config_from_struct(msg.config)
     if data_root is not None:
         raw.setdefault("data", {})["root"] = data_root
     return config_from_dict(raw)
@@ -134,7 +133,7 @@ class Worker:
         self.security = settings.security or ClientSecurity(insecure=True)
         self.channel = open_channel(settings.aggregator, self.security, grpc_options(keepalive=True))
         self.store: ClientStateStore | None = None
-        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.stub = pb_grpc.AggregatorServiceStub(self.channel)
         self.worker_id = ""
         self.transfer = codec.TransferSpec()
         self.states: dict[int, ClientState] = {}
@@ -144,8 +143,8 @@ class Worker:
         self.tasks_done = 0
         self.run_id = ""
         self._trainer_lock = threading.Lock()
-        self._oracle_outbox: queue.Queue[est_pb.OracleMessage | None] | None = None
-        self._loaded: tuple[str, str] | None = None  # (config yaml, partition md5) the data was built for
+        self._oracle_outbox: queue.Queue[est_pb.OracleRequest | None] | None = None
+        self._loaded: tuple[bytes, str] | None = None  # (config, partition md5) the data was built for
         self.reconnects = 0
 
     # ---- setup ---------------------------------------------------------------------------------
@@ -167,11 +166,12 @@ class Worker:
             self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
         self.transfer = mappers.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
-        if self._loaded == (reply.config_yaml, reply.partition_md5):  # a re-registration: data already here
+        loaded = (reply.config.SerializeToString(deterministic=True), reply.partition_md5)
+        if self._loaded == loaded:  # a re-registration: data already here
             self._ready(reply.partition_md5)
             return
         try:
-            self.cfg = config_from_yaml(reply.config_yaml, s.data_root)
+            self.cfg = config_from_register(reply, s.data_root)
         except ValueError as e:
             raise WorkerError(f"the aggregator's config is not usable here: {e}") from None
         self.inputs = self._inputs_override or load_inputs(self.cfg)
@@ -187,7 +187,7 @@ class Worker:
                                     self.device)
         self.indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
-        self._loaded = (reply.config_yaml, reply.partition_md5)
+        self._loaded = loaded
         self._ready(md5)
 
     def _ready(self, md5: str) -> None:
@@ -223,7 +223,8 @@ class Worker:
         """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
         got = self._blob_cache.get(blob_id)
         if got is None:
-            stream = self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob_id, worker_id=self.worker_id))
+            stream = self.stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob_id,
+                                                                              worker_id=self.worker_id))
             got = codec.decode_tensors(stream)
             prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
             self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
@@ -248,7 +249,7 @@ class Worker:
         cids = self._check_cids(h)
         w = self._model(h.model_blob)
         probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)) for c in cids]
-        self._call(self.stub.SubmitProbes, pb.ProbeReport(
+        self._call(self.stub.SubmitProbes, pb.SubmitProbesRequest(
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
             probes=[mappers.probe_to_msg(p) for p in probes]))
 
@@ -278,7 +279,7 @@ class Worker:
         return pending
 
     def _upload(self, update: Any, meta: mappers.UpdateMeta) -> None:
-        parts: Iterator[pb.UpdatePart] = mappers.update_to_parts(update, meta, self.transfer)
+        parts: Iterator[pb.SubmitUpdateRequest] = mappers.update_to_parts(update, meta, self.transfer)
         try:
             self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
         except grpc.RpcError as e:
@@ -286,8 +287,8 @@ class Worker:
 
     def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
         try:
-            self.stub.ReportFailure(pb.TaskFailure(worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-                                                   cid=cid, message=message[:500]), timeout=10)
+            self.stub.ReportFailure(pb.ReportFailureRequest(worker_id=self.worker_id, task_id=h.task_id,
+                                                            round=h.round, cid=cid, message=message[:500]), timeout=10)
         except grpc.RpcError:
             pass
 
@@ -322,31 +323,32 @@ class Worker:
         """One Oracle stream until it ends; True if it answered at least one request."""
         from fedent.meanfield.oracle import TrainerOracle
 
-        outbox: queue.Queue[est_pb.OracleMessage | None] = queue.Queue()
+        outbox: queue.Queue[est_pb.OracleRequest | None] = queue.Queue()
         old = self._oracle_outbox
         if old is not None:
             old.put(None)
         self._oracle_outbox = outbox
-        outbox.put(est_pb.OracleMessage(hello=est_pb.OracleHello(
+        outbox.put(est_pb.OracleRequest(hello=est_pb.OracleHello(
             worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
             token=self.settings.token)))
 
-        def outgoing() -> Iterator[est_pb.OracleMessage]:
+        def outgoing() -> Iterator[est_pb.OracleRequest]:
             while True:
                 m = outbox.get()
                 if m is None:
                     return
                 yield m
 
-        stub = est_grpc.EstimatorStub(channel)
+        stub = est_grpc.EstimatorServiceStub(channel)
         points: dict[str, Params] = {}
         served = False
         try:
-            for req in stub.Oracle(outgoing(), wait_for_ready=True):
+            for resp in stub.Oracle(outgoing(), wait_for_ready=True):  # the estimator's gradient tasks
+                req = resp.task
                 served = True
                 try:
                     if req.point_blob not in points:
-                        got = codec.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(
+                        got = codec.decode_tensors(stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(
                             blob_id=req.point_blob, worker_id=self.worker_id)))
                         points = {req.point_blob: [x.to(self.device) for x in got[codec.PARAMS_GROUP]]}
                     oracle = TrainerOracle(self.trainer, self.indices, req.seed or self.cfg.train.seed,
@@ -359,7 +361,7 @@ class Worker:
                             outbox.put(m)
                 except (KeyError, ValueError, grpc.RpcError) as e:
                     for cid in req.client_ids:
-                        outbox.put(est_pb.OracleMessage(error=est_pb.OracleError(
+                        outbox.put(est_pb.OracleRequest(error=est_pb.OracleError(
                             request_id=req.request_id, cid=cid, message=str(e)[:500])))
         except grpc.RpcError as e:
             if not self._stop.is_set():

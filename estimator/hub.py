@@ -1,8 +1,9 @@
 """The workers' side of Algorithm 1: open Oracle streams and the gradient requests in flight on them.
 
-Workers only dial out, so the service cannot call them: each worker opens ``Estimator.Oracle``, says
-which clients it hosts (OracleHello), and then answers every OracleRequest pushed down the stream with,
-per client, a result header followed by the gradient's tensor chunks (or an OracleError). The hub keeps
+Workers only dial out, so the service cannot call them: each worker opens ``EstimatorService.Oracle``, says
+which clients it hosts (OracleHello), and then answers every GradientTask pushed down the stream (in an
+OracleResponse) with, per client, a result header followed by the gradient's tensor chunks (or an
+OracleError), each in an OracleRequest: the message names follow the call, which the worker makes. The hub keeps
 the open streams, hands out request ids, and turns answers into futures the gradient oracle waits on.
 A stream that ends fails every request still pending on it at once, so the oracle can retry elsewhere.
 """
@@ -40,7 +41,7 @@ class WorkerConn:
     worker_id: str
     run_id: str
     client_ids: frozenset[int]
-    outbox: queue.Queue[est_pb.OracleRequest | None] = field(default_factory=queue.Queue)
+    outbox: queue.Queue[est_pb.GradientTask | None] = field(default_factory=queue.Queue)
     alive: bool = True
     pending: set[tuple[int, int]] = field(default_factory=set)
 
@@ -121,7 +122,7 @@ class OracleHub:
     # ---- requests --------------------------------------------------------------------------------
     def submit(self, conn: WorkerConn, cids: Sequence[int], point_blob: str, t: int, sweep: int, seed: int,
                batch_size: int) -> dict[int, Future[Gradient]]:
-        """Push one OracleRequest for ``cids`` (all hosted by ``conn``); a future per client."""
+        """Push one GradientTask for ``cids`` (all hosted by ``conn``); a future per client."""
         out: dict[int, Future[Gradient]] = {}
         with self._lock:
             rid = next(self._request_ids)
@@ -135,7 +136,7 @@ class OracleHub:
                 out[cid] = fut
             alive = conn.alive
         if alive:
-            conn.outbox.put(est_pb.OracleRequest(request_id=rid, sweep=sweep, t=t, client_ids=list(cids),
+            conn.outbox.put(est_pb.GradientTask(request_id=rid, sweep=sweep, t=t, client_ids=list(cids),
                                                  point_blob=point_blob, seed=seed, batch_size=batch_size))
         return out
 
@@ -162,7 +163,7 @@ class OracleHub:
         elif not fut.done():
             fut.set_result(value)
 
-    def consume(self, conn: WorkerConn, messages: Iterable[est_pb.OracleMessage]) -> None:
+    def consume(self, conn: WorkerConn, messages: Iterable[est_pb.OracleRequest]) -> None:
         """Read a stream's answers until it ends: result header, its chunks, ... (runs in its own thread)."""
         current: tuple[int, int] | None = None
         asm: codec.TensorAssembler | None = None

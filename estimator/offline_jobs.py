@@ -10,7 +10,6 @@ has a deadline and is retried (possibly on a reconnected worker) before the job 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import threading
 import time
@@ -31,7 +30,7 @@ from fedent import runlog
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.params import Params
 from fedent.strategies.options import FedEntOptions
-from fedentrpc import codec
+from fedentrpc import codec, mappers
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 log = logging.getLogger("fedent.estimator")
@@ -136,7 +135,8 @@ class RpcGradientOracle:
         if point is self._point and t == self._t:
             return
         self.close()
-        enc = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach().cpu() for p in point]})
+        enc = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach().cpu() for p in point]},
+                                   carrier=est_pb.EstimatorServiceFetchBlobResponse)  # as FetchBlob serves it
         self._point_blob = self.blobs.put(enc, prefix=f"point-s{self.sweep}-t{t}", pin=True)
         self._point, self._t = point, t
 
@@ -247,9 +247,10 @@ class OfflineJob:
     report: dict[str, Any] = field(default_factory=dict)
 
     def to_msg(self) -> est_pb.OfflineJob:
-        return est_pb.OfflineJob(job_id=self.job_id, state=self.state, sweep=self.sweep, message=self.message,
-                                 phi2=self.phi2, stop_reason=self.stop_reason,
-                                 report_json=json.dumps(runlog.jsonable(self.report)) if self.report else "")
+        return est_pb.OfflineJob(job_id=self.job_id, state=mappers.job_state_to_msg(self.state), sweep=self.sweep,
+                                 message=self.message, phi2=self.phi2,
+                                 stop_reason=mappers.stop_reason_to_msg(self.stop_reason),
+                                 report=mappers.dict_to_struct(runlog.jsonable(self.report), "report"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "run_id": self.run_id, "state": self.state, "sweep": self.sweep,

@@ -11,6 +11,8 @@ from typing import Any
 
 from fedent.config import OptionError
 from fedent.strategies.options import FedEntOptions
+from fedentrpc import mappers
+from fedentrpc.codec import WireError
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 _IN_PARAMS = ("beta", "gamma", "variant")  # FedEntParams fields; the Algorithm 1 knobs are StartOffline fields
@@ -18,11 +20,16 @@ _IN_PARAMS = ("beta", "gamma", "variant")  # FedEntParams fields; the Algorithm 
 
 def fedent_options(params: est_pb.FedEntParams, *, eps1: float = 0.0, eps2: float = 0.0,
                    max_sweeps: int = 0) -> FedEntOptions:
-    """proto3 zero (unset) ``variant``, ``eps1``, ``eps2``, ``max_sweeps`` take FedEntOptions' defaults.
+    """proto3 zero (unset) ``eps1``, ``eps2``, ``max_sweeps`` take FedEntOptions' defaults; ``variant`` is
+    required (FEDENT_VARIANT_UNSPECIFIED is reported, like any enum value outside the table).
 
     ``beta`` and ``gamma`` are taken as sent: β = 0 is out of range and reported, γ = 0 is a valid value.
     """
-    sent = {"variant": params.variant, "eps1": eps1, "eps2": eps2, "max_sweeps": max_sweeps}
+    try:
+        variant = mappers.variant_from_msg(params.variant)
+    except WireError as e:
+        raise OptionError("params", "variant", str(e).split(": ", 1)[1]) from None
+    sent = {"variant": variant, "eps1": eps1, "eps2": eps2, "max_sweeps": max_sweeps}
     raw: dict[str, Any] = {"beta": params.beta, "gamma": params.gamma, **{k: v for k, v in sent.items() if v}}
     try:
         return FedEntOptions(**raw)

@@ -32,11 +32,10 @@ from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
-from fedentrpc.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger("fedent.estimator")
 
-SERVICE_NAME = est_pb.DESCRIPTOR.services_by_name["Estimator"].full_name
+SERVICE_NAME = est_pb.DESCRIPTOR.services_by_name["EstimatorService"].full_name
 MAX_LONG_POLL_S = 60.0
 T = TypeVar("T")
 
@@ -56,7 +55,7 @@ def _guard(context: grpc.ServicerContext, what: str, fn: Callable[[], T]) -> T:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {e}")
 
 
-class EstimatorServicer(est_grpc.EstimatorServicer):
+class EstimatorServicer(est_grpc.EstimatorServiceServicer):
     def __init__(self, settings: EstimatorSettings, blobs: BlobStore, hub: OracleHub, jobs: OfflineJobs) -> None:
         self.settings = settings
         self.blobs = blobs
@@ -65,47 +64,53 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
 
     # ---- online mode ---------------------------------------------------------------------------------
     def SolveOnline(self, request: est_pb.SolveOnlineRequest,
-                    context: grpc.ServicerContext) -> est_pb.SolveOnlineReply:
+                    context: grpc.ServicerContext) -> est_pb.SolveOnlineResponse:
         return _guard(context, "SolveOnline", lambda: solve_online_reply(request))
 
     # ---- blobs ---------------------------------------------------------------------------------------
-    def PutBlob(self, request_iterator: Iterator[tpb.TensorChunk], context: grpc.ServicerContext) -> tpb.BlobRef:
-        def go() -> tpb.BlobRef:
+    def PutBlob(self, request_iterator: Iterator[est_pb.PutBlobRequest],
+                context: grpc.ServicerContext) -> est_pb.PutBlobResponse:
+        def go() -> est_pb.PutBlobResponse:
             asm = codec.TensorAssembler(keep_payload=False)  # the store keeps the chunks, not tensors
-            chunks = []
-            for c in request_iterator:
-                asm.add(c)
-                chunks.append(c)  # as received: served again without re-encoding
+            received = []
+            for m in request_iterator:
+                asm.add(m.chunk)
+                received.append(m)  # as received: served again without re-encoding
             raw = asm.verify().raw_bytes  # sizes, every checksum and the shapes, before anything is stored
-            enc = codec.EncodedTensors(tuple(chunks), int(raw), asm.wire_bytes)
-            return tpb.BlobRef(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
+            enc = codec.EncodedTensors(received, int(raw), asm.wire_bytes)
+            return est_pb.PutBlobResponse(blob_id=self.blobs.put(enc, prefix="put"), wire_bytes=asm.wire_bytes)
 
         return _guard(context, "PutBlob", go)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+    def FetchBlob(self, request: est_pb.EstimatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[est_pb.EstimatorServiceFetchBlobResponse]:
         enc = _guard(context, "FetchBlob", lambda: self.blobs.get(request.blob_id))
-        yield from enc.chunks
+        # Algorithm 1's points are encoded in these messages; an uploaded blob is re-wrapped once, then kept
+        yield from enc.as_messages(est_pb.EstimatorServiceFetchBlobResponse)
 
     # ---- offline mode (Algorithm 1) ------------------------------------------------------------------
-    def StartOffline(self, request: est_pb.StartOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
+    def StartOffline(self, request: est_pb.StartOfflineRequest,
+                     context: grpc.ServicerContext) -> est_pb.StartOfflineResponse:
         spec = _guard(context, "StartOffline",
                       lambda: spec_from_request(request, self.blobs, self.settings.wait_workers_s))
         job = self.jobs.start(spec)
         log.info("offline job %s started: run %r, %d clients, T=%d", job.job_id, spec.run_id,
                  len(spec.client_ids), spec.rounds)
-        return job.to_msg()
+        return est_pb.StartOfflineResponse(job=job.to_msg())
 
-    def GetOffline(self, request: est_pb.GetOfflineRequest, context: grpc.ServicerContext) -> est_pb.OfflineJob:
+    def GetOffline(self, request: est_pb.GetOfflineRequest,
+                   context: grpc.ServicerContext) -> est_pb.GetOfflineResponse:
         wait_s = request.wait_s if request.wait_s == request.wait_s else 0.0  # NaN -> no wait
         wait_s = min(max(0.0, wait_s), MAX_LONG_POLL_S)
         if context.time_remaining() is not None:
             wait_s = min(wait_s, max(0.0, context.time_remaining() - 1.0))
         job = _guard(context, "GetOffline", lambda: self.jobs.wait(request.job_id, wait_s))
-        return job.to_msg()
+        return est_pb.GetOfflineResponse(job=job.to_msg())
 
-    def Oracle(self, request_iterator: Iterator[est_pb.OracleMessage],
-               context: grpc.ServicerContext) -> Iterator[est_pb.OracleRequest]:
-        """A worker's gradient stream: hello first, then answers; requests flow back down the stream."""
+    def Oracle(self, request_iterator: Iterator[est_pb.OracleRequest],
+               context: grpc.ServicerContext) -> Iterator[est_pb.OracleResponse]:
+        """A worker's gradient stream (a reverse RPC): the worker's OracleRequests are its hello, then its
+        answers; the gradient tasks flow back down the stream as OracleResponses."""
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("kind") != "hello":
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "Oracle: the first message must be an OracleHello")
@@ -118,10 +123,10 @@ class EstimatorServicer(est_grpc.EstimatorServicer):
                                   name=f"oracle-{conn.worker_id}", daemon=True)
         reader.start()
         while True:
-            req = conn.outbox.get()
-            if req is None or not context.is_active():
+            task = conn.outbox.get()
+            if task is None or not context.is_active():
                 return
-            yield req
+            yield est_pb.OracleResponse(task=task)
 
 
 @dataclass
@@ -155,7 +160,7 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
                          options=grpc_options(), interceptors=server_interceptors(sec))
-    est_grpc.add_EstimatorServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
+    est_grpc.add_EstimatorServiceServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

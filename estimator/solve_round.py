@@ -8,13 +8,13 @@ being silently guarded, because a service caller with NaNs has a bug worth seein
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 from estimator.params import fedent_options
 from fedent.meanfield.scalar_fixed_point import DEFAULT_MAX_ITER, DEFAULT_RTOL, solve_online
 from fedent.strategies.options import FedEntOptions
+from fedentrpc import mappers
 from fedentrpc.v1 import estimator_pb2 as est_pb
 
 THETA_SUM_TOL = 1e-6
@@ -73,17 +73,17 @@ def online_inputs(req: est_pb.SolveOnlineRequest) -> OnlineInputs:
     return OnlineInputs(cids, c, thetas, a, b, options, float(rtol), int(max_iter))
 
 
-def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineReply:
+def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineResponse:
     """Solve the round's fixed point exactly as the in-process ``OnlinePhi2Estimator`` does."""
     x = online_inputs(req)
     sol = solve_online(x.c, x.thetas, x.a, x.b, x.options.beta, x.options.variant, rtol=x.rtol, max_iter=x.max_iter)
     report = {"mode": "online", **sol.to_dict()}
-    return est_pb.SolveOnlineReply(
+    return est_pb.SolveOnlineResponse(
         phi2_next=sol.phi2_next,
         iterations=sol.iterations,
         converged=sol.bracketed,
         eta_star={cid: float(e) for cid, e in zip(x.cids, sol.eta_star, strict=True)},
         diagnostics={"residual": sol.residual, "guards": float(sol.guards), "bracket_lo": sol.bracket[0],
                      "bracket_hi": sol.bracket[1]},
-        report_json=json.dumps(report),
+        report=mappers.dict_to_struct(report, "report"),
     )

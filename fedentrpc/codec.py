@@ -22,7 +22,7 @@ import math
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import google_crc32c
 import numpy as np
@@ -34,15 +34,20 @@ from fedentrpc.v1 import tensor_pb2 as pb
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_STREAM_BYTES = 64 * 2**30  # a receiver's default bound on one tensor stream (64 GiB)
 PARAMS_GROUP = "params"
-CHECKSUMS = ("crc32c", "crc32")  # also the names on the wire: header.chunk_checksum, "<name>:<hex>" per chunk
 DEFAULT_CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
 
-_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in (
-    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+# The tensor-level enums, one table each: the Python name <-> the proto enum value. A value not in a table
+# (UNSPECIFIED, or one from newer protos) is a WireError on receipt.
+CHECKSUMS = {"crc32c": pb.CHECKSUM_ALGORITHM_CRC32C, "crc32": pb.CHECKSUM_ALGORITHM_CRC32}
 WIRE_DTYPES = {"native": pb.WIRE_DTYPE_NATIVE, "float16": pb.WIRE_DTYPE_FLOAT16, "bfloat16": pb.WIRE_DTYPE_BFLOAT16}
-_WIRE_TORCH: dict[int, torch.dtype] = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
 COMPRESSIONS = {"none": pb.COMPRESSION_NONE, "zlib": pb.COMPRESSION_ZLIB}
+DTYPES: dict[torch.dtype, pb.Dtype] = {
+    torch.float32: pb.DTYPE_FLOAT32, torch.float64: pb.DTYPE_FLOAT64, torch.float16: pb.DTYPE_FLOAT16,
+    torch.bfloat16: pb.DTYPE_BFLOAT16, torch.int64: pb.DTYPE_INT64, torch.int32: pb.DTYPE_INT32,
+    torch.int16: pb.DTYPE_INT16, torch.int8: pb.DTYPE_INT8, torch.uint8: pb.DTYPE_UINT8, torch.bool: pb.DTYPE_BOOL}
+_CHECKSUM_NAMES = {v: k for k, v in CHECKSUMS.items()}
+_TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+_WIRE_TORCH: dict[int, torch.dtype] = {pb.WIRE_DTYPE_FLOAT16: torch.float16, pb.WIRE_DTYPE_BFLOAT16: torch.bfloat16}
 
 Bundle = dict[str, list[Tensor]]
 
@@ -80,25 +85,61 @@ class TransferSpec:
 # ---- checksums -----------------------------------------------------------------------------------------
 
 
-def checksum(algo: str, data: bytes) -> str:
-    """``"<algo>:<8 hex>"`` of ``data``: CRC-32C (hardware, ~20 GB/s) or zlib's CRC-32."""
-    crc = google_crc32c.value(data) if algo == "crc32c" else zlib.crc32(data)
-    return f"{algo}:{crc:08x}"
+def checksum(algo: str, data: bytes) -> int:
+    """The 32-bit checksum of ``data``: CRC-32C (``"crc32c"``, hardware, ~20 GB/s) or zlib's CRC-32."""
+    return int(google_crc32c.value(data)) if algo == "crc32c" else zlib.crc32(data)
 
 
 # ---- encoding ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EncodedTensors:
-    """A tensor list encoded once, to be streamed as it is to any number of receivers (FetchBlob)."""
+class Carrier(Protocol):
+    """A message that carries one ``TensorChunk`` in its field ``chunk``: the request or response message of
+    a tensor-carrying RPC (``PutBlobRequest``, ``*FetchBlobResponse``, ...)."""
 
-    chunks: tuple[pb.TensorChunk, ...]
-    raw_bytes: int
-    wire_bytes: int
+    @property
+    def chunk(self) -> pb.TensorChunk: ...
+
+
+C = TypeVar("C", bound=Carrier)
+
+
+def chunk_of(m: pb.TensorChunk | Carrier) -> pb.TensorChunk:
+    """The chunk itself, or the chunk a carrier message holds (a view: nothing is copied)."""
+    return m if isinstance(m, pb.TensorChunk) else m.chunk
+
+
+class EncodedTensors:
+    """A tensor list encoded once, to be streamed as it is to any number of receivers (FetchBlob).
+
+    It keeps the messages its chunks arrived or were built in (bare ``TensorChunk``s, or carriers such as
+    ``PutBlobRequest``); ``as_messages(Response)`` gives them as a server's response messages, built once
+    (a chunk copied into a carrier of another type costs a copy of its bytes) and then kept instead.
+    """
+
+    def __init__(self, messages: Sequence[Any], raw_bytes: int, wire_bytes: int) -> None:
+        self._messages: tuple[Any, ...] = tuple(messages)
+        self.raw_bytes = raw_bytes
+        self.wire_bytes = wire_bytes
+
+    @property
+    def chunks(self) -> tuple[pb.TensorChunk, ...]:
+        return tuple(chunk_of(m) for m in self._messages)
 
     def __iter__(self) -> Iterator[pb.TensorChunk]:
         return iter(self.chunks)
+
+    def as_messages(self, carrier: type[C]) -> tuple[C, ...]:
+        got = self._messages
+        if got and type(got[0]) is carrier:
+            return got
+        out = []
+        for m in got:
+            wrapped = carrier()
+            wrapped.chunk.CopyFrom(chunk_of(m))
+            out.append(wrapped)
+        self._messages = tuple(out)  # kept in this form: the next receiver gets the same messages
+        return self._messages
 
 
 @dataclass(frozen=True)
@@ -108,7 +149,7 @@ class Chunk:
 
     index: int
     data: bytes
-    checksum: str
+    checksum: int
     header: pb.TensorListHeader | None
 
     def fill(self, msg: pb.TensorChunk) -> None:
@@ -158,9 +199,9 @@ def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[p
     for name, tensors in bundle.items():
         groups.append(pb.TensorGroup(name=name, count=len(tensors)))
         for t in tensors:
-            if t.dtype not in _DTYPE_NAMES:
+            if t.dtype not in DTYPES:
                 raise WireError(f"cannot send tensors of dtype {t.dtype}")
-            specs.append(pb.TensorSpec(dtype=_DTYPE_NAMES[t.dtype], shape=list(t.shape)))
+            specs.append(pb.TensorSpec(dtype=DTYPES[t.dtype], shape=list(t.shape)))
             parts.append(_tensor_u8(t, wire))
     raw_len = sum(len(p) for p in parts)
     if spec.compression == "zlib":
@@ -170,7 +211,7 @@ def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[p
     header = pb.TensorListHeader(
         tensors=specs, groups=groups, wire_dtype=wire, compression=COMPRESSIONS[spec.compression],
         raw_bytes=raw_len, wire_bytes=wire_len, num_chunks=max(1, -(-wire_len // spec.chunk_bytes)),
-        chunk_checksum=spec.checksum,
+        checksum_algorithm=CHECKSUMS[spec.checksum],
     )
     return header, parts
 
@@ -196,18 +237,30 @@ def _message(c: Chunk) -> pb.TensorChunk:
     return msg
 
 
-def stream_tensors(bundle: Mapping[str, Sequence[Tensor]],
-                   spec: TransferSpec | None = None) -> Iterator[pb.TensorChunk]:
-    """``tensor_chunks`` as ``TensorChunk`` messages, built as gRPC consumes them (PutBlob)."""
-    return map(_message, tensor_chunks(bundle, spec))
+def wrap_chunks(chunks: Iterable[Chunk], carrier: type[C]) -> Iterator[C]:
+    """Each chunk written in place into a new ``carrier`` message (its bytes are not copied again)."""
+    for c in chunks:
+        msg = carrier()
+        c.fill(msg.chunk)
+        yield msg
 
 
-def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> EncodedTensors:
-    """``stream_tensors`` kept in memory: encoded once, then streamed to any number of receivers."""
+def stream_tensors(bundle: Mapping[str, Sequence[Tensor]], carrier: type[C],
+                   spec: TransferSpec | None = None) -> Iterator[C]:
+    """``tensor_chunks`` in ``carrier`` messages (e.g. ``PutBlobRequest``), built as gRPC consumes them."""
+    return wrap_chunks(tensor_chunks(bundle, spec), carrier)
+
+
+def encode_tensors(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None,
+                   carrier: type[Carrier] | None = None) -> EncodedTensors:
+    """The chunks kept in memory: encoded once, then streamed to any number of receivers. ``carrier``: the
+    response message a server streams them in (built now, so serving them copies nothing); None keeps bare
+    ``TensorChunk`` messages."""
     spec = spec or TransferSpec()
     header, parts = _plan(bundle, spec)
-    return EncodedTensors(tuple(map(_message, _cut(header, parts, spec))), int(header.raw_bytes),
-                          int(header.wire_bytes))
+    chunks = _cut(header, parts, spec)
+    msgs: Iterable[Any] = map(_message, chunks) if carrier is None else wrap_chunks(chunks, carrier)
+    return EncodedTensors(tuple(msgs), int(header.raw_bytes), int(header.wire_bytes))
 
 
 # ---- decoding ------------------------------------------------------------------------------------------
@@ -233,9 +286,15 @@ class TensorAssembler:
         self._received = 0
 
     def _start(self, h: pb.TensorListHeader) -> None:
-        if h.chunk_checksum not in CHECKSUMS:
-            raise WireError(f"unknown tensor checksum algorithm {h.chunk_checksum[:24]!r}")
-        self._algo = h.chunk_checksum
+        algo = _CHECKSUM_NAMES.get(h.checksum_algorithm)
+        if algo is None:
+            raise WireError("unknown tensor checksum algorithm "
+                            f"{_enum_name(pb.ChecksumAlgorithm, h.checksum_algorithm)}")
+        if h.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZLIB):
+            raise WireError(f"unknown compression {_enum_name(pb.Compression, h.compression)}")
+        if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
+            raise WireError(f"unknown wire dtype {_enum_name(pb.WireDtype, h.wire_dtype)}")
+        self._algo = algo
         if h.wire_bytes > self.max_bytes or h.raw_bytes > self.max_bytes:
             raise WireError(f"tensor stream of {max(h.wire_bytes, h.raw_bytes)} bytes exceeds this receiver's "
                             f"limit of {self.max_bytes}")
@@ -312,7 +371,7 @@ class TensorAssembler:
         elif h.compression == pb.COMPRESSION_NONE:
             raw = payload
         else:
-            raise WireError(f"unknown compression {h.compression}")
+            raise WireError(f"unknown compression {_enum_name(pb.Compression, h.compression)}")
         if raw.numel() != h.raw_bytes:
             raise WireError(f"tensor payload is {raw.numel()} bytes, header says {h.raw_bytes}")
         return _split(h, raw)
@@ -353,13 +412,13 @@ def _layout(h: pb.TensorListHeader, total: int) -> list[_Slot]:
         raise WireError("duplicate tensor group names")
     wire_dtype = _WIRE_TORCH.get(h.wire_dtype)
     if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
-        raise WireError(f"unknown wire dtype {h.wire_dtype}")
+        raise WireError(f"unknown wire dtype {_enum_name(pb.WireDtype, h.wire_dtype)}")
     slots: list[_Slot] = []
     offset = 0
     for s in h.tensors:
-        dtype = _DTYPES.get(s.dtype)
+        dtype = _TORCH_DTYPES.get(s.dtype)
         if dtype is None:
-            raise WireError(f"unknown tensor dtype {s.dtype!r}")
+            raise WireError(f"unknown tensor dtype {_enum_name(pb.Dtype, s.dtype)}")
         if any(d < 0 for d in s.shape):
             raise WireError(f"negative dimension in shape {list(s.shape)}")
         sent = wire_dtype if (wire_dtype is not None and dtype.is_floating_point) else dtype
@@ -391,11 +450,21 @@ def _split(h: pb.TensorListHeader, buf: Tensor) -> Bundle:
     return out
 
 
-def decode_tensors(chunks: Iterable[pb.TensorChunk], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
+def decode_tensors(chunks: Iterable[pb.TensorChunk | Carrier],
+                   max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> Bundle:
+    """A stream of chunks, or of the messages carrying them (a FetchBlob response stream), as tensors."""
     asm = TensorAssembler(max_bytes)
     for c in chunks:
-        asm.add(c)
+        asm.add(chunk_of(c))
     return asm.finish()
+
+
+def _enum_name(enum: Any, value: int) -> str:
+    """``NAME`` of a known enum value (e.g. ``WIRE_DTYPE_UNSPECIFIED``), else ``value N``."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"value {value}"
 
 
 def check_shapes(got: Sequence[Tensor], like: Sequence[Tensor], what: str) -> None:

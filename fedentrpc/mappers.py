@@ -3,18 +3,24 @@
 Why it exists: the core (``fedent``) knows no protobuf, and the services should not build messages field
 by field; this is the one place where ``Probe``, ``RoundPayload``, ``ClientUpdate``, the estimator's
 requests and answers, and the transfer settings meet their messages. Tensors inside them travel through
-``codec`` (an update's chunks in the ``UpdatePart.chunk`` oneof, a gradient answer's in
-``OracleMessage.chunk``). Decoding validates and raises ``codec.WireError`` with a one-line message.
+``codec`` (an update's chunks in the ``SubmitUpdateRequest.chunk`` oneof, a gradient answer's in
+``OracleRequest.chunk``). Decoding validates and raises ``codec.WireError`` with a one-line message.
+
+Enums: each proto enum has one table here (Python value <-> enum value; the tensor-level ones are in
+``codec``). A value outside its table (``*_UNSPECIFIED``, or one from newer protos) is a WireError, which a
+servicer answers with INVALID_ARGUMENT. Free-form dicts (the worker's config, the estimator's reports)
+travel as ``google.protobuf.Struct``: ``dict_to_struct`` / ``struct_to_dict``.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf import struct_pb2
 from torch import Tensor
 
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
@@ -26,11 +32,11 @@ from fedentrpc.codec import (
     PARAMS_GROUP,
     WIRE_DTYPES,
     Bundle,
-    Chunk,
     TensorAssembler,
     TransferSpec,
     WireError,
     tensor_chunks,
+    wrap_chunks,
 )
 from fedentrpc.v1 import aggregator_pb2 as agg_pb
 from fedentrpc.v1 import estimator_pb2 as est_pb
@@ -39,6 +45,75 @@ from fedentrpc.v1 import tensor_pb2 as pb
 
 def _scalars(m: Mapping[str, float]) -> dict[str, float]:
     return {str(k): float(v) for k, v in m.items()}
+
+
+def _enum_name(enum: Any, value: int) -> str:
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"value {value}"
+
+
+def _lookup(table: Mapping[Any, Any], value: Any, what: str, enum: Any) -> Any:
+    """``table[value]`` for a received enum value; WireError naming the field and the allowed values."""
+    try:
+        return table[value]
+    except KeyError:
+        allowed = ", ".join(_enum_name(enum, v) for v in sorted(set(table)))
+        raise WireError(f"{what}: {_enum_name(enum, value)} is not allowed; send one of {allowed}") from None
+
+
+# ---- google.protobuf.Struct <-> dict ------------------------------------------------------------------
+
+MAX_EXACT_INT = 2**53  # a Struct holds numbers as doubles: larger ints would come back changed
+
+
+def _plain(v: Any, where: str) -> Any:
+    if v is None or isinstance(v, (bool, str, float)):
+        return v
+    if isinstance(v, int):
+        if abs(v) > MAX_EXACT_INT:
+            raise WireError(f"{where}: the integer {v} is too large to travel exactly in a Struct")
+        return float(v)
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x, f"{where}.{k}") for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    for conv in ("tolist", "item"):  # numpy / torch scalars and arrays
+        fn = getattr(v, conv, None)
+        if callable(fn):
+            return _plain(fn(), where)
+    raise WireError(f"{where}: cannot send a {type(v).__name__} in a Struct")
+
+
+def dict_to_struct(d: Mapping[str, Any], what: str = "struct") -> struct_pb2.Struct:
+    """A JSON-like dict as a Struct (ints up to 2**53 travel exactly; NaN and inf travel as they are)."""
+    out = struct_pb2.Struct()
+    out.update(_plain(d, what))
+    return out
+
+
+def _from_value(v: struct_pb2.Value) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "number_value":
+        x = v.number_value
+        # integral doubles come back as ints: the config's int fields (seed, rounds, batch sizes) need them,
+        # and its float fields accept ints
+        return int(x) if math.isfinite(x) and x == int(x) and abs(x) <= MAX_EXACT_INT else x
+    if kind == "struct_value":
+        return struct_to_dict(v.struct_value)
+    if kind == "list_value":
+        return [_from_value(x) for x in v.list_value.values]
+    if kind == "string_value":
+        return v.string_value
+    if kind == "bool_value":
+        return v.bool_value
+    return None  # null_value, or unset
+
+
+def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    """The dict a Struct holds, integral numbers as ints (``dict_to_struct``'s inverse for JSON-like dicts)."""
+    return {k: _from_value(v) for k, v in s.fields.items()}
 
 
 # ---- transfer settings -------------------------------------------------------------------------------
@@ -50,10 +125,10 @@ def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
 
 
 def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:
-    wire = {v: k for k, v in WIRE_DTYPES.items()}.get(msg.wire_dtype)
-    comp = {v: k for k, v in COMPRESSIONS.items()}.get(msg.compression)
-    if wire is None or comp is None:
-        raise WireError("transfer settings: unknown wire dtype or compression")
+    wire = _lookup({v: k for k, v in WIRE_DTYPES.items()}, msg.wire_dtype, "transfer settings: wire_dtype",
+                   pb.WireDtype)
+    comp = _lookup({v: k for k, v in COMPRESSIONS.items()}, msg.compression, "transfer settings: compression",
+                   pb.Compression)
     chunk = int(msg.chunk_bytes) or MAX_CHUNK_BYTES
     if chunk > MAX_CHUNK_BYTES:
         raise WireError(f"transfer settings: chunk_bytes {chunk} exceeds {MAX_CHUNK_BYTES}")
@@ -63,11 +138,11 @@ def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:
 # ---- probes --------------------------------------------------------------------------------------------
 
 
-def probe_to_msg(p: Probe) -> agg_pb.ProbeMsg:
-    return agg_pb.ProbeMsg(cid=p.cid, num_samples=p.num_samples, scalars=_scalars(p.scalars))
+def probe_to_msg(p: Probe) -> agg_pb.Probe:
+    return agg_pb.Probe(cid=p.cid, num_samples=p.num_samples, scalars=_scalars(p.scalars))
 
 
-def probe_from_msg(m: agg_pb.ProbeMsg) -> Probe:
+def probe_from_msg(m: agg_pb.Probe) -> Probe:
     if m.num_samples < 0:
         raise WireError(f"probe of client {m.cid}: negative sample count")
     return Probe(cid=int(m.cid), num_samples=int(m.num_samples), scalars=_scalars(m.scalars))
@@ -76,9 +151,9 @@ def probe_from_msg(m: agg_pb.ProbeMsg) -> Probe:
 # ---- round payload -------------------------------------------------------------------------------------
 
 
-def payload_to_msg(p: RoundPayload, tensors_blob: str = "") -> agg_pb.RoundPayloadMsg:
+def payload_to_msg(p: RoundPayload, tensors_blob: str = "") -> agg_pb.RoundPayload:
     """The payload's tensors travel separately as a blob (``payload_bundle``); this carries the rest."""
-    return agg_pb.RoundPayloadMsg(
+    return agg_pb.RoundPayload(
         round=p.round,
         scalars=_scalars(p.scalars),
         per_client={int(c): pb.ScalarMap(values=_scalars(v)) for c, v in p.per_client.items()},
@@ -90,7 +165,7 @@ def payload_bundle(p: RoundPayload) -> Bundle:
     return {k: list(v) for k, v in p.tensors.items()}
 
 
-def payload_from_msg(m: agg_pb.RoundPayloadMsg, tensors: Bundle | None = None) -> RoundPayload:
+def payload_from_msg(m: agg_pb.RoundPayload, tensors: Bundle | None = None) -> RoundPayload:
     return RoundPayload(
         round=int(m.round),
         tensors=dict(tensors or {}),
@@ -113,20 +188,15 @@ class UpdateMeta:
     wire_bytes: int = 0
 
 
-def _update_chunk(c: Chunk) -> agg_pb.UpdatePart:
-    part = agg_pb.UpdatePart()
-    c.fill(part.chunk)  # written in place: the chunk's bytes are not copied again
-    return part
-
-
-def update_to_parts(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None) -> Iterator[agg_pb.UpdatePart]:
-    """An upload as ``UpdatePart`` messages: the header, then the tensors' chunks (group "params" =
+def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
+                    spec: TransferSpec | None = None) -> Iterator[agg_pb.SubmitUpdateRequest]:
+    """An upload as ``SubmitUpdateRequest`` messages: the header, then the tensors' chunks (group "params" =
     w_i(t+1), then the update's extra groups), each chunk cut as it is sent."""
     if PARAMS_GROUP in u.tensors:
         raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
     bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
     chunks = tensor_chunks(bundle, spec)
-    header = agg_pb.UpdatePart(
+    header = agg_pb.SubmitUpdateRequest(
         header=agg_pb.UpdateHeader(
             worker_id=meta.worker_id,
             task_id=meta.task_id,
@@ -138,7 +208,8 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None
             train_s=meta.train_s,
         )
     )
-    return itertools.chain([header], map(_update_chunk, chunks))
+    # each chunk is written in place into its message's oneof: its bytes are not copied again
+    return itertools.chain([header], wrap_chunks(chunks, agg_pb.SubmitUpdateRequest))
 
 
 @dataclass
@@ -148,7 +219,8 @@ class DecodedUpdate:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def update_from_parts(parts: Iterable[agg_pb.UpdatePart], max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
+def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
+                      max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
     it = iter(parts)
     first = next(it, None)
     if first is None or first.WhichOneof("part") != "header":
@@ -177,7 +249,77 @@ def update_from_parts(parts: Iterable[agg_pb.UpdatePart], max_bytes: int = DEFAU
     return DecodedUpdate(meta, update)
 
 
+# ---- run status ----------------------------------------------------------------------------------------
+
+RUN_PHASES = {
+    "starting": agg_pb.RUN_PHASE_STARTING, "estimating": agg_pb.RUN_PHASE_ESTIMATING,
+    "training": agg_pb.RUN_PHASE_TRAINING, "aggregating": agg_pb.RUN_PHASE_AGGREGATING,
+    "evaluating": agg_pb.RUN_PHASE_EVALUATING, "done": agg_pb.RUN_PHASE_DONE, "failed": agg_pb.RUN_PHASE_FAILED,
+}
+
+
+def phase_to_msg(phase: str) -> agg_pb.RunPhase:
+    """The engine's phase (``fedent.rounds`` names) as the enum; UNSPECIFIED for one this table lacks."""
+    return RUN_PHASES.get(phase, agg_pb.RUN_PHASE_UNSPECIFIED)
+
+
+def phase_from_msg(value: int) -> str:
+    return str(_lookup({v: k for k, v in RUN_PHASES.items()}, value, "run status: phase", agg_pb.RunPhase))
+
+
+# ---- worker config --------------------------------------------------------------------------------------
+
+
+def config_to_struct(config: Mapping[str, Any]) -> struct_pb2.Struct:
+    """The resolved config (``ExperimentConfig.to_dict()``, secrets already redacted) for RegisterResponse."""
+    return dict_to_struct(config, "config")
+
+
+def config_from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
+    """RegisterResponse.config as the dict ``config_from_dict`` takes (ints as ints)."""
+    if not s.fields:
+        raise WireError("register response carries no config")
+    return struct_to_dict(s)
+
+
 # ---- estimator service ---------------------------------------------------------------------------------
+
+VARIANTS = {"exact": est_pb.FEDENT_VARIANT_EXACT, "paper": est_pb.FEDENT_VARIANT_PAPER}
+JOB_STATES = {"pending": est_pb.OFFLINE_JOB_STATE_PENDING, "running": est_pb.OFFLINE_JOB_STATE_RUNNING,
+              "done": est_pb.OFFLINE_JOB_STATE_DONE, "failed": est_pb.OFFLINE_JOB_STATE_FAILED}
+# the estimator's job vocabulary: "both" = Algorithm 1's two tests (eps1, eps2) passed, "" = not finished
+STOP_REASONS = {"both": est_pb.OFFLINE_STOP_REASON_CONVERGED, "max_sweeps": est_pb.OFFLINE_STOP_REASON_MAX_SWEEPS,
+                "": est_pb.OFFLINE_STOP_REASON_UNSPECIFIED}
+
+
+def variant_to_msg(variant: str) -> est_pb.FedentVariant:
+    try:
+        return VARIANTS[variant]
+    except KeyError:
+        raise WireError(f"FedEnt variant must be one of {', '.join(VARIANTS)}, got {variant!r}") from None
+
+
+def variant_from_msg(value: int) -> str:
+    """FedEntParams.variant as FedEntOptions' string; WireError for UNSPECIFIED or an unknown value."""
+    return str(_lookup({v: k for k, v in VARIANTS.items()}, value, "params.variant", est_pb.FedentVariant))
+
+
+def job_state_to_msg(state: str) -> est_pb.OfflineJobState:
+    return _lookup(JOB_STATES, state, "offline job state", est_pb.OfflineJobState)  # type: ignore[no-any-return]
+
+
+def job_state_from_msg(value: int) -> str:
+    return str(_lookup({v: k for k, v in JOB_STATES.items()}, value, "offline job: state",
+                       est_pb.OfflineJobState))
+
+
+def stop_reason_to_msg(reason: str) -> est_pb.OfflineStopReason:
+    return STOP_REASONS.get(reason, est_pb.OFFLINE_STOP_REASON_UNSPECIFIED)
+
+
+def stop_reason_from_msg(value: int) -> str:
+    return str(_lookup({v: k for k, v in STOP_REASONS.items()}, value, "offline job: stop_reason",
+                       est_pb.OfflineStopReason))
 
 
 def solve_online_request(
@@ -191,24 +333,12 @@ def solve_online_request(
         run_id=run_id, round=rnd, c=float(c),
         clients=[est_pb.ClientScalars(cid=i, a=float(ai), b=float(bi), theta=float(th))
                  for i, (th, ai, bi) in enumerate(zip(thetas, a, b, strict=True))],
-        params=est_pb.FedEntParams(beta=float(beta), variant=variant),
+        params=est_pb.FedEntParams(beta=float(beta), variant=variant_to_msg(variant)),
     )
 
 
-def _report(text: str, what: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        loaded = json.loads(text)
-    except ValueError:
-        raise WireError(f"{what}: report_json is not JSON") from None
-    if not isinstance(loaded, dict):
-        raise WireError(f"{what}: report_json must be a JSON object")
-    return loaded
-
-
-def estimate_from_reply(reply: est_pb.SolveOnlineReply) -> Phi2Estimate:
-    report = _report(reply.report_json, "estimator reply")
+def estimate_from_reply(reply: est_pb.SolveOnlineResponse) -> Phi2Estimate:
+    report = struct_to_dict(reply.report)
     report.setdefault("iterations", int(reply.iterations))
     report.setdefault("converged", bool(reply.converged))
     return Phi2Estimate(float(reply.phi2_next), report)
@@ -222,23 +352,23 @@ def start_offline_request(
     return est_pb.StartOfflineRequest(
         run_id=run_id, init_blob=init_blob,
         clients=[est_pb.OfflineClient(cid=i, num_samples=int(n)) for i, n in enumerate(sizes)],
-        rounds=int(rounds), params=est_pb.FedEntParams(beta=beta, gamma=gamma, variant=variant),
+        rounds=int(rounds),
+        params=est_pb.FedEntParams(beta=beta, gamma=gamma, variant=variant_to_msg(variant)),
         eps1=eps1, eps2=eps2, max_sweeps=max_sweeps, seed=seed, batch_size=batch_size,
     )
 
 
+def job_finished(job: est_pb.OfflineJob) -> bool:
+    return job.state in (est_pb.OFFLINE_JOB_STATE_DONE, est_pb.OFFLINE_JOB_STATE_FAILED)
+
+
 def offline_estimator_from_job(job: est_pb.OfflineJob) -> OfflinePhi2Estimator:
     """A finished Algorithm 1 job as the in-process OfflinePhi2Estimator FedEnt reads φ2(t+1) from."""
-    if job.state != "done":
-        raise WireError(f"offline job {job.job_id} is {job.state}: {job.message}")
-    report: dict[str, Any] = {}
-    if job.report_json:
-        try:
-            loaded = json.loads(job.report_json)
-        except ValueError:
-            raise WireError("offline job: report_json is not JSON") from None
-        report = loaded if isinstance(loaded, dict) else {}
-    report.setdefault("stop_reason", job.stop_reason)
+    state = job_state_from_msg(job.state)
+    if state != "done":
+        raise WireError(f"offline job {job.job_id} is {state}: {job.message}")
+    report = struct_to_dict(job.report)
+    report.setdefault("stop_reason", stop_reason_from_msg(job.stop_reason))
     report.setdefault("sweeps", int(job.sweep))
     try:
         return OfflinePhi2Estimator(list(job.phi2), report)
@@ -246,20 +376,14 @@ def offline_estimator_from_job(job: est_pb.OfflineJob) -> OfflinePhi2Estimator:
         raise WireError(f"offline job: {e}") from None
 
 
-def oracle_request_cids(req: est_pb.OracleRequest) -> list[int]:
-    return [int(c) for c in req.client_ids]
-
-
-def _oracle_chunk(c: Chunk) -> est_pb.OracleMessage:
-    msg = est_pb.OracleMessage()
-    c.fill(msg.chunk)
-    return msg
+def oracle_request_cids(task: est_pb.GradientTask) -> list[int]:
+    return [int(c) for c in task.client_ids]
 
 
 def oracle_result_messages(request_id: int, cid: int, num_samples: int, grads: Sequence[Tensor],
-                           spec: TransferSpec | None = None) -> Iterator[est_pb.OracleMessage]:
+                           spec: TransferSpec | None = None) -> Iterator[est_pb.OracleRequest]:
     """One gradient answer on the Oracle stream: a header message, then its tensor chunks."""
     chunks = tensor_chunks({"grad": list(grads)}, spec)  # bad input raises here, before anything is sent
-    yield est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=request_id, cid=cid,
+    yield est_pb.OracleRequest(result=est_pb.OracleResultHeader(request_id=request_id, cid=cid,
                                                                 num_samples=num_samples))
-    yield from map(_oracle_chunk, chunks)
+    yield from wrap_chunks(chunks, est_pb.OracleRequest)

@@ -25,14 +25,13 @@ from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
-from fedentrpc.v1 import tensor_pb2 as tpb
 from server.engine import ClusterRun
 from server.settings import AggregatorSettings
 from server.work import ClusterError, Task
 
 log = logging.getLogger("fedent.aggregator")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Aggregator"].full_name
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AggregatorService"].full_name
 CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "conflict": grpc.StatusCode.ALREADY_EXISTS,
@@ -55,37 +54,38 @@ def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkItem:
+def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkResponse:
     if task.kind == "shutdown":
-        return pb.WorkItem(shutdown=pb.Shutdown(reason=task.reason, failed=task.failed))
+        return pb.WorkResponse(shutdown=pb.Shutdown(reason=task.reason, failed=task.failed))
     header = pb.TaskHeader(task_id=task.task_id, round=task.round, client_ids=list(task.cids),
                            model_blob=task.model_blob, lr=cfg_lr, epochs=epochs, seed=seed,
                            deadline_unix=task.deadline_unix)
     if task.kind == "probe":
-        return pb.WorkItem(probe=pb.ProbeTask(task=header))
+        return pb.WorkResponse(probe=pb.ProbeTask(task=header))
     assert task.payload is not None
-    return pb.WorkItem(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
+    return pb.WorkResponse(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
 
-class AggregatorServicer(pb_grpc.AggregatorServicer):
+class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def __init__(self, run: ClusterRun) -> None:
         self.run = run
 
-    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         reg = _guard(context, lambda: self.run.register(request.worker_name, request.token, list(request.client_ids),
                                                         request.device, request.hostname))
         log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
                  _span(request.client_ids))
-        return pb.RegisterReply(worker_id=reg.worker_id, run_id=reg.run_id, config_yaml=reg.config_yaml,
-                                partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
-                                heartbeat_s=reg.heartbeat_s)
+        return pb.RegisterResponse(worker_id=reg.worker_id, run_id=reg.run_id,
+                                   config=mappers.config_to_struct(reg.worker_config),
+                                   partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
+                                   heartbeat_s=reg.heartbeat_s)
 
-    def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> tpb.Ack:
+    def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
         _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes))
-        return tpb.Ack(ok=True)
+        return pb.ReadyResponse()
 
-    def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkItem]:
+    def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
         w = _guard(context, lambda: self.run.attach(request.worker_id))
         context.add_callback(lambda: w.tasks.put(None))  # wake the generator when the worker hangs up
         tr = self.run.cfg.train
@@ -100,19 +100,21 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         finally:
             self.run.detach(w)
 
-    def FetchBlob(self, request: tpb.FetchBlobRequest, context: grpc.ServicerContext) -> Iterator[tpb.TensorChunk]:
+    def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
         enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
-        yield from enc.chunks  # encoded once per round
+        yield from enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
 
-    def SubmitProbes(self, request: pb.ProbeReport, context: grpc.ServicerContext) -> tpb.Ack:
+    def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:
         def go() -> None:
             probes = [mappers.probe_from_msg(p) for p in request.probes]
             self.run.submit_probes(request.worker_id, request.task_id, request.round, probes)
 
         _guard(context, go)
-        return tpb.Ack(ok=True)
+        return pb.SubmitProbesResponse()
 
-    def SubmitUpdate(self, request_iterator: Iterator[pb.UpdatePart], context: grpc.ServicerContext) -> tpb.Ack:
+    def SubmitUpdate(self, request_iterator: Iterator[pb.SubmitUpdateRequest],
+                     context: grpc.ServicerContext) -> pb.SubmitUpdateResponse:
         def go() -> None:
             limit = self.run.max_update_bytes()
             # bounded by the decoder: the header's sizes against limit before anything is allocated, then
@@ -122,25 +124,26 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
 
         _guard(context, go)
-        return tpb.Ack(ok=True)
+        return pb.SubmitUpdateResponse()
 
-    def ReportFailure(self, request: pb.TaskFailure, context: grpc.ServicerContext) -> tpb.Ack:
+    def ReportFailure(self, request: pb.ReportFailureRequest,
+                      context: grpc.ServicerContext) -> pb.ReportFailureResponse:
         log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
                     request.message)
         _guard(context, lambda: self.run.report_failure(request.worker_id, request.task_id, request.round,
                                                         request.cid, request.message))
-        return tpb.Ack(ok=True)
+        return pb.ReportFailureResponse()
 
-    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
-        return pb.HeartbeatReply(known=self.run.heartbeat(request.worker_id))
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        return pb.HeartbeatResponse(known=self.run.heartbeat(request.worker_id))
 
-    def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.RunStatus:
+    def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         r = self.run
         with r.lock:
             workers = sum(1 for w in r.workers.values() if not w.gone)
-        return pb.RunStatus(run_id=r.paths.run_id, algorithm=r.strategy.name, phase=r.phase,
-                            round=-1 if r.round is None else r.round, rounds=r.rounds, state=r.error or "",
-                            workers=workers, clients=len(r.sizes))
+        return pb.GetStatusResponse(run_id=r.paths.run_id, algorithm=r.strategy.name,
+                                    phase=mappers.phase_to_msg(r.phase), round=-1 if r.round is None else r.round,
+                                    rounds=r.rounds, error=r.error or "", workers=workers, clients=len(r.sizes))
 
 
 def _span(cids: Any) -> str:
@@ -157,7 +160,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
                          interceptors=server_interceptors(sec))
-    pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(run), server)
+    pb_grpc.add_AggregatorServiceServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)

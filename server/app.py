@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from torch import Tensor
 
 from fedent import runlog
@@ -36,9 +35,9 @@ log = logging.getLogger("fedent.aggregator")
 OfflineRunner = Callable[[Sequence[Tensor], Sequence[int], int], Any]
 
 
-def config_yaml(cfg: ExperimentConfig) -> str:
-    """What workers receive at registration: the resolved config (secrets redacted)."""
-    return yaml.safe_dump(runlog.redact(cfg.to_dict()), sort_keys=False)
+def worker_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What workers receive at registration (RegisterResponse.config): the resolved config, secrets redacted."""
+    return dict(runlog.jsonable(runlog.redact(cfg.to_dict())))
 
 
 def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
@@ -145,7 +144,7 @@ def start_aggregator(
     def rebuild(estimator: Any) -> Strategy:
         return build_strategy(cfg.algorithm, estimator=estimator)
 
-    run = ClusterRun(cfg, settings, paths, inputs, strategy, device, config_yaml(cfg),
+    run = ClusterRun(cfg, settings, paths, inputs, strategy, device, worker_config(cfg),
                      offline=offline, rebuild_strategy=rebuild, on_round=on_round)
     server, port = create_aggregator_server(settings, run, security)
     dash, url = start_dashboard(paths.root, dashboard_host, dashboard_port) if dashboard else (None, None)

@@ -19,7 +19,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from fedent.rounds.evaluation import Evaluator
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
 from fedentrpc import codec, mappers
+from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
 from server.settings import AggregatorSettings
 from server.work import ClusterError, Collector, Registration, Task, WorkerHandle
 
@@ -52,14 +53,14 @@ class ClusterRun:
         inputs: RunInputs,
         strategy: Strategy,
         device: torch.device,
-        config_yaml: str,
+        worker_config: Mapping[str, Any],
         on_phase: Callable[[str], None] | None = None,
         offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
         rebuild_strategy: Callable[[Any], Strategy] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg, self.settings, self.paths = cfg, settings, paths
-        self.config_yaml = config_yaml
+        self.worker_config = worker_config
         self.offline, self.rebuild_strategy = offline, rebuild_strategy
         self.seed = cfg.train.seed
         self.sizes = inputs.client_sizes()
@@ -142,7 +143,7 @@ class ClusterRun:
 
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """w(t) encoded once for every download of the round; the previous round's blobs are dropped."""
-        enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer())
+        enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer(), BlobMessage)
         with self.lock:
             self.blobs = {model_blob(rnd): enc}
 
@@ -156,7 +157,7 @@ class ClusterRun:
         payload_blob = ""
         if payload.tensors:
             payload_blob = f"r{rnd}-payload"
-            enc = codec.encode_tensors(mappers.payload_bundle(payload), self.settings.transfer())
+            enc = codec.encode_tensors(mappers.payload_bundle(payload), self.settings.transfer(), BlobMessage)
             with self.lock:
                 self.blobs[payload_blob] = enc
         with self.lock:
@@ -206,7 +207,7 @@ class ClusterRun:
                 self.owner[c] = wid
                 self.book.update([c], worker=name or wid, device=device, state="registered")
         self.book.write()
-        return Registration(wid, self.paths.run_id, self.config_yaml, self.md5, self.settings.transfer(),
+        return Registration(wid, self.paths.run_id, self.worker_config, self.md5, self.settings.transfer(),
                             self.settings.heartbeat_s)
 
     def worker(self, worker_id: str) -> WorkerHandle:

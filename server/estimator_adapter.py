@@ -21,7 +21,7 @@ class EstimatorUnavailable(RuntimeError):
 
 
 class RemotePhi2Estimator:
-    """Implements ``fedent.meanfield.estimator.Phi2Estimator`` by calling ``Estimator.SolveOnline``."""
+    """Implements ``fedent.meanfield.estimator.Phi2Estimator`` by calling ``EstimatorService.SolveOnline``."""
 
     def __init__(self, address: str, beta: float, variant: str = "exact", run_id: str = "",
                  timeout_s: float = 30.0, channel: grpc.Channel | None = None) -> None:
@@ -31,7 +31,7 @@ class RemotePhi2Estimator:
         self.run_id = run_id
         self.timeout_s = timeout_s
         self.channel = channel or grpc.insecure_channel(address)
-        self.stub = est_grpc.EstimatorStub(self.channel)
+        self.stub = est_grpc.EstimatorServiceStub(self.channel)
 
     def estimate(
         self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float]

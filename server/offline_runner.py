@@ -61,18 +61,18 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
 
     def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
-            stub = est_grpc.EstimatorStub(ch)
-            ref = stub.PutBlob(codec.stream_tensors({codec.PARAMS_GROUP: list(w0)}), timeout=120,
-                               wait_for_ready=True)
+            stub = est_grpc.EstimatorServiceStub(ch)
+            ref = stub.PutBlob(codec.stream_tensors({codec.PARAMS_GROUP: list(w0)}, est_pb.PutBlobRequest),
+                               timeout=120, wait_for_ready=True)
             req = mappers.start_offline_request(
                 run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
                 opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size)
-            job = stub.StartOffline(req, timeout=60)
+            job = stub.StartOffline(req, timeout=60).job
             deadline = time.monotonic() + timeout_s
-            while job.state not in ("done", "failed"):
+            while not mappers.job_finished(job):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"offline estimation did not finish within {timeout_s:.0f}s")
-                job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60)
+                job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60).job
             return mappers.offline_estimator_from_job(job)
 
     return run

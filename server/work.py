@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +107,7 @@ class Collector:
 class Registration:
     worker_id: str
     run_id: str
-    config_yaml: str
+    worker_config: Mapping[str, Any]  # the resolved config the workers rebuild theirs from (secrets redacted)
     partition_md5: str
     transfer: codec.TransferSpec
     heartbeat_s: float

@@ -82,7 +82,7 @@ class FakeWorker:
         from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.stub = pb_grpc.AggregatorServiceStub(self.channel)
         self.wid = self.stub.Register(pb.RegisterRequest(worker_name=name, client_ids=cids, token=token)).worker_id
         self.stub.Ready(pb.ReadyRequest(worker_id=self.wid, partition_md5=md5,
                                         clients=[pb.ClientInfo(cid=c, num_samples=sizes) for c in cids]))
@@ -107,9 +107,9 @@ class FakeWorker:
 
     def model(self, blob: str) -> list[Tensor]:
         from fedentrpc import codec
-        from fedentrpc.v1 import tensor_pb2 as tpb
+        from fedentrpc.v1 import aggregator_pb2 as pb
 
-        return codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=blob)))["params"]
+        return codec.decode_tensors(self.stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob)))["params"]
 
     def upload(self, task: Any, cid: int, params: list[Tensor], n: int = 12) -> None:
         from fedent.strategies.base import ClientUpdate

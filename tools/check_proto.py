@@ -22,8 +22,11 @@ def generate(out_dir: Path, proto_dir: Path = PROTO_DIR) -> list[Path]:
     sources = sorted(str(p.relative_to(proto_dir)) for p in (proto_dir / "fedentrpc" / "v1").glob("*.proto"))
     if not sources:
         raise SystemExit("check_proto: no .proto files under proto/fedentrpc/v1")
+    # the well-known types (google/protobuf/struct.proto) ship with grpc_tools; `python -m grpc_tools.protoc`
+    # (make proto) appends the same include directory
+    wkt = Path(protoc.__file__).resolve().parent / "_proto"
     args = ["protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-            f"--pyi_out={out_dir}", *sources]
+            f"--pyi_out={out_dir}", *sources, f"-I{wkt}"]
     import os
 
     cwd = os.getcwd()

@@ -1,11 +1,32 @@
 from fedentrpc.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_PHASE_UNSPECIFIED: _ClassVar[RunPhase]
+    RUN_PHASE_STARTING: _ClassVar[RunPhase]
+    RUN_PHASE_ESTIMATING: _ClassVar[RunPhase]
+    RUN_PHASE_TRAINING: _ClassVar[RunPhase]
+    RUN_PHASE_AGGREGATING: _ClassVar[RunPhase]
+    RUN_PHASE_EVALUATING: _ClassVar[RunPhase]
+    RUN_PHASE_DONE: _ClassVar[RunPhase]
+    RUN_PHASE_FAILED: _ClassVar[RunPhase]
+RUN_PHASE_UNSPECIFIED: RunPhase
+RUN_PHASE_STARTING: RunPhase
+RUN_PHASE_ESTIMATING: RunPhase
+RUN_PHASE_TRAINING: RunPhase
+RUN_PHASE_AGGREGATING: RunPhase
+RUN_PHASE_EVALUATING: RunPhase
+RUN_PHASE_DONE: RunPhase
+RUN_PHASE_FAILED: RunPhase
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_name", "token", "client_ids", "device", "hostname", "pid", "version")
@@ -25,21 +46,21 @@ class RegisterRequest(_message.Message):
     version: str
     def __init__(self, worker_name: _Optional[str] = ..., token: _Optional[str] = ..., client_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
-class RegisterReply(_message.Message):
-    __slots__ = ("worker_id", "run_id", "config_yaml", "partition_md5", "transfer", "heartbeat_s")
+class RegisterResponse(_message.Message):
+    __slots__ = ("worker_id", "run_id", "partition_md5", "transfer", "heartbeat_s", "config")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
-    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MD5_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     run_id: str
-    config_yaml: str
     partition_md5: str
     transfer: _tensor_pb2.TransferSettings
     heartbeat_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
+    config: _struct_pb2.Struct
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("cid", "num_samples")
@@ -58,6 +79,10 @@ class ReadyRequest(_message.Message):
     partition_md5: str
     clients: _containers.RepeatedCompositeFieldContainer[ClientInfo]
     def __init__(self, worker_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ...) -> None: ...
+
+class ReadyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class WorkRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -91,7 +116,7 @@ class ProbeTask(_message.Message):
     task: TaskHeader
     def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ...) -> None: ...
 
-class RoundPayloadMsg(_message.Message):
+class RoundPayload(_message.Message):
     __slots__ = ("round", "scalars", "per_client", "tensors_blob")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -122,8 +147,8 @@ class FitTask(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     task: TaskHeader
-    payload: RoundPayloadMsg
-    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., payload: _Optional[_Union[RoundPayloadMsg, _Mapping]] = ...) -> None: ...
+    payload: RoundPayload
+    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., payload: _Optional[_Union[RoundPayload, _Mapping]] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason", "failed")
@@ -133,7 +158,7 @@ class Shutdown(_message.Message):
     failed: bool
     def __init__(self, reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
 
-class WorkItem(_message.Message):
+class WorkResponse(_message.Message):
     __slots__ = ("probe", "fit", "shutdown")
     PROBE_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
@@ -143,7 +168,21 @@ class WorkItem(_message.Message):
     shutdown: Shutdown
     def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
 
-class ProbeMsg(_message.Message):
+class AggregatorServiceFetchBlobRequest(_message.Message):
+    __slots__ = ("blob_id", "worker_id")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    worker_id: str
+    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class AggregatorServiceFetchBlobResponse(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: _tensor_pb2.TensorChunk
+    def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class Probe(_message.Message):
     __slots__ = ("cid", "num_samples", "scalars")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -160,7 +199,7 @@ class ProbeMsg(_message.Message):
     scalars: _containers.ScalarMap[str, float]
     def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., scalars: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
-class ProbeReport(_message.Message):
+class SubmitProbesRequest(_message.Message):
     __slots__ = ("worker_id", "task_id", "round", "probes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -169,8 +208,12 @@ class ProbeReport(_message.Message):
     worker_id: str
     task_id: int
     round: int
-    probes: _containers.RepeatedCompositeFieldContainer[ProbeMsg]
-    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[ProbeMsg, _Mapping]]] = ...) -> None: ...
+    probes: _containers.RepeatedCompositeFieldContainer[Probe]
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ...) -> None: ...
+
+class SubmitProbesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars", "train_s")
@@ -199,7 +242,7 @@ class UpdateHeader(_message.Message):
     train_s: float
     def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ..., train_s: _Optional[float] = ...) -> None: ...
 
-class UpdatePart(_message.Message):
+class SubmitUpdateRequest(_message.Message):
     __slots__ = ("header", "chunk")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -207,7 +250,11 @@ class UpdatePart(_message.Message):
     chunk: _tensor_pb2.TensorChunk
     def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
-class TaskFailure(_message.Message):
+class SubmitUpdateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportFailureRequest(_message.Message):
     __slots__ = ("worker_id", "task_id", "round", "cid", "message")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -221,38 +268,42 @@ class TaskFailure(_message.Message):
     message: str
     def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class ReportFailureResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id",)
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
-class HeartbeatReply(_message.Message):
+class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
-class StatusRequest(_message.Message):
+class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class RunStatus(_message.Message):
-    __slots__ = ("run_id", "algorithm", "phase", "round", "rounds", "state", "workers", "clients")
+class GetStatusResponse(_message.Message):
+    __slots__ = ("run_id", "algorithm", "round", "rounds", "workers", "clients", "phase", "error")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
-    PHASE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     algorithm: str
-    phase: str
     round: int
     rounds: int
-    state: str
     workers: int
     clients: int
-    def __init__(self, run_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., phase: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., state: _Optional[str] = ..., workers: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...
+    phase: RunPhase
+    error: str
+    def __init__(self, run_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., workers: _Optional[int] = ..., clients: _Optional[int] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from fedentrpc.v1 import aggregator_pb2 as fedentrpc_dot_v1_dot_aggregator__pb2
-from fedentrpc.v1 import tensor_pb2 as fedentrpc_dot_v1_dot_tensor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class AggregatorStub:
+class AggregatorServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -36,53 +35,53 @@ class AggregatorStub:
             channel: A grpc.Channel.
         """
         self.Register = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/Register',
+                '/fedentrpc.v1.AggregatorService/Register',
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterReply.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterResponse.FromString,
                 _registered_method=True)
         self.Ready = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/Ready',
+                '/fedentrpc.v1.AggregatorService/Ready',
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReadyRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReadyResponse.FromString,
                 _registered_method=True)
         self.Work = channel.unary_stream(
-                '/fedentrpc.v1.Aggregator/Work',
+                '/fedentrpc.v1.AggregatorService/Work',
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkItem.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkResponse.FromString,
                 _registered_method=True)
         self.FetchBlob = channel.unary_stream(
-                '/fedentrpc.v1.Aggregator/FetchBlob',
-                request_serializer=fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.FromString,
+                '/fedentrpc.v1.AggregatorService/FetchBlob',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobResponse.FromString,
                 _registered_method=True)
         self.SubmitProbes = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/SubmitProbes',
-                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ProbeReport.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+                '/fedentrpc.v1.AggregatorService/SubmitProbes',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesResponse.FromString,
                 _registered_method=True)
         self.SubmitUpdate = channel.stream_unary(
-                '/fedentrpc.v1.Aggregator/SubmitUpdate',
-                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.UpdatePart.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+                '/fedentrpc.v1.AggregatorService/SubmitUpdate',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
                 _registered_method=True)
         self.ReportFailure = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/ReportFailure',
-                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.TaskFailure.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+                '/fedentrpc.v1.AggregatorService/ReportFailure',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/Heartbeat',
+                '/fedentrpc.v1.AggregatorService/Heartbeat',
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatReply.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
-                '/fedentrpc.v1.Aggregator/GetStatus',
-                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.StatusRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.RunStatus.FromString,
+                '/fedentrpc.v1.AggregatorService/GetStatus',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
 
 
-class AggregatorServicer:
+class AggregatorServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Register(self, request, context):
@@ -140,62 +139,62 @@ class AggregatorServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_AggregatorServicer_to_server(servicer, server):
+def add_AggregatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterReply.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.RegisterResponse.SerializeToString,
             ),
             'Ready': grpc.unary_unary_rpc_method_handler(
                     servicer.Ready,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReadyRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReadyResponse.SerializeToString,
             ),
             'Work': grpc.unary_stream_rpc_method_handler(
                     servicer.Work,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkItem.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.WorkResponse.SerializeToString,
             ),
             'FetchBlob': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchBlob,
-                    request_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobResponse.SerializeToString,
             ),
             'SubmitProbes': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitProbes,
-                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.ProbeReport.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesResponse.SerializeToString,
             ),
             'SubmitUpdate': grpc.stream_unary_rpc_method_handler(
                     servicer.SubmitUpdate,
-                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.UpdatePart.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.SerializeToString,
             ),
             'ReportFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFailure,
-                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.TaskFailure.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.Ack.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatReply.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.StatusRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.RunStatus.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'fedentrpc.v1.Aggregator', rpc_method_handlers)
+            'fedentrpc.v1.AggregatorService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('fedentrpc.v1.Aggregator', rpc_method_handlers)
+    server.add_registered_method_handlers('fedentrpc.v1.AggregatorService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Aggregator:
+class AggregatorService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -212,9 +211,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/Register',
+            '/fedentrpc.v1.AggregatorService/Register',
             fedentrpc_dot_v1_dot_aggregator__pb2.RegisterRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_aggregator__pb2.RegisterReply.FromString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.RegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -239,9 +238,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/Ready',
+            '/fedentrpc.v1.AggregatorService/Ready',
             fedentrpc_dot_v1_dot_aggregator__pb2.ReadyRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.ReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -266,9 +265,9 @@ class Aggregator:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/Work',
+            '/fedentrpc.v1.AggregatorService/Work',
             fedentrpc_dot_v1_dot_aggregator__pb2.WorkRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_aggregator__pb2.WorkItem.FromString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.WorkResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -293,9 +292,9 @@ class Aggregator:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/FetchBlob',
-            fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.FromString,
+            '/fedentrpc.v1.AggregatorService/FetchBlob',
+            fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.AggregatorServiceFetchBlobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,9 +319,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/SubmitProbes',
-            fedentrpc_dot_v1_dot_aggregator__pb2.ProbeReport.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+            '/fedentrpc.v1.AggregatorService/SubmitProbes',
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitProbesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -347,9 +346,9 @@ class Aggregator:
         return grpc.experimental.stream_unary(
             request_iterator,
             target,
-            '/fedentrpc.v1.Aggregator/SubmitUpdate',
-            fedentrpc_dot_v1_dot_aggregator__pb2.UpdatePart.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+            '/fedentrpc.v1.AggregatorService/SubmitUpdate',
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -374,9 +373,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/ReportFailure',
-            fedentrpc_dot_v1_dot_aggregator__pb2.TaskFailure.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.Ack.FromString,
+            '/fedentrpc.v1.AggregatorService/ReportFailure',
+            fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -401,9 +400,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/Heartbeat',
+            '/fedentrpc.v1.AggregatorService/Heartbeat',
             fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatReply.FromString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -428,9 +427,9 @@ class Aggregator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Aggregator/GetStatus',
-            fedentrpc_dot_v1_dot_aggregator__pb2.StatusRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_aggregator__pb2.RunStatus.FromString,
+            '/fedentrpc.v1.AggregatorService/GetStatus',
+            fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from fedentrpc.v1 import tensor_pb2 as fedentrpc_dot_v1_dot_tensor__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64\x65ntrpc/v1/estimator.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\x1a\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\"\xbf\x01\n\x0c\x46\x65\x64\x45ntParams\x12\x0c\n\x04\x62\x65ta\x18\x01 \x01(\x01\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x0b\n\x03tol\x18\x04 \x01(\x01\x12\x10\n\x08max_iter\x18\x05 \x01(\x05\x12\x34\n\x05\x65xtra\x18\x06 \x03(\x0b\x32%.fedentrpc.v1.FedEntParams.ExtraEntry\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"V\n\rClientScalars\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\t\n\x01\x61\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x03\x12\r\n\x05theta\x18\x05 \x01(\x01\"\xab\x01\n\x12SolveOnlineRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\t\n\x01\x63\x18\x03 \x01(\x01\x12,\n\x07\x63lients\x18\x04 \x03(\x0b\x32\x1b.fedentrpc.v1.ClientScalars\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.fedentrpc.v1.FedEntParams\x12\x11\n\tphi2_init\x18\x06 \x01(\x01\"\xca\x02\n\x10SolveOnlineReply\x12\x11\n\tphi2_next\x18\x01 \x01(\x01\x12\x12\n\niterations\x18\x02 \x01(\x05\x12\x11\n\tconverged\x18\x03 \x01(\x08\x12=\n\x08\x65ta_star\x18\x04 \x03(\x0b\x32+.fedentrpc.v1.SolveOnlineReply.EtaStarEntry\x12\x44\n\x0b\x64iagnostics\x18\x05 \x03(\x0b\x32/.fedentrpc.v1.SolveOnlineReply.DiagnosticsEntry\x12\x13\n\x0breport_json\x18\x06 \x01(\t\x1a.\n\x0c\x45taStarEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10\x44iagnosticsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8c\x02\n\x13StartOfflineRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tinit_blob\x18\x02 \x01(\t\x12,\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x1b.fedentrpc.v1.OfflineClient\x12\x0e\n\x06rounds\x18\x04 \x01(\x05\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.fedentrpc.v1.FedEntParams\x12\x0c\n\x04\x65ps1\x18\x06 \x01(\x01\x12\x0c\n\x04\x65ps2\x18\x07 \x01(\x01\x12\x12\n\nmax_sweeps\x18\x08 \x01(\x05\x12\x0c\n\x04seed\x18\t \x01(\x03\x12\x12\n\nbatch_size\x18\n \x01(\x05\x12\x16\n\x0ewait_workers_s\x18\x0b \x01(\x01\"1\n\rOfflineClient\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\"3\n\x11GetOfflineRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"\x83\x01\n\nOfflineJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05sweep\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04phi2\x18\x05 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x06 \x01(\t\x12\x13\n\x0breport_json\x18\x07 \x01(\t\"S\n\x0bOracleHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\r\n\x05token\x18\x04 \x01(\t\"\x87\x01\n\rOracleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05sweep\x18\x02 \x01(\x05\x12\t\n\x01t\x18\x03 \x01(\x05\x12\x12\n\nclient_ids\x18\x04 \x03(\x05\x12\x12\n\npoint_blob\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"J\n\x12OracleResultHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x63id\x18\x02 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\"?\n\x0bOracleError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x63id\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xcf\x01\n\rOracleMessage\x12*\n\x05hello\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.OracleHelloH\x00\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32 .fedentrpc.v1.OracleResultHeaderH\x00\x12*\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunkH\x00\x12*\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.fedentrpc.v1.OracleErrorH\x00\x42\x06\n\x04kind2\xc3\x03\n\tEstimator\x12O\n\x0bSolveOnline\x12 .fedentrpc.v1.SolveOnlineRequest\x1a\x1e.fedentrpc.v1.SolveOnlineReply\x12=\n\x07PutBlob\x12\x19.fedentrpc.v1.TensorChunk\x1a\x15.fedentrpc.v1.BlobRef(\x01\x12H\n\tFetchBlob\x12\x1e.fedentrpc.v1.FetchBlobRequest\x1a\x19.fedentrpc.v1.TensorChunk0\x01\x12K\n\x0cStartOffline\x12!.fedentrpc.v1.StartOfflineRequest\x1a\x18.fedentrpc.v1.OfflineJob\x12G\n\nGetOffline\x12\x1f.fedentrpc.v1.GetOfflineRequest\x1a\x18.fedentrpc.v1.OfflineJob\x12\x46\n\x06Oracle\x12\x1b.fedentrpc.v1.OracleMessage\x1a\x1b.fedentrpc.v1.OracleRequest(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x65\x64\x65ntrpc/v1/estimator.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\x1a\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xe2\x01\n\x0c\x46\x65\x64\x45ntParams\x12\x0c\n\x04\x62\x65ta\x18\x01 \x01(\x01\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\x0b\n\x03tol\x18\x04 \x01(\x01\x12\x10\n\x08max_iter\x18\x05 \x01(\x05\x12\x34\n\x05\x65xtra\x18\x06 \x03(\x0b\x32%.fedentrpc.v1.FedEntParams.ExtraEntry\x12,\n\x07variant\x18\x07 \x01(\x0e\x32\x1b.fedentrpc.v1.FedentVariant\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x03\x10\x04\"V\n\rClientScalars\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\t\n\x01\x61\x18\x02 \x01(\x01\x12\t\n\x01\x62\x18\x03 \x01(\x01\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x03\x12\r\n\x05theta\x18\x05 \x01(\x01\"\xab\x01\n\x12SolveOnlineRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\t\n\x01\x63\x18\x03 \x01(\x01\x12,\n\x07\x63lients\x18\x04 \x03(\x0b\x32\x1b.fedentrpc.v1.ClientScalars\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.fedentrpc.v1.FedEntParams\x12\x11\n\tphi2_init\x18\x06 \x01(\x01\"\xfa\x02\n\x13SolveOnlineResponse\x12\x11\n\tphi2_next\x18\x01 \x01(\x01\x12\x12\n\niterations\x18\x02 \x01(\x05\x12\x11\n\tconverged\x18\x03 \x01(\x08\x12@\n\x08\x65ta_star\x18\x04 \x03(\x0b\x32..fedentrpc.v1.SolveOnlineResponse.EtaStarEntry\x12G\n\x0b\x64iagnostics\x18\x05 \x03(\x0b\x32\x32.fedentrpc.v1.SolveOnlineResponse.DiagnosticsEntry\x12\'\n\x06report\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a.\n\x0c\x45taStarEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x32\n\x10\x44iagnosticsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x06\x10\x07R\x0breport_json\":\n\x0ePutBlobRequest\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunk\"6\n\x0fPutBlobResponse\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x12\n\nwire_bytes\x18\x02 \x01(\x04\"F\n EstimatorServiceFetchBlobRequest\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"M\n!EstimatorServiceFetchBlobResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunk\"\x8c\x02\n\x13StartOfflineRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tinit_blob\x18\x02 \x01(\t\x12,\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x1b.fedentrpc.v1.OfflineClient\x12\x0e\n\x06rounds\x18\x04 \x01(\x05\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.fedentrpc.v1.FedEntParams\x12\x0c\n\x04\x65ps1\x18\x06 \x01(\x01\x12\x0c\n\x04\x65ps2\x18\x07 \x01(\x01\x12\x12\n\nmax_sweeps\x18\x08 \x01(\x05\x12\x0c\n\x04seed\x18\t \x01(\x03\x12\x12\n\nbatch_size\x18\n \x01(\x05\x12\x16\n\x0ewait_workers_s\x18\x0b \x01(\x01\"=\n\x14StartOfflineResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.OfflineJob\"1\n\rOfflineClient\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\"3\n\x11GetOfflineRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\";\n\x12GetOfflineResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.OfflineJob\"\xf6\x01\n\nOfflineJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sweep\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0c\n\x04phi2\x18\x05 \x03(\x01\x12,\n\x05state\x18\x08 \x01(\x0e\x32\x1d.fedentrpc.v1.OfflineJobState\x12\x34\n\x0bstop_reason\x18\t \x01(\x0e\x32\x1f.fedentrpc.v1.OfflineStopReason\x12\'\n\x06report\x18\n \x01(\x0b\x32\x17.google.protobuf.StructJ\x04\x08\x02\x10\x03J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x0breport_json\"S\n\x0bOracleHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\r\n\x05token\x18\x04 \x01(\t\"\x86\x01\n\x0cGradientTask\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\r\n\x05sweep\x18\x02 \x01(\x05\x12\t\n\x01t\x18\x03 \x01(\x05\x12\x12\n\nclient_ids\x18\x04 \x03(\x05\x12\x12\n\npoint_blob\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x05\"J\n\x12OracleResultHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x63id\x18\x02 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\"?\n\x0bOracleError\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x63id\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xcf\x01\n\rOracleRequest\x12*\n\x05hello\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.OracleHelloH\x00\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32 .fedentrpc.v1.OracleResultHeaderH\x00\x12*\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunkH\x00\x12*\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.fedentrpc.v1.OracleErrorH\x00\x42\x06\n\x04kind\":\n\x0eOracleResponse\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.fedentrpc.v1.GradientTask*c\n\rFedentVariant\x12\x1e\n\x1a\x46\x45\x44\x45NT_VARIANT_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46\x45\x44\x45NT_VARIANT_EXACT\x10\x01\x12\x18\n\x14\x46\x45\x44\x45NT_VARIANT_PAPER\x10\x02*\xac\x01\n\x0fOfflineJobState\x12!\n\x1dOFFLINE_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19OFFLINE_JOB_STATE_PENDING\x10\x01\x12\x1d\n\x19OFFLINE_JOB_STATE_RUNNING\x10\x02\x12\x1a\n\x16OFFLINE_JOB_STATE_DONE\x10\x03\x12\x1c\n\x18OFFLINE_JOB_STATE_FAILED\x10\x04*\x7f\n\x11OfflineStopReason\x12#\n\x1fOFFLINE_STOP_REASON_UNSPECIFIED\x10\x00\x12!\n\x1dOFFLINE_STOP_REASON_CONVERGED\x10\x01\x12\"\n\x1eOFFLINE_STOP_REASON_MAX_SWEEPS\x10\x02\x32\x91\x04\n\x10\x45stimatorService\x12R\n\x0bSolveOnline\x12 .fedentrpc.v1.SolveOnlineRequest\x1a!.fedentrpc.v1.SolveOnlineResponse\x12H\n\x07PutBlob\x12\x1c.fedentrpc.v1.PutBlobRequest\x1a\x1d.fedentrpc.v1.PutBlobResponse(\x01\x12n\n\tFetchBlob\x12..fedentrpc.v1.EstimatorServiceFetchBlobRequest\x1a/.fedentrpc.v1.EstimatorServiceFetchBlobResponse0\x01\x12U\n\x0cStartOffline\x12!.fedentrpc.v1.StartOfflineRequest\x1a\".fedentrpc.v1.StartOfflineResponse\x12O\n\nGetOffline\x12\x1f.fedentrpc.v1.GetOfflineRequest\x1a .fedentrpc.v1.GetOfflineResponse\x12G\n\x06Oracle\x12\x1b.fedentrpc.v1.OracleRequest\x1a\x1c.fedentrpc.v1.OracleResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,42 +35,62 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FEDENTPARAMS_EXTRAENTRY']._loaded_options = None
   _globals['_FEDENTPARAMS_EXTRAENTRY']._serialized_options = b'8\001'
-  _globals['_SOLVEONLINEREPLY_ETASTARENTRY']._loaded_options = None
-  _globals['_SOLVEONLINEREPLY_ETASTARENTRY']._serialized_options = b'8\001'
-  _globals['_SOLVEONLINEREPLY_DIAGNOSTICSENTRY']._loaded_options = None
-  _globals['_SOLVEONLINEREPLY_DIAGNOSTICSENTRY']._serialized_options = b'8\001'
-  _globals['_FEDENTPARAMS']._serialized_start=74
-  _globals['_FEDENTPARAMS']._serialized_end=265
-  _globals['_FEDENTPARAMS_EXTRAENTRY']._serialized_start=221
-  _globals['_FEDENTPARAMS_EXTRAENTRY']._serialized_end=265
-  _globals['_CLIENTSCALARS']._serialized_start=267
-  _globals['_CLIENTSCALARS']._serialized_end=353
-  _globals['_SOLVEONLINEREQUEST']._serialized_start=356
-  _globals['_SOLVEONLINEREQUEST']._serialized_end=527
-  _globals['_SOLVEONLINEREPLY']._serialized_start=530
-  _globals['_SOLVEONLINEREPLY']._serialized_end=860
-  _globals['_SOLVEONLINEREPLY_ETASTARENTRY']._serialized_start=762
-  _globals['_SOLVEONLINEREPLY_ETASTARENTRY']._serialized_end=808
-  _globals['_SOLVEONLINEREPLY_DIAGNOSTICSENTRY']._serialized_start=810
-  _globals['_SOLVEONLINEREPLY_DIAGNOSTICSENTRY']._serialized_end=860
-  _globals['_STARTOFFLINEREQUEST']._serialized_start=863
-  _globals['_STARTOFFLINEREQUEST']._serialized_end=1131
-  _globals['_OFFLINECLIENT']._serialized_start=1133
-  _globals['_OFFLINECLIENT']._serialized_end=1182
-  _globals['_GETOFFLINEREQUEST']._serialized_start=1184
-  _globals['_GETOFFLINEREQUEST']._serialized_end=1235
-  _globals['_OFFLINEJOB']._serialized_start=1238
-  _globals['_OFFLINEJOB']._serialized_end=1369
-  _globals['_ORACLEHELLO']._serialized_start=1371
-  _globals['_ORACLEHELLO']._serialized_end=1454
-  _globals['_ORACLEREQUEST']._serialized_start=1457
-  _globals['_ORACLEREQUEST']._serialized_end=1592
-  _globals['_ORACLERESULTHEADER']._serialized_start=1594
-  _globals['_ORACLERESULTHEADER']._serialized_end=1668
-  _globals['_ORACLEERROR']._serialized_start=1670
-  _globals['_ORACLEERROR']._serialized_end=1733
-  _globals['_ORACLEMESSAGE']._serialized_start=1736
-  _globals['_ORACLEMESSAGE']._serialized_end=1943
-  _globals['_ESTIMATOR']._serialized_start=1946
-  _globals['_ESTIMATOR']._serialized_end=2397
+  _globals['_SOLVEONLINERESPONSE_ETASTARENTRY']._loaded_options = None
+  _globals['_SOLVEONLINERESPONSE_ETASTARENTRY']._serialized_options = b'8\001'
+  _globals['_SOLVEONLINERESPONSE_DIAGNOSTICSENTRY']._loaded_options = None
+  _globals['_SOLVEONLINERESPONSE_DIAGNOSTICSENTRY']._serialized_options = b'8\001'
+  _globals['_FEDENTVARIANT']._serialized_start=2623
+  _globals['_FEDENTVARIANT']._serialized_end=2722
+  _globals['_OFFLINEJOBSTATE']._serialized_start=2725
+  _globals['_OFFLINEJOBSTATE']._serialized_end=2897
+  _globals['_OFFLINESTOPREASON']._serialized_start=2899
+  _globals['_OFFLINESTOPREASON']._serialized_end=3026
+  _globals['_FEDENTPARAMS']._serialized_start=104
+  _globals['_FEDENTPARAMS']._serialized_end=330
+  _globals['_FEDENTPARAMS_EXTRAENTRY']._serialized_start=280
+  _globals['_FEDENTPARAMS_EXTRAENTRY']._serialized_end=324
+  _globals['_CLIENTSCALARS']._serialized_start=332
+  _globals['_CLIENTSCALARS']._serialized_end=418
+  _globals['_SOLVEONLINEREQUEST']._serialized_start=421
+  _globals['_SOLVEONLINEREQUEST']._serialized_end=592
+  _globals['_SOLVEONLINERESPONSE']._serialized_start=595
+  _globals['_SOLVEONLINERESPONSE']._serialized_end=973
+  _globals['_SOLVEONLINERESPONSE_ETASTARENTRY']._serialized_start=856
+  _globals['_SOLVEONLINERESPONSE_ETASTARENTRY']._serialized_end=902
+  _globals['_SOLVEONLINERESPONSE_DIAGNOSTICSENTRY']._serialized_start=904
+  _globals['_SOLVEONLINERESPONSE_DIAGNOSTICSENTRY']._serialized_end=954
+  _globals['_PUTBLOBREQUEST']._serialized_start=975
+  _globals['_PUTBLOBREQUEST']._serialized_end=1033
+  _globals['_PUTBLOBRESPONSE']._serialized_start=1035
+  _globals['_PUTBLOBRESPONSE']._serialized_end=1089
+  _globals['_ESTIMATORSERVICEFETCHBLOBREQUEST']._serialized_start=1091
+  _globals['_ESTIMATORSERVICEFETCHBLOBREQUEST']._serialized_end=1161
+  _globals['_ESTIMATORSERVICEFETCHBLOBRESPONSE']._serialized_start=1163
+  _globals['_ESTIMATORSERVICEFETCHBLOBRESPONSE']._serialized_end=1240
+  _globals['_STARTOFFLINEREQUEST']._serialized_start=1243
+  _globals['_STARTOFFLINEREQUEST']._serialized_end=1511
+  _globals['_STARTOFFLINERESPONSE']._serialized_start=1513
+  _globals['_STARTOFFLINERESPONSE']._serialized_end=1574
+  _globals['_OFFLINECLIENT']._serialized_start=1576
+  _globals['_OFFLINECLIENT']._serialized_end=1625
+  _globals['_GETOFFLINEREQUEST']._serialized_start=1627
+  _globals['_GETOFFLINEREQUEST']._serialized_end=1678
+  _globals['_GETOFFLINERESPONSE']._serialized_start=1680
+  _globals['_GETOFFLINERESPONSE']._serialized_end=1739
+  _globals['_OFFLINEJOB']._serialized_start=1742
+  _globals['_OFFLINEJOB']._serialized_end=1988
+  _globals['_ORACLEHELLO']._serialized_start=1990
+  _globals['_ORACLEHELLO']._serialized_end=2073
+  _globals['_GRADIENTTASK']._serialized_start=2076
+  _globals['_GRADIENTTASK']._serialized_end=2210
+  _globals['_ORACLERESULTHEADER']._serialized_start=2212
+  _globals['_ORACLERESULTHEADER']._serialized_end=2286
+  _globals['_ORACLEERROR']._serialized_start=2288
+  _globals['_ORACLEERROR']._serialized_end=2351
+  _globals['_ORACLEREQUEST']._serialized_start=2354
+  _globals['_ORACLEREQUEST']._serialized_end=2561
+  _globals['_ORACLERESPONSE']._serialized_start=2563
+  _globals['_ORACLERESPONSE']._serialized_end=2621
+  _globals['_ESTIMATORSERVICE']._serialized_start=3029
+  _globals['_ESTIMATORSERVICE']._serialized_end=3558
 # @@protoc_insertion_point(module_scope)

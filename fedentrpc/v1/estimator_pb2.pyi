@@ -1,5 +1,7 @@
 from fedentrpc.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,8 +9,39 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FedentVariant(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FEDENT_VARIANT_UNSPECIFIED: _ClassVar[FedentVariant]
+    FEDENT_VARIANT_EXACT: _ClassVar[FedentVariant]
+    FEDENT_VARIANT_PAPER: _ClassVar[FedentVariant]
+
+class OfflineJobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OFFLINE_JOB_STATE_UNSPECIFIED: _ClassVar[OfflineJobState]
+    OFFLINE_JOB_STATE_PENDING: _ClassVar[OfflineJobState]
+    OFFLINE_JOB_STATE_RUNNING: _ClassVar[OfflineJobState]
+    OFFLINE_JOB_STATE_DONE: _ClassVar[OfflineJobState]
+    OFFLINE_JOB_STATE_FAILED: _ClassVar[OfflineJobState]
+
+class OfflineStopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OFFLINE_STOP_REASON_UNSPECIFIED: _ClassVar[OfflineStopReason]
+    OFFLINE_STOP_REASON_CONVERGED: _ClassVar[OfflineStopReason]
+    OFFLINE_STOP_REASON_MAX_SWEEPS: _ClassVar[OfflineStopReason]
+FEDENT_VARIANT_UNSPECIFIED: FedentVariant
+FEDENT_VARIANT_EXACT: FedentVariant
+FEDENT_VARIANT_PAPER: FedentVariant
+OFFLINE_JOB_STATE_UNSPECIFIED: OfflineJobState
+OFFLINE_JOB_STATE_PENDING: OfflineJobState
+OFFLINE_JOB_STATE_RUNNING: OfflineJobState
+OFFLINE_JOB_STATE_DONE: OfflineJobState
+OFFLINE_JOB_STATE_FAILED: OfflineJobState
+OFFLINE_STOP_REASON_UNSPECIFIED: OfflineStopReason
+OFFLINE_STOP_REASON_CONVERGED: OfflineStopReason
+OFFLINE_STOP_REASON_MAX_SWEEPS: OfflineStopReason
+
 class FedEntParams(_message.Message):
-    __slots__ = ("beta", "gamma", "variant", "tol", "max_iter", "extra")
+    __slots__ = ("beta", "gamma", "tol", "max_iter", "extra", "variant")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -18,17 +51,17 @@ class FedEntParams(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     BETA_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
-    VARIANT_FIELD_NUMBER: _ClassVar[int]
     TOL_FIELD_NUMBER: _ClassVar[int]
     MAX_ITER_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     beta: float
     gamma: float
-    variant: str
     tol: float
     max_iter: int
     extra: _containers.ScalarMap[str, float]
-    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., variant: _Optional[str] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    variant: FedentVariant
+    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ..., variant: _Optional[_Union[FedentVariant, str]] = ...) -> None: ...
 
 class ClientScalars(_message.Message):
     __slots__ = ("cid", "a", "b", "num_samples", "theta")
@@ -60,8 +93,8 @@ class SolveOnlineRequest(_message.Message):
     phi2_init: float
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., c: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientScalars, _Mapping]]] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., phi2_init: _Optional[float] = ...) -> None: ...
 
-class SolveOnlineReply(_message.Message):
-    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics", "report_json")
+class SolveOnlineResponse(_message.Message):
+    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics", "report")
     class EtaStarEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,14 +114,42 @@ class SolveOnlineReply(_message.Message):
     CONVERGED_FIELD_NUMBER: _ClassVar[int]
     ETA_STAR_FIELD_NUMBER: _ClassVar[int]
     DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
-    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     phi2_next: float
     iterations: int
     converged: bool
     eta_star: _containers.ScalarMap[int, float]
     diagnostics: _containers.ScalarMap[str, float]
-    report_json: str
-    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ..., report_json: _Optional[str] = ...) -> None: ...
+    report: _struct_pb2.Struct
+    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class PutBlobRequest(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: _tensor_pb2.TensorChunk
+    def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+
+class PutBlobResponse(_message.Message):
+    __slots__ = ("blob_id", "wire_bytes")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    wire_bytes: int
+    def __init__(self, blob_id: _Optional[str] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
+
+class EstimatorServiceFetchBlobRequest(_message.Message):
+    __slots__ = ("blob_id", "worker_id")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    worker_id: str
+    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class EstimatorServiceFetchBlobResponse(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: _tensor_pb2.TensorChunk
+    def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class StartOfflineRequest(_message.Message):
     __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s")
@@ -116,6 +177,12 @@ class StartOfflineRequest(_message.Message):
     wait_workers_s: float
     def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ...) -> None: ...
 
+class StartOfflineResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: OfflineJob
+    def __init__(self, job: _Optional[_Union[OfflineJob, _Mapping]] = ...) -> None: ...
+
 class OfflineClient(_message.Message):
     __slots__ = ("cid", "num_samples")
     CID_FIELD_NUMBER: _ClassVar[int]
@@ -132,23 +199,29 @@ class GetOfflineRequest(_message.Message):
     wait_s: float
     def __init__(self, job_id: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
+class GetOfflineResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: OfflineJob
+    def __init__(self, job: _Optional[_Union[OfflineJob, _Mapping]] = ...) -> None: ...
+
 class OfflineJob(_message.Message):
-    __slots__ = ("job_id", "state", "sweep", "message", "phi2", "stop_reason", "report_json")
+    __slots__ = ("job_id", "sweep", "message", "phi2", "state", "stop_reason", "report")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
     SWEEP_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PHI2_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
-    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    state: str
     sweep: int
     message: str
     phi2: _containers.RepeatedScalarFieldContainer[float]
-    stop_reason: str
-    report_json: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., sweep: _Optional[int] = ..., message: _Optional[str] = ..., phi2: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., report_json: _Optional[str] = ...) -> None: ...
+    state: OfflineJobState
+    stop_reason: OfflineStopReason
+    report: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., sweep: _Optional[int] = ..., message: _Optional[str] = ..., phi2: _Optional[_Iterable[float]] = ..., state: _Optional[_Union[OfflineJobState, str]] = ..., stop_reason: _Optional[_Union[OfflineStopReason, str]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class OracleHello(_message.Message):
     __slots__ = ("worker_id", "run_id", "client_ids", "token")
@@ -162,7 +235,7 @@ class OracleHello(_message.Message):
     token: str
     def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., client_ids: _Optional[_Iterable[int]] = ..., token: _Optional[str] = ...) -> None: ...
 
-class OracleRequest(_message.Message):
+class GradientTask(_message.Message):
     __slots__ = ("request_id", "sweep", "t", "client_ids", "point_blob", "seed", "batch_size")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SWEEP_FIELD_NUMBER: _ClassVar[int]
@@ -200,7 +273,7 @@ class OracleError(_message.Message):
     message: str
     def __init__(self, request_id: _Optional[int] = ..., cid: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
-class OracleMessage(_message.Message):
+class OracleRequest(_message.Message):
     __slots__ = ("hello", "result", "chunk", "error")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
@@ -211,3 +284,9 @@ class OracleMessage(_message.Message):
     chunk: _tensor_pb2.TensorChunk
     error: OracleError
     def __init__(self, hello: _Optional[_Union[OracleHello, _Mapping]] = ..., result: _Optional[_Union[OracleResultHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ..., error: _Optional[_Union[OracleError, _Mapping]] = ...) -> None: ...
+
+class OracleResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: GradientTask
+    def __init__(self, task: _Optional[_Union[GradientTask, _Mapping]] = ...) -> None: ...

@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from fedentrpc.v1 import estimator_pb2 as fedentrpc_dot_v1_dot_estimator__pb2
-from fedentrpc.v1 import tensor_pb2 as fedentrpc_dot_v1_dot_tensor__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class EstimatorStub:
+class EstimatorServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -36,38 +35,38 @@ class EstimatorStub:
             channel: A grpc.Channel.
         """
         self.SolveOnline = channel.unary_unary(
-                '/fedentrpc.v1.Estimator/SolveOnline',
+                '/fedentrpc.v1.EstimatorService/SolveOnline',
                 request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineReply.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineResponse.FromString,
                 _registered_method=True)
         self.PutBlob = channel.stream_unary(
-                '/fedentrpc.v1.Estimator/PutBlob',
-                request_serializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.BlobRef.FromString,
+                '/fedentrpc.v1.EstimatorService/PutBlob',
+                request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.PutBlobRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.PutBlobResponse.FromString,
                 _registered_method=True)
         self.FetchBlob = channel.unary_stream(
-                '/fedentrpc.v1.Estimator/FetchBlob',
-                request_serializer=fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.FromString,
+                '/fedentrpc.v1.EstimatorService/FetchBlob',
+                request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobResponse.FromString,
                 _registered_method=True)
         self.StartOffline = channel.unary_unary(
-                '/fedentrpc.v1.Estimator/StartOffline',
+                '/fedentrpc.v1.EstimatorService/StartOffline',
                 request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineResponse.FromString,
                 _registered_method=True)
         self.GetOffline = channel.unary_unary(
-                '/fedentrpc.v1.Estimator/GetOffline',
+                '/fedentrpc.v1.EstimatorService/GetOffline',
                 request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineRequest.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.FromString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineResponse.FromString,
                 _registered_method=True)
         self.Oracle = channel.stream_stream(
-                '/fedentrpc.v1.Estimator/Oracle',
-                request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleMessage.SerializeToString,
-                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.FromString,
+                '/fedentrpc.v1.EstimatorService/Oracle',
+                request_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleResponse.FromString,
                 _registered_method=True)
 
 
-class EstimatorServicer:
+class EstimatorServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SolveOnline(self, request, context):
@@ -101,55 +100,57 @@ class EstimatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Oracle(self, request_iterator, context):
-        """Worker side of Algorithm 1: the worker sends OracleHello, then answers each OracleRequest with a
-        header + TensorChunk messages per client (or an OracleError).
+        """Worker side of Algorithm 1, a reverse RPC: the *worker* calls it and serves gradients on it. The
+        names follow the call, not the roles: OracleRequest is what the worker sends (an OracleHello first,
+        then per gradient task and client a result header + TensorChunks, or an OracleError);
+        OracleResponse is what the estimator sends (the gradient tasks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_EstimatorServicer_to_server(servicer, server):
+def add_EstimatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SolveOnline': grpc.unary_unary_rpc_method_handler(
                     servicer.SolveOnline,
                     request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineReply.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineResponse.SerializeToString,
             ),
             'PutBlob': grpc.stream_unary_rpc_method_handler(
                     servicer.PutBlob,
-                    request_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.BlobRef.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.PutBlobRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.PutBlobResponse.SerializeToString,
             ),
             'FetchBlob': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchBlob,
-                    request_deserializer=fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobResponse.SerializeToString,
             ),
             'StartOffline': grpc.unary_unary_rpc_method_handler(
                     servicer.StartOffline,
                     request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineResponse.SerializeToString,
             ),
             'GetOffline': grpc.unary_unary_rpc_method_handler(
                     servicer.GetOffline,
                     request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineRequest.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.SerializeToString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineResponse.SerializeToString,
             ),
             'Oracle': grpc.stream_stream_rpc_method_handler(
                     servicer.Oracle,
-                    request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleMessage.FromString,
-                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.SerializeToString,
+                    request_deserializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_estimator__pb2.OracleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'fedentrpc.v1.Estimator', rpc_method_handlers)
+            'fedentrpc.v1.EstimatorService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('fedentrpc.v1.Estimator', rpc_method_handlers)
+    server.add_registered_method_handlers('fedentrpc.v1.EstimatorService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Estimator:
+class EstimatorService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -166,9 +167,9 @@ class Estimator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Estimator/SolveOnline',
+            '/fedentrpc.v1.EstimatorService/SolveOnline',
             fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineReply.FromString,
+            fedentrpc_dot_v1_dot_estimator__pb2.SolveOnlineResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -193,9 +194,9 @@ class Estimator:
         return grpc.experimental.stream_unary(
             request_iterator,
             target,
-            '/fedentrpc.v1.Estimator/PutBlob',
-            fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.BlobRef.FromString,
+            '/fedentrpc.v1.EstimatorService/PutBlob',
+            fedentrpc_dot_v1_dot_estimator__pb2.PutBlobRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_estimator__pb2.PutBlobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -220,9 +221,9 @@ class Estimator:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/fedentrpc.v1.Estimator/FetchBlob',
-            fedentrpc_dot_v1_dot_tensor__pb2.FetchBlobRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_tensor__pb2.TensorChunk.FromString,
+            '/fedentrpc.v1.EstimatorService/FetchBlob',
+            fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_estimator__pb2.EstimatorServiceFetchBlobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -247,9 +248,9 @@ class Estimator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Estimator/StartOffline',
+            '/fedentrpc.v1.EstimatorService/StartOffline',
             fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.FromString,
+            fedentrpc_dot_v1_dot_estimator__pb2.StartOfflineResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -274,9 +275,9 @@ class Estimator:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedentrpc.v1.Estimator/GetOffline',
+            '/fedentrpc.v1.EstimatorService/GetOffline',
             fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineRequest.SerializeToString,
-            fedentrpc_dot_v1_dot_estimator__pb2.OfflineJob.FromString,
+            fedentrpc_dot_v1_dot_estimator__pb2.GetOfflineResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,9 +302,9 @@ class Estimator:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/fedentrpc.v1.Estimator/Oracle',
-            fedentrpc_dot_v1_dot_estimator__pb2.OracleMessage.SerializeToString,
-            fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.FromString,
+            '/fedentrpc.v1.EstimatorService/Oracle',
+            fedentrpc_dot_v1_dot_estimator__pb2.OracleRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_estimator__pb2.OracleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\"*\n\nTensorSpec\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\"*\n\x0bTensorGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xa8\x02\n\x10TensorListHeader\x12)\n\x07tensors\x18\x01 \x03(\x0b\x32\x18.fedentrpc.v1.TensorSpec\x12)\n\x06groups\x18\x02 \x03(\x0b\x32\x19.fedentrpc.v1.TensorGroup\x12+\n\nwire_dtype\x18\x03 \x01(\x0e\x32\x17.fedentrpc.v1.WireDtype\x12.\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x19.fedentrpc.v1.Compression\x12\x11\n\traw_bytes\x18\x05 \x01(\x04\x12\x12\n\nwire_bytes\x18\x06 \x01(\x04\x12\x12\n\nnum_chunks\x18\x08 \x01(\r\x12\x16\n\x0e\x63hunk_checksum\x18\t \x01(\tJ\x04\x08\x07\x10\x08R\x08\x63hecksum\"l\n\x0bTensorChunk\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1e.fedentrpc.v1.TensorListHeader\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"\x84\x01\n\x10TransferSettings\x12+\n\nwire_dtype\x18\x01 \x01(\x0e\x32\x17.fedentrpc.v1.WireDtype\x12.\n\x0b\x63ompression\x18\x02 \x01(\x0e\x32\x19.fedentrpc.v1.Compression\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r\".\n\x07\x42lobRef\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x12\n\nwire_bytes\x18\x02 \x01(\x04\"6\n\x10\x46\x65tchBlobRequest\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"\"\n\x03\x41\x63k\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"o\n\tScalarMap\x12\x33\n\x06values\x18\x01 \x03(\x0b\x32#.fedentrpc.v1.ScalarMap.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*S\n\tWireDtype\x12\x15\n\x11WIRE_DTYPE_NATIVE\x10\x00\x12\x16\n\x12WIRE_DTYPE_FLOAT16\x10\x01\x12\x17\n\x13WIRE_DTYPE_BFLOAT16\x10\x02*9\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\"E\n\nTensorSpec\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\"\n\x05\x64type\x18\x03 \x01(\x0e\x32\x13.fedentrpc.v1.DtypeJ\x04\x08\x01\x10\x02\"*\n\x0bTensorGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xe3\x02\n\x10TensorListHeader\x12)\n\x07tensors\x18\x01 \x03(\x0b\x32\x18.fedentrpc.v1.TensorSpec\x12)\n\x06groups\x18\x02 \x03(\x0b\x32\x19.fedentrpc.v1.TensorGroup\x12+\n\nwire_dtype\x18\x03 \x01(\x0e\x32\x17.fedentrpc.v1.WireDtype\x12.\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x19.fedentrpc.v1.Compression\x12\x11\n\traw_bytes\x18\x05 \x01(\x04\x12\x12\n\nwire_bytes\x18\x06 \x01(\x04\x12\x12\n\nnum_chunks\x18\x08 \x01(\r\x12;\n\x12\x63hecksum_algorithm\x18\n \x01(\x0e\x32\x1f.fedentrpc.v1.ChecksumAlgorithmJ\x04\x08\x07\x10\x08J\x04\x08\t\x10\nR\x08\x63hecksumR\x0e\x63hunk_checksum\"r\n\x0bTensorChunk\x12.\n\x06header\x18\x01 \x01(\x0b\x32\x1e.fedentrpc.v1.TensorListHeader\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x07J\x04\x08\x04\x10\x05\"\x84\x01\n\x10TransferSettings\x12+\n\nwire_dtype\x18\x01 \x01(\x0e\x32\x17.fedentrpc.v1.WireDtype\x12.\n\x0b\x63ompression\x18\x02 \x01(\x0e\x32\x19.fedentrpc.v1.Compression\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r\"o\n\tScalarMap\x12\x33\n\x06values\x18\x01 \x03(\x0b\x32#.fedentrpc.v1.ScalarMap.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*o\n\tWireDtype\x12\x1a\n\x16WIRE_DTYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11WIRE_DTYPE_NATIVE\x10\x01\x12\x16\n\x12WIRE_DTYPE_FLOAT16\x10\x02\x12\x17\n\x13WIRE_DTYPE_BFLOAT16\x10\x03*V\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZLIB\x10\x02*t\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x02*\xcf\x01\n\x05\x44type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT64\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_INT16\x10\x07\x12\x0e\n\nDTYPE_INT8\x10\x08\x12\x0f\n\x0b\x44TYPE_UINT8\x10\t\x12\x0e\n\nDTYPE_BOOL\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCALARMAP_VALUESENTRY']._loaded_options = None
   _globals['_SCALARMAP_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_WIREDTYPE']._serialized_start=928
-  _globals['_WIREDTYPE']._serialized_end=1011
-  _globals['_COMPRESSION']._serialized_start=1013
-  _globals['_COMPRESSION']._serialized_end=1070
+  _globals['_WIREDTYPE']._serialized_start=880
+  _globals['_WIREDTYPE']._serialized_end=991
+  _globals['_COMPRESSION']._serialized_start=993
+  _globals['_COMPRESSION']._serialized_end=1079
+  _globals['_CHECKSUMALGORITHM']._serialized_start=1081
+  _globals['_CHECKSUMALGORITHM']._serialized_end=1197
+  _globals['_DTYPE']._serialized_start=1200
+  _globals['_DTYPE']._serialized_end=1407
   _globals['_TENSORSPEC']._serialized_start=43
-  _globals['_TENSORSPEC']._serialized_end=85
-  _globals['_TENSORGROUP']._serialized_start=87
-  _globals['_TENSORGROUP']._serialized_end=129
-  _globals['_TENSORLISTHEADER']._serialized_start=132
-  _globals['_TENSORLISTHEADER']._serialized_end=428
-  _globals['_TENSORCHUNK']._serialized_start=430
-  _globals['_TENSORCHUNK']._serialized_end=538
-  _globals['_TRANSFERSETTINGS']._serialized_start=541
-  _globals['_TRANSFERSETTINGS']._serialized_end=673
-  _globals['_BLOBREF']._serialized_start=675
-  _globals['_BLOBREF']._serialized_end=721
-  _globals['_FETCHBLOBREQUEST']._serialized_start=723
-  _globals['_FETCHBLOBREQUEST']._serialized_end=777
-  _globals['_ACK']._serialized_start=779
-  _globals['_ACK']._serialized_end=813
-  _globals['_SCALARMAP']._serialized_start=815
-  _globals['_SCALARMAP']._serialized_end=926
-  _globals['_SCALARMAP_VALUESENTRY']._serialized_start=881
-  _globals['_SCALARMAP_VALUESENTRY']._serialized_end=926
+  _globals['_TENSORSPEC']._serialized_end=112
+  _globals['_TENSORGROUP']._serialized_start=114
+  _globals['_TENSORGROUP']._serialized_end=156
+  _globals['_TENSORLISTHEADER']._serialized_start=159
+  _globals['_TENSORLISTHEADER']._serialized_end=514
+  _globals['_TENSORCHUNK']._serialized_start=516
+  _globals['_TENSORCHUNK']._serialized_end=630
+  _globals['_TRANSFERSETTINGS']._serialized_start=633
+  _globals['_TRANSFERSETTINGS']._serialized_end=765
+  _globals['_SCALARMAP']._serialized_start=767
+  _globals['_SCALARMAP']._serialized_end=878
+  _globals['_SCALARMAP_VALUESENTRY']._serialized_start=833
+  _globals['_SCALARMAP_VALUESENTRY']._serialized_end=878
 # @@protoc_insertion_point(module_scope)

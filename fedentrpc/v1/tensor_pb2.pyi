@@ -9,27 +9,65 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 class WireDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
+    WIRE_DTYPE_UNSPECIFIED: _ClassVar[WireDtype]
     WIRE_DTYPE_NATIVE: _ClassVar[WireDtype]
     WIRE_DTYPE_FLOAT16: _ClassVar[WireDtype]
     WIRE_DTYPE_BFLOAT16: _ClassVar[WireDtype]
 
 class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
+    COMPRESSION_UNSPECIFIED: _ClassVar[Compression]
     COMPRESSION_NONE: _ClassVar[Compression]
     COMPRESSION_ZLIB: _ClassVar[Compression]
+
+class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECKSUM_ALGORITHM_UNSPECIFIED: _ClassVar[ChecksumAlgorithm]
+    CHECKSUM_ALGORITHM_CRC32C: _ClassVar[ChecksumAlgorithm]
+    CHECKSUM_ALGORITHM_CRC32: _ClassVar[ChecksumAlgorithm]
+
+class Dtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[Dtype]
+    DTYPE_FLOAT32: _ClassVar[Dtype]
+    DTYPE_FLOAT64: _ClassVar[Dtype]
+    DTYPE_FLOAT16: _ClassVar[Dtype]
+    DTYPE_BFLOAT16: _ClassVar[Dtype]
+    DTYPE_INT64: _ClassVar[Dtype]
+    DTYPE_INT32: _ClassVar[Dtype]
+    DTYPE_INT16: _ClassVar[Dtype]
+    DTYPE_INT8: _ClassVar[Dtype]
+    DTYPE_UINT8: _ClassVar[Dtype]
+    DTYPE_BOOL: _ClassVar[Dtype]
+WIRE_DTYPE_UNSPECIFIED: WireDtype
 WIRE_DTYPE_NATIVE: WireDtype
 WIRE_DTYPE_FLOAT16: WireDtype
 WIRE_DTYPE_BFLOAT16: WireDtype
+COMPRESSION_UNSPECIFIED: Compression
 COMPRESSION_NONE: Compression
 COMPRESSION_ZLIB: Compression
+CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_CRC32C: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
+DTYPE_UNSPECIFIED: Dtype
+DTYPE_FLOAT32: Dtype
+DTYPE_FLOAT64: Dtype
+DTYPE_FLOAT16: Dtype
+DTYPE_BFLOAT16: Dtype
+DTYPE_INT64: Dtype
+DTYPE_INT32: Dtype
+DTYPE_INT16: Dtype
+DTYPE_INT8: Dtype
+DTYPE_UINT8: Dtype
+DTYPE_BOOL: Dtype
 
 class TensorSpec(_message.Message):
-    __slots__ = ("dtype", "shape")
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("shape", "dtype")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
-    dtype: str
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    dtype: Dtype
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[Dtype, str]] = ...) -> None: ...
 
 class TensorGroup(_message.Message):
     __slots__ = ("name", "count")
@@ -40,7 +78,7 @@ class TensorGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class TensorListHeader(_message.Message):
-    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "num_chunks", "chunk_checksum")
+    __slots__ = ("tensors", "groups", "wire_dtype", "compression", "raw_bytes", "wire_bytes", "num_chunks", "checksum_algorithm")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -48,7 +86,7 @@ class TensorListHeader(_message.Message):
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    CHUNK_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     groups: _containers.RepeatedCompositeFieldContainer[TensorGroup]
     wire_dtype: WireDtype
@@ -56,8 +94,8 @@ class TensorListHeader(_message.Message):
     raw_bytes: int
     wire_bytes: int
     num_chunks: int
-    chunk_checksum: str
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunk_checksum: _Optional[str] = ...) -> None: ...
+    checksum_algorithm: ChecksumAlgorithm
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[TensorGroup, _Mapping]]] = ..., wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("header", "index", "data", "checksum")
@@ -68,8 +106,8 @@ class TensorChunk(_message.Message):
     header: TensorListHeader
     index: int
     data: bytes
-    checksum: str
-    def __init__(self, header: _Optional[_Union[TensorListHeader, _Mapping]] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[str] = ...) -> None: ...
+    checksum: int
+    def __init__(self, header: _Optional[_Union[TensorListHeader, _Mapping]] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class TransferSettings(_message.Message):
     __slots__ = ("wire_dtype", "compression", "chunk_bytes")
@@ -80,30 +118,6 @@ class TransferSettings(_message.Message):
     compression: Compression
     chunk_bytes: int
     def __init__(self, wire_dtype: _Optional[_Union[WireDtype, str]] = ..., compression: _Optional[_Union[Compression, str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
-
-class BlobRef(_message.Message):
-    __slots__ = ("blob_id", "wire_bytes")
-    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
-    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    blob_id: str
-    wire_bytes: int
-    def __init__(self, blob_id: _Optional[str] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
-
-class FetchBlobRequest(_message.Message):
-    __slots__ = ("blob_id", "worker_id")
-    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    blob_id: str
-    worker_id: str
-    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
-
-class Ack(_message.Message):
-    __slots__ = ("ok", "message")
-    OK_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    ok: bool
-    message: str
-    def __init__(self, ok: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ScalarMap(_message.Message):
     __slots__ = ("values",)

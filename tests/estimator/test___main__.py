@@ -33,7 +33,7 @@ def test_estimator_process_listens_on_a_free_port_and_stops_on_sigterm(tmp_path:
         assert line.startswith("LISTENING port="), (line, proc.stderr.read() if proc.poll() is not None else "")
         port = int(line.split("=", 1)[1])
         assert port > 0 and port_file.read_text().strip() == str(port)
-        ok, status = healthcheck.check(f"127.0.0.1:{port}", "fedentrpc.v1.Estimator")
+        ok, status = healthcheck.check(f"127.0.0.1:{port}", "fedentrpc.v1.EstimatorService")
         assert ok and status.endswith("SERVING")
         probe = subprocess.run([sys.executable, "-m", "server.healthcheck", f"127.0.0.1:{port}"], cwd=ROOT,
                                env=_env(), capture_output=True, text=True, timeout=60)

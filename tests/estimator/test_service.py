@@ -35,6 +35,8 @@ from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.estimator_adapter import RemotePhi2Estimator
 
+DONE, FAILED = est_pb.OFFLINE_JOB_STATE_DONE, est_pb.OFFLINE_JOB_STATE_FAILED
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -47,9 +49,9 @@ def service() -> Iterator[EstimatorHandle]:
 
 
 @pytest.fixture
-def stub(service: EstimatorHandle) -> Iterator[est_grpc.EstimatorStub]:
+def stub(service: EstimatorHandle) -> Iterator[est_grpc.EstimatorServiceStub]:
     with grpc.insecure_channel(f"127.0.0.1:{service.port}") as ch:
-        yield est_grpc.EstimatorStub(ch)
+        yield est_grpc.EstimatorServiceStub(ch)
 
 
 def _round_scalars(seed: int, n: int = 6) -> tuple[float, list[float], list[float], list[float]]:
@@ -67,14 +69,14 @@ def _round_scalars(seed: int, n: int = 6) -> tuple[float, list[float], list[floa
 
 @pytest.mark.parametrize("variant", ["exact", "paper"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_online_solve_matches_the_core(stub: est_grpc.EstimatorStub, variant: str, seed: int) -> None:
+def test_online_solve_matches_the_core(stub: est_grpc.EstimatorServiceStub, variant: str, seed: int) -> None:
     c, thetas, a, b = _round_scalars(seed)
     req = mappers.solve_online_request("run", 3, c, thetas, a, b, 0.9, variant)
     reply = stub.SolveOnline(req, timeout=10)
     direct = OnlinePhi2Estimator(0.9, variant).estimate(3, c, thetas, a, b)
     assert reply.phi2_next == direct.phi2_next
     assert reply.iterations == direct.report["iterations"]
-    report = json.loads(reply.report_json)
+    report = mappers.struct_to_dict(reply.report)
     assert report == json.loads(json.dumps(direct.report))
     from fedent.meanfield.scalar_fixed_point import solve_online
 
@@ -94,10 +96,11 @@ def test_remote_adapter_equals_in_process_estimator(service: EstimatorHandle) ->
     assert got.phi2_next == want.phi2_next and got.report["mode"] == "online"
 
 
-def test_online_theta_from_sample_counts(stub: est_grpc.EstimatorStub) -> None:
+def test_online_theta_from_sample_counts(stub: est_grpc.EstimatorServiceStub) -> None:
     c, _, a, b = _round_scalars(3, n=3)
     sizes = [10, 30, 60]
-    req = est_pb.SolveOnlineRequest(c=c, params=est_pb.FedEntParams(beta=0.9), clients=[
+    req = est_pb.SolveOnlineRequest(c=c, params=est_pb.FedEntParams(beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT),
+                                    clients=[
         est_pb.ClientScalars(cid=i, a=a[i], b=b[i], num_samples=sizes[i]) for i in range(3)])
     want = OnlinePhi2Estimator(0.9).estimate(0, c, [0.1, 0.3, 0.6], a, b)
     assert stub.SolveOnline(req, timeout=10).phi2_next == pytest.approx(want.phi2_next, rel=1e-12)
@@ -111,19 +114,23 @@ def _bad(req: est_pb.SolveOnlineRequest, **changes: float) -> est_pb.SolveOnline
     return out
 
 
-def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub: est_grpc.EstimatorStub) -> None:
+def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub: est_grpc.EstimatorServiceStub) -> None:
     c, thetas, a, b = _round_scalars(4)
     good = mappers.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
     dup = est_pb.SolveOnlineRequest()
     dup.CopyFrom(good)
     dup.clients[1].cid = dup.clients[0].cid
-    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=est_pb.FedEntParams(beta=0.9))
+    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=est_pb.FedEntParams(beta=0.9,
+                                                                             variant=est_pb.FEDENT_VARIANT_EXACT))
     bad_beta = est_pb.SolveOnlineRequest()
     bad_beta.CopyFrom(good)
     bad_beta.params.beta = 1.5
     bad_variant = est_pb.SolveOnlineRequest()
     bad_variant.CopyFrom(good)
-    bad_variant.params.variant = "magic"
+    bad_variant.params.variant = 99  # type: ignore[assignment]  # a value these protos do not know
+    no_variant = est_pb.SolveOnlineRequest()
+    no_variant.CopyFrom(good)
+    no_variant.params.ClearField("variant")
     nan_c = est_pb.SolveOnlineRequest()
     nan_c.CopyFrom(good)
     nan_c.c = math.nan
@@ -136,7 +143,8 @@ def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub:
         "duplicate client ids": dup,
         "no clients": no_clients,
         "params.beta: must be in (0, 1), got 1.5": bad_beta,
-        "params.variant: must be one of exact, paper, got 'magic'": bad_variant,
+        "params.variant: value 99 is not allowed; send one of FEDENT_VARIANT_EXACT, FEDENT_VARIANT_PAPER": bad_variant,
+        "params.variant: FEDENT_VARIANT_UNSPECIFIED is not allowed": no_variant,
         "c is not finite": nan_c,
     }
     for needle, req in cases.items():
@@ -165,7 +173,7 @@ def test_health_serving_and_reflection_lists_the_service(service: EstimatorHandl
         replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
                                                  timeout=5))
         names = {s.name for s in replies[0].list_services_response.service}
-    assert SERVICE_NAME == "fedentrpc.v1.Estimator"
+    assert SERVICE_NAME == "fedentrpc.v1.EstimatorService"
     assert {SERVICE_NAME, "grpc.health.v1.Health"} <= names
 
 
@@ -187,19 +195,22 @@ def test_settings_are_validated() -> None:
             EstimatorSettings(**bad)  # type: ignore[arg-type]
 
 
-def test_blob_round_trip_and_errors(stub: est_grpc.EstimatorStub) -> None:
+def test_blob_round_trip_and_errors(stub: est_grpc.EstimatorServiceStub) -> None:
     tensors = [torch.randn(3, 4), torch.arange(5)]
-    ref = stub.PutBlob(iter(codec.encode_tensors({"params": tensors}, codec.TransferSpec(chunk_bytes=16))),
-                       timeout=10)
-    back = codec.decode_tensors(stub.FetchBlob(tpb.FetchBlobRequest(blob_id=ref.blob_id), timeout=10))
-    assert all(torch.equal(x, y) for x, y in zip(back["params"], tensors, strict=True))
-    chunks = list(codec.encode_tensors({"params": tensors}, codec.TransferSpec(chunk_bytes=16)))
-    chunks[1] = tpb.TensorChunk(index=1, data=b"\xff" * len(chunks[1].data))
+    ref = stub.PutBlob(codec.stream_tensors({"params": tensors}, est_pb.PutBlobRequest,
+                                            codec.TransferSpec(chunk_bytes=16)), timeout=10)
+    for _ in range(2):  # the second fetch streams the messages the first one built
+        back = codec.decode_tensors(stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(blob_id=ref.blob_id),
+                                                   timeout=10))
+        assert all(torch.equal(x, y) for x, y in zip(back["params"], tensors, strict=True))
+    chunks = list(codec.stream_tensors({"params": tensors}, est_pb.PutBlobRequest,
+                                       codec.TransferSpec(chunk_bytes=16)))
+    chunks[1] = est_pb.PutBlobRequest(chunk=tpb.TensorChunk(index=1, data=b"\xff" * len(chunks[1].chunk.data)))
     with pytest.raises(grpc.RpcError) as ei:
         stub.PutBlob(iter(chunks), timeout=10)
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "checksum" in ei.value.details()
     with pytest.raises(grpc.RpcError) as ei:
-        list(stub.FetchBlob(tpb.FetchBlobRequest(blob_id="nope"), timeout=10))
+        list(stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(blob_id="nope"), timeout=10))
     assert ei.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -220,30 +231,32 @@ class FakeWorker:
         self.indices = {c: torch.from_numpy(np.asarray(inputs.client_indices[c])) for c in cids}
         self.cids, self.run_id, self.ignore, self.fail, self.seed = cids, run_id, ignore, fail, seed
         self.channel = grpc.insecure_channel(address)
-        self.stub = est_grpc.EstimatorStub(self.channel)
-        self.outbox: queue.Queue[est_pb.OracleMessage | bytes | None] = queue.Queue()
+        self.stub = est_grpc.EstimatorServiceStub(self.channel)
+        self.outbox: queue.Queue[est_pb.OracleRequest | bytes | None] = queue.Queue()
         self.requests = 0
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
-    def _out(self) -> Iterator[est_pb.OracleMessage | bytes]:
-        yield est_pb.OracleMessage(hello=est_pb.OracleHello(worker_id=f"fake-{self.cids}", run_id=self.run_id,
+    def _out(self) -> Iterator[est_pb.OracleRequest | bytes]:
+        yield est_pb.OracleRequest(hello=est_pb.OracleHello(worker_id=f"fake-{self.cids}", run_id=self.run_id,
                                                             client_ids=self.cids))
         while (m := self.outbox.get()) is not None:
             yield m
 
     def _loop(self) -> None:
         try:
-            for req in self.stub.Oracle(self._out()):
+            for resp in self.stub.Oracle(self._out()):
+                req = resp.task
                 self.requests += 1
                 if self.requests <= self.ignore:
                     continue
                 if self.fail:
                     for cid in req.client_ids:
-                        self.outbox.put(est_pb.OracleMessage(error=est_pb.OracleError(
+                        self.outbox.put(est_pb.OracleRequest(error=est_pb.OracleError(
                             request_id=req.request_id, cid=cid, message="out of memory")))
                     continue
-                point = codec.decode_tensors(self.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=req.point_blob)))
+                point = codec.decode_tensors(self.stub.FetchBlob(
+                    est_pb.EstimatorServiceFetchBlobRequest(blob_id=req.point_blob)))
                 oracle = TrainerOracle(self.trainer, self.indices, req.seed, req.batch_size or None)
                 for cid in req.client_ids:
                     g = oracle.gradient(req.t, cid, point["params"])
@@ -258,16 +271,16 @@ class FakeWorker:
         self.channel.close()
 
 
-def _start_offline(stub: est_grpc.EstimatorStub, rounds: int = 3, wait_s: float = 5.0,
+def _start_offline(stub: est_grpc.EstimatorServiceStub, rounds: int = 3, wait_s: float = 5.0,
                    sizes: tuple[int, ...] = (12, 12, 12, 12)) -> tuple[est_pb.OfflineJob, list[torch.Tensor]]:
     w0 = [p.detach().clone() for p in tiny_inputs().make_model().parameters()]
-    ref = stub.PutBlob(iter(codec.encode_tensors({"params": w0})), timeout=10)
+    ref = stub.PutBlob(codec.stream_tensors({"params": w0}, est_pb.PutBlobRequest), timeout=10)
     req = mappers.start_offline_request("run", ref.blob_id, list(sizes), rounds, 0.9, 0.9, "exact", 1e-6, 1e-6,
                                         4, 1, 4)
     req.wait_workers_s = wait_s
-    job = stub.StartOffline(req, timeout=10)
-    while job.state not in ("done", "failed"):
-        job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=5), timeout=30)
+    job = stub.StartOffline(req, timeout=10).job
+    while not mappers.job_finished(job):
+        job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=5), timeout=30).job
     return job, w0
 
 
@@ -281,18 +294,18 @@ def _direct(w0: list[torch.Tensor], rounds: int = 3) -> np.ndarray:
 
 
 def test_offline_over_oracle_streams_equals_in_process_algorithm_1(service: EstimatorHandle,
-                                                                   stub: est_grpc.EstimatorStub) -> None:
+                                                                   stub: est_grpc.EstimatorServiceStub) -> None:
     workers = [FakeWorker(f"127.0.0.1:{service.port}", [0, 1]), FakeWorker(f"127.0.0.1:{service.port}", [2, 3])]
     try:
         job, w0 = _start_offline(stub)
     finally:
         for w in workers:
             w.close()
-    assert job.state == "done", job.message
+    assert job.state == DONE, job.message
     assert list(job.phi2) == _direct(w0).tolist()  # exact: same batches, float32 travels natively
-    report = json.loads(job.report_json)
+    report = mappers.struct_to_dict(job.report)
     assert report["sweeps"] == job.sweep >= 1 and report["gradient_evaluations"] == job.sweep * 3 * 4
-    assert job.stop_reason in ("both", "max_sweeps")
+    assert job.stop_reason in (est_pb.OFFLINE_STOP_REASON_CONVERGED, est_pb.OFFLINE_STOP_REASON_MAX_SWEEPS)
     est = mappers.offline_estimator_from_job(job)
     assert est.horizon == 3
     assert len(service.blobs) == 1  # the points were dropped; only the uploaded w(0) is left
@@ -303,34 +316,34 @@ def test_a_lost_answer_is_retried_after_its_deadline() -> None:
     worker = FakeWorker(f"127.0.0.1:{h.port}", [0, 1, 2, 3], ignore=1)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
-            job, w0 = _start_offline(est_grpc.EstimatorStub(ch), rounds=2)
+            job, w0 = _start_offline(est_grpc.EstimatorServiceStub(ch), rounds=2)
     finally:
         worker.close()
         h.stop(0.5)
-    assert job.state == "done", job.message
-    assert json.loads(job.report_json)["oracle_retries"] >= 1
+    assert job.state == DONE, job.message
+    assert mappers.struct_to_dict(job.report)["oracle_retries"] >= 1
     assert list(job.phi2) == _direct(w0, rounds=2).tolist()
 
 
 def test_a_failing_worker_fails_the_job_with_a_clear_message(service: EstimatorHandle,
-                                                             stub: est_grpc.EstimatorStub) -> None:
+                                                             stub: est_grpc.EstimatorServiceStub) -> None:
     worker = FakeWorker(f"127.0.0.1:{service.port}", [0, 1, 2, 3], fail=True)
     try:
         job, _ = _start_offline(stub)
     finally:
         worker.close()
-    assert job.state == "failed"
+    assert job.state == FAILED
     assert "client 0" in job.message and "out of memory" in job.message and "2 attempt(s)" in job.message
 
 
-def test_missing_workers_fail_the_job_after_the_wait(stub: est_grpc.EstimatorStub) -> None:
+def test_missing_workers_fail_the_job_after_the_wait(stub: est_grpc.EstimatorServiceStub) -> None:
     job, _ = _start_offline(stub, wait_s=0.2)
-    assert job.state == "failed" and "no worker opened an oracle stream for client(s) 0, 1, 2, 3" in job.message
+    assert job.state == FAILED and "no worker opened an oracle stream for client(s) 0, 1, 2, 3" in job.message
 
 
-def test_bad_offline_requests(stub: est_grpc.EstimatorStub) -> None:
+def test_bad_offline_requests(stub: est_grpc.EstimatorServiceStub) -> None:
     w0 = [torch.zeros(2)]
-    ref = stub.PutBlob(iter(codec.encode_tensors({"params": w0})), timeout=10)
+    ref = stub.PutBlob(codec.stream_tensors({"params": w0}, est_pb.PutBlobRequest), timeout=10)
     cases = {
         "unknown blob": (mappers.start_offline_request("r", "missing", [1], 2, 0.9, 0.9, "exact", 1e-3, 1e-3, 2, 0, 0),
                          grpc.StatusCode.NOT_FOUND),
@@ -352,8 +365,8 @@ def test_bad_offline_requests(stub: est_grpc.EstimatorStub) -> None:
     assert ei.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_oracle_stream_must_start_with_hello(stub: est_grpc.EstimatorStub) -> None:
-    msgs = iter([est_pb.OracleMessage(error=est_pb.OracleError(request_id=1, cid=0, message="x"))])
+def test_oracle_stream_must_start_with_hello(stub: est_grpc.EstimatorServiceStub) -> None:
+    msgs = iter([est_pb.OracleRequest(error=est_pb.OracleError(request_id=1, cid=0, message="x"))])
     with pytest.raises(grpc.RpcError) as ei:
         list(stub.Oracle(msgs, timeout=10))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "OracleHello" in ei.value.details()
@@ -374,10 +387,10 @@ def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> No
     try:
         token = read_worker_token(pki.token_files["worker-0"])
         with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert, token=token)) as ch:
-            assert est_grpc.EstimatorStub(ch).SolveOnline(req, timeout=10).phi2_next > 0
+            assert est_grpc.EstimatorServiceStub(ch).SolveOnline(req, timeout=10).phi2_next > 0
         with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert)) as ch:
             with pytest.raises(grpc.RpcError) as ei:
-                est_grpc.EstimatorStub(ch).SolveOnline(req, timeout=10)
+                est_grpc.EstimatorServiceStub(ch).SolveOnline(req, timeout=10)
             assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert r.status == health_pb2.HealthCheckResponse.SERVING
@@ -405,15 +418,15 @@ def test_a_worker_that_hangs_up_is_replaced_by_one_that_reconnects() -> None:
     swap.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
-            job, w0 = _start_offline(est_grpc.EstimatorStub(ch), rounds=2)
+            job, w0 = _start_offline(est_grpc.EstimatorServiceStub(ch), rounds=2)
     finally:
         swap.join(5)
         for w in [first, *second]:
             w.close()
         h.stop(0.5)
-    assert job.state == "done", job.message
+    assert job.state == DONE, job.message
     assert list(job.phi2) == _direct(w0, rounds=2).tolist()
-    assert json.loads(job.report_json)["oracle_retries"] >= 1
+    assert mappers.struct_to_dict(job.report)["oracle_retries"] >= 1
 
 
 def test_finished_jobs_survive_a_restart_with_run_dir(tmp_path: Path) -> None:
@@ -421,14 +434,15 @@ def test_finished_jobs_survive_a_restart_with_run_dir(tmp_path: Path) -> None:
     h = create_estimator_service(settings)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch:
-            job, _ = _start_offline(est_grpc.EstimatorStub(ch), wait_s=0.1)
+            job, _ = _start_offline(est_grpc.EstimatorServiceStub(ch), wait_s=0.1)
     finally:
         h.stop(0.5)
-    assert job.state == "failed"
+    assert job.state == FAILED
     h2 = create_estimator_service(settings)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h2.port}") as ch:
-            again = est_grpc.EstimatorStub(ch).GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id), timeout=10)
+            again = est_grpc.EstimatorServiceStub(ch).GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id),
+                                                                 timeout=10).job
     finally:
         h2.stop(0.5)
     assert (again.state, again.message) == (job.state, job.message)

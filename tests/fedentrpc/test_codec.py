@@ -9,6 +9,7 @@ import torch
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
 from fedentrpc import codec, mappers
 from fedentrpc.codec import TransferSpec, WireError, decode_tensors, encode_tensors
+from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import tensor_pb2 as pb
 
 
@@ -133,8 +134,8 @@ def test_either_checksum_round_trips_across_odd_chunk_boundaries(algo: str, chun
     b = _bundle()
     enc = encode_tensors(b, TransferSpec(chunk_bytes=chunk_bytes, checksum=algo))
     header = enc.chunks[0].header
-    assert header.chunk_checksum == algo
-    assert all(c.checksum.startswith(f"{algo}:") and len(c.checksum) == len(algo) + 9 for c in enc.chunks)
+    assert header.checksum_algorithm == codec.CHECKSUMS[algo]
+    assert all(c.checksum == codec.checksum(algo, c.data) for c in enc.chunks)
     assert header.num_chunks == len(enc.chunks)
     assert b"".join(c.data for c in enc.chunks) == b"".join(
         bytes(codec._tensor_u8(t, pb.WIRE_DTYPE_NATIVE)) for ts in b.values() for t in ts
@@ -158,9 +159,9 @@ def test_a_flipped_bit_in_a_later_chunk_fails_either_checksum(algo: str) -> None
 
 def test_unknown_checksum_algorithm_is_a_wire_error() -> None:
     chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(_bundle())]
-    for name in ("md5", "blake2b-128", ""):  # "": the retired whole-payload form, refused as well
-        chunks[0].header.chunk_checksum = name
-        with pytest.raises(WireError, match="checksum algorithm"):
+    for value, name in ((pb.CHECKSUM_ALGORITHM_UNSPECIFIED, "CHECKSUM_ALGORITHM_UNSPECIFIED"), (9, "value 9")):
+        chunks[0].header.checksum_algorithm = value  # type: ignore[assignment]
+        with pytest.raises(WireError, match=f"unknown tensor checksum algorithm {name}"):
             decode_tensors(chunks)
     for name in ("md5", "blake2b"):
         with pytest.raises(ValueError, match="checksum"):
@@ -197,8 +198,8 @@ def test_a_corrupted_chunk_is_named(algo: str) -> None:
 
 def test_crc32c_is_the_default_and_matches_the_standard_check_value() -> None:
     assert TransferSpec().checksum == ("crc32c" if codec.google_crc32c.implementation == "c" else "crc32")
-    assert codec.checksum("crc32c", b"123456789") == "crc32c:e3069283"  # RFC 3720 B.4 check value
-    assert codec.checksum("crc32", b"123456789") == "crc32:cbf43926"
+    assert codec.checksum("crc32c", b"123456789") == 0xE3069283  # RFC 3720 B.4 check value
+    assert codec.checksum("crc32", b"123456789") == 0xCBF43926
 
 
 def test_a_chunk_without_its_checksum_is_rejected() -> None:
@@ -228,10 +229,25 @@ def test_a_zlib_bomb_is_stopped_at_the_headers_raw_size() -> None:
 
 def test_stream_tensors_fails_on_bad_input_before_the_first_chunk_and_equals_encode() -> None:
     with pytest.raises(WireError, match="dtype"):
-        codec.stream_tensors({"p": [torch.zeros(2, dtype=torch.complex64)]})
+        codec.stream_tensors({"p": [torch.zeros(2, dtype=torch.complex64)]}, est_pb.PutBlobRequest)
     b = _bundle()
-    streamed = [c.SerializeToString() for c in codec.stream_tensors(b, TransferSpec(chunk_bytes=24))]
-    assert streamed == [c.SerializeToString() for c in encode_tensors(b, TransferSpec(chunk_bytes=24))]
+    spec = TransferSpec(chunk_bytes=24)
+    streamed = list(codec.stream_tensors(b, est_pb.PutBlobRequest, spec))
+    assert all(type(m) is est_pb.PutBlobRequest for m in streamed)
+    assert [m.chunk.SerializeToString() for m in streamed] == [c.SerializeToString() for c in encode_tensors(b, spec)]
+    kept = encode_tensors(b, spec, est_pb.EstimatorServiceFetchBlobResponse)
+    assert kept.as_messages(est_pb.EstimatorServiceFetchBlobResponse)[0].chunk == streamed[0].chunk
+
+
+def test_encoded_tensors_rewrap_once_into_a_servers_response_messages() -> None:
+    """An uploaded blob (kept as its PutBlobRequests) is re-wrapped for FetchBlob once, then kept that way."""
+    spec = TransferSpec(chunk_bytes=24)
+    received = list(codec.stream_tensors(_bundle(), est_pb.PutBlobRequest, spec))
+    enc = codec.EncodedTensors(received, 0, 0)
+    first = enc.as_messages(est_pb.EstimatorServiceFetchBlobResponse)
+    assert [m.chunk for m in first] == [m.chunk for m in received]
+    assert enc.as_messages(est_pb.EstimatorServiceFetchBlobResponse) is first  # no second copy
+    assert [c.SerializeToString() for c in enc.chunks] == [m.chunk.SerializeToString() for m in received]
 
 
 @pytest.mark.parametrize("compression", ["none", "zlib"])
@@ -268,14 +284,14 @@ def test_update_and_oracle_chunks_are_the_plain_chunks_written_in_place() -> Non
     """The mappers write each chunk into its outer message's oneof: the same bytes as the plain stream."""
     params = [torch.randn(40), torch.arange(5)]
     spec = TransferSpec(chunk_bytes=64)
-    plain = [c.SerializeToString() for c in codec.stream_tensors({"params": params}, spec)]
+    plain = [c.SerializeToString() for c in encode_tensors({"params": params}, spec)]
     u = ClientUpdate(cid=2, params=params, num_samples=3, train_loss=0.0)
     parts = list(mappers.update_to_parts(u, mappers.UpdateMeta("w", 1, 0), spec))
     assert parts[0].WhichOneof("part") == "header" and all(p.WhichOneof("part") == "chunk" for p in parts[1:])
     assert [p.chunk.SerializeToString() for p in parts[1:]] == plain
     msgs = list(mappers.oracle_result_messages(7, 2, 3, params, spec))
     assert msgs[0].WhichOneof("kind") == "result" and msgs[0].result.request_id == 7
-    grads = [c.SerializeToString() for c in codec.stream_tensors({"grad": params}, spec)]
+    grads = [c.SerializeToString() for c in encode_tensors({"grad": params}, spec)]
     assert [m.chunk.SerializeToString() for m in msgs[1:]] == grads
     assert torch.equal(decode_tensors([m.chunk for m in msgs[1:]])["grad"][0], params[0])
     with pytest.raises(WireError, match="dtype"):

@@ -8,12 +8,14 @@ shapes, counts, sizes, compression) with random payloads.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -65,20 +67,20 @@ def test_random_bytes_as_tensor_chunks(blobs: list[bytes]) -> None:
 @FUZZ
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
 def test_random_bytes_as_update_parts(blobs: list[bytes]) -> None:
-    parts = [p for p in (parsed(agg_pb.UpdatePart, b) for b in blobs) if p is not None]
+    parts = [p for p in (parsed(agg_pb.SubmitUpdateRequest, b) for b in blobs) if p is not None]
     clear_or_ok(lambda: mappers.update_from_parts(parts))
 
 
 @FUZZ
 @given(st.binary(max_size=300))
 def test_random_bytes_as_small_messages(data: bytes) -> None:
-    if (m := parsed(agg_pb.ProbeMsg, data)) is not None:
+    if (m := parsed(agg_pb.Probe, data)) is not None:
         clear_or_ok(lambda: mappers.probe_from_msg(m))
-    if (m := parsed(agg_pb.RoundPayloadMsg, data)) is not None:
+    if (m := parsed(agg_pb.RoundPayload, data)) is not None:
         clear_or_ok(lambda: mappers.payload_from_msg(m))
     if (m := parsed(pb.TransferSettings, data)) is not None:
         clear_or_ok(lambda: mappers.transfer_from_msg(m))
-    if (m := parsed(est_pb.SolveOnlineReply, data)) is not None:
+    if (m := parsed(est_pb.SolveOnlineResponse, data)) is not None:
         clear_or_ok(lambda: mappers.estimate_from_reply(m))
     if (m := parsed(est_pb.OfflineJob, data)) is not None:
         clear_or_ok(lambda: mappers.offline_estimator_from_job(m))
@@ -132,8 +134,8 @@ def test_mutated_oracle_answers_through_the_estimator_hub(raw_chunks: list[bytes
     hub = OracleHub()
     conn = hub.attach(est_pb.OracleHello(worker_id="w", client_ids=[0]))
     futs = hub.submit(conn, [0], "p", 0, 1, 0, 0)
-    msgs = [est_pb.OracleMessage(result=est_pb.OracleResultHeader(request_id=1, cid=0))]
-    msgs += [est_pb.OracleMessage(chunk=c) for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
+    msgs = [est_pb.OracleRequest(result=est_pb.OracleResultHeader(request_id=1, cid=0))]
+    msgs += [est_pb.OracleRequest(chunk=c) for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
     hub.consume(conn, iter(msgs))  # returns when the stream ends, whatever it held
     assert futs[0].done()
     assert not conn.alive
@@ -141,7 +143,7 @@ def test_mutated_oracle_answers_through_the_estimator_hub(raw_chunks: list[bytes
 
 # ---- structured random headers ---------------------------------------------------------------------------
 
-DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int8", "uint8", "bool", "complex64", "", "float"]
+DTYPES = [*codec.DTYPES.values(), pb.DTYPE_UNSPECIFIED, 11, 99]  # every known dtype, unset, unknown
 
 
 @st.composite
@@ -154,19 +156,20 @@ def random_stream(draw: st.DrawFn) -> list[pb.TensorChunk]:
     counts = draw(st.lists(st.integers(0, 4), max_size=3))
     groups = [pb.TensorGroup(name=draw(st.sampled_from(["params", "h", "grad", ""])), count=c) for c in counts]
     payload = draw(st.binary(max_size=64))
-    compression = draw(st.sampled_from([0, 1, 7]))
-    if compression == 1 and draw(st.booleans()):
+    compression = draw(st.sampled_from([0, pb.COMPRESSION_NONE, pb.COMPRESSION_ZLIB, 7]))
+    if compression == pb.COMPRESSION_ZLIB and draw(st.booleans()):
         payload = zlib.compress(payload)
     raw_len = draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63)))
     pieces = [payload[i : i + 16] for i in range(0, len(payload), 16)] or [b""]
     good_sum = draw(st.booleans())
-    algo = draw(st.sampled_from(["crc32c", "crc32"])) if good_sum else draw(st.text(max_size=10))
+    algo = draw(st.sampled_from(list(codec.CHECKSUMS)))
+    algo_value = codec.CHECKSUMS[algo] if good_sum else draw(st.sampled_from([0, *codec.CHECKSUMS.values(), 5]))
     header = pb.TensorListHeader(
-        tensors=specs, groups=groups, wire_dtype=draw(st.sampled_from([0, 1, 2, 9])), compression=compression,
+        tensors=specs, groups=groups, wire_dtype=draw(st.sampled_from([0, 1, 2, 3, 9])), compression=compression,
         raw_bytes=raw_len, wire_bytes=draw(st.one_of(st.just(len(payload)), st.integers(0, 2**63))),
-        chunk_checksum=algo, num_chunks=draw(st.one_of(st.just(len(pieces)), st.integers(0, 2**32 - 1))))
+        checksum_algorithm=algo_value, num_chunks=draw(st.one_of(st.just(len(pieces)), st.integers(0, 2**32 - 1))))
     chunks = [pb.TensorChunk(index=i, data=p,
-                             checksum=codec.checksum(algo, p) if good_sum else draw(st.text(max_size=10)))
+                             checksum=codec.checksum(algo, p) if good_sum else draw(st.integers(0, 2**32 - 1)))
               for i, p in enumerate(pieces)]
     chunks[0].header.CopyFrom(header)
     return chunks
@@ -178,12 +181,45 @@ def test_random_headers_and_payloads(chunks: list[pb.TensorChunk]) -> None:
     clear_or_ok(lambda: codec.decode_tensors(chunks))
 
 
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers(-(2**60), 2**60) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8)
+
+
 @FUZZ
-@given(st.text(max_size=40), st.lists(st.floats(allow_nan=True), max_size=4), st.sampled_from(["done", "failed", ""]))
-def test_estimator_replies_with_odd_json_and_trajectories(report: str, phi2: list[float], state: str) -> None:
-    clear_or_ok(lambda: mappers.estimate_from_reply(est_pb.SolveOnlineReply(phi2_next=1.0, report_json=report)))
-    job = est_pb.OfflineJob(job_id="j", state=state, phi2=phi2, report_json=report)
+@given(st.dictionaries(st.text(max_size=10), JSON_LIKE, max_size=4), st.lists(st.floats(allow_nan=True), max_size=4),
+       st.integers(0, 6), st.integers(0, 4))
+def test_estimator_replies_with_odd_reports_and_trajectories(report: dict[str, Any], phi2: list[float], state: int,
+                                                             stop: int) -> None:
+    struct = struct_pb2.Struct()
+    struct.update({k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in report.items()})
+    reply = est_pb.SolveOnlineResponse(phi2_next=1.0, report=struct)
+    clear_or_ok(lambda: mappers.estimate_from_reply(reply))
+    job = est_pb.OfflineJob(job_id="j", state=state, stop_reason=stop, phi2=phi2, report=struct)  # type: ignore[arg-type]
     clear_or_ok(lambda: mappers.offline_estimator_from_job(job))
+
+
+@FUZZ
+@given(st.dictionaries(st.text(max_size=10), JSON_LIKE, max_size=4))
+def test_structs_round_trip_json_like_dicts(d: dict[str, Any]) -> None:
+    """What dict_to_struct sends, struct_to_dict gives back (ints as ints), or it refuses with a WireError."""
+    try:
+        s = mappers.dict_to_struct(d)
+    except codec.WireError:
+        return  # an int too large for a double
+    back = mappers.struct_to_dict(s)
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and math.isnan(x):
+            return isinstance(y, float) and math.isnan(y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, list):
+            return isinstance(y, list) and len(x) == len(y) and all(map(same, x, y))
+        return bool(x == y) and (type(x) is type(y) or isinstance(x, float) and x.is_integer())
+
+    assert same(d, back), (d, back)
 
 
 def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:

@@ -6,6 +6,7 @@ exclusion of bad updates, deadlines/quorum, disconnects, health checking and ref
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -27,14 +28,13 @@ from fedent.strategies.base import ClientUpdate
 from fedentrpc import codec, mappers
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
-from fedentrpc.v1 import tensor_pb2 as tpb
 from server.app import AggregatorHandle, start_aggregator
 from server.launcher import split_clients
 from server.settings import AggregatorSettings, SettingsError
 
 
-def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorStub:
-    return pb_grpc.AggregatorStub(grpc.insecure_channel(f"127.0.0.1:{h.port}"))
+def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorServiceStub:
+    return pb_grpc.AggregatorServiceStub(grpc.insecure_channel(f"127.0.0.1:{h.port}"))
 
 
 def _run_workers(h: AggregatorHandle, inputs: RunInputs, groups: list[tuple[int, ...]]) -> list[Worker]:
@@ -77,11 +77,52 @@ def test_model_is_fetched_once_per_round_per_worker(start: Any) -> None:
     assert w.bytes_down == 3 * blob.wire_bytes  # 4 clients hosted, yet one download per round
 
 
-def _register(stub: pb_grpc.AggregatorStub, cids: list[int], md5: str, sizes: int = 12, token: str = "") -> str:
+def _register(stub: pb_grpc.AggregatorServiceStub, cids: list[int], md5: str, sizes: int = 12, token: str = "") -> str:
     wid = stub.Register(pb.RegisterRequest(worker_name="fake", client_ids=cids, token=token)).worker_id
     stub.Ready(pb.ReadyRequest(worker_id=wid, partition_md5=md5,
                                clients=[pb.ClientInfo(cid=c, num_samples=sizes) for c in cids]))
     return wid
+
+
+def test_register_sends_the_config_as_a_struct_that_rebuilds_the_same_config(start: Any) -> None:
+    """RegisterResponse.config (a Struct: numbers are doubles) gives the worker the aggregator's config
+    exactly, ints as ints (seed, rounds, batch sizes), with secret-looking keys redacted."""
+    from client.worker import config_from_register
+    from server.app import worker_config
+
+    inputs = tiny_inputs()
+    cfg = tiny_config("fedent", rounds=3)
+    h = start(cfg, inputs)
+    reply = _stub(h).Register(pb.RegisterRequest(worker_name="fake", client_ids=[0]))
+    assert reply.config.fields["train"].struct_value.fields["seed"].HasField("number_value")
+    got = config_from_register(reply, None)
+    assert got == h.run.cfg
+    assert type(got.train.seed) is int and type(got.train.rounds) is int and type(got.train.batch_size) is int
+    assert config_from_register(reply, "/elsewhere").data.root == "/elsewhere"
+    raw = mappers.struct_to_dict(reply.config)
+    assert raw == json.loads(json.dumps(h.run.cfg.to_dict()))
+
+    class WithSecret:
+        def to_dict(self) -> dict[str, Any]:
+            return {"train": {"seed": 3, "rounds": 10**6}, "cluster": {"auth_token": "s3cret", "lr": 1.0}}
+
+    sent = mappers.struct_to_dict(mappers.config_to_struct(worker_config(WithSecret())))  # type: ignore[arg-type]
+    assert sent == {"train": {"seed": 3, "rounds": 10**6}, "cluster": {"auth_token": "***", "lr": 1}}
+    with pytest.raises(codec.WireError, match="too large"):
+        mappers.config_to_struct({"train": {"seed": 2**60}})
+    with pytest.raises(codec.WireError, match="no config"):
+        config_from_register(pb.RegisterResponse(), None)
+
+
+def test_get_status_reports_the_phase_as_an_enum(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config(), inputs)
+    st = _stub(h).GetStatus(pb.GetStatusRequest())
+    assert st.phase == pb.RUN_PHASE_STARTING and st.error == "" and st.round == -1
+    assert mappers.phase_from_msg(st.phase) == "starting"
+    assert {mappers.phase_to_msg(p) for p in mappers.RUN_PHASES} == set(pb.RunPhase.values()) - {0}
+    with pytest.raises(codec.WireError, match="RUN_PHASE_UNSPECIFIED is not allowed"):
+        mappers.phase_from_msg(pb.RUN_PHASE_UNSPECIFIED)
 
 
 def _code(fn: Any) -> grpc.StatusCode:
@@ -109,8 +150,9 @@ def test_registration_errors_map_to_status_codes(start: Any) -> None:
         grpc.StatusCode.FAILED_PRECONDITION
     assert _code(lambda: stub.Ready(pb.ReadyRequest(worker_id="w-nobody", partition_md5=md5))) == \
         grpc.StatusCode.NOT_FOUND
-    assert _code(lambda: list(stub.FetchBlob(tpb.FetchBlobRequest(blob_id="r99-model")))) == grpc.StatusCode.NOT_FOUND
-    assert _code(lambda: stub.SubmitProbes(pb.ProbeReport(worker_id=wid, task_id=1, round=0))) == \
+    assert _code(lambda: list(stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id="r99-model")))) == \
+        grpc.StatusCode.NOT_FOUND
+    assert _code(lambda: stub.SubmitProbes(pb.SubmitProbesRequest(worker_id=wid, task_id=1, round=0))) == \
         grpc.StatusCode.FAILED_PRECONDITION
     assert stub.Heartbeat(pb.HeartbeatRequest(worker_id=wid)).known
     assert not stub.Heartbeat(pb.HeartbeatRequest(worker_id="w-nobody")).known
@@ -200,13 +242,13 @@ def test_health_and_reflection(start: Any) -> None:
     h = start(tiny_config(), tiny_inputs())
     ch = grpc.insecure_channel(f"127.0.0.1:{h.port}")
     health = health_pb2_grpc.HealthStub(ch)
-    for name in ("", "fedentrpc.v1.Aggregator"):
+    for name in ("", "fedentrpc.v1.AggregatorService"):
         assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
             health_pb2.HealthCheckResponse.SERVING
     refl = reflection_pb2_grpc.ServerReflectionStub(ch)
     (resp,) = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
     names = {s.name for s in resp.list_services_response.service}
-    assert {"fedentrpc.v1.Aggregator", "grpc.health.v1.Health"} <= names
+    assert {"fedentrpc.v1.AggregatorService", "grpc.health.v1.Health"} <= names
 
 
 def test_worker_refuses_a_different_partition(start: Any) -> None:
@@ -311,10 +353,10 @@ def test_a_nan_probe_is_excluded_and_the_others_are_kept(start: Any) -> None:
     h = start(tiny_config("fedent", rounds=1, fraction=1.0), inputs, quorum=0.5, round_deadline_s=20)
     fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     probe = fake.next("probe").task
-    msgs = [pb.ProbeMsg(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0}) for c in range(4)]
+    msgs = [pb.Probe(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0}) for c in range(4)]
     msgs[1].scalars["a"] = float("nan")
     with pytest.raises(grpc.RpcError) as e:
-        fake.stub.SubmitProbes(pb.ProbeReport(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=msgs))
+        fake.stub.SubmitProbes(pb.SubmitProbesRequest(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=msgs))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "[1]" in e.value.details()
     fit = fake.next("fit").task
     assert list(fit.client_ids) == [0, 2, 3]  # the NaN prober is not asked to train

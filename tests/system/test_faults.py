@@ -27,7 +27,6 @@ from fedentrpc import codec, mappers
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import MAX_MESSAGE_BYTES
 from fedentrpc.v1 import aggregator_pb2 as pb
-from fedentrpc.v1 import tensor_pb2 as tpb
 from server.app import AggregatorHandle, start_aggregator
 from server.settings import AggregatorSettings, SettingsError
 
@@ -180,7 +179,7 @@ def test_replayed_update_from_an_old_round_is_rejected(start: Any) -> None:
     h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, quorum=0.5)
     fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit0 = fake.next("fit").task
-    w0 = codec.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit0.model_blob)))["params"]
+    w0 = fake.model(fit0.model_blob)
     for c in range(4):
         fake.upload(fit0, c, [p + c for p in w0])
     fit1 = fake.next("fit").task
@@ -202,12 +201,12 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     fake = Silent(h, [0, 1, 2, 3], inputs.partition_info["md5"])
     fit = fake.next("fit").task
     # one message over the server's 8 MiB receive limit
-    big = pb.ProbeReport(worker_id="x" * (MAX_MESSAGE_BYTES + 1024), task_id=fit.task_id, round=0)
+    big = pb.SubmitProbesRequest(worker_id="x" * (MAX_MESSAGE_BYTES + 1024), task_id=fit.task_id, round=0)
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitProbes(big)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     # a stream of legal 4 MiB chunks whose total passes the cap: cut off, not buffered to the end
-    w = codec.decode_tensors(fake.stub.FetchBlob(tpb.FetchBlobRequest(blob_id=fit.model_blob)))["params"]
+    w = fake.model(fit.model_blob)
     huge = [torch.zeros(3 * 1024 * 1024)]  # 12 MiB of float32, far above this tiny model's limit
     parts = list(mappers.update_to_parts(ClientUpdate(1, w, 12, 0.0, tensors={"extra": huge}),
                                          mappers.UpdateMeta(fake.wid, fit.task_id, 0)))

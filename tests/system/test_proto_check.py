@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ def test_committed_generated_code_is_fresh() -> None:
 def test_an_edited_proto_without_regeneration_fails(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = copy / "proto" / "fedentrpc" / "v1" / "tensor.proto"
     text = p.read_text()
-    assert "message Ack {\n  bool ok = 1;" in text
-    p.write_text(text.replace("message Ack {\n  bool ok = 1;", "message Ack {\n  bool ok = 1;\n  int32 n = 9;"))
+    old = "message ScalarMap {\n  map<string, double> values = 1;"
+    assert old in text
+    p.write_text(text.replace(old, old + "\n  int32 n = 9;"))
     assert _tool().main(copy) == 1
     err = capsys.readouterr().err
     assert "differs: fedentrpc/v1/tensor_pb2.py" in err and "make proto" in err
@@ -49,3 +51,41 @@ def test_a_deleted_generated_file_fails(copy: Path, capsys: pytest.CaptureFixtur
 
 def test_the_fresh_copy_passes(copy: Path) -> None:
     assert _tool().main(copy) == 0
+
+
+# ---- proto lint: buf's STANDARD rules (buf.yaml), as `make lint` runs them ------------------------------
+
+BAD_PROTO = """syntax = "proto3";
+package bad.v1;
+service Things { rpc Get(Thing) returns (Ack); rpc Put(Thing) returns (Ack); }
+enum State { RUNNING = 0; DONE = 1; }
+message Thing { string state = 1; }
+message Ack { bool ok = 1; }
+"""
+
+
+def _proto_lint(input_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``make proto-lint`` on ``input_dir`` (installs the pinned buf from npm into .tools/ the first time)."""
+    if shutil.which("npm") is None or shutil.which("make") is None:
+        pytest.skip("npm (or make) is not installed; CI has both")
+    return subprocess.run(["make", "-s", "proto-lint", f"BUF_INPUT={input_dir}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_protos_pass_bufs_standard_lint() -> None:
+    r = _proto_lint(REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_proto_lint_fails_on_a_violation(tmp_path: Path) -> None:
+    """The same lint with the repo's buf.yaml on a deliberately bad proto: make proto-lint fails, naming the
+    rules (so `make lint` cannot pass a shared Ack, a non-Request name or an enum without _UNSPECIFIED)."""
+    shutil.copy(REPO / "buf.yaml", tmp_path / "buf.yaml")
+    (tmp_path / "proto" / "bad" / "v1").mkdir(parents=True)
+    (tmp_path / "proto" / "bad" / "v1" / "bad.proto").write_text(BAD_PROTO)
+    r = _proto_lint(tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    for rule in ("SERVICE_SUFFIX", "RPC_REQUEST_STANDARD_NAME", "RPC_RESPONSE_STANDARD_NAME",
+                 "RPC_REQUEST_RESPONSE_UNIQUE", "ENUM_ZERO_VALUE_SUFFIX", "ENUM_VALUE_PREFIX"):
+        assert rule in out, (rule, out)
