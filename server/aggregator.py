@@ -2,6 +2,9 @@
 
 Each method decodes its request with ``fedentrpc.mappers``, calls the engine, encodes the reply and maps
 domain errors to status codes (invalid -> INVALID_ARGUMENT, precondition -> FAILED_PRECONDITION, ...).
+Every call passes the caller's authenticated identity (``caller_identity``; None without authentication)
+so the engine lets a worker act only for registrations and clients its credentials own
+(permission -> PERMISSION_DENIED).
 A bad request never takes the service down: it gets a status with a one-line message.
 """
 
@@ -21,7 +24,7 @@ from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.interceptors import caller_identity, server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
@@ -36,6 +39,7 @@ CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "conflict": grpc.StatusCode.ALREADY_EXISTS,
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "permission": grpc.StatusCode.PERMISSION_DENIED,
     "precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -71,9 +75,11 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         self.run = run
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
+        ident = caller_identity(context)
         reg = _guard(context, lambda: self.run.register(request.worker_name, request.token, list(request.client_ids),
-                                                        request.device, request.hostname))
-        log.info("worker %s (%s, %s) registered clients %s", request.worker_name, reg.worker_id, request.device,
+                                                        request.device, request.hostname, ident))
+        log.info("worker %s (%s, %s) registered clients %s", ident or request.worker_name, reg.worker_id,
+                 request.device,
                  _span(request.client_ids))
         return pb.RegisterResponse(worker_id=reg.worker_id, run_id=reg.run_id,
                                    config=mappers.config_to_struct(reg.worker_config),
@@ -82,11 +88,12 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
-        _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes))
+        _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes,
+                                                  caller_identity(context)))
         return pb.ReadyResponse()
 
     def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
-        w = _guard(context, lambda: self.run.attach(request.worker_id))
+        w = _guard(context, lambda: self.run.attach(request.worker_id, caller_identity(context)))
         context.add_callback(lambda: w.tasks.put(None))  # wake the generator when the worker hangs up
         tr = self.run.cfg.train
         try:
@@ -102,13 +109,15 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
-        enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id))
+        enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id,
+                                                         caller_identity(context)))
         yield from enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
 
     def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:
         def go() -> None:
             probes = [mappers.probe_from_msg(p) for p in request.probes]
-            self.run.submit_probes(request.worker_id, request.task_id, request.round, probes)
+            self.run.submit_probes(request.worker_id, request.task_id, request.round, probes,
+                                   caller_identity(context))
 
         _guard(context, go)
         return pb.SubmitProbesResponse()
@@ -121,21 +130,23 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
             # every chunk against the header (a running ByteSize() re-serialised each 4 MiB chunk)
             dec = mappers.update_from_parts(request_iterator, max_bytes=limit)
             m = dec.meta
-            self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes)
+            self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes,
+                                   caller_identity(context))
 
         _guard(context, go)
         return pb.SubmitUpdateResponse()
 
     def ReportFailure(self, request: pb.ReportFailureRequest,
                       context: grpc.ServicerContext) -> pb.ReportFailureResponse:
+        _guard(context, lambda: self.run.report_failure(request.worker_id, request.task_id, request.round,
+                                                        request.cid, request.message, caller_identity(context)))
         log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
                     request.message)
-        _guard(context, lambda: self.run.report_failure(request.worker_id, request.task_id, request.round,
-                                                        request.cid, request.message))
         return pb.ReportFailureResponse()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
-        return pb.HeartbeatResponse(known=self.run.heartbeat(request.worker_id))
+        known = _guard(context, lambda: self.run.heartbeat(request.worker_id, caller_identity(context)))
+        return pb.HeartbeatResponse(known=known)
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         r = self.run

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import itertools
+import logging
 import math
 import threading
 import time
@@ -38,6 +39,8 @@ from fedentrpc import codec, mappers
 from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
 from server.settings import AggregatorSettings
 from server.work import ClusterError, Collector, Registration, Task, WorkerHandle
+
+security_log = logging.getLogger("fedent.security")
 
 RPC_THREADS_SPARE = 4  # server threads kept free for unary calls while every Work stream holds one
 
@@ -174,8 +177,29 @@ class ClusterRun:
         if not ok or self.settings.stop_workers_when_done:
             self.shutdown_workers(reason, failed=not ok)
 
-    # ---- registry (called from RPC threads) ------------------------------------------------------
-    def register(self, name: str, token: str, cids: Sequence[int], device: str, hostname: str) -> Registration:
+    # ---- registry (called from RPC threads); with authentication a worker acts only for itself -----------
+    @staticmethod
+    def _deny(action: str, identity: str, claimed: str, why: str) -> ClusterError:
+        """A PERMISSION_DENIED error, logged with the call, the caller's identity and what it claimed."""
+        security_log.warning("denied %s by worker %s (claimed %s): %s", action, identity, claimed, why)
+        return ClusterError("permission", f"worker {identity} may not act for {claimed}: {why}")
+
+    def register(self, name: str, token: str, cids: Sequence[int], device: str, hostname: str,
+                 identity: str | None = None) -> Registration:
+        """``identity``: the worker the call's credentials name (None without authentication). With one, the
+        registration's name is that identity: a request naming a worker registered under another identity is
+        denied, any other requested name (a display label such as ``host-pid-c0``) is replaced by it. Clients
+        held by a live worker of another identity are denied instead of being a conflict, and a
+        re-registration retires only the caller's own old registration."""
+        if identity is not None:
+            if name and name != identity:
+                with self.lock:
+                    claimed = any(w.identity == name or w.name == name for w in self.workers.values())
+                if claimed:
+                    raise self._deny("Register", identity, name, "that worker is registered by other credentials")
+                security_log.info("worker %s registers as itself, not as %r (the name is its credentials')",
+                                  identity, name)
+            name = identity
         if self.settings.token and not hmac.compare_digest(token.encode(), self.settings.token.encode()):
             raise ClusterError("unauthenticated", "bad or missing registration token")
         if self.finished.is_set():
@@ -196,13 +220,17 @@ class ClusterRun:
             stale = {self.owner[c] for c in wanted if c in self.owner and not self.workers[self.owner[c]].gone}
             for wid in stale:  # a worker reconnecting before its old stream was noticed to be dead
                 old = self.workers[wid]
-                if name and old.name == name and old.cids == wanted:
+                if name and old.name == name and old.cids == wanted and old.identity == identity:
                     self._retire(old, "disconnected", "worker re-registered")
             taken = [c for c in wanted if c in self.owner and not self.workers[self.owner[c]].gone]
+            foreign = [c for c in taken if identity is not None and self.workers[self.owner[c]].identity != identity]
+            if foreign:
+                raise self._deny("Register", identity or "?", f"clients {foreign[:5]}",
+                                 "they are hosted by another worker")
             if taken:
                 raise ClusterError("conflict", f"clients {taken[:5]} are already hosted by a live worker")
             wid = f"w-{uuid.uuid4().hex[:10]}"
-            self.workers[wid] = WorkerHandle(wid, name or wid, wanted, device, hostname)
+            self.workers[wid] = WorkerHandle(wid, name or wid, wanted, device, hostname, identity)
             for c in wanted:
                 self.owner[c] = wid
                 self.book.update([c], worker=name or wid, device=device, state="registered")
@@ -210,16 +238,19 @@ class ClusterRun:
         return Registration(wid, self.paths.run_id, self.worker_config, self.md5, self.settings.transfer(),
                             self.settings.heartbeat_s)
 
-    def worker(self, worker_id: str) -> WorkerHandle:
+    def worker(self, worker_id: str, identity: str | None = None, action: str = "call") -> WorkerHandle:
+        """The live registration ``worker_id``; with an ``identity``, only if that identity registered it."""
         with self.lock:
             w = self.workers.get(worker_id)
+        if identity is not None and w is not None and w.identity != identity:
+            raise self._deny(action, identity, worker_id, f"registered by {w.identity or 'an unauthenticated worker'}")
         if w is None or w.gone:
             raise ClusterError("not_found", f"unknown worker {worker_id!r}; register first")
         w.last_seen = time.time()
         return w
 
-    def mark_ready(self, worker_id: str, md5: str, sizes: dict[int, int]) -> None:
-        w = self.worker(worker_id)
+    def mark_ready(self, worker_id: str, md5: str, sizes: dict[int, int], identity: str | None = None) -> None:
+        w = self.worker(worker_id, identity, "Ready")
         if md5 != self.md5:
             raise ClusterError("precondition", f"partition md5 {md5} differs from the aggregator's {self.md5}; "
                                                "same data, config and seed are needed")
@@ -234,8 +265,8 @@ class ClusterRun:
             self.registry_changed.notify_all()
         self.book.write()
 
-    def attach(self, worker_id: str) -> WorkerHandle:
-        w = self.worker(worker_id)
+    def attach(self, worker_id: str, identity: str | None = None) -> WorkerHandle:
+        w = self.worker(worker_id, identity, "Work")
         with self.lock:
             if w.streaming:
                 raise ClusterError("conflict", f"worker {worker_id} already has an open work stream")
@@ -294,16 +325,24 @@ class ClusterRun:
         while not self.finished.wait(period):
             self.expire_silent_workers()
 
-    def heartbeat(self, worker_id: str) -> bool:
+    def heartbeat(self, worker_id: str, identity: str | None = None) -> bool:
         with self.lock:
             w = self.workers.get(worker_id)
+        if identity is not None and w is not None and w.identity != identity:
+            raise self._deny("Heartbeat", identity, worker_id,
+                             f"registered by {w.identity or 'an unauthenticated worker'}")
         if w is None or w.gone:
             return False
         w.last_seen = time.time()
         self.book.update(w.cids, last_heartbeat=w.last_seen)
         return True
 
-    def fetch_blob(self, blob_id: str, worker_id: str = "") -> codec.EncodedTensors:
+    def fetch_blob(self, blob_id: str, worker_id: str = "", identity: str | None = None) -> codec.EncodedTensors:
+        with self.lock:
+            owner = self.workers.get(worker_id)
+        if identity is not None and owner is not None and owner.identity != identity:
+            # its bytes_down must not be charged to another worker
+            raise self._deny("FetchBlob", identity, worker_id, f"registered by {owner.identity or 'another'}")
         with self.lock:
             enc = self.blobs.get(blob_id)
         if enc is None:
@@ -322,16 +361,22 @@ class ClusterRun:
             raise ClusterError("precondition", f"no {kind} phase is open")
         return col
 
-    def _own(self, worker_id: str, cid: int) -> WorkerHandle:
-        w = self.worker(worker_id)
+    def _own(self, worker_id: str, cid: int, identity: str | None = None, action: str = "call") -> WorkerHandle:
+        w = self.worker(worker_id, identity, action)
+        if cid not in w.cids and identity is not None:
+            raise self._deny(action, identity, f"client {cid}", f"not hosted by its worker {worker_id}")
         if cid not in w.cids:
             raise ClusterError("precondition", f"client {cid} is not hosted by worker {worker_id}")
         return w
 
-    def submit_probes(self, worker_id: str, task_id: int, rnd: int, probes: Iterable[Probe]) -> None:
+    def submit_probes(self, worker_id: str, task_id: int, rnd: int, probes: Iterable[Probe],
+                      identity: str | None = None) -> None:
         """Record every valid probe of the report; the bad ones are excluded and named in one error."""
-        col = self._collector("probe")
         probes = list(probes)
+        if identity is not None:  # who may submit comes before whether a phase is open
+            for p in probes:
+                self._own(worker_id, p.cid, identity, "SubmitProbes")
+        col = self._collector("probe")
         for p in probes:
             self._own(worker_id, p.cid)
         bad = []
@@ -349,7 +394,10 @@ class ClusterRun:
         (SCAFFOLD's control variate, FedDyn's state) and framing headroom; anything larger is rejected."""
         return 4 * self.engine.model_bytes + (1 << 20)
 
-    def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int) -> None:
+    def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int,
+                      identity: str | None = None) -> None:
+        if identity is not None:  # who may submit comes before whether a phase is open
+            self._own(worker_id, update.cid, identity, "SubmitUpdate")
         col = self._collector("fit")
         w = self._own(worker_id, update.cid)
         w.bytes_up += wire_bytes
@@ -366,8 +414,11 @@ class ClusterRun:
             raise ClusterError("invalid", f"{e}; excluded from aggregation") from None
         col.put(task_id, rnd, update.cid, update)
 
-    def report_failure(self, worker_id: str, task_id: int, rnd: int, cid: int, message: str) -> None:
-        w = self.worker(worker_id)
+    def report_failure(self, worker_id: str, task_id: int, rnd: int, cid: int, message: str,
+                       identity: str | None = None) -> None:
+        w = self.worker(worker_id, identity, "ReportFailure")
+        if identity is not None and cid >= 0 and cid not in w.cids:
+            raise self._deny("ReportFailure", identity, f"client {cid}", f"not hosted by its worker {worker_id}")
         col = self.collector
         if col is None or col.round != rnd:
             return

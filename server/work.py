@@ -18,7 +18,8 @@ from fedentrpc import codec
 
 
 class ClusterError(Exception):
-    """A rejected request; ``code``: invalid, conflict, unauthenticated, precondition, not_found, exhausted."""
+    """A rejected request; ``code``: invalid, conflict, unauthenticated, permission, precondition, not_found,
+    exhausted."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -48,6 +49,7 @@ class WorkerHandle:
     cids: tuple[int, ...]
     device: str
     hostname: str
+    identity: str | None = None  # the authenticated worker that registered it (None: no authentication)
     tasks: queue.Queue[Task | None] = field(default_factory=queue.Queue)
     ready: bool = False
     streaming: bool = False

@@ -68,11 +68,11 @@ class FakeWorker:
     """A hand-driven worker over real gRPC: registers, collects pushed work items, answers as a test likes.
 
     Shared by the RPC and fault tests; it never answers on its own (nor heartbeats), so it can also play a
-    silent or hung worker.
+    silent or hung worker. ``security``: a ``ClientSecurity`` to dial a secured aggregator (TLS, token).
     """
 
     def __init__(self, port: int, cids: list[int], md5: str, name: str = "fake", sizes: int = 12,
-                 token: str = "") -> None:
+                 token: str = "", security: Any = None) -> None:
         import queue
         import threading
 
@@ -81,7 +81,12 @@ class FakeWorker:
         from fedentrpc.v1 import aggregator_pb2 as pb
         from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        if security is None:
+            self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        else:
+            from fedentrpc.security.tls import open_channel
+
+            self.channel = open_channel(f"localhost:{port}", security)
         self.stub = pb_grpc.AggregatorServiceStub(self.channel)
         self.wid = self.stub.Register(pb.RegisterRequest(worker_name=name, client_ids=cids, token=token)).worker_id
         self.stub.Ready(pb.ReadyRequest(worker_id=self.wid, partition_md5=md5,
@@ -127,9 +132,9 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     handles: list[Any] = []
 
-    def go(cfg: Any, inputs: RunInputs, **settings: Any) -> Any:
+    def go(cfg: Any, inputs: RunInputs, security: Any = None, **settings: Any) -> Any:
         s = AggregatorSettings(**{"register_timeout_s": 20.0, "round_deadline_s": 20.0, **settings})
-        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs)
+        h = start_aggregator(cfg, s, tmp_path / f"run{len(handles)}", inputs=inputs, security=security)
         handles.append(h)
         return h
 

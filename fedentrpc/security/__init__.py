@@ -9,7 +9,8 @@ import ``server/``. One module per concern; import from the module you need:
 * :mod:`~fedentrpc.security.tokens`: the workers' token registry (hashes, revocation, reload) and
   reading a worker's own token.
 * :mod:`~fedentrpc.security.interceptors`: bearer tokens on the wire, the server's
-  :class:`AuthInterceptor` and the client's metadata interceptor for insecure channels.
+  :class:`AuthInterceptor` (which hands servicers the caller's identity, read with ``caller_identity``)
+  and the client's metadata interceptor for insecure channels.
 * :mod:`~fedentrpc.security.tls`: credentials, binding a server port, opening a channel.
 * :mod:`~fedentrpc.security.redaction`: scrubbing tokens and secrets from logs and configs.
 

@@ -5,6 +5,7 @@
 * Server side: :class:`AuthInterceptor` rejects unknown or revoked workers with UNAUTHENTICATED and logs
   the method, peer and worker id (never the token). A worker proves who it is with its token or, under
   mutual TLS, with its client certificate (CN/SAN). Health and reflection stay open for probes.
+  The servicer learns who that is with :func:`caller_identity` (None when nothing authenticates).
 """
 
 from __future__ import annotations
@@ -178,11 +179,13 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return worker, "revoked"
         return worker, ""
 
-    def _check(self, method: str, token: str | None, context: grpc.ServicerContext) -> None:
+    def _check(self, method: str, token: str | None, context: grpc.ServicerContext) -> str:
         worker, reason = self._authenticate(token, context)
-        if reason:
+        if reason or worker is None:
             self.log.warning("rejected %s from %s (worker %s): %s", method, context.peer(), worker or "?", reason)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked worker credentials")
+            raise AssertionError("unreachable")  # abort raises
+        return worker
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -194,8 +197,35 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return _wrap_handler(handler, lambda ctx: self._check(method, token, ctx))
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.ServicerContext], None]) -> Any:
-    """The same handler with ``check(context)`` run before its behaviour (all four call shapes).
+class IdentifiedContext:
+    """A servicer context that also carries the caller's authenticated worker id (``fedent_identity``).
+
+    The interceptor hands this to the servicer in place of gRPC's context; everything else is delegated.
+    A per-call object rather than a contextvar: nothing can leak from one call to the next on a pooled
+    thread, and a stream's generator sees the identity whichever thread resumes it.
+    """
+
+    def __init__(self, context: grpc.ServicerContext, identity: str) -> None:
+        self._context = context
+        self.fedent_identity = identity
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def __repr__(self) -> str:
+        return f"IdentifiedContext({self.fedent_identity!r})"
+
+
+def caller_identity(context: Any) -> str | None:
+    """The worker id the call's credentials name (token or client certificate), or None when the server
+    does not authenticate (plaintext local runs, in-process tests)."""
+    identity = getattr(context, "fedent_identity", None)
+    return identity if isinstance(identity, str) and identity else None
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.ServicerContext], str]) -> Any:
+    """The same handler with ``check(context)`` run before its behaviour (all four call shapes); the
+    servicer gets an :class:`IdentifiedContext` naming the worker ``check`` authenticated.
 
     Streamed responses are checked again before each message, so a worker revoked while its long-lived
     Work stream is open loses that stream at its next task instead of keeping it for the rest of the run.
@@ -204,8 +234,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
         inner_uu = handler.unary_unary
 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
-            check(context)
-            return inner_uu(request, context)
+            return inner_uu(request, IdentifiedContext(context, check(context)))
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
                                                    handler.response_serializer)
@@ -213,8 +242,8 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
         inner_us = handler.unary_stream
 
         def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
-            check(context)
-            for response in inner_us(request, context):
+            ident = IdentifiedContext(context, check(context))
+            for response in inner_us(request, ident):
                 check(context)
                 yield response
 
@@ -224,16 +253,15 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
         inner_su = handler.stream_unary
 
         def stream_unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-            check(context)
-            return inner_su(request_iterator, context)
+            return inner_su(request_iterator, IdentifiedContext(context, check(context)))
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer,
                                                     handler.response_serializer)
     inner_ss = handler.stream_stream
 
     def stream_stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-        check(context)
-        for response in inner_ss(request_iterator, context):
+        ident = IdentifiedContext(context, check(context))
+        for response in inner_ss(request_iterator, ident):
             check(context)
             yield response
 

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -464,3 +465,160 @@ def test_aggregator_dials_the_estimator_as_itself(pki: CertBundle) -> None:
     assert sec.token is None  # the dev tokens file here has no 'aggregator' entry
     with pytest.raises(SecurityConfigError, match="--tls-ca"):
         estimator_client_security(ServerSecurity(cert=pki.server_cert, key=pki.server_key), None, "h:1")
+
+
+# ---- identity bound to credentials: a worker acts only for itself ------------------------------------
+
+def _agg_stub(port: int, sec: ClientSecurity) -> tuple[grpc.Channel, Any]:
+    from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+
+    ch = open_channel(f"localhost:{port}", sec)
+    return ch, pb_grpc.AggregatorServiceStub(ch)
+
+
+def _denied(call: Callable[[], Any]) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as ei:
+        call()
+    return ei.value.code()  # type: ignore[attr-defined]
+
+
+def _update_parts(wid: str, cid: int, params: Any, task_id: int = 1, rnd: int = 0) -> Any:
+    from fedent.strategies.base import ClientUpdate
+    from fedentrpc import mappers
+
+    u = ClientUpdate(cid=cid, params=params, num_samples=12, train_loss=0.1)
+    return mappers.update_to_parts(u, mappers.UpdateMeta(wid, task_id, rnd))
+
+
+PD = grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_register_under_another_workers_name_or_clients_is_denied(
+        pki: CertBundle, start: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Worker-1 (its own valid token) claiming worker-0's name or clients: PERMISSION_DENIED, logged, and
+    worker-0's registration, Work stream and clients stay its own. Worker-0 itself may re-register."""
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.v1 import aggregator_pb2 as pb
+
+    inputs = tiny_inputs()
+    md5 = str(inputs.partition_info["md5"])
+    h = start(tiny_config("fedavg"), inputs, security=tls_server(pki))
+    tok0, tok1 = token_of(pki, "worker-0"), token_of(pki, "worker-1")
+    a = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, tok0))
+    ch, b = _agg_stub(h.port, client(pki, tok1))
+    with caplog.at_level(logging.WARNING, logger="fedent.security"):
+        for name in ("worker-0", "worker-1", ""):  # A's name, or B's own (or none) with A's clients
+            assert _denied(lambda n=name: b.Register(pb.RegisterRequest(worker_name=n, client_ids=[0, 1]),
+                                                     timeout=TIMEOUT)) == PD
+        assert _denied(lambda: b.Register(pb.RegisterRequest(worker_name="worker-0", client_ids=[2, 3]),
+                                          timeout=TIMEOUT)) == PD
+    wa = h.run.workers[a.wid]
+    assert not wa.gone and wa.streaming and a.call.is_active()  # A's Work stream stays open
+    assert h.run.owner == {0: a.wid, 1: a.wid} and len(h.run.workers) == 1  # nothing registered for B
+    assert wa.name == "worker-0" and wa.identity == "worker-0"
+    assert "denied Register by worker worker-1 (claimed worker-0): that worker is registered" in caplog.text
+    assert "denied Register by worker worker-1 (claimed clients [0, 1])" in caplog.text
+    assert tok0 not in caplog.text and tok1 not in caplog.text
+    # B registers its own clients: its name is its identity, whatever label it sends (a worker's default name
+    # is host-pid-cN); A reconnecting retires A's old registration
+    for label in ("", "host-b-c2"):
+        reg = b.Register(pb.RegisterRequest(worker_name=label, client_ids=[2, 3]), timeout=TIMEOUT)
+        assert h.run.workers[reg.worker_id].name == "worker-1"
+    ch.close()
+    a2 = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, tok0))
+    assert h.run.workers[a.wid].gone and h.run.owner[0] == a2.wid
+
+
+def test_calls_for_another_workers_registration_are_denied_and_change_nothing(
+        pki: CertBundle, start: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Worker-1 calling Heartbeat/Ready/Work/FetchBlob/SubmitProbes/SubmitUpdate/ReportFailure with worker-0's
+    worker_id, or submitting for worker-0's clients under its own id: PERMISSION_DENIED (not ``known: true``)
+    and nothing recorded; then both workers' own calls still complete the run."""
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.v1 import aggregator_pb2 as pb
+
+    inputs = tiny_inputs()
+    md5 = str(inputs.partition_info["md5"])
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, security=tls_server(pki))
+    tok0, tok1 = token_of(pki, "worker-0"), token_of(pki, "worker-1")
+    a = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, tok0))
+    b = FakeWorker(h.port, [2, 3], md5, name="worker-1", security=client(pki, tok1))
+    fit_a, fit_b = a.next("fit"), b.next("fit")  # the fit phase is open: a forged result would count
+    col = h.run.collector
+    assert col is not None and col.kind == "fit"
+    wa = h.run.workers[a.wid]
+    seen, down = wa.last_seen, wa.bytes_down
+    params = a.model(fit_a.task.model_blob)
+    s = b.stub
+    with caplog.at_level(logging.WARNING, logger="fedent.security"):
+        assert _denied(lambda: s.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT)) == PD
+        assert _denied(lambda: s.Ready(pb.ReadyRequest(worker_id=a.wid, partition_md5=md5), timeout=TIMEOUT)) == PD
+        assert _denied(lambda: next(s.Work(pb.WorkRequest(worker_id=a.wid), timeout=TIMEOUT))) == PD
+        assert _denied(lambda: list(s.FetchBlob(pb.AggregatorServiceFetchBlobRequest(
+            blob_id=fit_a.task.model_blob, worker_id=a.wid), timeout=TIMEOUT))) == PD
+        for wid in (a.wid, b.wid):  # A's registration, or B's own with A's client
+            assert _denied(lambda w=wid: s.SubmitUpdate(_update_parts(w, 0, params, fit_a.task.task_id),
+                                                        timeout=TIMEOUT)) == PD
+            assert _denied(lambda w=wid: s.SubmitProbes(pb.SubmitProbesRequest(
+                worker_id=w, task_id=fit_a.task.task_id, probes=[pb.Probe(cid=0, num_samples=12)]),
+                timeout=TIMEOUT)) == PD
+            assert _denied(lambda w=wid: s.ReportFailure(pb.ReportFailureRequest(
+                worker_id=w, task_id=fit_a.task.task_id, round=0, cid=0, message="forged"), timeout=TIMEOUT)) == PD
+        assert _denied(lambda: s.ReportFailure(pb.ReportFailureRequest(
+            worker_id=a.wid, task_id=fit_a.task.task_id, round=0, cid=-1, message="forged"), timeout=TIMEOUT)) == PD
+    assert col.results == {} and col.failed == {}  # nothing recorded
+    assert not wa.gone and wa.streaming and a.call.is_active() and wa.last_seen == seen
+    assert wa.bytes_down == down and wa.bytes_up == 0
+    for method in ("Heartbeat", "Ready", "Work", "FetchBlob", "SubmitUpdate", "SubmitProbes", "ReportFailure"):
+        assert f"denied {method} by worker worker-1 (claimed {a.wid})" in caplog.text, method
+    assert tok0 not in caplog.text and tok1 not in caplog.text
+    # the rightful owners' calls still work (regression)
+    assert a.stub.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT).known
+    for w, fit in ((a, fit_a), (b, fit_b)):
+        for cid in fit.task.client_ids:
+            w.upload(fit.task, cid, params)
+    assert h.wait(30), "the run did not finish"
+    assert h.run.error is None, h.run.error
+
+
+def test_mtls_certificate_identity_is_bound_too(pki: CertBundle, start: Any) -> None:
+    """Under mutual TLS without tokens the certificate's name is the identity: worker-1's certificate can
+    neither register as worker-0 nor heartbeat worker-0's registration."""
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.v1 import aggregator_pb2 as pb
+
+    inputs = tiny_inputs()
+    md5 = str(inputs.partition_info["md5"])
+    h = start(tiny_config("fedavg"), inputs, security=tls_server(pki, mtls=True, tokens=False))
+    a = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, cert_of="worker-0"))
+    ch, b = _agg_stub(h.port, client(pki, cert_of="worker-1"))
+    with ch:
+        assert _denied(lambda: b.Register(pb.RegisterRequest(worker_name="worker-0", client_ids=[0, 1]),
+                                          timeout=TIMEOUT)) == PD
+        assert _denied(lambda: b.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT)) == PD
+        assert a.stub.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT).known
+    assert h.run.workers[a.wid].identity == "worker-0" and a.call.is_active()
+
+
+def test_without_authentication_there_is_no_identity_and_nothing_changes(start: Any) -> None:
+    """Plaintext without tokens (local runs, in-process tests): no caller identity; any worker id is usable
+    and a same-name re-registration replaces the old one, as before."""
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.security.interceptors import IdentifiedContext, caller_identity
+    from fedentrpc.v1 import aggregator_pb2 as pb
+
+    plain: Any = object()
+    assert caller_identity(plain) is None and caller_identity(IdentifiedContext(plain, "w")) == "w"
+    inputs = tiny_inputs()
+    md5 = str(inputs.partition_info["md5"])
+    h = start(tiny_config("fedavg"), inputs)
+    a = FakeWorker(h.port, [0, 1], md5, name="worker-0")
+    b = FakeWorker(h.port, [2, 3], md5, name="worker-1")
+    assert h.run.workers[a.wid].identity is None
+    assert b.stub.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT).known
+    a2 = FakeWorker(h.port, [0, 1], md5, name="worker-0")
+    assert h.run.workers[a.wid].gone and h.run.owner[0] == a2.wid
