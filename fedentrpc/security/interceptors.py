@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from fedentrpc.malformed import MalformedRequestInterceptor
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import ServerSecurity
 from fedentrpc.security.tokens import TokenRegistry
@@ -123,13 +124,16 @@ def peer_cert_identities(context: grpc.ServicerContext) -> list[str]:
 
 
 def server_interceptors(sec: ServerSecurity) -> list[grpc.ServerInterceptor]:
-    """The interceptors to pass to ``grpc.server(...)``: authentication when tokens or mTLS are configured."""
+    """The interceptors to pass to ``grpc.server(...)``: authentication when tokens or mTLS are configured,
+    then (always, inside it) :class:`~fedentrpc.malformed.MalformedRequestInterceptor`, so a request that
+    does not parse is INVALID_ARGUMENT with one log line, after authentication."""
+    guard = MalformedRequestInterceptor()
     if not sec.authenticates:
         if not sec.insecure:
             log.warning("TLS without worker authentication: any client trusting the CA may call this server")
-        return []
+        return [guard]
     tokens = TokenRegistry(sec.token_file) if sec.token_file else None
-    return [AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth)]
+    return [AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth), guard]
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
