@@ -29,11 +29,11 @@ from torch import Tensor
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
-from fedent.params import all_finite
 from fedent.rng import numpy_rng
 from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
-from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
+from fedent.strategies.validation import check_probe, check_update
 from fedent.trainer import LocalTrainer
 from fedentrpc import codec, mappers
 from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
@@ -379,15 +379,18 @@ class ClusterRun:
         col = self._collector("probe")
         for p in probes:
             self._own(worker_id, p.cid)
-        bad = []
+        bad: dict[int, str] = {}
         for p in probes:
-            if all(math.isfinite(v) for v in p.scalars.values()):
-                col.put(task_id, rnd, p.cid, p)
+            try:
+                check_probe(self.strategy, p, self.sizes[p.cid])
+            except StrategyError as e:
+                col.fail(p.cid, f"invalid probe: {e}", task_id, rnd)
+                bad[p.cid] = str(e)
             else:
-                col.fail(p.cid, "non-finite probe", task_id, rnd)
-                bad.append(p.cid)
+                col.put(task_id, rnd, p.cid, p)
         if bad:
-            raise ClusterError("invalid", f"probes of clients {bad} have non-finite scalars; excluded")
+            raise ClusterError("invalid", f"probes of clients {sorted(bad)} rejected and excluded: "
+                                          + "; ".join(bad.values()))
 
     def max_update_bytes(self) -> int:
         """The most an update stream may carry: the parameters plus up to three model-sized tensor groups
@@ -402,14 +405,9 @@ class ClusterRun:
         w = self._own(worker_id, update.cid)
         w.bytes_up += wire_bytes
         self.book.add_bytes(update.cid, wire_bytes)
-        try:
-            codec.check_shapes(update.params, self.global_params, f"update of client {update.cid}")
-            if not all_finite(update.params):
-                raise codec.WireError(f"update of client {update.cid} is not finite (NaN/inf)")
-            if update.num_samples != self.sizes[update.cid]:
-                raise codec.WireError(f"update of client {update.cid} claims {update.num_samples} samples, "
-                                        f"expected {self.sizes[update.cid]}")
-        except codec.WireError as e:
+        try:  # the strategy's declared payload (fedent.strategies.validation) before the update is acknowledged
+            check_update(self.strategy, update, self.global_params, self.sizes[update.cid])
+        except StrategyError as e:
             col.fail(update.cid, str(e), task_id, rnd)
             raise ClusterError("invalid", f"{e}; excluded from aggregation") from None
         col.put(task_id, rnd, update.cid, update)

@@ -55,6 +55,11 @@ def is_eval_round(rnd: int, rounds: int, every: int) -> bool:
     return (rnd + 1) % every == 0 or rnd == rounds - 1
 
 
+def failed_clients(failed: dict[int, str]) -> dict[str, Any]:
+    """The ``failed_clients`` diagnostics entry (client id -> why), absent when none failed."""
+    return {"failed_clients": {str(c): why for c, why in sorted(failed.items())}} if failed else {}
+
+
 def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float | None:
     total = sum(u.num_samples for u in updates)
     if total <= 0:
@@ -138,13 +143,16 @@ class RoundEngine:
         skipped: dict[str, Any] = {}
         fit_cids = list(participants)
         probes: list[Probe] = []
+        failed: dict[int, str] = {}  # clients excluded in this try, and why (a rejected probe or update, ...)
         if self.strategy.capabilities.probe:
             self.status("estimating", rnd)
             got = self.executor.probe(rnd, participants, self.global_params, self.strategy)
             self.check_stop()
             probes, fit_cids = list(got.results.values()), sorted(got.results)
+            failed.update(got.failed)
             if not self.quorum(len(fit_cids), len(participants)):
-                return [], {"skipped": f"{len(fit_cids)}/{len(participants)} probes before the deadline"}
+                skipped["skipped"] = f"{len(fit_cids)}/{len(participants)} probes before the deadline"
+                return [], {**skipped, **failed_clients(failed)}
         payload = self.strategy.round_payload(rnd, self.global_params, probes)
         self.status("training", rnd)
         fits = self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload)
@@ -152,9 +160,8 @@ class RoundEngine:
         updates = list(fits.results.values())
         if not self.quorum(len(updates), len(participants)):
             skipped["skipped"] = f"{len(updates)}/{len(participants)} updates before the deadline"
-        if fits.failed:
-            skipped["failed_clients"] = {str(c): why for c, why in sorted(fits.failed.items())}
-        return updates, skipped
+        failed.update(fits.failed)
+        return updates, {**skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
         """The round's participants and updates, retrying with fresh clients as the policy allows."""

@@ -95,6 +95,17 @@ class Capabilities:
     client_state: bool = False  # clients keep state across rounds (persisted by the worker)
 
 
+@dataclass(frozen=True)
+class PayloadSpec:
+    """What a strategy's probe and update carry; the aggregator checks an upload against it before accepting it
+    (fedent.strategies.validation). Scalars must be exactly these names and finite; every tensor group in
+    ``update_tensors`` is shaped like the model's parameters and finite, and no other group may be sent."""
+
+    probe_scalars: tuple[str, ...] = ()
+    update_scalars: tuple[str, ...] = ()
+    update_tensors: tuple[str, ...] = ()  # groups shaped like the model's parameters (SCAFFOLD's delta_c)
+
+
 @dataclass
 class AggregateResult:
     params: Params
@@ -107,6 +118,7 @@ class Strategy(ABC):
     name: ClassVar[str]
     needs_probe: ClassVar[bool] = False
     keeps_client_state: ClassVar[bool] = False
+    payload_spec: ClassVar[PayloadSpec] = PayloadSpec()  # what its probe and update carry (checked on upload)
 
     @property
     def capabilities(self) -> Capabilities:

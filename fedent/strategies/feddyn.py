@@ -36,6 +36,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
@@ -77,6 +78,7 @@ def dynamic_hook(server_params: Sequence[Tensor], lam: Sequence[Tensor], alpha_k
 class FedDyn(Strategy):
     name = "feddyn"
     keeps_client_state = True
+    payload_spec = PayloadSpec(update_scalars=("alpha_k",))
     Options = FedDynOptions
 
     def __init__(self, options: FedDynOptions | None = None) -> None:

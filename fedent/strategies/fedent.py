@@ -26,6 +26,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
@@ -37,12 +38,14 @@ from fedent.strategies.options import FedEntOptions
 from fedent.trainer import LocalTrainer
 
 _PROBE_ROUND = "probe_round"
+UPDATE_SCALARS = ("eta_star", "eta", "a", "b", "c", "theta", "phi2_next", "guarded")  # what fit uploads
 
 
 class FedEnt(Strategy):
     name = "fedent"
     needs_probe = True
     keeps_client_state = True
+    payload_spec = PayloadSpec(probe_scalars=("a", "b"), update_scalars=UPDATE_SCALARS)
     Options = FedEntOptions
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:

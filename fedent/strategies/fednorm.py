@@ -24,6 +24,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
@@ -35,11 +36,13 @@ from fedent.strategies.options import FedNormOptions
 from fedent.trainer import LocalTrainer
 
 DELTA_KEY = "delta"
+UPDATE_SCALARS = ("eta_star", "eta", "g_dot_delta", "b", "guarded")  # what fit uploads
 
 
 class FedNorm(Strategy):
     name = "fednorm"
     keeps_client_state = True
+    payload_spec = PayloadSpec(update_scalars=UPDATE_SCALARS)
     Options = FedNormOptions
 
     def __init__(self, options: FedNormOptions | None = None) -> None:

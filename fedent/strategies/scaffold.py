@@ -30,6 +30,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
@@ -71,6 +72,7 @@ def control_variate_delta(
 class Scaffold(Strategy):
     name = "scaffold"
     keeps_client_state = True
+    payload_spec = PayloadSpec(update_tensors=(DELTA_C,))
     Options = ScaffoldOptions
 
     def __init__(self, options: ScaffoldOptions | None = None) -> None:

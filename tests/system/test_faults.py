@@ -2,7 +2,8 @@
 
 Missed heartbeats, a worker whose stream is cut (it reconnects with backoff), a round that misses its
 quorum (retried with fresh clients, then the run fails loudly), a replayed update from an old round and
-oversized messages. The kill -9 scenarios with real processes are in test_faults_process.py.
+oversized messages, and payloads that break their strategy's PayloadSpec (a FedEnt probe without `a`,
+SCAFFOLD's NaN Δc, a NaN train_loss). The kill -9 scenarios with real processes are in test_faults_process.py.
 """
 
 from __future__ import annotations
@@ -281,3 +282,94 @@ def test_estimator_lost_mid_fixed_point_restarts_and_the_run_recovers(tmp_path: 
     got = torch.load(h.run_dir / "model_final.pt")
     for a, b in zip(got, sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+# ---- a strategy's payload is checked before it is acknowledged ------------------------------------------------
+
+
+def _send(fake: FakeWorker, task: Any, update: ClientUpdate) -> None:
+    fake.stub.SubmitUpdate(mappers.update_to_parts(update, mappers.UpdateMeta(fake.wid, task.task_id, task.round)))
+
+
+def _rejected(call: Any, needle: str) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), e.value.details()
+    assert "\n" not in e.value.details()
+
+
+def _mixed(start: Any, algorithm: str, rounds: int) -> tuple[AggregatorHandle, FakeWorker, Any]:
+    """Clients 1-3 on a real worker, client 0 on a hand-driven fake; any 2 updates make a quorum."""
+    inputs = tiny_inputs()
+    h = start(tiny_config(algorithm, rounds=rounds, fraction=1.0), inputs, quorum=0.5)
+    _, (thread, _box) = _worker(h, inputs, (1, 2, 3))
+    _wait_ready(h, [1, 2, 3])
+    return h, FakeWorker(h.port, [0], inputs.partition_info["md5"]), thread
+
+
+def test_fedent_probe_without_scalar_a_is_rejected_and_the_run_goes_on(start: Any) -> None:
+    h, fake, thread = _mixed(start, "fedent", rounds=1)
+    probe = fake.next("probe").task
+    msg = pb.Probe(cid=0, num_samples=12, scalars={"b": 1.0})
+    _rejected(lambda: fake.stub.SubmitProbes(pb.SubmitProbesRequest(
+        worker_id=fake.wid, task_id=probe.task_id, round=0, probes=[msg])), "lacks scalars ['a']")
+    assert h.wait(30) and h.run.error is None, h.run.error
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert "skipped" not in rec["diagnostics"] and set(rec["diagnostics"]["failed_clients"]) == {"0"}
+    assert "lacks scalars ['a']" in rec["diagnostics"]["failed_clients"]["0"]
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"
+    thread.join(10)
+
+
+def test_fedent_update_without_its_scalars_is_rejected_and_the_run_goes_on(start: Any) -> None:
+    h, fake, thread = _mixed(start, "fedent", rounds=1)
+    probe = fake.next("probe").task
+    ok = pb.Probe(cid=0, num_samples=12, scalars={"a": 0.1, "b": 1.0})
+    fake.stub.SubmitProbes(pb.SubmitProbesRequest(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=[ok]))
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    _rejected(lambda: _send(fake, fit, ClientUpdate(0, w, 12, 0.1)), "lacks scalars")
+    assert h.wait(30) and h.run.error is None, h.run.error
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert "skipped" not in rec["diagnostics"] and set(rec["diagnostics"]["failed_clients"]) == {"0"}
+    assert "lacks scalars" in rec["diagnostics"]["failed_clients"]["0"]
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"
+    thread.join(10)
+
+
+def test_scaffold_nan_delta_c_is_rejected_and_the_control_variate_stays_finite(start: Any) -> None:
+    h, fake, thread = _mixed(start, "scaffold", rounds=2)
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    dc = [torch.zeros_like(p) for p in w]
+    dc[0][0, 0] = float("nan")
+    _rejected(lambda: _send(fake, fit, ClientUpdate(0, [p.clone() for p in w], 12, 0.1, tensors={"delta_c": dc})),
+              "'delta_c' is not finite")
+    fit1 = fake.next("fit").task  # the next round goes on, and a valid upload of the same client is taken
+    w1 = fake.model(fit1.model_blob)
+    _send(fake, fit1, ClientUpdate(0, w1, 12, 0.1, tensors={"delta_c": [torch.zeros_like(p) for p in w1]}))
+    assert h.wait(30) and h.run.error is None, h.run.error
+    recs = read_metrics(h.run_dir / "metrics.jsonl")
+    assert [("skipped" in r["diagnostics"]) for r in recs] == [False, False]
+    assert "'delta_c' is not finite" in recs[0]["diagnostics"]["failed_clients"]["0"]
+    assert "failed_clients" not in recs[1]["diagnostics"]
+    assert all(bool(torch.isfinite(c).all()) for c in h.run.strategy.server_state()["c"])
+    assert all(bool(torch.isfinite(p).all()) for p in torch.load(h.run_dir / "model_final.pt"))
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"
+    thread.join(10)
+
+
+def test_nan_train_loss_and_undeclared_payload_are_rejected(start: Any) -> None:
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.25)
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    _rejected(lambda: _send(fake, fit, ClientUpdate(0, w, 12, float("nan"))), "non-finite train_loss")
+    _rejected(lambda: _send(fake, fit, ClientUpdate(1, w, 12, 0.1, scalars={"eta": 0.1})), "unknown scalars")
+    _rejected(lambda: _send(fake, fit, ClientUpdate(2, w, 12, 0.1, tensors={"delta_c": w})), "unknown tensor groups")
+    _send(fake, fit, ClientUpdate(3, w, 12, 0.5))
+    assert h.wait(20) and h.run.error is None, h.run.error
+    (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
+    assert rec["train_loss"] == pytest.approx(0.5) and set(rec["diagnostics"]["failed_clients"]) == {"0", "1", "2"}
+    assert read_json(h.run_dir / "status.json")["phase"] == "done"

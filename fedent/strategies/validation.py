@@ -1,0 +1,69 @@
+"""Checks of a client's probe and update against its strategy's ``PayloadSpec``, before anyone accepts them.
+
+The aggregator calls these on every upload; a violation raises ``StrategyError`` with a one-line reason, and
+the client is excluded from the round instead of failing the run later (a probe without ``a`` in FedEnt's
+``round_payload``) or poisoning server state (a NaN in SCAFFOLD's Δc reaching the server's c).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from torch import Tensor
+
+from fedent.params import all_finite
+from fedent.strategies.base import ClientUpdate, Probe, Strategy, StrategyError
+
+
+def _check_names(got: Iterable[str], want: Sequence[str], kind: str, what: str) -> None:
+    """Exactly the declared names: none missing, none unknown."""
+    missing, unknown = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    parts = ([f"lacks {kind} {missing}"] if missing else []) + ([f"has unknown {kind} {unknown}"] if unknown else [])
+    if parts:
+        raise StrategyError(f"{what} {' and '.join(parts)}")
+
+
+def _check_scalars(got: Mapping[str, float], want: Sequence[str], what: str) -> None:
+    _check_names(got, want, "scalars", what)
+    bad = sorted(k for k, v in got.items() if not math.isfinite(float(v)))
+    if bad:
+        raise StrategyError(f"{what} has non-finite scalars {bad}")
+
+
+def _check_model_shaped(got: Sequence[Tensor], like: Sequence[Tensor], what: str) -> None:
+    if len(got) != len(like):
+        raise StrategyError(f"{what}: {len(got)} tensors, expected {len(like)}")
+    for i, (g, ref) in enumerate(zip(got, like, strict=True)):
+        if g.shape != ref.shape or g.dtype != ref.dtype:
+            raise StrategyError(f"{what}: tensor {i} is {g.dtype} {tuple(g.shape)}, "
+                                f"expected {ref.dtype} {tuple(ref.shape)}")
+    if not all_finite(got):
+        raise StrategyError(f"{what} is not finite (NaN/inf)")
+
+
+def check_probe(strategy: Strategy, probe: Probe, expected_samples: int | None = None) -> None:
+    """``probe`` carries exactly the strategy's probe scalars, all finite (and, if given, the client's sample count)."""
+    what = f"probe of client {probe.cid}"
+    if not strategy.capabilities.probe:
+        raise StrategyError(f"{what}: {strategy.name} has no probe step")
+    if expected_samples is not None and probe.num_samples != expected_samples:
+        raise StrategyError(f"{what} claims {probe.num_samples} samples, expected {expected_samples}")
+    _check_scalars(probe.scalars, strategy.payload_spec.probe_scalars, what)
+
+
+def check_update(strategy: Strategy, update: ClientUpdate, global_params: Sequence[Tensor],
+                 expected_samples: int | None = None) -> None:
+    """``update`` is what the strategy's ``fit`` sends: the model's shapes and dtypes, finite parameters and
+    ``train_loss``, exactly the declared scalars (finite) and tensor groups (model-shaped, finite)."""
+    what = f"update of client {update.cid}"
+    _check_model_shaped(update.params, global_params, what)
+    if expected_samples is not None and update.num_samples != expected_samples:
+        raise StrategyError(f"{what} claims {update.num_samples} samples, expected {expected_samples}")
+    if not math.isfinite(float(update.train_loss)):
+        raise StrategyError(f"{what} has a non-finite train_loss ({update.train_loss})")
+    spec = strategy.payload_spec
+    _check_scalars(update.scalars, spec.update_scalars, what)
+    _check_names(update.tensors, spec.update_tensors, "tensor groups", what)
+    for name in spec.update_tensors:
+        _check_model_shaped(update.tensors[name], global_params, f"{what}: tensor group {name!r}")

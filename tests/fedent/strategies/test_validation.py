@@ -1,0 +1,126 @@
+"""fedent.strategies.validation: every strategy's real probe and update pass its PayloadSpec; each kind of
+violation (missing/unknown/non-finite scalar, NaN train_loss, missing/unknown/misshapen/non-finite tensor group,
+bad params, lying sample count) is a one-line StrategyError."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from fedent.config import AlgorithmConfig
+from fedent.meanfield.oracle import TrainerOracle
+from fedent.params import clone
+from fedent.strategies.base import ClientTask, ClientUpdate, PayloadSpec, Probe, Strategy, StrategyError
+from fedent.strategies.registry import STRATEGIES, build_strategy
+from fedent.strategies.validation import check_probe, check_update
+from fedent.trainer import LocalTrainer
+
+N = 4
+
+EXPECTED_SPECS = {
+    "fedavg": PayloadSpec(), "fedadam": PayloadSpec(), "fedyogi": PayloadSpec(), "fedprox": PayloadSpec(),
+    "fedcos": PayloadSpec(),
+    "feddyn": PayloadSpec(update_scalars=("alpha_k",)),
+    "fednorm": PayloadSpec(update_scalars=("eta_star", "eta", "g_dot_delta", "b", "guarded")),
+    "fedent": PayloadSpec(probe_scalars=("a", "b"),
+                          update_scalars=("eta_star", "eta", "a", "b", "c", "theta", "phi2_next", "guarded")),
+    "scaffold": PayloadSpec(update_tensors=("delta_c",)),
+}
+
+
+def _real(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[ClientUpdate]]:
+    """One round of ``name`` as the simulator runs it: real probes (if any) and real fits."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 1, 2, 2, generator=g), torch.randint(0, 3, (24,), generator=g)
+    torch.manual_seed(0)
+    trainer = LocalTrainer(nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), x, y, 4, torch.device("cpu"))
+    shards = [torch.arange(c, 24, N) for c in range(N)]
+    sizes = [int(s.numel()) for s in shards]
+    strategy = build_strategy(AlgorithmConfig(name=name))
+    w = clone(trainer.params)
+    strategy.setup(w, sizes)
+    strategy.prepare(TrainerOracle(trainer, shards, 0, 4), w, sizes, 1)
+    states = {c: strategy.init_client_state(c, sizes[c]) for c in range(N)}
+    tasks = {c: ClientTask(c, 0, shards[c], 0.05, 1, 0) for c in range(N)}
+    probes = [strategy.probe(trainer, w, tasks[c], states[c]) for c in range(N)] if strategy.needs_probe else []
+    payload = strategy.round_payload(0, w, probes)
+    ups = [strategy.fit(trainer, w, payload, tasks[c], states[c]) for c in range(N)]
+    return strategy, w, probes, ups
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_declares_what_it_sends_and_its_real_uploads_pass(name: str) -> None:
+    strategy, w, probes, ups = _real(name)
+    assert strategy.payload_spec == EXPECTED_SPECS[name]
+    assert len(probes) == (N if strategy.capabilities.probe else 0)
+    for p in probes:
+        assert set(p.scalars) == set(strategy.payload_spec.probe_scalars)
+        check_probe(strategy, p, 6)
+    for u in ups:
+        assert set(u.scalars) == set(strategy.payload_spec.update_scalars)
+        assert set(u.tensors) == set(strategy.payload_spec.update_tensors)
+        check_update(strategy, u, w, 6)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_update_violation_is_a_strategy_error(name: str) -> None:
+    strategy, w, _, ups = _real(name)
+    u = ups[0]
+    spec = strategy.payload_spec
+
+    def bad(needle: str, **changes: object) -> None:
+        with pytest.raises(StrategyError, match=needle) as e:
+            check_update(strategy, dataclasses.replace(u, **changes), w, 6)  # type: ignore[arg-type]
+        assert "\n" not in str(e.value) and f"client {u.cid}" in str(e.value)
+
+    bad("non-finite train_loss", train_loss=float("nan"))
+    bad("non-finite train_loss", train_loss=float("inf"))
+    nan = clone(u.params)
+    nan[0].view(-1)[0] = float("nan")
+    bad("not finite", params=nan)
+    bad("expected", params=[w[0][:, :2].clone(), w[1].clone()])
+    bad("expected", params=u.params[:1])
+    bad("samples, expected 6", num_samples=7)
+    bad("unknown scalars \\['rogue'\\]", scalars={**u.scalars, "rogue": 1.0})
+    bad("unknown tensor groups \\['rogue'\\]", tensors={**u.tensors, "rogue": clone(w)})
+    for k in spec.update_scalars:
+        bad(f"lacks scalars \\['{k}'\\]", scalars={s: v for s, v in u.scalars.items() if s != k})
+        bad(f"non-finite scalars \\['{k}'\\]", scalars={**u.scalars, k: float("nan")})
+    for k in spec.update_tensors:
+        bad(f"lacks tensor groups \\['{k}'\\]", tensors={t: v for t, v in u.tensors.items() if t != k})
+        group = clone(u.tensors[k])
+        group[-1].view(-1)[-1] = float("nan")
+        bad(f"'{k}' is not finite", tensors={**u.tensors, k: group})
+        bad(f"'{k}'.*expected", tensors={**u.tensors, k: group[:1]})
+        bad(f"'{k}'.*expected", tensors={**u.tensors, k: [t.double() for t in u.tensors[k]]})
+
+
+def test_scaffold_nan_delta_c_with_finite_params_is_rejected() -> None:
+    """The issue's case: finite parameters, NaN only in Δc (it used to reach the server's c)."""
+    strategy, w, _, ups = _real("scaffold")
+    u = ups[1]
+    dc = clone(u.tensors["delta_c"])
+    dc[0].view(-1)[0] = float("nan")
+    with pytest.raises(StrategyError, match="'delta_c' is not finite"):
+        check_update(strategy, dataclasses.replace(u, tensors={"delta_c": dc}), w)
+
+
+def test_probe_violations_are_strategy_errors() -> None:
+    strategy, _, probes, _ = _real("fedent")
+    p = probes[0]
+
+    def bad(needle: str, **changes: object) -> None:
+        with pytest.raises(StrategyError, match=needle):
+            check_probe(strategy, dataclasses.replace(p, **changes), 6)  # type: ignore[arg-type]
+
+    bad("lacks scalars \\['a'\\]", scalars={"b": 1.0})
+    bad("lacks scalars \\['a', 'b'\\]", scalars={})
+    bad("unknown scalars \\['z'\\]", scalars={**p.scalars, "z": 0.0})
+    bad("non-finite scalars \\['b'\\]", scalars={**p.scalars, "b": float("inf")})
+    bad("samples, expected 6", num_samples=60)
+    fedavg, _, _, _ = _real("fedavg")
+    with pytest.raises(StrategyError, match="no probe step"):
+        check_probe(fedavg, p)
