@@ -10,6 +10,7 @@ import sys
 from types import FrameType
 
 from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from fedentrpc.lifeline import watch_parent
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_client_security_args, client_security_from_args
 from fedentrpc.security.redaction import install_log_redaction
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s worker %(levelname)s %(message)s")
+    watch_parent()  # started by `fedent cluster up`: exit when it dies
     try:
         security = client_security_from_args(args, worker=args.name or None)
         cids = parse_client_ids(args.clients) if args.clients else tuple(sorted(set(args.client_ids)))

@@ -12,6 +12,7 @@ stream, reconnect) over one channel and one client-state store; its parts are me
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -170,6 +171,34 @@ class Worker:
         if self._loaded == loaded:  # a re-registration: data already here
             self._ready(reply.partition_md5)
             return
+        with self._heartbeats_while_loading():
+            self._load(reply)
+        self._ready(str(self.inputs.partition_info.get("md5", "")))
+
+    @contextlib.contextmanager
+    def _heartbeats_while_loading(self) -> Iterator[None]:
+        """Heartbeats between Register and Ready: the aggregator expires a registration that stays silent for
+        ``heartbeat_misses`` periods, ready or not, and loading a large dataset may take longer than that."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.heartbeat_s):
+                try:
+                    self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=self.worker_id), timeout=10)
+                except grpc.RpcError:
+                    continue
+
+        if self.heartbeat_s > 0:
+            threading.Thread(target=beat, name="heartbeat-loading", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _load(self, reply: pb.RegisterResponse) -> None:
+        """This worker's data, model and strategy for the run ``reply`` describes (no RPC)."""
+        s = self.settings
+        loaded = (reply.config.SerializeToString(deterministic=True), reply.partition_md5)
         try:
             self.cfg = config_from_register(reply, s.data_root)
         except ValueError as e:
@@ -188,7 +217,6 @@ class Worker:
         self.indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
         self._loaded = loaded
-        self._ready(md5)
 
     def _ready(self, md5: str) -> None:
         cids = self.settings.client_ids

@@ -16,6 +16,7 @@ from types import FrameType
 from estimator.service import create_estimator_service
 from estimator.settings import EstimatorSettings, SettingsError
 from fedent import runlog
+from fedentrpc.lifeline import watch_parent
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_server_security_args, server_security_from_args
 from fedentrpc.security.redaction import install_log_redaction
@@ -57,6 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s estimator %(levelname)s %(message)s")
+    watch_parent()  # started by `fedent cluster up`: exit when it dies
     install_log_redaction([args.token] if args.token else [])
     try:
         settings = settings_from_args(args)

@@ -307,13 +307,18 @@ class ClusterRun:
 
     def expire_silent_workers(self, now: float | None = None) -> list[str]:
         """Workers silent for ``heartbeat_misses`` heartbeat periods are dead: their clients go ``down`` and
-        the round stops waiting for them (a hung but connected worker never closes its stream)."""
+        the round stops waiting for them (a hung but connected worker never closes its stream).
+
+        Registered but never Ready workers expire by the same limit (their last sign of life is the Register,
+        or the heartbeats a worker sends while it loads its data): one killed between Register and Ready has
+        no Work stream whose end would retire it, and would otherwise hold its clients until the register
+        timeout fails the run, refusing its own restart (``conflict``)."""
         if self.settings.heartbeat_misses <= 0:
             return []
         limit = self.settings.heartbeat_misses * self.settings.heartbeat_s
         now = time.time() if now is None else now
         with self.lock:
-            silent = [w for w in self.workers.values() if not w.gone and w.ready and now - w.last_seen > limit]
+            silent = [w for w in self.workers.values() if not w.gone and now - w.last_seen > limit]
         for w in silent:
             self._retire(w, "down", f"missed heartbeats for {now - w.last_seen:.1f}s")
         if silent:

@@ -3,7 +3,8 @@
 The aggregator (and the dashboard, served by uvicorn in the same process) runs here; the estimator
 service and N workers are child processes. Every service binds port 0 and reports the port it got, which
 is passed on to the processes that dial it, so nothing collides with a fixed port. SIGINT/SIGTERM
-terminate the children (then kill them after a grace period).
+terminate the children (then kill them after a grace period). When the launcher dies without stopping
+them (SIGKILL, a crash), each child sees its lifeline pipe close and stops itself (fedentrpc.lifeline).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
+from fedentrpc import lifeline
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tokens import read_worker_token
 from server.app import AggregatorHandle, start_aggregator, uses_fedent_estimator
@@ -114,6 +116,7 @@ class Cluster:
     estimator_address: str = ""
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     pki: CertBundle | None = None
+    _lifeline: tuple[int, int] | None = None  # (read end passed to every child, write end held until stop)
 
     # ---- security ----------------------------------------------------------------------------
     def ensure_pki(self, identities: list[str]) -> CertBundle:
@@ -154,9 +157,19 @@ class Cluster:
 
     # ---- start -------------------------------------------------------------------------------
     def _spawn(self, args: list[str], threads: int | None = None) -> subprocess.Popen[bytes]:
+        """A child with the lifeline's read end: it stops itself once this process is gone (the kernel closes
+        the write end however this process dies). os.pipe() descriptors are not inheritable, so no other
+        child (nor one of these) holds the write end."""
         out = subprocess.DEVNULL if self.settings.quiet_children else None
-        return subprocess.Popen([sys.executable, *args], env=_child_env(threads), cwd=str(REPO_ROOT), stdout=out,
-                                stderr=out)
+        env = _child_env(threads)
+        pass_fds: tuple[int, ...] = ()
+        if os.name == "posix":
+            if self._lifeline is None:
+                self._lifeline = os.pipe()
+            env[lifeline.ENV] = str(self._lifeline[0])
+            pass_fds = (self._lifeline[0],)
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=str(REPO_ROOT), stdout=out, stderr=out,
+                                pass_fds=pass_fds)
 
     def start_estimator(self) -> str:
         """`python -m estimator` on a free port; '' (in-process fallback) when the service is not installed."""
@@ -262,6 +275,10 @@ class Cluster:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        if self._lifeline is not None:  # every child has exited or been killed by now
+            for fd in self._lifeline:
+                os.close(fd)
+            self._lifeline = None
 
 
 def default_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:

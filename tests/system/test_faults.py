@@ -112,6 +112,47 @@ def test_silent_worker_is_expired_by_missed_heartbeats_not_the_deadline(start: A
     assert box.get("ok") is True  # the live worker (heartbeating every 0.2 s) was never expired
 
 
+def test_worker_killed_between_register_and_ready_expires_and_its_restart_registers(start: Any) -> None:
+    """A worker that registered and died before Ready has no Work stream to break: it expires by the heartbeat
+    limit like a ready one, releasing its clients, and its restart (another process, another name) registers
+    them and the run completes. A slow data load between Register and Ready is kept alive by heartbeats."""
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=2, fraction=1.0), inputs, quorum=1.0, register_timeout_s=30,
+              heartbeat_s=0.2, heartbeat_misses=2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{h.port}")
+    from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+
+    crashed = pb_grpc.AggregatorServiceStub(channel).Register(
+        pb.RegisterRequest(worker_name="host-111-c0", client_ids=[0, 1])).worker_id
+    channel.close()  # killed before Ready: no Work stream, no heartbeats
+    end = time.monotonic() + 10
+    while [c["state"] for c in read_json(h.run_dir / "clients.json")["clients"]][:2] != ["down", "down"]:
+        assert time.monotonic() < end, "the unready worker was never expired: it holds clients 0 and 1 for good"
+        time.sleep(0.02)
+    assert h.run.workers[crashed].gone
+
+    real_load = Worker._load
+
+    def slow_load(self: Worker, reply: Any) -> None:
+        time.sleep(1.5)  # longer than heartbeat_misses x heartbeat_s = 0.4 s
+        real_load(self, reply)
+
+    restarted = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=(0, 1), device="cpu",
+                                      connect_timeout_s=10, name="host-222-c0", reconnect_attempts=0),
+                       inputs=inputs)
+    restarted._load = slow_load.__get__(restarted)  # type: ignore[method-assign]
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(ok=restarted.run()), daemon=True)
+    thread.start()
+    _, (other, other_box) = _worker(h, inputs, (2, 3))
+    assert h.wait(30) and h.run.error is None, h.run.error
+    thread.join(10)
+    other.join(10)
+    assert box.get("ok") is True and other_box.get("ok") is True, (box, other_box)
+    assert restarted.reconnects == 0  # registered at once and never expired while loading
+    assert len(read_metrics(h.run_dir / "metrics.jsonl")) == 2
+
+
 def test_worker_reconnects_after_its_stream_is_cut_and_finishes_the_run(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=3, fraction=1.0), inputs, quorum=1.0, round_retries=3,

@@ -212,3 +212,62 @@ def test_estimator_killed_mid_fixed_point_restarts_on_its_port_and_the_run_recov
     report = read_json(out / "estimator.json")["report"]
     assert report["mode"] == "offline" and report["sweeps"] == 2, report
     _check_equals_simulation(out, _simulate(tmp_path, FEDENT_CONFIG), FEDENT_ROUNDS)
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(ppid) == pid and state != "Z":
+                found.append(int(d.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the launcher's children")
+def test_cluster_up_killed_takes_its_estimator_and_workers_with_it(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    """SIGKILL of `fedent cluster up` (no handler runs): the estimator service and the workers it started
+    see their lifeline pipe close and exit within seconds instead of running (and reconnecting) forever."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(FEDENT_CONFIG.replace(f"rounds: {FEDENT_ROUNDS},", "rounds: 500,"))
+    out = tmp_path / "run"
+    with (tmp_path / "launcher.log").open("w") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "fedent.cli", "cluster", "up", "--config", str(cfg), "--workers", "2",
+             "--out", str(out), "--no-dashboard", "--insecure", "--register-timeout", "120"],
+            cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
+    procs.append(launcher)
+
+    def all_ready() -> bool:
+        try:
+            clients = read_json(out / "clients.json")["clients"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return len(clients) == 4 and all(c["state"] not in ("waiting", "registered") for c in clients)
+
+    _wait_for(all_ready, "every worker to be ready", timeout=180)
+    children = _children(launcher.pid)
+    assert len(children) == 3, f"expected the estimator and 2 workers, got {children}"
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(10)
+    end = time.monotonic() + 20
+    while any(_alive(c) for c in children):
+        if time.monotonic() > end:
+            left = [c for c in children if _alive(c)]
+            for c in left:  # do not leak them into the rest of the session
+                os.kill(c, signal.SIGKILL)
+            raise AssertionError(f"children {left} outlived the launcher by 20 s")
+        time.sleep(0.1)
