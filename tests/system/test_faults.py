@@ -264,7 +264,7 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
     assert rec["num_clients"] == 4 and "skipped" not in rec["diagnostics"]
     assert rec["diagnostics"]["failed_clients"] == {"1": "deadline"}  # the oversized update never counted
-    # (after the round, so the 1 s deadline above is not raced) a header that merely promises 32 GiB is
+    # (after the round, so the deadline above is not raced) a header that merely promises 32 GiB is
     # refused while decoding, before anything is allocated, at the model-sized bound
     liar = list(mappers.update_to_parts(ClientUpdate(1, w, 12, 0.0), mappers.UpdateMeta(fake.wid, fit.task_id, 0)))
     lh = liar[1].chunk.header
