@@ -23,6 +23,11 @@ from fedentrpc.security.flags import (
 from fedentrpc.security.redaction import install_log_redaction
 from fedentrpc.security.tokens import read_worker_token
 from server.app import save_port, start_aggregator
+from server.dashboard_access import (
+    add_dashboard_token_args,
+    dashboard_lines,
+    dashboard_token_from_args,
+)
 from server.settings import AggregatorSettings, SettingsError
 
 log = logging.getLogger("fedent.aggregator")
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dashboard-port", type=int, default=None, help="serve the dashboard on this port")
     p.add_argument("--device", default=None)
     add_settings_args(p)
+    add_dashboard_token_args(p)
     add_server_security_args(p)
     p.add_argument("--estimator-token-file", default=None,
                    help="the aggregator's token for the estimator service (a token file, or tokens.json with an "
@@ -103,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--estimator-tls-key", default=None, help="its private key (PEM)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
-    install_log_redaction()
+    redaction = install_log_redaction()
     try:
+        dash_access = dashboard_token_from_args(args, args.host)
+        if dash_access.token:
+            redaction.add_secret(dash_access.token)
         security = server_security_from_args(args)
         estimator_security = estimator_client_security(security, args.estimator_token_file, args.estimator,
                                                        args.estimator_tls_cert, args.estimator_tls_key)
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = cfg.train.rounds
         handle = start_aggregator(cfg, settings, run_dir, dashboard=args.dashboard_port is not None,
                                   dashboard_host=args.host, dashboard_port=args.dashboard_port or 0,
+                                  dashboard_token=dash_access.token,
                                   security=security, estimator_security=estimator_security,
                                   on_round=lambda rec: log.info(round_log_line(rec, rounds)))
     except (ConfigError, SettingsError, SecurityConfigError, ValueError, OSError, DatasetError) as e:
@@ -128,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         save_port(args.port_file, handle.port)
     print(f"aggregator listening on {settings.host}:{handle.port}, run dir {handle.run_dir}", flush=True)
     if handle.dashboard_url:
-        print(f"dashboard: {handle.dashboard_url}", flush=True)
+        for line in dashboard_lines("dashboard: ", handle.dashboard_url, dash_access):
+            print(line, flush=True)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

@@ -97,15 +97,18 @@ class AggregatorHandle:
             self.dashboard.stop()
 
 
-def start_dashboard(run_dir: Path, host: str, port: int) -> tuple[Any, str | None]:
-    """The dashboard app served by uvicorn in this process; (None, None) if the dashboard is not installed."""
+def start_dashboard(run_dir: Path, host: str, port: int, token: str | None = None) -> tuple[Any, str | None]:
+    """The dashboard app served by uvicorn in this process; (None, None) if the dashboard is not installed.
+
+    With ``token`` its data routes require ``Authorization: Bearer`` (the callers' command lines choose it).
+    """
     try:
         from server.dashboard.app import create_app
         from server.dashboard.serve import serve_dashboard
     except ModuleNotFoundError as e:
         log.warning("dashboard unavailable (%s)", e)
         return None, None
-    handle, _ = serve_dashboard(create_app(run_dir), host=host, port=port)
+    handle, _ = serve_dashboard(create_app(run_dir, token=token), host=host, port=port)
     return handle, handle.url
 
 
@@ -118,6 +121,7 @@ def start_aggregator(
     dashboard: bool = False,
     dashboard_host: str = "127.0.0.1",
     dashboard_port: int = 0,
+    dashboard_token: str | None = None,
     offline: OfflineRunner | None = None,
     security: ServerSecurity | None = None,
     estimator_security: ClientSecurity | None = None,
@@ -128,6 +132,7 @@ def start_aggregator(
     ``security`` protects the aggregator's port; ``estimator_security`` is how it dials the estimator
     service (both default to plaintext without authentication, for in-process tests). ``on_round`` is
     called with each completed round's metrics.jsonl record (``python -m server`` logs a line per round).
+    ``dashboard_token`` guards the dashboard's data routes (None: open, as for a loopback dashboard).
     """
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     device = resolve_device(cfg.train.device)
@@ -147,7 +152,8 @@ def start_aggregator(
     run = ClusterRun(cfg, settings, paths, inputs, strategy, device, worker_config(cfg),
                      offline=offline, rebuild_strategy=rebuild, on_round=on_round)
     server, port = create_aggregator_server(settings, run, security)
-    dash, url = start_dashboard(paths.root, dashboard_host, dashboard_port) if dashboard else (None, None)
+    dash, url = (start_dashboard(paths.root, dashboard_host, dashboard_port, dashboard_token) if dashboard
+                 else (None, None))
     thread = threading.Thread(target=run.run, name="rounds", daemon=True)
     thread.start()
     return AggregatorHandle(run, server, port, thread, dash, url)

@@ -46,6 +46,8 @@ class LaunchSettings:
     grace_s: float = 5.0
     quiet_children: bool = False
     secure: bool = True  # TLS + mutual TLS + per-worker tokens on every link (PKI under <run dir>/pki)
+    dashboard_host: str = "127.0.0.1"
+    dashboard_token: str | None = field(default=None, repr=False)  # bearer token for the dashboard's data routes
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -196,6 +198,8 @@ class Cluster:
 
                     agg_settings = replace(agg_settings, estimator=self.estimator_address)
             self.aggregator = start_aggregator(self.cfg, agg_settings, self.run_dir, dashboard=self.settings.dashboard,
+                                               dashboard_host=self.settings.dashboard_host,
+                                               dashboard_token=self.settings.dashboard_token,
                                                security=self.server_security(),
                                                estimator_security=self.client_security("aggregator"))
             address = f"127.0.0.1:{self.aggregator.port}"

@@ -31,13 +31,17 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--no-estimator-service", action="store_true",
                     help="FedEnt: solve φ2 in the aggregator process instead of the estimator service")
     from server.__main__ import add_settings_args
+    from server.dashboard_access import add_dashboard_token_args
 
     add_settings_args(up)
+    add_dashboard_token_args(up)
 
 
 def run(args: argparse.Namespace) -> int:
     from fedent.data import DatasetError
+    from fedentrpc.security.redaction import install_log_redaction
     from server.__main__ import settings_from_args
+    from server.dashboard_access import DashboardTokenError, dashboard_lines, dashboard_token_from_args
     from server.launcher import Cluster, LaunchError, LaunchSettings, default_run_dir
     from server.settings import SettingsError
 
@@ -48,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
                                 use_estimator_service=not args.no_estimator_service, secure=not args.insecure)
-    except (SettingsError, ValueError) as e:
+        # the dashboard binds launch.dashboard_host (loopback): a token only when one is given
+        dash_access = dashboard_token_from_args(args, launch.dashboard_host)
+        if dash_access.token:
+            install_log_redaction([dash_access.token])
+            launch = replace(launch, dashboard_token=dash_access.token)
+    except (SettingsError, DashboardTokenError, ValueError) as e:
         print(f"fedent cluster: {e}", file=sys.stderr)
         return 2
     cluster = Cluster(cfg, default_run_dir(cfg, args.out), launch)
@@ -78,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("fedent cluster: INSECURE: plaintext gRPC, no worker authentication (--insecure)", flush=True)
         if handle.dashboard_url:
-            print(f"fedent cluster: dashboard {handle.dashboard_url}", flush=True)
+            for line in dashboard_lines("fedent cluster: dashboard ", handle.dashboard_url, dash_access):
+                print(line, flush=True)
         try:
             rounds = handle.run.rounds
             ok = cluster.wait(on_round=lambda rec: print(round_line(rec, rounds), flush=True))

@@ -48,6 +48,13 @@ PAGE_HEADERS = {
 }
 # Swagger UI's own options; validatorUrl null: never send the schema to validator.swagger.io.
 SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
+# Declared on every guarded route, so the schema shows the answer a request without the token gets.
+UNAUTHORIZED_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing or invalid bearer token (only when the dashboard has a token; the answer "
+                         "carries 'WWW-Authenticate: Bearer')",
+          "content": {"application/json": {"schema": {  # JSON also on /metrics, whose 200 is text
+              "type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}}}},
+}
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
 
 
@@ -99,7 +106,7 @@ def create_app(
     def require_token(request: Request, _: HTTPAuthorizationCredentials | None = Depends(auth.bearer_scheme)) -> None:
         auth.check(token, request)
 
-    api = APIRouter(prefix="/api", tags=["api"])
+    api = APIRouter(prefix="/api", tags=["api"], responses=UNAUTHORIZED_RESPONSES)
     guarded = [Depends(require_token)]
 
     @api.get("/status", response_model=StatusOut, dependencies=guarded)
@@ -173,7 +180,8 @@ def create_app(
     def healthz() -> Health:
         return Health()
 
-    @app.get("/metrics", response_class=PlainTextResponse, dependencies=guarded, tags=["ops"])
+    @app.get("/metrics", response_class=PlainTextResponse, dependencies=guarded, tags=["ops"],
+             responses=UNAUTHORIZED_RESPONSES)
     def metrics() -> PlainTextResponse:
         snap = reader.snapshot()
         now = clock()
