@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 
 import grpc
 
+from fedentrpc.handlers import Behaviour, rewrap
+
 log = logging.getLogger("fedent.transport")
 
 _MAX_ERROR_CHARS = 200
@@ -86,39 +88,22 @@ def guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethod
     parse (all four call shapes). Handlers without a deserializer (raw bytes) are returned unchanged."""
     if handler.request_deserializer is None:
         return handler
-    des = guard_deserializer(handler.request_deserializer)
-    ser = handler.response_serializer
-    if handler.unary_unary:
-        inner_uu = handler.unary_unary
 
-        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+    def wrap(inner: Behaviour, request_streaming: bool, response_streaming: bool) -> Behaviour:
+        if request_streaming:
+            def streamed(request_iterator: Any, context: grpc.ServicerContext) -> Any:
+                return inner(_checked(method, request_iterator, context), context)
+
+            return streamed
+
+        def single(request: Any, context: grpc.ServicerContext) -> Any:
             if isinstance(request, Malformed):
                 _reject(method, request, context)
-            return inner_uu(request, context)
+            return inner(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, des, ser)
-    if handler.unary_stream:
-        inner_us = handler.unary_stream
+        return single
 
-        def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
-            if isinstance(request, Malformed):
-                _reject(method, request, context)
-            return inner_us(request, context)
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, des, ser)
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
-
-        def stream_unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-            return inner_su(_checked(method, request_iterator, context), context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, des, ser)
-    inner_ss = handler.stream_stream
-
-    def stream_stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-        return inner_ss(_checked(method, request_iterator, context), context)
-
-    return grpc.stream_stream_rpc_method_handler(stream_stream, des, ser)
+    return rewrap(handler, wrap, guard_deserializer(handler.request_deserializer))
 
 
 class MalformedRequestInterceptor(grpc.ServerInterceptor):

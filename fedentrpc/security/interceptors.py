@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from fedentrpc.handlers import Behaviour, rewrap
 from fedentrpc.malformed import MalformedRequestInterceptor
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import ServerSecurity
@@ -234,40 +235,20 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, check: Callable[[grpc.Servicer
     Streamed responses are checked again before each message, so a worker revoked while its long-lived
     Work stream is open loses that stream at its next task instead of keeping it for the rest of the run.
     """
-    if handler.unary_unary:
-        inner_uu = handler.unary_unary
 
-        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
-            return inner_uu(request, IdentifiedContext(context, check(context)))
+    def wrap(inner: Behaviour, request_streaming: bool, response_streaming: bool) -> Behaviour:
+        if response_streaming:
+            def streaming(request: Any, context: grpc.ServicerContext) -> Any:
+                ident = IdentifiedContext(context, check(context))
+                for response in inner(request, ident):
+                    check(context)
+                    yield response
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
-                                                   handler.response_serializer)
-    if handler.unary_stream:
-        inner_us = handler.unary_stream
+            return streaming
 
-        def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
-            ident = IdentifiedContext(context, check(context))
-            for response in inner_us(request, ident):
-                check(context)
-                yield response
+        def single(request: Any, context: grpc.ServicerContext) -> Any:
+            return inner(request, IdentifiedContext(context, check(context)))
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
-                                                    handler.response_serializer)
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
+        return single
 
-        def stream_unary(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-            return inner_su(request_iterator, IdentifiedContext(context, check(context)))
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer,
-                                                    handler.response_serializer)
-    inner_ss = handler.stream_stream
-
-    def stream_stream(request_iterator: Any, context: grpc.ServicerContext) -> Any:
-        ident = IdentifiedContext(context, check(context))
-        for response in inner_ss(request_iterator, ident):
-            check(context)
-            yield response
-
-    return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer,
-                                                 handler.response_serializer)
+    return rewrap(handler, wrap)
