@@ -226,7 +226,7 @@ def _remove_stale_temps(directory: Path) -> None:
 
 
 def save_checkpoint(directory: str | Path, ckpt: Checkpoint, keep: int = 3) -> Path:
-    """Write ``ckpt`` atomically, then delete all but the newest ``keep`` checkpoints.
+    """Write ``ckpt`` atomically, then delete later rounds' checkpoints and all but the newest ``keep``.
 
     Single writer per directory (the aggregator): stale temp files from an earlier crash are removed.
     """
@@ -239,7 +239,11 @@ def save_checkpoint(directory: str | Path, ckpt: Checkpoint, keep: int = 3) -> P
     _remove_stale_temps(d)
     path = checkpoint_path(d, ckpt.round)
     atomic_write_bytes(path, encode_payload(ckpt.to_payload()))
-    for _, old in list_checkpoints(d)[keep:]:
+    found = list_checkpoints(d)
+    # later rounds belong to a timeline this run left (it resumed from an older checkpoint): never kept
+    # over the one just written, which counting by age alone would delete
+    stale = [p for r, p in found if r > ckpt.round] + [p for r, p in found if r <= ckpt.round][keep:]
+    for old in stale:
         try:
             old.unlink()
         except OSError:

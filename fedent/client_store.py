@@ -82,17 +82,26 @@ class ClientStateStore:
         return sorted({c for c, _, _ in self._files()})
 
     def save(self, cid: int, state: ClientState, rnd: int) -> Path:
-        """Persist the state produced by round ``rnd``'s fit; older versions beyond ``keep`` are deleted."""
+        """Persist the state produced by round ``rnd``'s fit; drops what it supersedes (:meth:`superseded`)."""
         if rnd < 0 or cid < 0:
             raise ValueError(f"client id and round must be >= 0, got cid={cid} round={rnd}")
         path = self.path(cid, rnd)
         atomic_write_bytes(path, encode_payload(_state_to_payload(cid, rnd, state)))
-        for old in self.versions(cid)[self.keep:]:
+        for old in self.superseded(cid, rnd):
             try:
                 self.path(cid, old).unlink()
             except OSError:
                 pass
         return path
+
+    def superseded(self, cid: int, rnd: int) -> list[int]:
+        """Versions a save at ``rnd`` makes useless: every later round (a timeline the aggregator abandoned by
+        resuming earlier or starting over; keeping them by age deleted the state just saved, and a later
+        ``load`` read the old run's), and all but the newest ``keep`` of the rest. ``keep`` must exceed the
+        aggregator's ``checkpoint_keep``: a resume from its oldest checkpoint c replays round c+1 and needs
+        the newest state saved before c+1, which the worker may have followed with two newer saves."""
+        versions = self.versions(cid)
+        return [r for r in versions if r > rnd] + [r for r in versions if r <= rnd][self.keep:]
 
     def load(self, cid: int, before_round: int | None = None) -> ClientState | None:
         """The newest state of ``cid`` (saved by a round < ``before_round`` if given), or None if none."""

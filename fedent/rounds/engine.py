@@ -9,6 +9,7 @@ clients.json and estimator.json. A round that misses its quorum is retried with 
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import threading
@@ -118,6 +119,13 @@ class RoundEngine:
         runlog.atomic_write_json(self.paths.partition, self.partition_info)
         self.clients.write()
         self.status("starting", None)
+
+    def save_model(self) -> None:
+        """model_final.pt written atomically (temp file + os.replace): a crash mid-write never leaves a torn
+        model beside a status.json that says done."""
+        buf = io.BytesIO()
+        torch.save([p.detach().cpu() for p in self.global_params], buf)
+        runlog.atomic_write_bytes(self.paths.model, buf.getvalue())
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -229,7 +237,7 @@ class RoundEngine:
                     resume.save(self, rnd, keep=self.policy.checkpoint_keep)
                 if self.on_round is not None:
                     self.on_round(rec)
-            torch.save([p.detach().cpu() for p in self.global_params], self.paths.model)
+            self.save_model()
             self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
         except BaseException as e:
             error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"

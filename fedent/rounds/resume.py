@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedent import runlog
-from fedent.checkpoint import Checkpoint, config_fingerprint, load_latest_checkpoint, save_checkpoint
+from fedent.checkpoint import (
+    Checkpoint,
+    config_fingerprint,
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
+from fedent.rounds.rundir import no_intact_checkpoint
 
 if TYPE_CHECKING:
     from fedent.rounds.engine import RoundEngine
@@ -54,6 +61,16 @@ def save(run: RoundEngine, rnd: int, keep: int = 3) -> None:
     ), keep=keep)
 
 
+def _keep_rounds(run: RoundEngine, last: int) -> None:
+    """Cut metrics.jsonl back to rounds <= ``last``: the rounds after it are run, and logged, again."""
+    kept = [r for r in runlog.read_metrics(run.paths.metrics) if isinstance(r.get("round"), int)
+            and r["round"] <= last]
+    if kept or run.paths.metrics.exists():
+        runlog.atomic_write_text(run.paths.metrics, "".join(
+            json.dumps(runlog.jsonable(r), allow_nan=False, separators=(",", ":")) + "\n" for r in kept))
+    run.records = kept
+
+
 def resume(run: RoundEngine) -> int:
     """Restore ``run`` from its newest intact checkpoint; returns the first round to execute (0: fresh).
 
@@ -63,6 +80,10 @@ def resume(run: RoundEngine) -> int:
     """
     ckpt = load_latest_checkpoint(run.paths.checkpoint, expect_fingerprint=config_fingerprint(run.cfg))
     if ckpt is None:
+        found = list_checkpoints(run.paths.checkpoint)
+        if found:  # never a silent restart at round 0 over a run that got further (rounds.rundir)
+            raise no_intact_checkpoint(run.paths, [p.name for _, p in found])
+        _keep_rounds(run, -1)  # a crash before the first checkpoint: round 0 is run (and logged) again
         return 0
     if ckpt.seed != run.seed:
         raise ValueError(f"checkpoint seed {ckpt.seed} differs from the run's {run.seed}")
@@ -80,11 +101,7 @@ def resume(run: RoundEngine) -> int:
             old = saved.get(int(row["cid"]))
             if old:
                 row.update({k: old[k] for k in _CLIENT_COUNTERS if k in old})
-    kept = [r for r in runlog.read_metrics(run.paths.metrics) if isinstance(r.get("round"), int)
-            and r["round"] <= ckpt.round]
-    runlog.atomic_write_text(run.paths.metrics, "".join(
-        json.dumps(runlog.jsonable(r), allow_nan=False, separators=(",", ":")) + "\n" for r in kept))
-    run.records = kept
+    _keep_rounds(run, ckpt.round)
     run.t_start = time.perf_counter() - float(ckpt.extra.get("elapsed_s", 0.0))
     if run.trajectory:
         old = runlog.read_json(run.paths.estimator, default={})

@@ -43,7 +43,7 @@ class SequentialExecutor:
                               device=str(self.trainer.device))
 
     def status_fields(self) -> dict[str, Any]:
-        return {}
+        return {"mode": "simulator"}  # the run directory says which kind of run it holds (rounds.rundir)
 
     def start(self) -> None:
         """Every client is here already."""

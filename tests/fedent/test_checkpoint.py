@@ -254,3 +254,14 @@ def test_every_strategys_server_state_survives_a_checkpoint(tmp_path: Path, algo
     fresh.setup([p.detach() for p in inputs.make_model().parameters()], inputs.client_sizes())
     fresh.load_server_state(got.server_state)
     assert _same_state(fresh.server_state(), state)
+
+
+def test_saving_an_earlier_round_drops_later_checkpoints_not_the_new_one(tmp_path: Path) -> None:
+    """After a resume from an older checkpoint (the newer ones torn), the round just saved is kept and the
+    abandoned later rounds go; keep-newest-K by round number used to delete the new file at once."""
+    for r in (3, 4):
+        save_checkpoint(tmp_path, _ckpt(r), keep=2)
+    save_checkpoint(tmp_path, _ckpt(2, value=7.0), keep=2)
+    assert [r for r, _ in list_checkpoints(tmp_path)] == [2]
+    got = load_latest_checkpoint(tmp_path)
+    assert got is not None and got.round == 2 and float(got.global_params[0][0, 0]) == 7.0

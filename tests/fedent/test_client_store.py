@@ -122,3 +122,27 @@ def test_bad_inputs(tmp_path: Path) -> None:
         store.save(-1, ClientState(), rnd=0)
     with pytest.raises(ValueError):
         ClientStateStore(tmp_path, keep=0)
+
+
+def test_a_save_for_an_earlier_round_supersedes_later_versions_and_survives(tmp_path: Path) -> None:
+    """A worker whose aggregator started over (or resumed from an older checkpoint) saves round 0 beside
+    rounds 7-9 of the abandoned run: the new state is kept and the later ones dropped (keep-newest-3 by
+    round deleted the state just saved, and the next load read the old run's)."""
+    store = ClientStateStore(tmp_path, keep=3)
+    for r in (7, 8, 9):
+        store.save(4, _state(float(r)), rnd=r)
+    store.save(4, _state(0.5), rnd=0)
+    assert store.versions(4) == [0]
+    got = store.load(4, before_round=1)
+    assert got is not None and _same(got, _state(0.5))
+
+
+def test_retention_keeps_the_state_a_resume_from_the_oldest_checkpoint_needs(tmp_path: Path) -> None:
+    """keep=3 against the aggregator's 2 checkpoints: after fits of rounds 3, 4 and 5 (round 5 not yet
+    checkpointed, newest checkpoint 4 torn), a resume from checkpoint 3 replays round 4 from the state
+    saved before it."""
+    store = ClientStateStore(tmp_path, keep=3)
+    for r in range(6):
+        store.save(1, _state(float(r)), rnd=r)
+    got = store.load(1, before_round=4)
+    assert got is not None and _same(got, _state(3.0))

@@ -19,6 +19,7 @@ from torch import Tensor
 from fedent import runlog
 from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError, SequentialExecutor
 from fedent.rounds.evaluation import Evaluator
+from fedent.rounds.rundir import RunDirError
 from fedent.strategies.base import Capabilities, ClientUpdate, RoundPayload, Strategy
 from fedent.strategies.fedavg import FedAvg
 from fedent.trainer import LocalTrainer
@@ -153,3 +154,37 @@ def test_the_executor_may_replace_the_strategy_when_preparing(tmp_path: Path) ->
     e.run()
     assert e.strategy is replacement
     assert json.loads(e.paths.estimator.read_text())["report"] == {"replaced": True}
+
+
+def test_model_final_is_replaced_atomically_never_torn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash while the final model is written leaves the previous file whole (it used to be written in
+    place by torch.save, so a kill mid-write left a torn model_final.pt)."""
+    e = engine(tmp_path)
+    torch.save([torch.ones(3)], e.paths.model)
+    real_save = torch.save
+
+    def torn(obj: Any, f: Any, *args: Any, **kw: Any) -> None:
+        if isinstance(f, (str, Path)) and Path(f) != e.paths.model:
+            return real_save(obj, f, *args, **kw)
+        with (open(f, "wb") if isinstance(f, (str, Path)) else f) as out:  # type: ignore[arg-type]
+            out.write(b"PK\x03\x04 half a zip")
+        raise OSError("killed mid-write")
+
+    monkeypatch.setattr(torch, "save", torn)
+    with pytest.raises(OSError, match="killed mid-write"):
+        e.run()
+    monkeypatch.undo()
+    assert torch.equal(torch.load(e.paths.model)[0], torch.ones(3))
+    assert not [p for p in e.paths.root.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_checkpoints_that_are_all_corrupt_stop_the_run_instead_of_restarting_at_round_0(tmp_path: Path) -> None:
+    e = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
+    e.run()
+    rows = e.paths.metrics.read_text()
+    for p in e.paths.checkpoint.iterdir():
+        p.write_bytes(p.read_bytes()[:-3])
+    again = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
+    with pytest.raises(RunDirError, match=r"none is intact .*round-00000002\.ckpt"):
+        again.run()
+    assert again.paths.metrics.read_text() == rows  # no duplicate rows appended

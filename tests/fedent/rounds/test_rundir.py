@@ -1,0 +1,139 @@
+"""plan_run_dir: every decision about an existing run directory is taken before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from fedent import runlog
+from fedent.checkpoint import Checkpoint, checkpoint_path, config_fingerprint, save_checkpoint
+from fedent.config import ExperimentConfig
+from fedent.rounds.rundir import CLUSTER, SIMULATOR, RunDirError, move_aside, plan_run_dir, run_kind
+
+
+def _cluster_run(root: Path, cfg: ExperimentConfig, rounds_logged: int, checkpoints: tuple[int, ...],
+                 phase: str = "training") -> None:
+    """A cluster run directory as the aggregator leaves it (the files the planner reads)."""
+    paths = runlog.create_run_dir(root, exist_ok=True)
+    runlog.write_config(paths.config, cfg.to_dict())
+    runlog.atomic_write_json(paths.status, runlog.status_record(
+        root.name, cfg.algorithm.name, phase, rounds_logged - 1, cfg.train.rounds, 0.0, {"mode": CLUSTER}))
+    log = runlog.MetricsLog(paths.metrics)
+    for r in range(rounds_logged):
+        log.append(runlog.metrics_record(round=r, algorithm=cfg.algorithm.name, test_acc=0.5 + r / 100))
+    for r in checkpoints:
+        save_checkpoint(paths.checkpoint, Checkpoint(round=r, global_params=[torch.zeros(2)],
+                                                     config_fingerprint=config_fingerprint(cfg), seed=0), keep=5)
+    if phase == "done":
+        torch.save([torch.zeros(2)], paths.model)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    """Every file under root with its content hash: "nothing was written" is checked byte for byte."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _damage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_an_empty_or_missing_directory_is_a_new_run(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=3)
+    assert plan_run_dir(tmp_path / "missing", cfg, CLUSTER).action == "new"
+    (tmp_path / "pki-only" / "pki").mkdir(parents=True)  # what a launch that failed to start leaves
+    assert plan_run_dir(tmp_path / "pki-only", cfg, CLUSTER).action == "new"
+
+
+def test_every_checkpoint_corrupt_is_refused_naming_them_and_nothing_changes(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=5)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=4, checkpoints=(2, 3))
+    for r in (2, 3):
+        _damage(checkpoint_path(root / "checkpoint", r))
+    before = _digest(root)
+    with pytest.raises(RunDirError) as err:
+        plan_run_dir(root, cfg, CLUSTER)
+    msg = str(err.value)
+    assert "\n" not in msg and "round-00000002.ckpt" in msg and "round-00000003.ckpt" in msg
+    assert "none is intact" in msg and "--fresh" in msg
+    assert _digest(root) == before
+
+
+def test_fresh_moves_the_old_run_aside_and_starts_new(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=5)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=4, checkpoints=(3,))
+    _damage(checkpoint_path(root / "checkpoint", 3))
+    before = _digest(root)
+    plan = plan_run_dir(root, cfg, CLUSTER, fresh=True)
+    assert plan.action == "new" and plan.moved_to is not None
+    assert plan.moved_to.name.startswith("run.old-") and not root.exists()
+    assert _digest(plan.moved_to) == before  # moved whole, not changed
+    root.mkdir()
+    assert move_aside(root, now=0).name == "run.old-19700101-000000"
+
+
+def test_a_newer_corrupt_checkpoint_falls_back_to_an_intact_one(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=5)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=4, checkpoints=(2, 3))
+    _damage(checkpoint_path(root / "checkpoint", 3))
+    plan = plan_run_dir(root, cfg, CLUSTER)
+    assert plan.action == "resume" and "round 2" in plan.detail
+
+
+def test_logged_rounds_without_any_checkpoint_are_refused_but_a_crash_in_round_0_restarts(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=5)
+    _cluster_run(tmp_path / "far", cfg, rounds_logged=3, checkpoints=())
+    with pytest.raises(RunDirError, match="no checkpoint to resume from"):
+        plan_run_dir(tmp_path / "far", cfg, CLUSTER)
+    # killed after logging round 0, before its first checkpoint: round 0 again is the same computation
+    _cluster_run(tmp_path / "early", cfg, rounds_logged=1, checkpoints=())
+    assert plan_run_dir(tmp_path / "early", cfg, CLUSTER).action == "new"
+
+
+def test_a_finished_run_is_reported_and_left_untouched(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=3)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=3, checkpoints=(1, 2), phase="done")
+    before = _digest(root)
+    plan = plan_run_dir(root, cfg, CLUSTER)
+    assert plan.action == "finished" and "finished" in plan.detail and "0.5200" in plan.detail
+    assert _digest(root) == before
+
+
+def test_another_config_or_another_kind_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=3)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=3, checkpoints=(2,), phase="done")
+    before = _digest(root)
+    with pytest.raises(RunDirError, match="different config"):
+        plan_run_dir(root, tiny_config(rounds=3, lr=0.01), CLUSTER)
+    with pytest.raises(RunDirError, match="holds a cluster run"):
+        plan_run_dir(root, cfg, SIMULATOR)
+    assert _digest(root) == before
+    # a device change does not change what is computed: still this run
+    assert plan_run_dir(root, tiny_config(rounds=3, device="cuda"), CLUSTER).action == "finished"
+
+
+def test_the_kind_comes_from_status_json_or_the_checkpoints(tmp_path: Path) -> None:
+    cfg = tiny_config(rounds=3)
+    paths = runlog.create_run_dir(tmp_path / "sim", exist_ok=True)
+    runlog.atomic_write_json(paths.status, runlog.status_record("sim", "fedavg", "done", 2, 3, 0.0, {}))
+    assert run_kind(paths) == SIMULATOR  # simulator runs written before the mode key existed
+    runlog.atomic_write_json(paths.status, runlog.status_record("sim", "fedavg", "done", 2, 3, 0.0,
+                                                                {"mode": SIMULATOR}))
+    torch.save([torch.zeros(2)], paths.model)
+    runlog.write_config(paths.config, cfg.to_dict())
+    with pytest.raises(RunDirError, match=f"{paths.root} holds a simulator run; the cluster does not"):
+        plan_run_dir(paths.root, cfg, CLUSTER)
+    bare = runlog.RunPaths(tmp_path / "bare")
+    (bare.checkpoint).mkdir(parents=True)
+    assert run_kind(bare) == CLUSTER
