@@ -13,6 +13,7 @@ from typing import Any
 from fedent import runlog
 from fedent.config import ConfigError, load_config
 from fedent.data import DatasetError
+from fedent.rounds.rundir import RunFinished
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import (
     ClientSecurity,
@@ -96,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--port", type=int, default=50051, help="0 picks a free port (see --port-file)")
     p.add_argument("--port-file", default=None, help="write the bound port here")
-    p.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>)")
+    p.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>); an unfinished "
+                   "run there is resumed from its newest intact checkpoint, a finished one is left as it is")
+    p.add_argument("--fresh", action="store_true", help="start over: move a run already in --out to "
+                   "<out>.old-<UTC time> first (needed when none of its checkpoints is intact)")
     p.add_argument("--dashboard-port", type=int, default=None, help="serve the dashboard on this port")
     p.add_argument("--device", default=None)
     add_settings_args(p)
@@ -130,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                                   dashboard_host=args.host, dashboard_port=args.dashboard_port or 0,
                                   dashboard_token=dash_access.token,
                                   security=security, estimator_security=estimator_security,
-                                  on_round=lambda rec: log.info(round_log_line(rec, rounds)))
+                                  on_round=lambda rec: log.info(round_log_line(rec, rounds)), fresh=args.fresh)
+    except RunFinished as e:
+        print(f"aggregator: {e}", flush=True)
+        return 0
     except (ConfigError, SettingsError, SecurityConfigError, ValueError, OSError, DatasetError) as e:
         print(f"aggregator: {e}", file=sys.stderr)
         return 2

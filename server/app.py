@@ -19,6 +19,7 @@ from torch import Tensor
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs, load_inputs
+from fedent.rounds.rundir import CLUSTER, RunFinished, plan_run_dir
 from fedent.strategies.base import Strategy
 from fedent.strategies.options import FedEntOptions
 from fedent.strategies.registry import build_strategy
@@ -126,6 +127,7 @@ def start_aggregator(
     security: ServerSecurity | None = None,
     estimator_security: ClientSecurity | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    fresh: bool = False,
 ) -> AggregatorHandle:
     """Start serving and run the rounds in a background thread; returns at once with the bound port.
 
@@ -133,7 +135,16 @@ def start_aggregator(
     service (both default to plaintext without authentication, for in-process tests). ``on_round`` is
     called with each completed round's metrics.jsonl record (``python -m server`` logs a line per round).
     ``dashboard_token`` guards the dashboard's data routes (None: open, as for a loopback dashboard).
+
+    Before anything is written, ``run_dir`` is checked (``fedent.rounds.rundir``): a finished run raises
+    :class:`RunFinished` (report it, exit 0), another kind of run, another config or checkpoints none of
+    which is intact raise ``RunDirError``; ``fresh`` moves an existing run aside first.
     """
+    plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
+    if plan.action == "finished":
+        raise RunFinished(plan.detail)
+    if plan.moved_to is not None:
+        log.warning("moved the previous run to %s (--fresh)", plan.moved_to)
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     device = resolve_device(cfg.train.device)
     inputs = inputs or load_inputs(cfg)

@@ -196,6 +196,43 @@ def make_dev_pki(out_dir: str | Path, hosts: Sequence[str] = DEFAULT_HOSTS,
     )
 
 
+def add_dev_workers(out_dir: str | Path, workers: Sequence[str], days: int = 30,
+                    now: dt.datetime | None = None) -> list[str]:
+    """Issue certificates and tokens for ``workers`` that ``out_dir``'s existing CA does not cover yet.
+
+    Why: a resumed ``fedent cluster up`` with more ``--workers`` used to regenerate the whole PKI, CA
+    included, so every certificate and token handed out for the run stopped working. The CA, the server
+    certificate and the existing identities are kept; returns the identities added.
+    """
+    out = Path(out_dir)
+    try:
+        ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+        data = json.loads((out / "tokens.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CertsError(f"cannot extend the PKI in {out}: {type(e).__name__}: {e}") from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or not isinstance(data.get("workers"), dict):
+        raise CertsError(f"cannot extend the PKI in {out}: not a development CA and tokens file")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    added = []
+    for w in (validate_identity(w) for w in workers):
+        crt, key = out / "clients" / f"{w}.crt", out / "clients" / f"{w}.key"
+        if not (crt.is_file() and key.is_file()):
+            k, c = make_leaf(ca_key, ca_cert, w, [w], client=True, now=now, days=days)
+            _write(key, _key_pem(k), True)
+            _write(crt, _cert_pem(c), False)
+        token_file = out / "tokens" / f"{w}.token"
+        if w not in data["workers"] or not token_file.is_file():
+            token = new_token()
+            data["workers"][w] = token
+            (out / "tokens").mkdir(exist_ok=True)
+            _write(token_file, (token + "\n").encode(), True)
+            added.append(w)
+    if added:
+        _write(out / "tokens.json", (json.dumps(data, indent=1) + "\n").encode(), True)
+    return added
+
+
 def revoke_workers(tokens_file: str | Path, workers: Sequence[str]) -> list[str]:
     """Add workers to the revocation list of a tokens file (running servers reload it); returns the list."""
     path = Path(tokens_file)

@@ -22,11 +22,12 @@ from typing import Any
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
+from fedent.rounds.rundir import CLUSTER, RunFinished, plan_run_dir
 from fedentrpc import lifeline
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tokens import read_worker_token
 from server.app import AggregatorHandle, start_aggregator, uses_fedent_estimator
-from server.certs import CertBundle, make_dev_pki
+from server.certs import CertBundle, add_dev_workers, make_dev_pki
 from server.settings import AggregatorSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,7 @@ class LaunchSettings:
     secure: bool = True  # TLS + mutual TLS + per-worker tokens on every link (PKI under <run dir>/pki)
     dashboard_host: str = "127.0.0.1"
     dashboard_token: str | None = field(default=None, repr=False)  # bearer token for the dashboard's data routes
+    fresh: bool = False  # move a run already in the run directory aside and start over (rounds.rundir)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -119,12 +121,16 @@ class Cluster:
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     pki: CertBundle | None = None
     _lifeline: tuple[int, int] | None = None  # (read end passed to every child, write end held until stop)
+    moved_to: Path | None = None  # where --fresh moved the previous run
 
     # ---- security ----------------------------------------------------------------------------
     def ensure_pki(self, identities: list[str]) -> CertBundle:
         """The run's development CA, certificates and tokens under <run dir>/pki (reused when resuming)."""
         out = self.run_dir / "pki"
         bundle = _existing_pki(out, identities)
+        if bundle is None and (out / "ca.key").is_file():  # more --workers than before: same CA, new identities
+            add_dev_workers(out, identities)
+            bundle = _existing_pki(out, identities)
         if bundle is None:
             bundle = make_dev_pki(out, hosts=["localhost", "127.0.0.1"], workers=identities, force=True)
         return bundle
@@ -185,6 +191,12 @@ class Cluster:
         return f"127.0.0.1:{port}"
 
     def start(self, agg_settings: AggregatorSettings | None = None) -> None:
+        """Check the run directory (before the PKI or anything else is written to it), then start every
+        process. A finished run raises :class:`RunFinished`; a refused directory ``RunDirError``."""
+        plan = plan_run_dir(self.run_dir, self.cfg, CLUSTER, self.settings.fresh)
+        if plan.action == "finished":
+            raise RunFinished(plan.detail)
+        self.moved_to = plan.moved_to
         self._tmp = tempfile.TemporaryDirectory(prefix="fedent-cluster-")
         agg_settings = agg_settings or AggregatorSettings()
         try:
@@ -232,13 +244,15 @@ class Cluster:
         seen = 0
 
         def report() -> None:
+            # the engine's own records (in this process), not metrics.jsonl's lines: a resume cuts the file
+            # back and logs the cut rounds again, and counting lines skipped their new results
             nonlocal seen
             if on_round is None:
                 return
-            records = runlog.read_metrics(agg.run.paths.metrics)
+            records = list(agg.run.engine.records)
             for rec in records[seen:]:
                 on_round(rec)
-            seen = max(seen, len(records))
+            seen = len(records)
 
         while not agg.wait(poll_s):
             report()

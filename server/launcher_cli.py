@@ -21,7 +21,11 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--config", required=True, help="experiment YAML")
     up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     up.add_argument("--workers", type=int, default=2, help="worker processes (clients are split between them)")
-    up.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>)")
+    up.add_argument("--out", default=None, help="run directory (default: <out_dir>/<run id>); an unfinished "
+                    "cluster run there is resumed from its newest intact checkpoint, a finished one is reported "
+                    "and left as it is, another kind of run or config is refused")
+    up.add_argument("--fresh", action="store_true", help="start over: move a run already in --out to "
+                    "<out>.old-<UTC time> first (needed when none of its checkpoints is intact)")
     up.add_argument("--exit-when-done", action="store_true", help="exit when the run finishes (0 = success)")
     up.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (workers and evaluation)")
     up.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard")
@@ -39,6 +43,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fedent.data import DatasetError
+    from fedent.rounds.rundir import RunDirError, RunFinished
     from fedentrpc.security.redaction import install_log_redaction
     from server.__main__ import settings_from_args
     from server.dashboard_access import DashboardTokenError, dashboard_lines, dashboard_token_from_args
@@ -51,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
-                                use_estimator_service=not args.no_estimator_service, secure=not args.insecure)
+                                use_estimator_service=not args.no_estimator_service, secure=not args.insecure,
+                                fresh=args.fresh)
         # the dashboard binds launch.dashboard_host (loopback): a token only when one is given
         dash_access = dashboard_token_from_args(args, launch.dashboard_host)
         if dash_access.token:
@@ -70,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             cluster.start(agg)
-        except DatasetError as e:  # the dataset is missing: the same one line and exit code as simulate
+        except RunFinished as e:  # nothing to do, nothing touched
+            print(f"fedent cluster: {e}", flush=True)
+            return 0
+        except (DatasetError, RunDirError) as e:  # the same one line and exit code as simulate
             print(f"fedent cluster: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         except (LaunchError, OSError, ValueError) as e:
@@ -78,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         handle = cluster.aggregator
         assert handle is not None
+        if cluster.moved_to is not None:
+            print(f"fedent cluster: moved the previous run to {cluster.moved_to} (--fresh)", flush=True)
         print(f"fedent cluster: run dir {handle.run_dir}", flush=True)
         print(f"fedent cluster: aggregator on 127.0.0.1:{handle.port}, {len(cluster.workers)} workers"
               + (f", estimator on {cluster.estimator_address}" if cluster.estimator_address else ""), flush=True)
@@ -96,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"fedent cluster: {e}", file=sys.stderr)
             return 1
         if ok:
-            print(f"fedent cluster: run finished; final model {handle.run.paths.model}", flush=True)
+            print(f"fedent cluster: {finished_line(handle.run.engine.records, handle.run.paths.model)}", flush=True)
         else:
             print(f"fedent cluster: run failed: {handle.run.error}", file=sys.stderr)
         if not args.exit_when_done and handle.dashboard_url:
@@ -125,3 +136,13 @@ def round_line(rec: dict[str, Any], rounds: int | None) -> str:
     clients = rec.get("num_clients", "?")
     head = f"fedent cluster: round {int(rec.get('round', -1)) + 1}{total}"
     return f"{head}: {acc_s}, {loss_s}, {clients} clients, {wall_s}"
+
+
+def finished_line(records: list[dict[str, Any]], model: Any) -> str:
+    """The run's result from the records this run holds (after a resume: the resumed run's, not the file's
+    earlier lines)."""
+    from fedent.runlog import final_accuracy
+
+    acc = final_accuracy(records)
+    acc_s = f"{acc:.4f}" if acc is not None else "n/a"
+    return f"run finished; final test accuracy {acc_s}; final model {model}"

@@ -3,7 +3,9 @@ persisted client state, ends with exactly the model an uninterrupted simulation 
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,10 @@ import torch
 from conftest import tiny_config, tiny_inputs
 
 from client.worker import Worker, WorkerSettings
-from fedent.checkpoint import CheckpointMismatchError, list_checkpoints
+from fedent.checkpoint import list_checkpoints
 from fedent.inputs import RunInputs
-from fedent.runlog import read_metrics
+from fedent.rounds.rundir import RunDirError, RunFinished
+from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 from server.app import AggregatorHandle, start_aggregator
 from server.settings import AggregatorSettings
@@ -78,9 +81,83 @@ def test_crash_after_workers_fitted_then_resume_equals_simulation(tmp_path: Path
     assert [r for r, _ in list_checkpoints(run_dir / "checkpoint")] == [2, 1]
 
 
-def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
+def _digest(root: Path) -> dict[str, str]:
+    """Every file of a run directory with its content hash ("left untouched" is checked byte for byte)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _settled_digest(root: Path) -> dict[str, str]:
+    """The digest once the crashed run's leftover in-process threads (workers leaving, the registry marking
+    them down) have stopped writing."""
+    last = _digest(root)
+    for _ in range(50):
+        time.sleep(0.2)
+        now = _digest(root)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{root} never settled")
+
+
+def test_resume_with_a_different_config_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     inputs = tiny_inputs()
     run_dir = tmp_path / "run"
     _run(tiny_config("fedavg", rounds=2), inputs, run_dir, None, crash_at=("training", 1))
-    h = _run(tiny_config("fedavg", rounds=2, lr=0.05), inputs, run_dir, None)
-    assert h.run.error is not None and CheckpointMismatchError.__name__ in h.run.error
+    before = _settled_digest(run_dir)
+    with pytest.raises(RunDirError, match="different config"):
+        start_aggregator(tiny_config("fedavg", rounds=2, lr=0.05), SETTINGS, run_dir, inputs=inputs)
+    assert _digest(run_dir) == before
+
+
+def test_a_finished_run_restarted_is_reported_and_left_untouched(tmp_path: Path) -> None:
+    """No workers are started the second time: the finished run must not wait for them, flip to failed,
+    or retrain; with another config it is refused before config.yaml, status.json or clients.json change."""
+    cfg, inputs = tiny_config("scaffold", rounds=2), tiny_inputs()
+    run_dir = tmp_path / "run"
+    assert _run(cfg, inputs, run_dir, tmp_path / "state").run.error is None
+    before = _settled_digest(run_dir)
+    with pytest.raises(RunFinished, match="finished"):
+        start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
+    with pytest.raises(RunDirError, match="different config"):
+        start_aggregator(tiny_config("scaffold", rounds=3), SETTINGS, run_dir, inputs=inputs)
+    assert _digest(run_dir) == before
+    assert read_json(run_dir / "status.json")["phase"] == "done"
+
+
+def test_a_simulator_run_is_not_resumed_by_the_cluster(tmp_path: Path) -> None:
+    cfg, inputs = tiny_config("fedavg", rounds=2), tiny_inputs()
+    run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    before = _digest(tmp_path / "sim")
+    with pytest.raises(RunDirError, match="holds a simulator run"):
+        start_aggregator(cfg, SETTINGS, tmp_path / "sim", inputs=inputs)
+    assert _digest(tmp_path / "sim") == before
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold"])
+def test_every_checkpoint_corrupt_is_refused_and_fresh_starts_over_equal_to_simulation(
+        tmp_path: Path, algorithm: str) -> None:
+    cfg, inputs = tiny_config(algorithm, rounds=3), tiny_inputs()
+    run_dir, state_dir = tmp_path / "run", tmp_path / "worker-state"
+    _run(cfg, inputs, run_dir, state_dir, crash_at=("aggregating", 2))
+    for _, p in list_checkpoints(run_dir / "checkpoint"):
+        p.write_bytes(p.read_bytes()[:-5])  # torn: every one of them
+    before = _settled_digest(run_dir)
+    with pytest.raises(RunDirError, match=r"none is intact.*round-00000001\.ckpt.*--fresh"):
+        start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
+    assert _digest(run_dir) == before  # no round 0 appended again
+
+    fresh = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True)
+    threads = _workers(fresh, inputs, state_dir)  # the same workers' state dirs: the old run's states there
+    try:
+        assert fresh.wait(60) and fresh.run.error is None, fresh.run.error
+        for t in threads:
+            t.join(10)
+    finally:
+        fresh.stop(grace_s=0.5)
+    old = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert len(old) == 1 and _digest(old[0]) == before
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert [r["round"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
