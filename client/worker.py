@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedent.client_store import ClientStateStore
+from fedent.client_store import ClientStateStore, ClientStoreError
 from fedent.config import ExperimentConfig, config_from_dict
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
@@ -276,10 +276,16 @@ class Worker:
         h = t.task
         cids = self._check_cids(h)
         w = self._model(h.model_blob)
-        probes = [self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)) for c in cids]
-        self._call(self.stub.SubmitProbes, pb.SubmitProbesRequest(
-            worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-            probes=[mappers.probe_to_msg(p) for p in probes]))
+        probes = []
+        for c in cids:
+            try:  # like fit: one client's failure (a damaged state file, ...) is that client's, not the task's
+                probes.append(self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)))
+            except Exception as e:
+                self._client_failed(h, c, "probe", e)
+        if probes:
+            self._call(self.stub.SubmitProbes, pb.SubmitProbesRequest(
+                worker_id=self.worker_id, task_id=h.task_id, round=h.round,
+                probes=[mappers.probe_to_msg(p) for p in probes]))
 
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
         h = t.task
@@ -297,8 +303,7 @@ class Worker:
                 if self.store is not None:
                     self.store.save(c, state, h.round)
             except Exception as e:  # one client's failure must not lose the others' updates
-                log.exception("client %d failed in round %d", c, h.round)
-                self._report(h, c, f"{type(e).__name__}: {e}")
+                self._client_failed(h, c, "fit", e)
                 continue
             update.params = [p.detach().cpu() for p in update.params]
             update.tensors = {k: [x.detach().cpu() for x in v] for k, v in update.tensors.items()}
@@ -312,6 +317,15 @@ class Worker:
             self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
         except grpc.RpcError as e:
             log.warning("update of client %d rejected: %s: %s", update.cid, e.code().name, e.details())
+
+    def _client_failed(self, h: pb.TaskHeader, cid: int, what: str, e: Exception) -> None:
+        """Report one client's failure (the aggregator records it in the round's failed_clients); a damaged
+        state file is a known condition (one line), anything else gets its traceback."""
+        if isinstance(e, ClientStoreError):
+            log.error("client %d failed its %s in round %d: %s", cid, what, h.round, e)
+        else:
+            log.exception("client %d failed its %s in round %d", cid, what, h.round)
+        self._report(h, cid, f"{type(e).__name__}: {e}")
 
     def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
         try:
