@@ -7,13 +7,18 @@ in-process; here every call is one SolveOnline RPC, so the aggregator never solv
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 
 import grpc
 
 from fedent.meanfield.estimator import Phi2Estimate
 from fedentrpc import mappers
+from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
+
+log = logging.getLogger("fedent.aggregator")
 
 
 class EstimatorUnavailable(RuntimeError):
@@ -37,14 +42,29 @@ class RemotePhi2Estimator:
         self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float]
     ) -> Phi2Estimate:
         req = mappers.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant)
-        try:
-            reply = self.stub.SolveOnline(req, timeout=self.timeout_s, wait_for_ready=True)
-        except grpc.RpcError as e:
-            raise EstimatorUnavailable(f"estimator service at {self.address}: {e.code().name}: {e.details()}") from None
+        reply = self._solve(req)
         est = mappers.estimate_from_reply(reply)
         est.report.setdefault("mode", "online")
         est.report["service"] = self.address
         return est
+
+    def _solve(self, req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineResponse:
+        """SolveOnline, tried again while the service is UNAVAILABLE within ``timeout_s``: an estimator killed
+        mid-call breaks the connection at once (wait_for_ready only covers a connection not yet up), and one
+        restarted on its port answers the same request the same way (the solve is a pure function)."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.05
+        while True:
+            try:
+                return self.stub.SolveOnline(req, timeout=max(0.1, deadline - time.monotonic()), wait_for_ready=True)
+            except grpc.RpcError as e:
+                left = deadline - time.monotonic()
+                if e.code() != grpc.StatusCode.UNAVAILABLE or left <= 0:
+                    raise EstimatorUnavailable(
+                        f"estimator service at {self.address}: {e.code().name}: {e.details()}") from None
+                log.warning("estimator service at %s unavailable (%s); trying again", self.address, e.details())
+                time.sleep(min(delay, left))
+                delay = min(2 * delay, 1.0)
 
     def close(self) -> None:
         self.channel.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import (
+    ENV,
+    REPO,
+    Procs,
+    free_port,
+    port_of,
+    rounds_logged,
+    simulate,
+    stop_all,
+    wait_for,
+)
+from procs import aggregator as _aggregator
+from procs import check_equals_simulation as _check
+from procs import estimator as _estimator
+from procs import worker as _worker
 
-from fedent.config import load_config
 from fedent.runlog import read_json, read_metrics
-from fedent.sim.simulator import run_simulation
 
-REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 6
 CONFIG = f"""\
 name: faults
@@ -34,7 +45,6 @@ model: {{name: mnist-cnn}}
 train: {{rounds: {ROUNDS}, fraction: 1.0, local_epochs: 1, batch_size: 10, lr: 0.05, seed: 3, device: cpu}}
 algorithm: {{name: fedavg}}
 """
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 # FedEnt offline: Algorithm 1 runs on the estimator service before round 0; tiny eps keep it sweeping
@@ -45,143 +55,64 @@ FEDENT_CONFIG = CONFIG.replace(f"rounds: {ROUNDS},", f"rounds: {FEDENT_ROUNDS},"
     "algorithm: {name: fedent, estimator: offline, max_sweeps: 2, eps1: 1.0e-12, eps2: 1.0e-12}")
 
 
-def _simulate(tmp: Path, config: str) -> list[torch.Tensor]:
-    (tmp / "cfg.yaml").write_text(config)
-    return list(run_simulation(load_config(tmp / "cfg.yaml"), tmp / "sim", progress=False, plots=False).params)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[torch.Tensor]:
     """The uninterrupted simulation's final model, computed once for both FedAvg tests (same config)."""
-    return _simulate(tmp_path_factory.mktemp("sim"), CONFIG)
+    return simulate(tmp_path_factory.mktemp("sim"), CONFIG)
 
 
 @pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def procs() -> Iterator[Procs]:
+    started: Procs = []
     yield started
-    for p in started:  # only the processes this test started, each by its own handle
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
-
-
-def _aggregator(procs: list[subprocess.Popen[str]], cfg: Path, out: Path, port: int, port_file: Path,
-                *extra: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen(
-        [sys.executable, "-m", "server", "--config", str(cfg), "--insecure", "--port", str(port), "--port-file",
-         str(port_file), "--out", str(out), "--round-deadline", "30", "--register-timeout", "60",
-         "--heartbeat", "0.5", *extra],
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs.append(p)
-    return p
-
-
-def _worker(procs: list[subprocess.Popen[str]], port: int, clients: str, name: str,
-            *extra: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen(
-        [sys.executable, "-m", "client", "--aggregator", f"127.0.0.1:{port}", "--clients", clients, "--insecure",
-         "--device", "cpu", "--name", name, "--connect-timeout", "30", "--reconnect-attempts", "200",
-         "--backoff-base", "0.05", "--backoff-cap", "0.3", "--log-level", "WARNING", *extra],
-        cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    procs.append(p)
-    return p
-
-
-def _estimator(procs: list[subprocess.Popen[str]], port: int, port_file: Path, log: Path) -> subprocess.Popen[str]:
-    """Its INFO log goes to ``log`` (a file, read while it runs: job started / done)."""
-    with log.open("w") as err:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "estimator", "--host", "127.0.0.1", "--port", str(port), "--port-file",
-             str(port_file), "--insecure", "--wait-workers", "60", "--oracle-timeout", "30"],
-            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
-    procs.append(p)
-    return p
-
-
-def _free_port() -> int:
-    """A port the OS just handed out (bound to port 0, then released), for a process restarted on it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for(pred: object, what: str, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _port(port_file: Path) -> int:
-    _wait_for(lambda: port_file.exists() and port_file.read_text().strip(), f"the port file {port_file.name}")
-    return int(port_file.read_text().strip())
-
-
-def _rounds_logged(out: Path) -> int:
-    try:
-        return len(read_metrics(out / "metrics.jsonl"))
-    except (OSError, ValueError):
-        return 0
-
-
-def _check_equals_simulation(out: Path, reference: list[torch.Tensor], rounds: int = ROUNDS) -> None:
-    assert read_json(out / "status.json")["phase"] == "done"
-    recs = read_metrics(out / "metrics.jsonl")
-    assert [r["round"] for r in recs] == list(range(rounds))
-    assert all(r["num_clients"] == 4 and "skipped" not in r["diagnostics"] for r in recs)
-    got = torch.load(out / "model_final.pt")
-    num = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
-    assert num / max(float(b.abs().max()) for b in reference) <= 1e-5
+    stop_all(started)
 
 
 @pytest.mark.slow
 def test_worker_killed_mid_run_restarts_and_the_run_completes(
-        tmp_path: Path, procs: list[subprocess.Popen[str]], reference: list[torch.Tensor]) -> None:
+        tmp_path: Path, procs: Procs, reference: list[torch.Tensor]) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(CONFIG)
     out = tmp_path / "run"
     # quorum 1.0 with retries: the round a worker dies in is retried once the restarted worker is back
     agg = _aggregator(procs, cfg, out, 0, tmp_path / "port", "--quorum", "1.0", "--round-retries", "3")
-    port = _port(tmp_path / "port")
+    port = port_of(tmp_path / "port")
     _worker(procs, port, "0-1", "wa")
     wb = _worker(procs, port, "2-3", "wb")
-    _wait_for(lambda: _rounds_logged(out) >= 1, "the first round")
+    wait_for(lambda: rounds_logged(out) >= 1, "the first round")
     wb.send_signal(signal.SIGKILL)
     wb.wait(10)
     _worker(procs, port, "2-3", "wb")  # a fresh process for the same clients
     assert agg.wait(120) == 0, agg.stderr.read()[-2000:] if agg.stderr else ""
-    _check_equals_simulation(out, reference)
+    _check(out, reference, ROUNDS)
     recs = read_metrics(out / "metrics.jsonl")
     assert any("retried" in r["diagnostics"] for r in recs), "the kill landed after the last round"
 
 
 @pytest.mark.slow
 def test_aggregator_killed_mid_run_restarts_on_its_port_and_workers_reconnect(
-        tmp_path: Path, procs: list[subprocess.Popen[str]], reference: list[torch.Tensor]) -> None:
+        tmp_path: Path, procs: Procs, reference: list[torch.Tensor]) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(CONFIG)
     out = tmp_path / "run"
     agg = _aggregator(procs, cfg, out, 0, tmp_path / "port")
-    port = _port(tmp_path / "port")
+    port = port_of(tmp_path / "port")
     workers = [_worker(procs, port, "0-1", "wa"), _worker(procs, port, "2-3", "wb")]
-    _wait_for(lambda: _rounds_logged(out) >= 2, "two rounds")
+    wait_for(lambda: rounds_logged(out) >= 2, "two rounds")
     agg.send_signal(signal.SIGKILL)
     agg.wait(10)
-    killed_at = _rounds_logged(out)
+    killed_at = rounds_logged(out)
     assert killed_at < ROUNDS, "the run finished before the kill; make the rounds slower"
     again = _aggregator(procs, cfg, out, port, tmp_path / "port2")  # same run dir: resumes from the checkpoint
     assert again.wait(120) == 0, again.stderr.read()[-2000:] if again.stderr else ""
     for w in workers:  # the original worker processes reconnected, finished the run and left cleanly
         assert w.wait(30) == 0, w.stderr.read()[-2000:] if w.stderr else ""
-    _check_equals_simulation(out, reference)
+    _check(out, reference, ROUNDS)
 
 
 @pytest.mark.slow
 def test_estimator_killed_mid_fixed_point_restarts_on_its_port_and_the_run_recovers(
-        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, procs: Procs) -> None:
     """The aggregator's long poll on the job breaks and it starts the job again on the new estimator; the
     worker re-opens its Oracle stream by itself. Algorithm 1 is deterministic, so the run equals the
     simulation."""
@@ -191,18 +122,18 @@ def test_estimator_killed_mid_fixed_point_restarts_on_its_port_and_the_run_recov
     log1, log2 = tmp_path / "estimator1.log", tmp_path / "estimator2.log"
     # ports picked up front so the three processes start (import torch) at once; everyone dials with
     # wait_for_ready / reconnects, so start order does not matter
-    est_port, port = _free_port(), _free_port()
+    est_port, port = free_port(), free_port()
     est = _estimator(procs, est_port, tmp_path / "est-port", log1)
     agg = _aggregator(procs, cfg, out, port, tmp_path / "port", "--estimator", f"127.0.0.1:{est_port}")
     _worker(procs, port, "0-3", "wa", "--estimator", f"127.0.0.1:{est_port}")
-    _wait_for(lambda: " started: " in log1.read_text() and "oracle stream from worker" in log1.read_text(),
+    wait_for(lambda: " started: " in log1.read_text() and "oracle stream from worker" in log1.read_text(),
               "Algorithm 1 to start with the worker's Oracle stream")
     time.sleep(0.3)  # let it serve some gradient requests
     est.send_signal(signal.SIGKILL)
     est.wait(10)
     first = log1.read_text()
     assert " started: " in first and " done: " not in first, f"the kill missed the fixed point:\n{first}"
-    assert not (out / "metrics.jsonl").exists() or _rounds_logged(out) == 0, "round 0 ran before φ2 was known"
+    assert not (out / "metrics.jsonl").exists() or rounds_logged(out) == 0, "round 0 ran before φ2 was known"
     _estimator(procs, est_port, tmp_path / "est-port2", log2)  # same port: the aggregator and worker dial it
     assert agg.wait(120) == 0, agg.stderr.read()[-2000:] if agg.stderr else ""
     second = log2.read_text()
@@ -211,7 +142,7 @@ def test_estimator_killed_mid_fixed_point_restarts_on_its_port_and_the_run_recov
     assert "offline job lost" in agg_log, agg_log[-2000:]
     report = read_json(out / "estimator.json")["report"]
     assert report["mode"] == "offline" and report["sweeps"] == 2, report
-    _check_equals_simulation(out, _simulate(tmp_path, FEDENT_CONFIG), FEDENT_ROUNDS)
+    _check(out, simulate(tmp_path / "sim", FEDENT_CONFIG), FEDENT_ROUNDS)
 
 
 def _children(pid: int) -> list[int]:
@@ -238,7 +169,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the launcher's children")
 def test_cluster_up_killed_takes_its_estimator_and_workers_with_it(
-        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, procs: Procs) -> None:
     """SIGKILL of `fedent cluster up` (no handler runs): the estimator service and the workers it started
     see their lifeline pipe close and exit within seconds instead of running (and reconnecting) forever."""
     cfg = tmp_path / "cfg.yaml"
@@ -258,7 +189,7 @@ def test_cluster_up_killed_takes_its_estimator_and_workers_with_it(
             return False
         return len(clients) == 4 and all(c["state"] not in ("waiting", "registered") for c in clients)
 
-    _wait_for(all_ready, "every worker to be ready", timeout=180)
+    wait_for(all_ready, "every worker to be ready", timeout=180)
     children = _children(launcher.pid)
     assert len(children) == 3, f"expected the estimator and 2 workers, got {children}"
     launcher.send_signal(signal.SIGKILL)

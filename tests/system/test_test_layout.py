@@ -4,7 +4,7 @@
 ``__init__.py``); a test whose module is deleted or renamed is reported here instead of lingering. Whole-system
 tests (cluster runs, process faults, compose, load, README commands, import contract, ...) live in
 ``tests/system/`` under descriptive names and are exempt. Helpers (conftest.py, datafiles.py, browser.py,
-sim_support.py) sit in ``tests/`` itself and are not named ``test_*``.
+sim_support.py, procs.py, chaos.py) sit in ``tests/`` itself and are not named ``test_*``.
 """
 
 from __future__ import annotations
