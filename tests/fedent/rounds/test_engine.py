@@ -188,3 +188,12 @@ def test_checkpoints_that_are_all_corrupt_stop_the_run_instead_of_restarting_at_
     with pytest.raises(RunDirError, match=r"none is intact .*round-00000002\.ckpt"):
         again.run()
     assert again.paths.metrics.read_text() == rows  # no duplicate rows appended
+
+
+def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_path: Path) -> None:
+    """Killed between logging round 0 and writing its checkpoint: round 0 is run again and metrics.jsonl
+    is cut first (it used to keep the old line and append another round 0)."""
+    e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    runlog.MetricsLog(e.paths.metrics).append(runlog.metrics_record(round=0, algorithm="fedavg", test_acc=0.01))
+    e.run()
+    assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [0, 1]
