@@ -3,7 +3,6 @@ persisted client state, ends with exactly the model an uninterrupted simulation 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import tiny_config, tiny_inputs
+from rundirs import digest as _digest
 
 from client.worker import Worker, WorkerSettings
 from fedent.checkpoint import list_checkpoints
@@ -79,12 +79,6 @@ def test_crash_after_workers_fitted_then_resume_equals_simulation(tmp_path: Path
     assert [r["round"] for r in recs] == [0, 1, 2]  # nothing logged twice
     assert [r["clients"] for r in recs] == [r["clients"] for r in sim.records]
     assert [r for r, _ in list_checkpoints(run_dir / "checkpoint")] == [2, 1]
-
-
-def _digest(root: Path) -> dict[str, str]:
-    """Every file of a run directory with its content hash ("left untouched" is checked byte for byte)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _settled_digest(root: Path) -> dict[str, str]:

@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_config
+from rundirs import cluster_run_dir as _cluster_run
+from rundirs import damage as _damage
+from rundirs import digest as _digest
 
 from fedent import runlog
-from fedent.checkpoint import Checkpoint, checkpoint_path, config_fingerprint, save_checkpoint
-from fedent.config import ExperimentConfig
+from fedent.checkpoint import checkpoint_path
 from fedent.rounds.rundir import CLUSTER, SIMULATOR, RunDirError, move_aside, plan_run_dir, run_kind
-
-
-def _cluster_run(root: Path, cfg: ExperimentConfig, rounds_logged: int, checkpoints: tuple[int, ...],
-                 phase: str = "training") -> None:
-    """A cluster run directory as the aggregator leaves it (the files the planner reads)."""
-    paths = runlog.create_run_dir(root, exist_ok=True)
-    runlog.write_config(paths.config, cfg.to_dict())
-    runlog.atomic_write_json(paths.status, runlog.status_record(
-        root.name, cfg.algorithm.name, phase, rounds_logged - 1, cfg.train.rounds, 0.0, {"mode": CLUSTER}))
-    log = runlog.MetricsLog(paths.metrics)
-    for r in range(rounds_logged):
-        log.append(runlog.metrics_record(round=r, algorithm=cfg.algorithm.name, test_acc=0.5 + r / 100))
-    for r in checkpoints:
-        save_checkpoint(paths.checkpoint, Checkpoint(round=r, global_params=[torch.zeros(2)],
-                                                     config_fingerprint=config_fingerprint(cfg), seed=0), keep=5)
-    if phase == "done":
-        torch.save([torch.zeros(2)], paths.model)
-
-
-def _digest(root: Path) -> dict[str, str]:
-    """Every file under root with its content hash: "nothing was written" is checked byte for byte."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _damage(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def test_an_empty_or_missing_directory_is_a_new_run(tmp_path: Path) -> None:
