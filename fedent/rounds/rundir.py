@@ -52,15 +52,16 @@ def has_run(root: Path) -> bool:
     return any((root / name).exists() for name in _RUN_FILES)
 
 
-def run_kind(paths: runlog.RunPaths) -> str:
+def run_kind(paths: runlog.RunPaths) -> str | None:
     """``cluster`` or ``simulator``: status.json's ``state.mode`` (absent in a simulator's), else the
-    checkpoint directory, which only the cluster aggregator writes."""
+    checkpoint directory, which only the cluster aggregator writes; None when neither is there (a process
+    killed between writing config.yaml and status.json: nothing ran yet)."""
     status = runlog.read_json(paths.status, default=None)
     if isinstance(status, dict):
         state = status.get("state")
         mode = state.get("mode") if isinstance(state, dict) else None
         return CLUSTER if mode == CLUSTER else SIMULATOR
-    return CLUSTER if paths.checkpoint.exists() else SIMULATOR
+    return CLUSTER if paths.checkpoint.exists() else None
 
 
 def move_aside(root: Path, now: float | None = None) -> Path:
@@ -85,7 +86,7 @@ def _saved_fingerprint(paths: runlog.RunPaths) -> str | None:
 
 def _check_same_run(paths: runlog.RunPaths, cfg: ExperimentConfig, kind: str) -> None:
     found = run_kind(paths)
-    if found != kind:
+    if found is not None and found != kind:
         raise RunDirError(f"{paths.root} holds a {found} run; the {kind} does not resume or overwrite it "
                           "(choose another run directory)")
     if paths.config.exists():

@@ -107,5 +107,8 @@ def test_the_kind_comes_from_status_json_or_the_checkpoints(tmp_path: Path) -> N
     with pytest.raises(RunDirError, match=f"{paths.root} holds a simulator run; the cluster does not"):
         plan_run_dir(paths.root, cfg, CLUSTER)
     bare = runlog.RunPaths(tmp_path / "bare")
-    (bare.checkpoint).mkdir(parents=True)
+    runlog.create_run_dir(bare.root, exist_ok=True)
+    runlog.write_config(bare.config, cfg.to_dict())  # killed before its status.json: nothing ran
+    assert run_kind(bare) is None and plan_run_dir(bare.root, cfg, CLUSTER).action == "new"
+    bare.checkpoint.mkdir()
     assert run_kind(bare) == CLUSTER
