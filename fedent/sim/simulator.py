@@ -20,6 +20,7 @@ from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
 from fedent.rounds import RoundEngine, RunError, SequentialExecutor
 from fedent.rounds.evaluation import Evaluator
+from fedent.rounds.rundir import has_run, run_kind
 from fedent.sim.progress import ProgressBar
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -90,8 +91,9 @@ def run_simulation(
     if strategy is None:
         strategy = build_strategy(cfg.algorithm)
     k = getattr(cfg.train, "local_eval", 0) if local_eval is None else local_eval
-    if runlog.RunPaths(Path(run_dir)).metrics.exists():
-        raise SimulationError(f"{run_dir} already holds a run (metrics.jsonl); choose another run directory")
+    if has_run(Path(run_dir)):  # any run's files, not only a logged round: never write into a cluster run
+        kind = run_kind(runlog.RunPaths(Path(run_dir))) or "started"
+        raise SimulationError(f"{run_dir} already holds a {kind} run; choose another run directory")
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
     last_acc: list[float | None] = [None]

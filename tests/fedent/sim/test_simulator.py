@@ -248,6 +248,18 @@ def test_fedent_offline_runs_algorithm_1_first(tmp_path: Path) -> None:
 def test_refuses_to_append_to_an_existing_run(tmp_path: Path) -> None:
     run_simulation(tiny_config(rounds=1), tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
     before = (tmp_path / "r" / "metrics.jsonl").read_text()
-    with pytest.raises(SimulationError, match="already holds a run"):
+    with pytest.raises(SimulationError, match="already holds a simulator run"):
         run_simulation(tiny_config(rounds=1), tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
     assert (tmp_path / "r" / "metrics.jsonl").read_text() == before
+
+
+def test_refuses_a_cluster_run_that_has_not_logged_a_round_yet(tmp_path: Path) -> None:
+    """Only metrics.jsonl was checked: a cluster run killed before its first round was written into."""
+    from rundirs import cluster_run_dir, digest
+
+    cfg = tiny_config(rounds=1)
+    cluster_run_dir(tmp_path / "r", cfg, rounds_logged=0, checkpoints=())
+    before = digest(tmp_path / "r")
+    with pytest.raises(SimulationError, match="already holds a cluster run"):
+        run_simulation(cfg, tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
+    assert digest(tmp_path / "r") == before
