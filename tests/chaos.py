@@ -112,7 +112,8 @@ class ChaosRun:
         self.starts += 1
         log = self.dir / f"{role}.log"
         if role == "aggregator":
-            extra = ["--quorum", "1.0", "--round-retries", "20"]
+            # a restarted worker may take a while to import torch on a loaded box: wait for it, never skip
+            extra = ["--quorum", "1.0", "--round-retries", "20", "--register-timeout", "180"]
             if self.algorithm == "fedent":
                 extra += ["--estimator", f"127.0.0.1:{self.est_port}"]
             self.live[role] = P.aggregator(self.procs, self.cfg, self.out, self.port,
