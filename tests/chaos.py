@@ -122,8 +122,11 @@ class ChaosRun:
             self.live[role] = P.estimator(self.procs, self.est_port, self.dir / f"est-port-{self.starts}", log)
         else:
             i = int(role.rsplit("-", 1)[1])
+            # keep reconnecting as long as a restart may take: the aggregator's restart on a loaded box can
+            # take longer than the helpers' 200 tries x 0.3 s, and a worker that gives up ends the run
             self.live[role] = P.worker(self.procs, self.port, self.groups[i], f"w{i}", "--state-dir",
-                                       str(self.dir / "state" / f"w{i}"), log=log)
+                                       str(self.dir / "state" / f"w{i}"), "--reconnect-attempts", "100000",
+                                       "--reconnect-window", "900", "--backoff-cap", "1.0", log=log)
 
     def start_all(self) -> None:
         workers = [f"worker-{i}" for i in range(len(self.groups))]
@@ -134,11 +137,12 @@ class ChaosRun:
         return P.rounds_logged(self.out)
 
     def done(self) -> bool:
-        agg = self.live["aggregator"]
-        code = agg.poll()
-        if code not in (None, 0):
-            raise AssertionError(f"the aggregator of run {self.index} exited with {code}:\n{self._tail('aggregator')}")
-        return code == 0
+        """The aggregator exited 0; any process that exits otherwise by itself fails the harness at once."""
+        for role, p in self.live.items():
+            code = p.poll()
+            if code not in (None, 0):
+                raise AssertionError(f"the {role} of run {self.index} exited with {code}:\n{self._tail(role)}")
+        return self.live["aggregator"].poll() == 0
 
     def _tail(self, role: str) -> str:
         path = self.dir / f"{role}.log"
