@@ -12,7 +12,7 @@
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT/runs"
-export PYTHONPATH="$PWD:$PWD/tests:$PWD/.devdeps${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}:$PWD/.devdeps"  # the device's own packages first
 PY=${PY:-python3}
 FEDENT=("$PY" -c 'import sys; from fedent.cli import main; sys.exit(main(sys.argv[1:]))')
 CFG=configs/fmnist-mnist-pathological.yaml
