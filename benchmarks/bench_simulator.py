@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
+    torch.backends.cudnn.allow_tf32 = False  # as LocalTrainer sets it: every contender computes in float32
     inputs = make_inputs(12_000 if args.quick else None, args.data_root)
     rounds = args.rounds + 2
     sizes = inputs.client_sizes()

@@ -45,6 +45,10 @@ class LocalTrainer:
 
     def __init__(self, model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> None:
         self.device = device
+        if device.type == "cuda":
+            # float32 means float32: cuDNN's TF32 convolutions (on by default) round inputs to 10 mantissa bits,
+            # so two executors, or a worker and the simulator, would drift apart by ~1e-4 within a round.
+            torch.backends.cudnn.allow_tf32 = False
         self.model = model.to(device)
         self.x = x.to(device)
         self.y = y.to(device)

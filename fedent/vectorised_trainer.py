@@ -13,7 +13,9 @@ the executor then falls back to the sequential one with that message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +80,92 @@ def unsupported(model: nn.Module) -> str | None:
     return None
 
 
+@dataclass
+class StepState:
+    """The tensors one vectorised SGD step reads and writes in place; static, so a CUDA graph can replay it."""
+
+    params: dict[str, Tensor]  # (C, ...) per parameter
+    lr: Tensor  # (C,)
+    coef: Tensor | None  # (C,): the w-weight of each client's correction
+    linear: dict[str, Tensor] | None  # (C, ...): each client's constant correction
+    index: Tensor  # (C, B) this step's sample indices
+    weight: Tensor  # (C, B) 1 for a real sample, 0 for padding
+    active: Tensor  # (C,) 1 where the client really takes this step
+    total: Tensor  # (C,) float32 sum of the losses of the steps taken
+
+    @classmethod
+    def empty(cls, trainer: LocalTrainer, names: Sequence[str], n: int, has_coef: bool,
+              has_linear: bool) -> StepState:
+        dev, bs = trainer.device, trainer.batch_size
+        params = {name: torch.empty((n, *p.shape), dtype=p.dtype, device=dev)
+                  for name, p in zip(names, trainer.params, strict=True)}
+        dtype = trainer.params[0].dtype
+        vec = lambda: torch.zeros(n, dtype=dtype, device=dev)  # noqa: E731
+        return cls(params, vec(), vec() if has_coef else None,
+                   {k: torch.zeros_like(v) for k, v in params.items()} if has_linear else None,
+                   torch.zeros((n, bs), dtype=torch.int64, device=dev), torch.zeros((n, bs), dtype=dtype, device=dev),
+                   vec(), torch.zeros(n, dtype=torch.float32, device=dev))
+
+    def load(self, start: Sequence[Tensor], runs: Sequence[ClientRun], names: Sequence[str]) -> None:
+        """Every client starts from ``start`` with its own rate and correction; the loss sums restart at 0."""
+        for name, p in zip(names, start, strict=True):
+            self.params[name].copy_(p.detach().unsqueeze(0).expand_as(self.params[name]))
+        self.lr.copy_(torch.tensor([r.lr for r in runs], dtype=self.lr.dtype))
+        if self.coef is not None:
+            self.coef.copy_(torch.tensor([r.weight_coef for r in runs], dtype=self.coef.dtype))
+        if self.linear is not None:
+            for c, r in enumerate(runs):
+                for i, name in enumerate(names):
+                    if r.linear is None:
+                        self.linear[name][c].zero_()
+                    else:
+                        self.linear[name][c].copy_(r.linear[i])
+        self.total.zero_()
+
+    def snapshot(self) -> list[Tensor]:
+        return [t.clone() for t in (*self.params.values(), self.total)]
+
+    def restore(self, saved: Sequence[Tensor]) -> None:
+        for t, v in zip((*self.params.values(), self.total), saved, strict=True):
+            t.copy_(v)
+
+
+def capture_step(step: Callable[[StepState], None], st: StepState) -> Callable[[], None] | None:
+    """``step`` on ``st`` as a CUDA graph, checked once against the eager step; None (eager) if either fails.
+
+    The capture runs on whatever ``st`` holds (the warm-up steps change it, so it is restored afterwards).
+    """
+    saved = st.snapshot()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy initialisation and allocator pools happen outside the capture
+                step(st)
+        torch.cuda.current_stream().wait_stream(side)
+        st.restore(saved)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(st)
+        st.restore(saved)
+        step(st)
+        want = st.snapshot()
+        st.restore(saved)
+        graph.replay()
+        got = st.snapshot()
+        st.restore(saved)
+    except RuntimeError as e:  # capture is not supported for some op: stay eager
+        st.restore(saved)
+        print(f"vectorised trainer: CUDA graph capture failed ({e}); running eagerly", file=sys.stderr)
+        return None
+    worst = max(float((a - b).abs().max()) / (1.0 + float(a.abs().max())) for a, b in zip(want, got, strict=True))
+    if worst > 1e-6:
+        print(f"vectorised trainer: the CUDA graph step differs from the eager one ({worst:.1e}); running eagerly",
+              file=sys.stderr)
+        return None
+    return graph.replay
+
+
 class VectorisedTrainer:
     """Trains several clients at once on ``trainer``'s model structure, data and device."""
 
@@ -96,6 +184,9 @@ class VectorisedTrainer:
             return (ce * wb).sum() / wb.sum().clamp_min(1.0)
 
         self._step = vmap(grad_and_value(loss_fn))
+        self.use_graphs = os.environ.get("FEDENT_CUDA_GRAPHS", "1") != "0"
+        self._states: dict[tuple[int, bool, bool], StepState] = {}
+        self._runners: dict[tuple[int, bool, bool], Callable[[], None]] = {}
 
     def train(self, start: Sequence[Tensor], runs: Sequence[ClientRun],
               epochs: int) -> list[tuple[Params, TrainResult]]:
@@ -105,47 +196,52 @@ class VectorisedTrainer:
             return []
         tr.model.train()
         table = batch_table(tr, runs, epochs)
-        n_clients = len(runs)
-        stacked = {n: p.detach().to(tr.device).unsqueeze(0).repeat(n_clients, *([1] * p.dim()))
-                   for n, p in zip(self.names, start, strict=True)}
-        dtype = next(iter(stacked.values())).dtype
-        lr = torch.tensor([r.lr for r in runs], dtype=dtype, device=tr.device)
-        coef = torch.tensor([r.weight_coef for r in runs], dtype=dtype, device=tr.device)
-        use_coef = any(r.weight_coef != 0.0 for r in runs)
-        linear = self._stack_linear(runs, stacked) if any(r.linear is not None for r in runs) else None
-        active = table.active.to(dtype)  # (C, S)
-        total = torch.zeros(n_clients, dtype=torch.float32, device=tr.device)
+        has_coef = any(r.weight_coef != 0.0 for r in runs)
+        has_linear = any(r.linear is not None for r in runs)
+        key = (len(runs), has_coef, has_linear)
+        st = self._states.get(key) or self._states.setdefault(
+            key, StepState.empty(tr, self.names, len(runs), has_coef, has_linear))
+        st.load(start, runs, self.names)
+        active = table.active.to(st.lr.dtype)  # (C, S)
         was_grad = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
             for s in range(active.shape[1]):
-                idx = table.index[:, s]
-                grads, loss = self._step(stacked, tr.x[idx], tr.y[idx], table.weight[:, s])
-                rate = lr * active[:, s]
-                for n in self.names:
-                    p, g = stacked[n], grads[n]
-                    shape = (n_clients,) + (1,) * (p.dim() - 1)
-                    if use_coef:
-                        g = g + coef.view(shape) * p
-                    if linear is not None:
-                        g = g + linear[n]
-                    stacked[n] = p - rate.view(shape) * g
-                total += loss.float() * active[:, s]
+                st.index.copy_(table.index[:, s])
+                st.weight.copy_(table.weight[:, s])
+                st.active.copy_(active[:, s])
+                self._runner(key, st)()
         finally:
             torch.set_grad_enabled(was_grad)
-        losses = total.cpu().tolist()
+        losses = st.total.cpu().tolist()
         out: list[tuple[Params, TrainResult]] = []
-        for c in range(n_clients):
-            k = table.steps[c]
-            out.append(([stacked[n][c].clone() for n in self.names], TrainResult(loss=losses[c] / max(k, 1), steps=k)))
+        for c, k in enumerate(table.steps):
+            params = [st.params[n][c].clone() for n in self.names]
+            out.append((params, TrainResult(loss=losses[c] / max(k, 1), steps=k)))
         return out
 
-    def _stack_linear(self, runs: Sequence[ClientRun], like: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Each client's constant correction stacked along the client axis (zeros for clients without one)."""
-        out = {n: torch.zeros_like(t) for n, t in like.items()}
-        for c, r in enumerate(runs):
-            if r.linear is None:
-                continue
-            for n, t in zip(self.names, r.linear, strict=True):
-                out[n][c] = t
-        return out
+    def _sgd_step(self, st: StepState) -> None:
+        """One step for every client, in place: w ← w − η·active·(∇ + coef·w + linear); loss summed where active."""
+        x, y = self.trainer.x, self.trainer.y
+        grads, loss = self._step(st.params, x[st.index], y[st.index], st.weight)
+        rate = st.lr * st.active
+        for n in self.names:
+            p, g = st.params[n], grads[n]
+            shape = (p.shape[0],) + (1,) * (p.dim() - 1)
+            if st.coef is not None:
+                g = g + st.coef.view(shape) * p
+            if st.linear is not None:
+                g = g + st.linear[n]
+            p.sub_(rate.view(shape) * g)
+        st.total.add_(loss.float() * st.active)
+
+    def _runner(self, key: tuple[int, bool, bool], st: StepState) -> Callable[[], None]:
+        """How to run one step on ``st``: a replayed CUDA graph on a GPU (the step is launch-bound: one graph
+        replaces hundreds of kernel launches), else the eager step. Captured on first use, with real inputs, and
+        kept per chunk shape, so later rounds reuse the graph of the first."""
+        if key not in self._runners:
+            eager: Callable[[], None] = lambda: self._sgd_step(st)  # noqa: E731
+            graphed = capture_step(self._sgd_step, st) if self.trainer.device.type == "cuda" and self.use_graphs \
+                else None
+            self._runners[key] = graphed or eager
+        return self._runners[key]
