@@ -21,7 +21,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 
@@ -107,6 +107,9 @@ class ModelConfig:
         c.raise_any()
 
 
+EXECUTORS = ("auto", "sequential", "vectorised")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     rounds: int = 50
@@ -120,6 +123,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     target_accuracy: float | None = None  # for "rounds to reach" in comparisons
     local_eval: int = 0  # evaluate this many uploaded local models per eval round (paper Fig. client_dev)
+    executor: Literal["auto", "sequential", "vectorised"] = "auto"  # how the simulator runs a round's clients
+    max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
 
     def validate(self) -> None:
         c = _Collect()
@@ -132,6 +137,9 @@ class TrainConfig:
         c.check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
         c.check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", "must be auto, cpu, cuda or cuda:N")
+        c.check(self.executor in EXECUTORS, "train.executor", f"must be one of {', '.join(EXECUTORS)}")
+        c.check(self.max_parallel_clients is None or self.max_parallel_clients >= 1, "train.max_parallel_clients",
+                "must be >= 1 or null")
         c.raise_any()
 
 

@@ -18,7 +18,7 @@ from fedent.meanfield.diagnostics import ParticipantReport, fedent_round_record
 from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator, Phi2Estimator
 from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
 from fedent.meanfield.lr import solve_eta
-from fedent.params import clone, dot, norm_sq
+from fedent.params import dot, norm_sq
 from fedent.rng import torch_generator
 from fedent.strategies.base import (
     AggregateResult,
@@ -26,12 +26,12 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    LocalFit,
     PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
     StrategyError,
-    train_generator,
     weighted_average,
 )
 from fedent.strategies.options import FedEntOptions
@@ -148,14 +148,15 @@ class FedEnt(Strategy):
         state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
         return Probe(task.cid, task.num_samples, {"a": a, "b": b})
 
-    def fit(
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate:
+    ) -> LocalFit:
+        """η*_i by Proposition 1, decayed with η_i(t−1) (Eq. (eta_deacy)); then plain SGD at η_i."""
         try:
             phi2, c, total = (float(payload.scalars[k]) for k in ("phi2_next", "c", "total_samples"))
         except KeyError as e:
@@ -172,13 +173,12 @@ class FedEnt(Strategy):
         eta_star = float(sol.eta_star[0])
         eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, o.gamma)
         state.scalars[ETA_STATE_KEY] = eta
-        trainer.load(global_params)
-        res = trainer.train(task.indices, eta, task.epochs, train_generator(task))
         scalars = {
             "eta_star": eta_star, "eta": eta, "a": a, "b": b, "c": c, "theta": theta,
             "phi2_next": phi2, "guarded": float(sol.guards),
         }
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss, scalars=scalars)
+        return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,
+                                                              scalars=scalars))
 
 
 STRATEGY = FedEnt
