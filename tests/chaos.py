@@ -169,7 +169,7 @@ def _pause(run: ChaosRun, seconds: float) -> bool:
     return not run.done()
 
 
-def chaos(workdir: Path, kills: int, seed: int, rounds: int = 30, max_wait_s: float = 3.0,
+def chaos(workdir: Path, kills: int, seed: int, rounds: int = 12, max_wait_s: float = 3.0,
           min_runs: int = 2, workers: int = 2, recover_timeout_s: float = 180.0, log: Any = None) -> ChaosReport:
     """Runs (FedEnt, SCAFFOLD, FedEnt, ...) until ``kills`` kills have landed in unfinished runs and at least
     ``min_runs`` runs were made; each run gets an even share of the kills still to do. ``workers``: 1 or 2
