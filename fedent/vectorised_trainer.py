@@ -54,7 +54,8 @@ class BatchTable:
 
 def batch_table(trainer: LocalTrainer, runs: Sequence[ClientRun], epochs: int) -> BatchTable:
     """Draw each client's batch plan (consuming its generator as ``LocalTrainer.train`` would) and pad."""
-    plans = [trainer.batch_plan(r.indices, r.generator, epochs) for r in runs]
+    cpu = torch.device("cpu")  # built on the host and copied once: no device round trip per batch
+    plans = [trainer.batch_plan(r.indices, r.generator, epochs, cpu) for r in runs]
     bs = trainer.batch_size
     s_max = max((len(p) for p in plans), default=0)
     index = torch.zeros((len(runs), s_max, bs), dtype=torch.int64)
@@ -63,7 +64,7 @@ def batch_table(trainer: LocalTrainer, runs: Sequence[ClientRun], epochs: int) -
     for c, plan in enumerate(plans):
         for s, idx in enumerate(plan):
             n = int(idx.numel())
-            index[c, s, :n] = idx.cpu()
+            index[c, s, :n] = idx
             weight[c, s, :n] = 1.0
     dev = trainer.device
     return BatchTable(index.to(dev), weight.to(dev), [len(p) for p in plans])
