@@ -244,5 +244,7 @@ class VectorisedTrainer:
             eager: Callable[[], None] = lambda: self._sgd_step(st)  # noqa: E731
             graphed = capture_step(self._sgd_step, st) if self.trainer.device.type == "cuda" and self.use_graphs \
                 else None
+            if graphed is not None:
+                print(f"vectorised trainer: step captured as a CUDA graph for {key[0]} clients", file=sys.stderr)
             self._runners[key] = graphed or eager
         return self._runners[key]
