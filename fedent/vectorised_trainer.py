@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedent.params import Params
 from fedent.trainer import LocalTrainer, TrainResult
@@ -36,6 +36,15 @@ class ClientRun:
     lr: float
     weight_coef: float = 0.0
     linear: Params | None = None  # on the trainer's device
+
+
+@dataclass(frozen=True)
+class GradientRequest:
+    """One client's gradient at a common point: its samples, the batch's stream and size (None: training's)."""
+
+    indices: Tensor
+    generator: torch.Generator
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,7 @@ class VectorisedTrainer:
             return (ce * wb).sum() / wb.sum().clamp_min(1.0)
 
         self._step = vmap(grad_and_value(loss_fn))
+        self._grad_at = vmap(grad(loss_fn), in_dims=(None, 0, 0, 0))  # many batches, one point
         self.use_graphs = os.environ.get("FEDENT_CUDA_GRAPHS", "1") != "0"
         self._states: dict[tuple[int, bool, bool], StepState] = {}
         self._runners: dict[tuple[int, bool, bool], Callable[[], None]] = {}
@@ -220,6 +230,30 @@ class VectorisedTrainer:
             params = [st.params[n][c].clone() for n in self.names]
             out.append((params, TrainResult(loss=losses[c] / max(k, 1), steps=k)))
         return out
+
+    def gradients(self, point: Sequence[Tensor], requests: Sequence[GradientRequest]) -> list[Params]:
+        """∇F_i at ``point`` for each request, each on one random batch drawn exactly as
+        ``LocalTrainer.gradient`` draws it (FedEnt's probe), all in one vmapped pass."""
+        tr = self.trainer
+        if not requests:
+            return []
+        picks = []
+        for r in requests:
+            n = int(r.indices.numel())
+            bs = min(r.batch_size or tr.batch_size, n)
+            picks.append(r.indices[torch.randperm(n, generator=r.generator)[:bs]])
+        width = max(int(p.numel()) for p in picks)
+        index = torch.zeros((len(picks), width), dtype=torch.int64)
+        weight = torch.zeros((len(picks), width), dtype=tr.params[0].dtype)
+        for c, p in enumerate(picks):
+            index[c, : p.numel()] = p
+            weight[c, : p.numel()] = 1.0
+        index, weight = index.to(tr.device), weight.to(tr.device)
+        params = {n: p.detach().to(tr.device) for n, p in zip(self.names, point, strict=True)}
+        tr.model.train()
+        with torch.no_grad():
+            grads = self._grad_at(params, tr.x[index], tr.y[index], weight)
+        return [[grads[n][c] for n in self.names] for c in range(len(picks))]
 
     def _sgd_step(self, st: StepState) -> None:
         """One step for every client, in place: w ← w − η·active·(∇ + coef·w + linear); loss summed where active."""
