@@ -345,7 +345,7 @@ def test_the_gpu_overlay_reserves_a_gpu_and_changes_only_the_device(worker: str)
 
 def test_servers_and_workers_images_build_from_the_one_dockerfile() -> None:
     images = {n: SERVICES[n].get("image") for n in SERVICES}
-    for n, build in ((n, SERVICES[n]["build"]) for n in SERVICES):
+    for build in (SERVICES[n]["build"] for n in SERVICES):
         assert build["dockerfile"] == "Dockerfile" and build["context"] == "."
         assert build["args"]["BASE"] == "python:3.11-slim-bookworm"
     assert images["estimator"] == images["aggregator"] == "fedent-cpu:local"
