@@ -9,17 +9,16 @@ token files and volumes must agree with each other; the Dockerfile gets a basic 
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomllib
 import yaml
+from cli_parsers import ParseError as _ParseError
+from cli_parsers import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
@@ -58,71 +57,6 @@ COMPOSE = load_compose("docker-compose.yml")
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GPU = load_compose("docker-compose.yml", "docker-compose.gpu.yml")
 WORKERS = sorted(n for n in SERVICES if n.startswith("worker"))
-
-
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-
-def parser_of(main: Callable[[list[str]], Any]) -> argparse.ArgumentParser:
-    """The parser a ``main(argv)`` builds, caught at its first ``parse_args`` (for mains without a builder)."""
-    original = argparse.ArgumentParser.parse_args
-
-    def capture(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
-        raise _Captured(self)
-
-    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
-    try:
-        main([])
-    except _Captured as c:
-        return c.parser
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    raise AssertionError("main() never parsed its arguments")
-
-
-def module_parser(module: str) -> argparse.ArgumentParser:
-    mod = importlib.import_module(module)
-    if hasattr(mod, "build_parser"):
-        return mod.build_parser()
-    return parser_of(mod.main)
-
-
-def fedent_parser(subcommand: str) -> argparse.ArgumentParser:
-    """``fedent``'s parser with the one subcommand used (registered by the module fedent.cli dispatches to)."""
-    from fedent.cli import subcommands
-
-    commands = subcommands()
-    assert subcommand in commands, f"fedent has no subcommand {subcommand!r}"
-    p = argparse.ArgumentParser(prog="fedent")
-    sub = p.add_subparsers(dest="command", required=True)
-    importlib.import_module(commands[subcommand]).add_parser(sub)
-    return p
-
-
-class _ParseError(Exception):
-    pass
-
-
-def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
-    """(module or 'fedent', parsed namespace) for a container command, with the real parser."""
-    if argv[:2] == ["python", "-m"]:
-        module, rest = argv[2], argv[3:]
-        parser = module_parser(module + ".__main__" if module in ("server", "client", "estimator") else module)
-    elif argv[0] == "fedent":
-        module, rest, parser = "fedent", argv[1:], fedent_parser(argv[1])
-    else:
-        raise AssertionError(f"unexpected command {argv}")
-
-    def fail(message: str) -> None:
-        raise _ParseError(f"{module}: {message}")
-
-    parser.error = fail  # type: ignore[method-assign]
-    for action in parser._subparsers._group_actions if parser._subparsers else []:
-        for sp in getattr(action, "choices", {}).values():
-            sp.error = fail
-    return module, parser.parse_args(rest)
 
 
 def commands(service: str, services: dict[str, dict[str, Any]] | None = None) -> list[list[str]]:
