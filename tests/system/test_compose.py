@@ -359,3 +359,40 @@ def test_dockerfile_installs_the_dataset_and_the_pinned_project() -> None:
 def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "runs"} <= ignored
+
+
+# ---- the real run: make compose-check, in CI ----------------------------------------------------------
+
+
+def test_ci_runs_compose_check_after_the_suite_with_docker_installed() -> None:
+    import subprocess
+
+    ci = "\n".join(line for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.startswith("#"))
+    assert ci.index("make test") < ci.index("tools/ensure_docker.sh") < ci.index("make compose-check")
+    assert "FEDENT_BASE_CACHE" in ci  # the local base image is kept between CI runs
+    for script in ("tools/ensure_docker.sh", "tools/docker_base.sh", "tools/compose_check.py"):
+        assert (ROOT / script).stat().st_mode & 0o111, f"{script} must be executable"
+        if script.endswith(".sh"):
+            subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+    r = subprocess.run(["make", "-s", "-n", "compose-check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.stdout.strip().endswith("tools/compose_check.py"), r.stdout
+
+
+def test_compose_check_uses_the_compose_file_names_and_defaults() -> None:
+    """tools/compose_check.py addresses services, the dashboard token and the run directory by the names this
+    compose file gives them; a rename here must break this, not only the (CI-only) real check."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_check", ROOT / "tools" / "compose_check.py")
+    assert spec and spec.loader
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
+    assert set(cc.SERVERS) | set(cc.WORKERS) == set(SERVICES)
+    agg = PARSED["aggregator"][1]
+    assert str(agg.dashboard_token_file) == "/pki/dashboard.token"
+    raw = (ROOT / "tools" / "compose_check.py").read_text()
+    assert '"/pki/dashboard.token"' in raw and 'f"/runs/{self.run_name}' in raw
+    assert agg.out == "/runs/demo" and "/runs/${FEDENT_RUN:-demo}" in (ROOT / "docker-compose.yml").read_text()
+    for var in ("FEDENT_DASHBOARD_PORT", "FEDENT_AGGREGATOR_PORT", "FEDENT_ESTIMATOR_PORT", "FEDENT_ROUNDS",
+                "FEDENT_RUN", "FEDENT_BIND", "FEDENT_BASE"):
+        assert f"${{{var}:-" in (ROOT / "docker-compose.yml").read_text() and var in raw, var
