@@ -23,10 +23,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# passwd: useradd below (a minbase Debian lacks it); python3-venv: the virtualenv (PEP 668 forbids pip
-# outside one on a Debian python).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends dataset-fashion-mnist passwd python3-venv \
+# Only what the base lacks: python3-venv for the virtualenv (a Debian python refuses pip outside one, PEP 668;
+# the official Python image has venv built in) and passwd for useradd (a minbase Debian lacks it).
+RUN pkgs=dataset-fashion-mnist \
+    && { python3 -c "import ensurepip" 2>/dev/null || pkgs="$pkgs python3-venv"; } \
+    && { command -v useradd >/dev/null || pkgs="$pkgs passwd"; } \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends $pkgs \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 
