@@ -107,6 +107,7 @@ class Check:
         self.env.update({"FEDENT_ROUNDS": str(self.rounds), "FEDENT_RUN": self.run_name, "FEDENT_BIND": "127.0.0.1"})
         self.timings: dict[str, float] = {}
         self.token = ""
+        self._ids: dict[str, str] = {}
 
     # ---- plumbing ----------------------------------------------------------------------------------
     def dc(self, *args: str, check: bool = True, capture: bool = False, timeout: float | None = None
@@ -123,10 +124,13 @@ class Check:
         return _Step(self, name)
 
     def container(self, service: str) -> str:
-        cid = self.dc("ps", "-q", service, capture=True).stdout.strip()
-        if not cid:
-            raise CheckFailed(f"no container for {service}")
-        return cid.splitlines()[0]
+        """The service's container id (asked once: `compose ps` is slow with v1; a restart keeps the id)."""
+        if service not in self._ids:
+            cid = self.dc("ps", "-q", service, capture=True).stdout.strip()
+            if not cid:
+                raise CheckFailed(f"no container for {service}")
+            self._ids[service] = cid.splitlines()[0]
+        return self._ids[service]
 
     def inspect(self, service: str) -> dict[str, Any]:
         out = subprocess.run(["docker", "inspect", self.container(service)], capture_output=True, text=True,
@@ -226,7 +230,7 @@ class Check:
         if before != after:
             raise CheckFailed("a restarted aggregator rewrote the finished run's status.json")
         info = self.inspect("aggregator")
-        logs = self.dc("logs", "--no-color", "aggregator", capture=True).stdout
+        logs = subprocess.run(["docker", "logs", self.container("aggregator")], capture_output=True, text=True).stdout
         if "serving it read-only" not in logs:
             raise CheckFailed("the restarted aggregator did not say it serves the finished run read-only")
         log(f"restarted aggregator: healthy, read-only, status.json unchanged (restarts {info.get('RestartCount')})")
@@ -248,11 +252,15 @@ class Check:
 
     def collect(self) -> None:
         for s in (*SERVERS, *WORKERS):
-            r = self.dc("logs", "--no-color", s, check=False, capture=True)
+            try:
+                cid = self.container(s)
+            except CheckFailed:
+                continue
+            r = subprocess.run(["docker", "logs", "--timestamps", cid], capture_output=True, text=True)
             (self.out / f"{s}.log").write_text((r.stdout or "") + (r.stderr or ""))
             try:
                 (self.out / f"{s}.inspect.json").write_text(json.dumps(self.inspect(s)["State"], indent=1))
-            except (CheckFailed, subprocess.CalledProcessError, KeyError):
+            except (subprocess.CalledProcessError, KeyError):
                 pass
         log(f"logs in {self.out}")
 
