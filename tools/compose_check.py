@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """``make compose-check``: the docker-compose cluster for real, end to end; exit 1 when any step fails.
 
+0. the real compose reads docker-compose.yml, and with docker-compose.gpu.yml merged over it;
 1. the local base image (tools/docker_base.sh) when FEDENT_BASE names the local one and it is missing;
 2. the images (``compose build``; the host's package index and CA bundle are passed to the build);
 3. ``compose up -d`` under its own project name, on free loopback ports, a fresh run of FEDENT_CHECK_ROUNDS
@@ -271,6 +272,13 @@ class Check:
         t_all = time.monotonic()
         up = False
         try:
+            with self.step("config"):  # the real compose reads both files (v1 and v2 differ in what they accept)
+                self.dc("config", "-q", capture=True)
+                gpu = [*self.compose, "-p", self.project, "-f", str(ROOT / "docker-compose.yml"), "-f",
+                       str(ROOT / "docker-compose.gpu.yml"), "config", "-q"]
+                r = subprocess.run(gpu, cwd=ROOT, env=self.env, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise CheckFailed(f"docker-compose.gpu.yml does not merge: {r.stderr.strip()[-1000:]}")
             with self.step("base image"):
                 if self.env["FEDENT_BASE"] == LOCAL_BASE:
                     subprocess.run([str(ROOT / "tools" / "docker_base.sh"), LOCAL_BASE], check=True, env=self.env)
