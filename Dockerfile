@@ -12,7 +12,8 @@
 #                    build, the right one for the aggregator and estimator images (docker-compose.yml's
 #                    FEDENT_CPU_TORCH_INDEX_URL).
 # A CA bundle for an intercepting proxy in front of the index: put it at docker/build/ca.crt (git-ignored;
-# tools/compose_check.py copies the host's there); only the pip steps use it (docker/build/pip.sh).
+# tools/compose_check.py copies the host's there); only the pip steps use it (docker/build/pip.sh), and it is
+# deleted from the final filesystem (it stays in the small COPY layer: a CA certificate is public).
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
 
