@@ -89,6 +89,14 @@ class AggregatorLostError(WorkerError):
     """The link to the aggregator broke (UNAVAILABLE, a cut stream, forgotten by missed heartbeats): retryable."""
 
 
+class RunOverError(WorkerError):
+    """The aggregator's run has already ended: nothing to do (a worker started, or restarted, after it)."""
+
+
+# the FAILED_PRECONDITION detail of an aggregator whose run finished successfully (server.engine, server.finished);
+# a failed run says "the run is over (<error>)": the worker then fails too, and restarts with the aggregator
+RUN_OVER_PREFIX = "the run is over (finished)"
+
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
                        grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN,
                        grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -229,6 +237,8 @@ class Worker:
             return method(request, timeout=self.settings.connect_timeout_s)
         except grpc.RpcError as e:
             kind = AggregatorLostError if e.code() in RETRYABLE else WorkerError
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION and (e.details() or "").startswith(RUN_OVER_PREFIX):
+                kind = RunOverError
             raise kind(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
                               f"{e.code().name}: {e.details()}") from None
 
@@ -468,6 +478,7 @@ class Worker:
         raise WorkerError(f"lost the aggregator and could not reconnect: {why}")
 
     def run(self) -> bool:
+        """True when the run ended normally (also when it was over before this worker registered)."""
         try:
             self.connect()
             self.register()
@@ -481,6 +492,9 @@ class Worker:
                     if self.settings.reconnect_attempts == 0:
                         raise WorkerError(str(e)) from None
                     self.reconnect(str(e), time.monotonic(), rng)
+        except RunOverError as e:
+            log.info("nothing to do: %s", e)
+            return True
         finally:
             self.close()
 
