@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from fedent.rounds.evaluation import ClientEval
 from fedent.strategies.base import StrategyError
 from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
@@ -66,6 +67,8 @@ def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkRe
                            deadline_unix=task.deadline_unix)
     if task.kind == "probe":
         return pb.WorkResponse(probe=pb.ProbeTask(task=header))
+    if task.kind == "evaluate":
+        return pb.WorkResponse(evaluate=pb.EvaluateTask(task=header))
     assert task.payload is not None
     return pb.WorkResponse(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
@@ -88,8 +91,10 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
+        details = {int(c.cid): {"label_counts": list(c.label_counts), "data_source": c.data_source,
+                                "num_test_samples": int(c.num_test_samples)} for c in request.clients}
         _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes,
-                                                  caller_identity(context)))
+                                                  caller_identity(context), details))
         return pb.ReadyResponse()
 
     def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
@@ -143,6 +148,14 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
                     request.message)
         return pb.ReportFailureResponse()
+
+    def SubmitEvaluation(self, request: pb.SubmitEvaluationRequest,
+                         context: grpc.ServicerContext) -> pb.SubmitEvaluationResponse:
+        results = [ClientEval(int(r.cid), int(r.num_samples), float(r.loss), float(r.accuracy))
+                   for r in request.results]
+        _guard(context, lambda: self.run.submit_evaluation(request.worker_id, request.task_id, request.round,
+                                                           results, caller_identity(context)))
+        return pb.SubmitEvaluationResponse()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         known = _guard(context, lambda: self.run.heartbeat(request.worker_id, caller_identity(context)))

@@ -28,6 +28,9 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC without worker authentication (default: TLS + mutual TLS + tokens, "
                          "with a development CA made under <run dir>/pki)")
+    up.add_argument("--worker-data", default=None, metavar="SPEC",
+                    help="data.placement: workers: every worker gets --data SPEC (a folder per client, or split:PATH) "
+                         "and reads its own clients' data from it")
     up.add_argument("--no-estimator-service", action="store_true",
                     help="FedEnt: solve φ2 in the aggregator process instead of the estimator service")
     from server.__main__ import add_settings_args
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
-                                use_estimator_service=not args.no_estimator_service, secure=not args.insecure)
+                                use_estimator_service=not args.no_estimator_service, secure=not args.insecure,
+                                worker_data=args.worker_data)
         # the dashboard binds launch.dashboard_host (loopback): a token only when one is given
         dash_access = dashboard_token_from_args(args, launch.dashboard_host)
         if dash_access.token:
