@@ -21,7 +21,7 @@ splits among its clients with the run's partition scheme.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -133,30 +133,34 @@ def _split(x: Any, y: Any, where: str) -> RawSplit:
     return RawSplit(xs, ys, where)
 
 
-def _read_tensor_file(path: Path, keys: Sequence[tuple[str, str]]) -> dict[str, RawSplit]:
-    """A .npz or .pt file: the first (x, y) key pair that is present per split name (``train``/``test``)."""
+def _load_arrays(path: Path) -> dict[str, Any]:
+    """Every array of a .npz or .pt (a dict of tensors) file; unreadable is one LocalDataError line."""
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
-                arrays: dict[str, Any] = {k: z[k] for k in z.files}
-        else:
-            got = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(got, dict):
-                raise LocalDataError(f"{path}: expected a dict of tensors, got {type(got).__name__}")
-            arrays = {k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)) for k, v in got.items()}
-    except LocalDataError:
-        raise
+                return {k: z[k] for k in z.files}
+        got = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # unreadable, truncated, not that format: one line
-        raise LocalDataError(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") \
-            from None
-    out: dict[str, RawSplit] = {}
-    for name, (kx, ky) in zip(("train", "test"), keys, strict=False):
-        if kx in arrays and ky in arrays:
-            out[name] = _split(arrays[kx], arrays[ky], f"{path}")
-    if not out:
-        want = " or ".join(f"{kx}/{ky}" for kx, ky in keys)
-        raise LocalDataError(f"{path}: no {want} arrays (found {', '.join(sorted(arrays)) or 'none'})")
-    return out
+        why = str(e).splitlines()[0] if str(e) else ""
+        raise LocalDataError(f"{path}: unreadable ({type(e).__name__}: {why})") from None
+    if not isinstance(got, dict):
+        raise LocalDataError(f"{path}: expected a dict of tensors, got {type(got).__name__}")
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)) for k, v in got.items()}
+
+
+def _read_tensor_file(path: Path, split: bool = False) -> dict[str, RawSplit]:
+    """A .npz/.pt file with ``x`` and ``y`` (one client's split), or for ``split:`` also x_train/y_train
+    (+ x_test/y_test) as ``train``/``test``."""
+    arrays = _load_arrays(path)
+    if split and "x_train" in arrays and "y_train" in arrays:
+        out = {"train": _split(arrays["x_train"], arrays["y_train"], str(path))}
+        if "x_test" in arrays and "y_test" in arrays:
+            out["test"] = _split(arrays["x_test"], arrays["y_test"], str(path))
+        return out
+    if "x" in arrays and "y" in arrays:
+        return {"train": _split(arrays["x"], arrays["y"], str(path))}
+    want = "x/y or x_train/y_train" if split else "x and y"
+    raise LocalDataError(f"{path}: no {want} arrays (found {', '.join(sorted(arrays)) or 'none'})")
 
 
 def _read_image_folder(root: Path) -> RawSplit:
@@ -208,9 +212,9 @@ def _read_builtin_layout(directory: Path, data_name: str | None) -> dict[str, Ra
 def _read_dir(d: Path, data_name: str | None) -> dict[str, RawSplit]:
     for suffix in (".npz", ".pt"):
         if (d / f"train{suffix}").is_file():
-            out = {"train": _read_tensor_file(d / f"train{suffix}", [("x", "y")])["train"]}
+            out = {"train": _read_tensor_file(d / f"train{suffix}")["train"]}
             if (d / f"test{suffix}").is_file():
-                out["test"] = _read_tensor_file(d / f"test{suffix}", [("x", "y")])["train"]
+                out["test"] = _read_tensor_file(d / f"test{suffix}")["train"]
             return out
     if (d / "train").is_dir():
         out = {"train": _read_image_folder(d / "train")}
@@ -240,9 +244,7 @@ def read_local(spec: LocalDataSpec, cids: Sequence[int], data_name: str | None =
         if spec.path.is_file():
             if spec.path.suffix not in (".npz", ".pt"):
                 raise LocalDataError(f"--data split:{spec.path}: expected a .npz or .pt file or a directory")
-            got = _read_tensor_file(spec.path, [("x_train", "y_train"), ("x_test", "y_test")])
-            if "train" not in got:
-                got = _read_tensor_file(spec.path, [("x", "y")])
+            got = _read_tensor_file(spec.path, split=True)
         else:
             got = _read_dir(spec.path, data_name)
         if "train" not in got or len(got["train"]) < len(cids):
@@ -350,8 +352,8 @@ def _split_among(whole: RawClient, cids: Sequence[int], cfg: ExperimentConfig,
     return out
 
 
-def write_client_files(out: Path, clients: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                                           torch.Tensor | None]]) -> list[Path]:
+def write_client_files(out: Path, clients: Mapping[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                              torch.Tensor | None]]) -> list[Path]:
     """``out/client-<cid>/train.npz`` (+ ``test.npz``) with x and y: the per-client layout ``--data`` reads."""
     written = []
     for cid, (x, y, xt, yt) in clients.items():
