@@ -12,8 +12,13 @@ from typing import Any
 from torch import Tensor
 
 from fedent.config import StrategyOptions, option
-from fedent.strategies.base import AggregateResult, ClientUpdate, LocalSGDStrategy, tensor_lists_from_state, \
-    weighted_average
+from fedent.strategies.base import (
+    AggregateResult,
+    ClientUpdate,
+    LocalSGDStrategy,
+    tensor_lists_from_state,
+    weighted_average,
+)
 
 
 @dataclass(frozen=True)
