@@ -289,6 +289,7 @@ class Cluster:
 
 
 def default_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
+    """Absolute: the children start in the repository, and the PKI and state paths under it are passed to them."""
     if out:
-        return Path(out)
-    return Path(cfg.out_dir) / runlog.new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
+        return Path(out).resolve()
+    return (Path(cfg.out_dir) / runlog.new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)).resolve()

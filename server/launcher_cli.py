@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -40,6 +41,16 @@ def add_parser(subparsers: Any) -> None:
     add_dashboard_token_args(up)
 
 
+def absolute_data_spec(spec: str | None) -> str | None:
+    """--worker-data with its path made absolute: the workers start in the repository, not in this directory."""
+    if spec is None:
+        return None
+    mode, sep, path = spec.partition(":")
+    if sep and mode in ("per-client", "split"):
+        return f"{mode}:{Path(path).expanduser().resolve()}"
+    return str(Path(spec).expanduser().resolve())
+
+
 def run(args: argparse.Namespace) -> int:
     from fedent.data import DatasetError
     from fedentrpc.security.redaction import install_log_redaction
@@ -55,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
                                 use_estimator_service=not args.no_estimator_service, secure=not args.insecure,
-                                worker_data=args.worker_data)
+                                worker_data=absolute_data_spec(args.worker_data))
         # the dashboard binds launch.dashboard_host (loopback): a token only when one is given
         dash_access = dashboard_token_from_args(args, launch.dashboard_host)
         if dash_access.token:
