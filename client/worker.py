@@ -2,7 +2,11 @@
 
 It only dials out (works behind NAT): Register -> rebuild the partition locally from the config and seed
 the aggregator sends (data never leaves the machine) and check its md5 -> Ready -> open the Work stream
-and execute each pushed task. Per-client state (``ClientState``) lives here across rounds. The global
+and execute each pushed task. With ``--data`` (``data.placement: workers``) each client's data comes from
+this machine's files instead: read and checked before dialling, fitted to the run's model after Register,
+and its sample counts (label histograms unless ``--no-label-histogram``) reported at Ready.
+
+Per-client state (``ClientState``) lives here across rounds. The global
 model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
 clients this worker hosts.
 
@@ -280,9 +284,9 @@ class Worker:
     def _ready(self, md5: str) -> None:
         cids = self.settings.client_ids
         hist = self.local is not None and self.settings.label_histogram
-        sizes = [pb.ClientInfo(cid=c, num_samples=int(self.indices[c].numel()),
-                               label_counts=self.local.label_counts(c) if hist and self.local else [],
-                               data_source=self.sources.get(c, ""), num_test_samples=len(self.test[2].get(c, ())))
+        sizes = [mappers.client_info_to_msg(c, int(self.indices[c].numel()),
+                                            self.local.label_counts(c) if hist and self.local else [],
+                                            self.sources.get(c, ""), len(self.test[2].get(c, ())))
                  for c in cids]
         self._call(self.stub.Ready, pb.ReadyRequest(worker_id=self.worker_id, partition_md5=md5, clients=sizes))
         log.info("worker %s ready: %d clients on %s", self.worker_id, len(cids), self.device)
@@ -353,8 +357,7 @@ class Worker:
                               self.cfg.train.eval_batch_size)
         self._call(self.stub.SubmitEvaluation, pb.SubmitEvaluationRequest(
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-            results=[pb.ClientEvaluation(cid=r.cid, num_samples=r.num_samples, loss=r.loss, accuracy=r.accuracy)
-                     for r in got.values()]))
+            results=[mappers.evaluation_to_msg(r) for r in got.values()]))
 
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
         h = t.task

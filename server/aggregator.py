@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fedent.rounds.evaluation import ClientEval
 from fedent.strategies.base import StrategyError
 from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
@@ -90,9 +89,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                                    heartbeat_s=reg.heartbeat_s)
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
-        sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
-        details = {int(c.cid): {"label_counts": list(c.label_counts), "data_source": c.data_source,
-                                "num_test_samples": int(c.num_test_samples)} for c in request.clients}
+        sizes, details = mappers.client_info_from_msgs(request.clients)
         _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes,
                                                   caller_identity(context), details))
         return pb.ReadyResponse()
@@ -151,8 +148,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def SubmitEvaluation(self, request: pb.SubmitEvaluationRequest,
                          context: grpc.ServicerContext) -> pb.SubmitEvaluationResponse:
-        results = [ClientEval(int(r.cid), int(r.num_samples), float(r.loss), float(r.accuracy))
-                   for r in request.results]
+        results = [mappers.evaluation_from_msg(r) for r in request.results]
         _guard(context, lambda: self.run.submit_evaluation(request.worker_id, request.task_id, request.round,
                                                            results, caller_identity(context)))
         return pb.SubmitEvaluationResponse()

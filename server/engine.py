@@ -32,6 +32,7 @@ from fedent.inputs import RunInputs
 from fedent.rng import numpy_rng
 from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import ClientEval, Evaluator
+from fedent.rounds.sequential import central_source
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
 from fedent.strategies.validation import check_probe, check_update
 from fedent.trainer import LocalTrainer
@@ -126,6 +127,8 @@ class ClusterRun:
     # ---- ClientExecutor -------------------------------------------------------------------------
     def bind(self, engine: RoundEngine) -> None:
         engine.clients.update(range(len(self.sizes)), state="waiting")
+        if not self.local_data:
+            engine.clients.update(range(len(self.sizes)), data_source=central_source(engine.partition_info))
 
     def status_fields(self) -> dict[str, Any]:
         with self.lock:

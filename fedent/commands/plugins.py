@@ -8,11 +8,15 @@ config would and prints the one-line error when it cannot be used.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from fedent.config import ConfigError
 
+if TYPE_CHECKING:
+    from fedent.plugins import Kind
+
 HELP = "list the models, datasets and strategies available (built-in and plug-ins)"
-KINDS = ("models", "datasets", "strategies")
+KINDS: tuple[Kind, ...] = ("models", "datasets", "strategies")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -36,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         obj = plugins.resolve(args.kind, args.check)  # PluginError: one line, exit 2 (fedent.cli)
         print(f"{args.kind} {args.check}: ok ({getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')})")
         return 0
-    for kind in [args.kind] if args.kind else KINDS:
+    kinds: tuple[Kind, ...] = (args.kind,) if args.kind else KINDS
+    for kind in kinds:
         print(f"{kind} ({plugins.GROUPS[kind]}):")
         for a in plugins.available(kind):
             where = "built-in" if a.target == "built-in" else f"{a.target}  [{a.origin}]"
