@@ -84,13 +84,18 @@ def test_inthread_workers_on_local_files_with_federated_evaluation(start: Any, t
                      y=rng.integers(0, 10, tests[cid]))
     h = start(config_from_dict(CFG), None)
     workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=(c,), device="cpu",
-                                     connect_timeout_s=10, data=str(tmp_path / "data"))) for c in (0, 1)]
+                                     connect_timeout_s=10, data=str(tmp_path / "data"), label_histogram=c == 0))
+               for c in (0, 1)]  # client 1's worker keeps its label histogram to itself
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     for t in threads:
         t.start()
     assert h.wait(90), "the run did not finish"
     assert h.run.error is None
-    assert read_json(h.run_dir / "partition.json")["sizes"] == [12, 20]
+    part = read_json(h.run_dir / "partition.json")
+    assert part["sizes"] == [12, 20] and part["test_sizes"] == [4, 0]
+    assert "label_counts" not in part  # not every client sent one: no heatmap rather than a partial one
+    rows = read_json(h.run_dir / "clients.json")["clients"]
+    assert sum(rows[0]["label_counts"]) == 12 and rows[1]["label_counts"] is None
     rec = read_metrics(h.run_dir / "metrics.jsonl")[-1]
     assert rec["diagnostics"]["evaluation"] == {"mode": "federated", "samples": 4, "clients": 1}
     assert rec["test_acc"] is not None and 0.0 <= rec["test_acc"] <= 1.0
