@@ -175,8 +175,7 @@ def _read_image_folder(root: Path) -> RawSplit:
         for f in sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
             try:
                 with Image.open(f) as im:
-                    a = np.asarray(im.convert("L" if im.mode in ("1", "L", "I", "I;16", "P") and
-                                              im.getbands() in (("1",), ("L",), ("I",), ("P",)) else "RGB"))
+                    a = np.asarray(im.convert("L" if im.mode in ("1", "L", "I", "I;16") else "RGB"))
             except Exception as e:
                 raise LocalDataError(f"{f}: unreadable image ({type(e).__name__})") from None
             xs.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
