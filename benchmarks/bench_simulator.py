@@ -17,6 +17,7 @@ not count waiting for fsync, which the wall-time ratio on a quiet machine does.
 
     python benchmarks/bench_simulator.py                      # full data (600 samples per client)
     python benchmarks/bench_simulator.py --quick --rounds 2   # 12,000 samples, for CI-size machines
+    python benchmarks/bench_simulator.py --device cuda --executors sequential,vectorised   # issue 16's ratios
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class Timing:
     cpu: float  # this process's CPU seconds: robust to a busy machine when torch uses one thread
 
 
-def make_inputs(max_train: int | None) -> RunInputs:
-    dcfg = DataConfig(name="fashion-mnist", num_clients=NUM_CLIENTS, partition="pathological",
+def make_inputs(max_train: int | None, root: str | None = None) -> RunInputs:
+    dcfg = DataConfig(name="fashion-mnist", root=root, num_clients=NUM_CLIENTS, partition="pathological",
                       max_train_samples=max_train, max_test_samples=1000)
     data = load_dataset(dcfg, SEED)
     part = make_partition(data.y_train.numpy(), dcfg, SEED)
@@ -66,11 +67,11 @@ def make_inputs(max_train: int | None) -> RunInputs:
                      partition_info={"md5": part.md5()})
 
 
-def config(algorithm: str, rounds: int, device: str) -> ExperimentConfig:
+def config(algorithm: str, rounds: int, device: str, executor: str = "sequential") -> ExperimentConfig:
     return config_from_dict({
         "name": "bench", "data": {"name": "fashion-mnist", "num_clients": NUM_CLIENTS, "partition": "pathological"},
         "train": {"rounds": rounds, "fraction": FRACTION, "local_epochs": EPOCHS, "batch_size": BATCH, "lr": LR,
-                  "eval_every": 10_000, "seed": SEED, "device": device},
+                  "eval_every": 10_000, "seed": SEED, "device": device, "executor": executor},
         "algorithm": {"name": algorithm},
     })
 
@@ -118,7 +119,8 @@ class _StampedLog(runlog.MetricsLog):
         _StampedLog.stamps.append(Timing(time.perf_counter(), time.process_time()))
 
 
-def sim_round_times(inputs: RunInputs, algorithm: str, rounds: int, device: str) -> tuple[list[Timing], list[Tensor]]:
+def sim_round_times(inputs: RunInputs, algorithm: str, rounds: int, device: str,
+                    executor: str = "sequential") -> tuple[list[Timing], list[Tensor]]:
     """Per-round (wall, cpu) seconds of the simulator: differences of the clocks at consecutive log lines,
     so the bookkeeping after a line (clients.json, estimator.json, status.json) is charged to the next
     round. The last round (the only evaluation) is left out."""
@@ -128,7 +130,7 @@ def sim_round_times(inputs: RunInputs, algorithm: str, rounds: int, device: str)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = Timing(time.perf_counter(), time.process_time())
-            res = run_simulation(config(algorithm, rounds, device), Path(tmp) / "run", progress=False,
+            res = run_simulation(config(algorithm, rounds, device, executor), Path(tmp) / "run", progress=False,
                                  inputs=inputs, plots=False)
     finally:
         runlog.MetricsLog = original  # type: ignore[misc]
@@ -145,43 +147,52 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (same for both)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--algorithms", default="fedavg,fedent")
+    ap.add_argument("--data-root", default=None, help="Fashion-MNIST files here (default: the system copy)")
+    ap.add_argument("--executors", default="sequential",
+                    help="comma-separated simulator executors to time (sequential, vectorised)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
-    inputs = make_inputs(12_000 if args.quick else None)
+    torch.backends.cudnn.allow_tf32 = False  # as LocalTrainer sets it: every contender computes in float32
+    inputs = make_inputs(12_000 if args.quick else None, args.data_root)
     rounds = args.rounds + 2
     sizes = inputs.client_sizes()
     print(f"fashion-mnist pathological, {NUM_CLIENTS} clients x ~{int(np.mean(sizes))} samples, "
           f"{int(FRACTION * NUM_CLIENTS)} per round, {EPOCHS} epoch, batch {BATCH}, mnist-cnn, device {dev}, "
           f"threads {torch.get_num_threads()}, {args.rounds} timed rounds x {args.repeats} repeats")
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    execs = [e.strip() for e in args.executors.split(",") if e.strip()]
     bare: list[Timing] = []
-    sims: dict[str, list[Timing]] = {a: [] for a in algos}
+    sims: dict[tuple[str, str], list[Timing]] = {(a, e): [] for a in algos for e in execs}
     for _ in range(args.repeats):
         times, _ = bare_loop(inputs, rounds, dev)
         bare += times[1:]  # round 0 warms up
         for a in algos:
-            stimes, _ = sim_round_times(inputs, a, rounds, args.device)
-            sims[a] += stimes[1:]
+            for e in execs:
+                stimes, _ = sim_round_times(inputs, a, rounds, args.device, e)
+                sims[a, e] += stimes[1:]
     for clock in ("cpu", "wall"):
         b = statistics.median(getattr(t, clock) for t in bare)
-        print(f"[{clock} time] bare loop       : median {b:.3f} s/round (of {len(bare)} rounds)")
+        print(f"[{clock} time] bare loop                  : median {b:.3f} s/round (of {len(bare)} rounds)")
         for a in algos:
-            s = statistics.median(getattr(t, clock) for t in sims[a])
-            print(f"[{clock} time] simulator {a:<6}: median {s:.3f} s/round  ->  ratio {s / b:.3f}x")
-    check_same_model(inputs, dev, args.device)
+            for e in execs:
+                m = statistics.median(getattr(t, clock) for t in sims[a, e])
+                print(f"[{clock} time] simulator {a:<7} {e:<10}: median {m:.3f} s/round  ->  ratio {m / b:.3f}x "
+                      f"of bare, speed-up {b / m:.2f}x")
+    for e in execs:
+        check_same_model(inputs, dev, args.device, e)
     return 0
 
 
-def check_same_model(inputs: RunInputs, dev: torch.device, device: str) -> None:
+def check_same_model(inputs: RunInputs, dev: torch.device, device: str, executor: str = "sequential") -> None:
     """Sanity: after 2 rounds the simulator's FedAvg model equals the bare loop's (same batches, same order)."""
     _, bare_params = bare_loop(inputs, 3, dev)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = config("fedavg", 2, device)
+        cfg = config("fedavg", 2, device, executor)
         res = run_simulation(cfg, Path(tmp) / "r", progress=False, inputs=inputs, plots=False)
     diff = max(float((a.cpu() - b.cpu()).abs().max()) for a, b in zip(bare_params, res.params, strict=True))
-    print(f"same training check: max |bare - simulator| after 2 rounds = {diff:.2e}")
+    print(f"same training check ({executor}): max |bare - simulator| after 2 rounds = {diff:.2e}")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,9 @@ class ModelConfig:
         c.raise_any()
 
 
+EXECUTORS = ("auto", "sequential", "vectorised")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     rounds: int = 50
@@ -135,6 +138,8 @@ class TrainConfig:
     # server: the aggregator evaluates w(t+1) on a held-out set; federated: every client evaluates it on its
     # local test split and the run reports the sample-weighted mean
     evaluation: Literal["server", "federated"] = "server"
+    executor: Literal["auto", "sequential", "vectorised"] = "auto"  # how the simulator runs a round's clients
+    max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
 
     def validate(self) -> None:
         c = _Collect()
@@ -148,6 +153,9 @@ class TrainConfig:
         c.check(self.evaluation in ("server", "federated"), "train.evaluation", "must be server or federated")
         c.check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", "must be auto, cpu, cuda or cuda:N")
+        c.check(self.executor in EXECUTORS, "train.executor", f"must be one of {', '.join(EXECUTORS)}")
+        c.check(self.max_parallel_clients is None or self.max_parallel_clients >= 1, "train.max_parallel_clients",
+                "must be >= 1 or null")
         c.raise_any()
 
 

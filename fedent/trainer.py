@@ -45,6 +45,10 @@ class LocalTrainer:
 
     def __init__(self, model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device) -> None:
         self.device = device
+        if device.type == "cuda":
+            # float32 means float32: cuDNN's TF32 convolutions (on by default) round inputs to 10 mantissa bits,
+            # so two executors, or a worker and the simulator, would drift apart by ~1e-4 within a round.
+            torch.backends.cudnn.allow_tf32 = False
         self.model = model.to(device)
         self.x = x.to(device)
         self.y = y.to(device)
@@ -58,10 +62,17 @@ class LocalTrainer:
         """Copy a global model into the reused model in place."""
         copy_into(self.params, params)
 
-    def _batches(self, indices: Tensor, generator: torch.Generator) -> list[Tensor]:
-        perm = torch.randperm(indices.numel(), generator=generator)
-        order = indices[perm].to(self.device, non_blocking=True)
-        return list(torch.split(order, self.batch_size))
+    def batch_plan(self, indices: Tensor, generator: torch.Generator, epochs: int,
+                   device: torch.device | None = None) -> list[Tensor]:
+        """Every minibatch of an E-epoch local run, in order: one fresh permutation per epoch, split into
+        batches of ``batch_size`` (the last one of each epoch may be short). Both executors train on exactly
+        this sequence, so they agree client by client. On ``device`` (default the trainer's)."""
+        dev = self.device if device is None else device
+        out: list[Tensor] = []
+        for _ in range(epochs):
+            perm = torch.randperm(indices.numel(), generator=generator)
+            out.extend(torch.split(indices[perm].to(dev, non_blocking=True), self.batch_size))
+        return out
 
     def train(
         self,
@@ -78,17 +89,16 @@ class LocalTrainer:
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
         total = torch.zeros((), device=self.device)
         steps = 0
-        for _ in range(epochs):
-            for idx in self._batches(indices, generator):
-                out = model(self.x[idx])
-                loss = F.cross_entropy(out, self.y[idx])
-                grads = list(torch.autograd.grad(loss, params))
-                if grad_hook is not None:
-                    grad_hook(params, grads)
-                with torch.no_grad():
-                    torch._foreach_add_(params, grads, alpha=-lr)
-                total += loss.detach()
-                steps += 1
+        for idx in self.batch_plan(indices, generator, epochs):
+            out = model(self.x[idx])
+            loss = F.cross_entropy(out, self.y[idx])
+            grads = list(torch.autograd.grad(loss, params))
+            if grad_hook is not None:
+                grad_hook(params, grads)
+            with torch.no_grad():
+                torch._foreach_add_(params, grads, alpha=-lr)
+            total += loss.detach()
+            steps += 1
         return TrainResult(loss=float(total) / max(steps, 1), steps=steps)
 
     def gradient(self, indices: Tensor, generator: torch.Generator, batch_size: int | None = None) -> Params:

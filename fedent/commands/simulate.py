@@ -21,6 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="override a config key, e.g. --set train.rounds=5 (repeatable)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                    help="where to train (default: train.device from the config; auto = CUDA if present)")
+    p.add_argument("--executor", choices=["auto", "sequential", "vectorised"], default=None,
+                   help="how a round's clients run (default: train.executor; auto = vectorised on CUDA)")
+    p.add_argument("--max-parallel-clients", type=int, default=None, metavar="N",
+                   help="vectorised executor: at most N clients per step (default: from free device memory)")
     p.add_argument("--out", default=None, help="directory for run directories (default: out_dir of the config)")
     p.add_argument("--run-id", default=None, help="name of the run directory (default: name-algorithm-seed-time)")
     p.add_argument("--local-eval", type=int, default=None, metavar="K",
@@ -31,10 +35,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
 
+def executor_overrides(args: argparse.Namespace) -> list[str]:
+    """--executor and --max-parallel-clients as config overrides, so config.yaml records what ran."""
+    out = [f"train.executor={args.executor}"] if args.executor else []
+    if args.max_parallel_clients is not None:
+        out.append(f"train.max_parallel_clients={args.max_parallel_clients}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from fedent.sim.simulator import SimulationError, run_simulation
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, [*args.overrides, *executor_overrides(args)])
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
     check_device(cfg, args.device)

@@ -1,4 +1,4 @@
-"""The in-process simulator: the round engine (``fedent.rounds``) over the sequential executor.
+"""The in-process simulator: the round engine (``fedent.rounds``) over the sequential or vectorised executor.
 
 The round loop is the cluster aggregator's, with the same seeded streams, so a cluster run reproduces a
 simulation; this module only assembles the inputs, checks the run directory and draws the progress bar.
@@ -18,8 +18,9 @@ from fedent import runlog
 from fedent.config import ExperimentConfig, with_device
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
-from fedent.rounds import RoundEngine, RunError, SequentialExecutor
+from fedent.rounds import RoundEngine, RunError
 from fedent.rounds.evaluation import Evaluator, central_federated
+from fedent.rounds.vectorised import make_executor
 from fedent.sim.progress import ProgressBar
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -55,7 +56,8 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device)
-    executor = SequentialExecutor(trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed, tr.batch_size)
+    executor = make_executor(tr.executor, trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed,
+                             tr.batch_size, tr.max_parallel_clients)
     federated = None
     if tr.evaluation == "federated":
         federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,

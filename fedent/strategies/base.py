@@ -17,7 +17,7 @@ worker process can persist and restore them. Server state is exposed by ``server
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fedent.params import Params, clone, weighted_sum
-from fedent.trainer import LocalTrainer
+from fedent.trainer import GradHook, LocalTrainer, TrainResult
 
 
 class StrategyError(ValueError):
@@ -106,6 +106,55 @@ class PayloadSpec:
     update_tensors: tuple[str, ...] = ()  # groups shaped like the model's parameters (SCAFFOLD's delta_c)
 
 
+FinishFit = Callable[[Params, TrainResult], ClientUpdate]  # (w_i after training, its result) -> the upload
+
+
+@dataclass
+class LocalFit:
+    """A client's local training, decided before it runs (Step 3 of the paper).
+
+    E epochs of minibatch SGD at the fixed rate ``lr`` from w(t), on the gradient
+    ∇F_i(w) + ``weight_coef`` · w + ``linear`` (FedProx's proximal term, SCAFFOLD's and FedDyn's
+    corrections are all of this form), then ``finish`` turns the trained model into the upload and
+    updates the client's state. Because the plan is data, an executor may run one client at a time
+    (``Strategy.fit``) or many clients in one vectorised step (fedent.rounds.vectorised) with the same
+    arithmetic.
+    """
+
+    lr: float
+    finish: FinishFit
+    weight_coef: float = 0.0
+    linear: Params | None = None  # on the trainer's device, shaped like the model's parameters
+
+    def grad_hook(self) -> GradHook | None:
+        """The correction as a hook for ``LocalTrainer.train``; None when there is none (bit-for-bit SGD)."""
+        coef, linear = self.weight_coef, self.linear
+        if coef == 0.0 and linear is None:
+            return None
+
+        def hook(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
+            with torch.no_grad():  # in-place adds, no temporaries
+                g = list(grads)
+                if coef != 0.0:
+                    torch._foreach_add_(g, list(params), alpha=coef)
+                if linear is not None:
+                    torch._foreach_add_(g, list(linear))
+
+        return hook
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A client's probe, decided before it runs: one gradient at w(t) on a batch of at most ``batch_size``
+    samples drawn with ``generator`` (``LocalTrainer.gradient``; None = the training batch size), then
+    ``finish`` turns it into the ``Probe`` (and may note what it needs in the client's state). Because the plan
+    is data, the vectorised executor takes every participant's gradient in one step."""
+
+    generator: torch.Generator
+    batch_size: int | None
+    finish: Callable[[Params], Probe]
+
+
 @dataclass
 class AggregateResult:
     params: Params
@@ -155,28 +204,38 @@ class Strategy(ABC):
     def init_client_state(self, cid: int, num_samples: int) -> ClientState:
         return ClientState()
 
+    def plan_probe(self, global_params: Sequence[Tensor], task: ClientTask, state: ClientState) -> ProbePlan:
+        """The probe as a ``ProbePlan``; strategies with ``needs_probe`` implement this or ``probe``."""
+        raise NotImplementedError(f"{self.name} has no probe step")
+
     def probe(
         self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
     ) -> Probe:
-        raise NotImplementedError(f"{self.name} has no probe step")
+        """One client's probe on ``trainer``: its plan's gradient at w(t), then its finish."""
+        plan = self.plan_probe(global_params, task, state)
+        trainer.load(global_params)
+        return plan.finish(trainer.gradient(task.indices, plan.generator, plan.batch_size))
 
-    @abstractmethod
-    def fit(
+    @property
+    def plans_probe(self) -> bool:
+        """Whether the probe is a ``ProbePlan`` (what the vectorised executor needs to batch it)."""
+        return type(self).plan_probe is not Strategy.plan_probe
+
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate: ...
+    ) -> LocalFit:
+        """The client's local training as a ``LocalFit`` (rate, gradient correction, how to finish).
 
-
-class LocalSGDStrategy(Strategy):
-    """Strategies whose client step is FedAvg's: load w(t), E epochs of SGD at the base rate, upload w_i.
-
-    FedAvg, FedAdam/FedYogi (server-side optimiser) and FedCos (server-side weights) differ only in
-    ``aggregate``; they share this ``fit``.
-    """
+        ``trainer`` may be used before training (e.g. FedNorm's probe gradient at w(t)); its model's
+        parameters are not assumed to survive this call. Every built-in strategy implements it; a
+        strategy that overrides ``fit`` instead runs only on executors that call ``fit``.
+        """
+        raise NotImplementedError(f"{self.name} defines no plan_fit")
 
     def fit(
         self,
@@ -186,9 +245,34 @@ class LocalSGDStrategy(Strategy):
         task: ClientTask,
         state: ClientState,
     ) -> ClientUpdate:
+        """One client's round on ``trainer``: its plan, then E epochs of SGD from w(t), then the upload."""
+        plan = self.plan_fit(trainer, global_params, payload, task, state)
         trainer.load(global_params)
-        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss)
+        res = trainer.train(task.indices, plan.lr, task.epochs, train_generator(task), grad_hook=plan.grad_hook())
+        return plan.finish(clone(trainer.params), res)
+
+    @property
+    def plans_fit(self) -> bool:
+        """Whether the client step is a ``LocalFit`` plan (what the vectorised executor needs)."""
+        return type(self).plan_fit is not Strategy.plan_fit
+
+
+class LocalSGDStrategy(Strategy):
+    """Strategies whose client step is FedAvg's: E epochs of SGD at the base rate from w(t), upload w_i.
+
+    FedAvg, FedAdam/FedYogi (server-side optimiser) and FedCos (server-side weights) differ only in
+    ``aggregate``; they share this plan.
+    """
+
+    def plan_fit(
+        self,
+        trainer: LocalTrainer,
+        global_params: Sequence[Tensor],
+        payload: RoundPayload,
+        task: ClientTask,
+        state: ClientState,
+    ) -> LocalFit:
+        return LocalFit(task.lr, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss))
 
 
 def sample_weights(updates: Sequence[ClientUpdate]) -> list[float]:

@@ -36,6 +36,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    LocalFit,
     PayloadSpec,
     Probe,
     RoundPayload,
@@ -43,10 +44,9 @@ from fedent.strategies.base import (
     StrategyError,
     align_state,
     tensor_lists_from_state,
-    train_generator,
 )
 from fedent.strategies.options import FedDynOptions
-from fedent.trainer import GradHook, LocalTrainer
+from fedent.trainer import LocalTrainer, TrainResult
 
 LAMBDA = "lambda"  # ClientState.tensors key of λ_k
 MEAN_SAMPLES = "mean_samples"  # RoundPayload.scalars key of n̄
@@ -60,19 +60,6 @@ def client_alpha(alpha: float, num_samples: int, mean_samples: float) -> float:
     if not mean_samples > 0 or num_samples < 0:
         raise StrategyError(f"feddyn: bad sample counts n_k={num_samples}, n̄={mean_samples}")
     return 0.0 if num_samples == 0 else alpha * mean_samples / num_samples
-
-
-def dynamic_hook(server_params: Sequence[Tensor], lam: Sequence[Tensor], alpha_k: float) -> GradHook:
-    """grad += α_k (w − w_srv + λ_k); the constant part λ_k − w_srv is formed once."""
-    linear = sub(lam, server_params)
-
-    def hook(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
-        with torch.no_grad():
-            g = list(grads)
-            torch._foreach_add_(g, list(params), alpha=alpha_k)
-            torch._foreach_add_(g, linear, alpha=alpha_k)
-
-    return hook
 
 
 class FedDyn(Strategy):
@@ -133,14 +120,15 @@ class FedDyn(Strategy):
         self._lambda_sum = tensor_lists_from_state(state, ("lambda_sum",), self.name)["lambda_sum"]
 
     # ---- client side -----------------------------------------------------------------------------
-    def fit(
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate:
+    ) -> LocalFit:
+        """grad += α_k (w − w_srv + λ_k); finishing sets λ_k ← λ_k + (w_k − w_srv)."""
         if MEAN_SAMPLES not in payload.scalars:
             raise StrategyError(f"feddyn: the round payload lacks scalars[{MEAN_SAMPLES!r}]")
         alpha_k = client_alpha(self.options.alpha, task.num_samples, float(payload.scalars[MEAN_SAMPLES]))
@@ -148,12 +136,15 @@ class FedDyn(Strategy):
         w_srv = clone(trainer.params)  # on the trainer's device
         lam = state.tensors.get(LAMBDA)
         lam = zeros_like(w_srv) if lam is None else align_state(lam, w_srv, f"feddyn: client {task.cid}'s λ")
-        hook = dynamic_hook(w_srv, lam, alpha_k)
-        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task), grad_hook=hook)
-        w_k = clone(trainer.params)
-        torch._foreach_add_(lam, sub(w_k, w_srv))  # λ_k ← λ_k + (w_k − w_srv)
-        state.tensors[LAMBDA] = lam
-        return ClientUpdate(task.cid, w_k, task.num_samples, res.loss, scalars={"alpha_k": alpha_k})
+        linear = sub(lam, w_srv)
+        torch._foreach_mul_(linear, alpha_k)
+
+        def finish(w_k: Params, res: TrainResult) -> ClientUpdate:
+            torch._foreach_add_(lam, sub(w_k, w_srv))  # λ_k ← λ_k + (w_k − w_srv)
+            state.tensors[LAMBDA] = lam
+            return ClientUpdate(task.cid, w_k, task.num_samples, res.loss, scalars={"alpha_k": alpha_k})
+
+        return LocalFit(task.lr, finish, weight_coef=alpha_k, linear=linear)
 
 
 STRATEGY = FedDyn

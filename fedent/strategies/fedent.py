@@ -18,7 +18,7 @@ from fedent.meanfield.diagnostics import ParticipantReport, fedent_round_record
 from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator, Phi2Estimator
 from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
 from fedent.meanfield.lr import solve_eta
-from fedent.params import clone, dot, norm_sq
+from fedent.params import Params, dot, norm_sq
 from fedent.rng import torch_generator
 from fedent.strategies.base import (
     AggregateResult,
@@ -26,12 +26,13 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    LocalFit,
     PayloadSpec,
     Probe,
+    ProbePlan,
     RoundPayload,
     Strategy,
     StrategyError,
-    train_generator,
     weighted_average,
 )
 from fedent.strategies.options import FedEntOptions
@@ -141,21 +142,26 @@ class FedEnt(Strategy):
         g = trainer.gradient(task.indices, gen, self.options.probe_batch_size)
         return dot(global_params, g), norm_sq(g)
 
-    def probe(
-        self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
-    ) -> Probe:
-        a, b = self._probe_scalars(trainer, global_params, task)
-        state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
-        return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+    def plan_probe(self, global_params: Sequence[Tensor], task: ClientTask, state: ClientState) -> ProbePlan:
+        """g_i at w(t) on one random batch (Algorithm 2, line 4), reported as (a, b) = (⟨w(t), g⟩, ‖g‖²)."""
+        gen = torch_generator(task.seed, "probe", task.round, task.cid)
 
-    def fit(
+        def finish(g: Params) -> Probe:
+            a, b = dot(global_params, g), norm_sq(g)
+            state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
+            return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+
+        return ProbePlan(gen, self.options.probe_batch_size, finish)
+
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate:
+    ) -> LocalFit:
+        """η*_i by Proposition 1, decayed with η_i(t−1) (Eq. (eta_deacy)); then plain SGD at η_i."""
         try:
             phi2, c, total = (float(payload.scalars[k]) for k in ("phi2_next", "c", "total_samples"))
         except KeyError as e:
@@ -172,13 +178,12 @@ class FedEnt(Strategy):
         eta_star = float(sol.eta_star[0])
         eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, o.gamma)
         state.scalars[ETA_STATE_KEY] = eta
-        trainer.load(global_params)
-        res = trainer.train(task.indices, eta, task.epochs, train_generator(task))
         scalars = {
             "eta_star": eta_star, "eta": eta, "a": a, "b": b, "c": c, "theta": theta,
             "phi2_next": phi2, "guarded": float(sol.guards),
         }
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss, scalars=scalars)
+        return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,
+                                                              scalars=scalars))
 
 
 STRATEGY = FedEnt

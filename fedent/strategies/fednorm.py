@@ -24,12 +24,12 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    LocalFit,
     PayloadSpec,
     Probe,
     RoundPayload,
     Strategy,
     StrategyError,
-    train_generator,
     weighted_average,
 )
 from fedent.strategies.options import FedNormOptions
@@ -86,14 +86,15 @@ class FedNorm(Strategy):
             self._prev_params = [torch.as_tensor(p) for p in state["prev_params"]]
 
     # ---- client side -------------------------------------------------------------------------
-    def fit(
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate:
+    ) -> LocalFit:
+        """η_i from g_i at w(t) on the probe batch and the broadcast Δ, decayed; then plain SGD at η_i."""
         delta = payload.tensors.get(DELTA_KEY)
         if delta is None or len(delta) != len(global_params):
             raise StrategyError("fednorm: the round payload lacks the aggregated step 'delta'")
@@ -104,9 +105,9 @@ class FedNorm(Strategy):
         eta_star, guarded = fednorm_rate(g_dot_delta, b, self.options.beta)
         eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, self.options.gamma)
         state.scalars[ETA_STATE_KEY] = eta
-        res = trainer.train(task.indices, eta, task.epochs, train_generator(task))
         scalars = {"eta_star": eta_star, "eta": eta, "g_dot_delta": g_dot_delta, "b": b, "guarded": float(guarded)}
-        return ClientUpdate(task.cid, clone(trainer.params), task.num_samples, res.loss, scalars=scalars)
+        return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,
+                                                              scalars=scalars))
 
 
 STRATEGY = FedNorm

@@ -30,6 +30,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    LocalFit,
     PayloadSpec,
     Probe,
     RoundPayload,
@@ -37,24 +38,12 @@ from fedent.strategies.base import (
     StrategyError,
     align_state,
     tensor_lists_from_state,
-    train_generator,
 )
 from fedent.strategies.options import ScaffoldOptions
-from fedent.trainer import GradHook, LocalTrainer
+from fedent.trainer import LocalTrainer, TrainResult
 
 C = "c"  # payload.tensors key of the server's c, and ClientState.tensors key of c_i
 DELTA_C = "delta_c"  # ClientUpdate.tensors key of Δc_i
-
-
-def correction_hook(correction: Sequence[Tensor]) -> GradHook:
-    """grad += c − c_i (formed once per fit)."""
-    corr = list(correction)
-
-    def hook(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
-        with torch.no_grad():
-            torch._foreach_add_(list(grads), corr)
-
-    return hook
 
 
 def control_variate_delta(
@@ -125,25 +114,27 @@ class Scaffold(Strategy):
         self._c = tensor_lists_from_state(state, (C,), self.name)[C] if state else None
 
     # ---- client side -----------------------------------------------------------------------------
-    def fit(
+    def plan_fit(
         self,
         trainer: LocalTrainer,
         global_params: Sequence[Tensor],
         payload: RoundPayload,
         task: ClientTask,
         state: ClientState,
-    ) -> ClientUpdate:
+    ) -> LocalFit:
+        """grad += c − c_i; finishing forms Δc_i from the steps actually taken and updates c_i."""
         trainer.load(global_params)
         x = clone(trainer.params)  # on the trainer's device
         c = align_state(payload.tensors.get(C, []), x, f"scaffold: the round payload's tensors[{C!r}]")
         c_i = state.tensors.get(C)
         c_i = zeros_like(x) if c_i is None else align_state(c_i, x, f"scaffold: client {task.cid}'s c_i")
-        hook = correction_hook(sub(c, c_i))
-        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task), grad_hook=hook)
-        y = clone(trainer.params)
-        delta_c = control_variate_delta(x, y, c, res.steps, task.lr)
-        state.tensors[C] = list(torch._foreach_add(c_i, delta_c))
-        return ClientUpdate(task.cid, y, task.num_samples, res.loss, tensors={DELTA_C: delta_c})
+
+        def finish(y: Params, res: TrainResult) -> ClientUpdate:
+            delta_c = control_variate_delta(x, y, c, res.steps, task.lr)
+            state.tensors[C] = list(torch._foreach_add(c_i, delta_c))
+            return ClientUpdate(task.cid, y, task.num_samples, res.loss, tensors={DELTA_C: delta_c})
+
+        return LocalFit(task.lr, finish, linear=sub(c, c_i))
 
 
 STRATEGY = Scaffold

@@ -1,0 +1,186 @@
+"""The vectorised executor against the sequential one: same batches, same rates, same models (1e-5).
+
+Clients hold different sample counts (so some are masked for the last steps) and batches that do not divide
+them (short last batches); the model has a convolution, so ``vmap``'s batched conv is exercised. Every
+registered strategy runs whole simulations under both executors. The same checks run on CUDA when present
+(tools/device_check.sh runs them on a lent GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sim_support import tiny_inputs
+from torch import nn
+
+from fedent.config import ConfigError, config_from_dict
+from fedent.inputs import RunInputs
+from fedent.rounds.sequential import SequentialExecutor
+from fedent.rounds.vectorised import VectorisedExecutor, make_executor
+from fedent.sim.simulator import run_simulation
+from fedent.strategies.base import (
+    AggregateResult,
+    ClientState,
+    ClientTask,
+    ClientUpdate,
+    RoundPayload,
+    Strategy,
+    train_generator,
+    weighted_average,
+)
+from fedent.strategies.fedavg import FedAvg
+from fedent.strategies.registry import STRATEGIES
+from fedent.trainer import LocalTrainer
+from fedent.vectorised_trainer import ClientRun, VectorisedTrainer
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+TOL = 1e-5
+
+
+def conv_model(num_classes: int = 4, dropout: float = 0.0, batchnorm: bool = False) -> nn.Module:
+    torch.manual_seed(3)
+    layers: list[nn.Module] = [nn.Conv2d(1, 3, 3, padding=1)]
+    if batchnorm:
+        layers.append(nn.BatchNorm2d(3))
+    layers += [nn.ReLU(), nn.Flatten(), nn.Dropout(dropout), nn.Linear(48, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def uneven_inputs(num_clients: int = 8) -> RunInputs:
+    """tiny_inputs' data, clients of 13..52 samples (steps differ; batch 8 leaves short last batches)."""
+    base = tiny_inputs(num_clients=num_clients, per_client=60)
+    rng = np.random.default_rng(5)
+    order = rng.permutation(int(base.data.y_train.shape[0]))
+    sizes = [13 + 13 * (k % 4) for k in range(num_clients)]
+    bounds = np.cumsum([0, *sizes])
+    indices = tuple(np.sort(order[bounds[k]:bounds[k + 1]]) for k in range(num_clients))
+    return dataclasses.replace(base, client_indices=indices, make_model=conv_model,
+                               partition_info={**base.partition_info, "sizes": sizes})
+
+
+def config(algorithm: str, executor: str, device: str, **train: object) -> object:
+    return config_from_dict({
+        "name": "vec", "algorithm": {"name": algorithm}, "data": {"name": "synthetic", "num_clients": 8},
+        "train": {"rounds": 3, "fraction": 0.5, "local_epochs": 2, "batch_size": 8, "lr": 0.05, "device": device,
+                  "executor": executor, **train}})
+
+
+def simulate(tmp: Path, algorithm: str, executor: str, device: str, **train: object) -> list[torch.Tensor]:
+    res = run_simulation(config(algorithm, executor, device, **train), tmp / f"{algorithm}-{executor}",  # type: ignore[arg-type]
+                         inputs=uneven_inputs(), progress=False, plots=False)
+    return res.params
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x.detach().cpu() - y.detach().cpu()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+def test_every_strategy_gives_the_sequential_model(tmp_path: Path, algorithm: str, device: str) -> None:
+    seq = simulate(tmp_path, algorithm, "sequential", device)
+    vec = simulate(tmp_path, algorithm, "vectorised", device)
+    assert max_diff(seq, vec) <= TOL
+    # and the run did train: the model moved from its initial value
+    assert max_diff(vec, list(conv_model().parameters())) > 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunks_of_any_size_give_the_same_model(tmp_path: Path, device: str) -> None:
+    whole = simulate(tmp_path / "a", "scaffold", "vectorised", device)
+    for k in (1, 3):
+        assert max_diff(whole, simulate(tmp_path / f"k{k}", "scaffold", "vectorised", device,
+                                        max_parallel_clients=k)) <= TOL
+
+
+def trainer(device: str = "cpu", model: nn.Module | None = None) -> tuple[LocalTrainer, RunInputs]:
+    inputs = uneven_inputs()
+    tr = LocalTrainer(model or conv_model(), inputs.data.x_train, inputs.data.y_train, 8, torch.device(device))
+    return tr, inputs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_client_takes_its_own_steps_rate_and_loss(device: str) -> None:
+    """Per client: the sequential trainer's steps, mean loss and model, with different rates and sizes."""
+    tr, inputs = trainer(device)
+    w0 = [p.detach().clone() for p in tr.params]
+    cids = [0, 1, 2, 3]  # 13, 26, 39, 52 samples: 2, 4, 5, 7 batches per epoch
+    rates = [0.01, 0.2, 0.05, 0.1]
+    idx = [torch.as_tensor(inputs.client_indices[c]) for c in cids]
+    tasks = [ClientTask(c, 0, idx[k], rates[k], 2, 1) for k, c in enumerate(cids)]
+    got = VectorisedTrainer(tr).train(w0, [ClientRun(t.indices, train_generator(t), t.lr) for t in tasks], 2)
+    for t, (params, res) in zip(tasks, got, strict=True):
+        tr.load(w0)
+        want = tr.train(t.indices, t.lr, 2, train_generator(t))
+        assert res.steps == want.steps == 2 * -(-t.num_samples // 8)
+        assert res.loss == pytest.approx(want.loss, rel=1e-5)
+        assert max_diff(params, list(tr.params)) <= TOL
+
+
+def test_a_model_vmap_cannot_train_falls_back_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    for model, why in ((conv_model(dropout=0.5), "dropout"), (conv_model(batchnorm=True), "batch norm")):
+        tr, inputs = trainer(model=model)
+        ex = make_executor("vectorised", tr, inputs.client_indices, 0.05, 1, 0, 8)
+        assert type(ex) is SequentialExecutor
+        err = capsys.readouterr().err
+        assert "vectorised executor unavailable" in err and why in err
+    tr, inputs = trainer()
+    assert isinstance(make_executor("vectorised", tr, inputs.client_indices, 0.05, 1, 0, 8), VectorisedExecutor)
+    # auto: vectorised on CUDA only
+    assert type(make_executor("auto", tr, inputs.client_indices, 0.05, 1, 0, 8)) is SequentialExecutor
+
+
+class FitOnly(Strategy):
+    """A plug-in strategy that overrides ``fit`` and defines no plan: it must still run (sequentially)."""
+
+    name = "fitonly"
+
+    def fit(self, trainer: LocalTrainer, global_params: Sequence[torch.Tensor], payload: RoundPayload,
+            task: ClientTask, state: ClientState) -> ClientUpdate:
+        trainer.load(global_params)
+        res = trainer.train(task.indices, task.lr, task.epochs, train_generator(task))
+        return ClientUpdate(task.cid, [p.detach().clone() for p in trainer.params], task.num_samples, res.loss)
+
+    def aggregate(self, rnd: int, global_params: Sequence[torch.Tensor],
+                  updates: Sequence[ClientUpdate]) -> AggregateResult:
+        return AggregateResult(weighted_average(updates))
+
+
+def test_a_strategy_without_a_plan_runs_through_its_fit() -> None:
+    assert not FitOnly().plans_fit and FedAvg().plans_fit
+    tr, inputs = trainer()
+    ex = VectorisedExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8)
+    w0 = [p.detach().clone() for p in tr.params]
+    got = ex.fit(0, [0, 1], w0, FitOnly(), RoundPayload(0))
+    want = SequentialExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8).fit(0, [0, 1], w0, FedAvg(), RoundPayload(0))
+    assert sorted(got.results) == [0, 1]
+    assert all(max_diff(got.results[c].params, want.results[c].params) == 0.0 for c in (0, 1))
+
+
+def test_bad_executor_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="train.executor"):
+        config("fedavg", "parallel", "cpu")
+    with pytest.raises(ConfigError, match="train.max_parallel_clients"):
+        config("fedavg", "vectorised", "cpu", max_parallel_clients=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probes_in_one_pass_give_the_sequential_probes(device: str) -> None:
+    """FedEnt's probe (a, b) per participant, batched, equals the one-client-at-a-time probe."""
+    from fedent.strategies.fedent import FedEnt
+
+    tr, inputs = trainer(device)
+    w0 = [p.detach().clone() for p in tr.params]
+    cids = [0, 1, 2, 3, 5]
+    seq = SequentialExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8).probe(2, cids, w0, FedEnt())
+    vec = VectorisedExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8, max_parallel=2).probe(2, cids, w0, FedEnt())
+    assert sorted(vec.results) == cids
+    for c in cids:
+        for k in ("a", "b"):
+            assert vec.results[c].scalars[k] == pytest.approx(seq.results[c].scalars[k], rel=1e-5, abs=1e-7)
+    assert len({round(seq.results[c].scalars["b"], 6) for c in cids}) == len(cids)  # the clients differ

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prepare what a lent GPU machine needs besides the repository (docs: benchmarks/README.md, "GPU").
+# That machine has its own python3 with PyTorch (another version than ours) and no internet, so we carry:
+#   .devdeps/        pure-Python packages the core and the GPU tests import (PyYAML falls back to pure Python
+#                    when its C extension does not match; pytest and its plug-ins)
+#   data/fashion-mnist/  the Fashion-MNIST IDX files from the Debian package
+# Both paths are git-ignored; pass them to the device tool's `carry`. Run from the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA_SRC=${DATA_SRC:-/usr/share/datasets/fashion-mnist}
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -rf .devdeps && mkdir -p .devdeps
+for p in yaml pytest _pytest pluggy iniconfig packaging py.py pytest_timeout.py; do
+  cp -r "$SITE/$p" .devdeps/
+done
+rm -f .devdeps/yaml/_yaml.*.so   # the device's python may be another version: use PyYAML's pure-Python path
+# For a python older than 3.11 on the device: pytest's backports, pure-Python wheels from the package index.
+"$PY" -m pip download -q --no-deps --platform any --python-version 3.10 --only-binary=:all: \
+  -d .devdeps/.wheels exceptiongroup tomli typing_extensions
+for w in .devdeps/.wheels/*.whl; do "$PY" -m zipfile -e "$w" .devdeps/; done
+rm -rf .devdeps/.wheels .devdeps/*.dist-info
+mkdir -p data/fashion-mnist
+cp "$DATA_SRC"/*-ubyte.gz data/fashion-mnist/
+du -sh .devdeps data/fashion-mnist
