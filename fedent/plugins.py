@@ -135,6 +135,9 @@ def check_strategy(obj: Any, where: str) -> None:
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
         raise PluginError(f"{key}: {where} leaves abstract method(s) {missing} unimplemented")
+    if obj.plan_fit is Strategy.plan_fit and obj.fit is Strategy.fit:
+        raise PluginError(f"{key}: {where} defines no client step: implement plan_fit (or subclass "
+                          "LocalSGDStrategy for FedAvg's), or override fit")
     opts = getattr(obj, "Options", None)
     if not (isinstance(opts, type) and issubclass(opts, StrategyOptions)):
         raise PluginError(f"{key}: {where} needs an Options class attribute (a StrategyOptions dataclass)")

@@ -65,6 +65,17 @@ class Half(LocalSGDStrategy):
 
 class NotAStrategy:
     pass
+
+
+from fedent.strategies.base import Strategy
+
+
+class NoClientStep(Strategy):
+    name = "noclient"
+    Options = HalfOptions
+
+    def aggregate(self, rnd, global_params, updates):
+        return AggregateResult(list(global_params))
 '''
 
 
@@ -120,6 +131,7 @@ def test_entry_point_names_work_like_built_ins(plugin_pkg: Path) -> None:
     ({"data": {"name": "myplug:build"}}, "data.name: myplug:build has signature build("),
     ({"algorithm": {"name": "myplug:NotAStrategy"}}, "is not a fedent.strategies.base.Strategy subclass"),
     ({"algorithm": {"name": "myplug:Half", "shrink": 2}}, "algorithm.shrink: must be in (0, 1]"),
+    ({"algorithm": {"name": "myplug:NoClientStep"}}, "defines no client step"),
     ({"algorithm": {"name": "nope"}}, "unknown algorithm 'nope'"),
     ({"model": {"name": "no-such-entry"}}, "model.name: unknown model 'no-such-entry'"),
 ])
