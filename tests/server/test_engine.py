@@ -99,3 +99,20 @@ def test_inthread_workers_on_local_files_with_federated_evaluation(start: Any, t
     rec = read_metrics(h.run_dir / "metrics.jsonl")[-1]
     assert rec["diagnostics"]["evaluation"] == {"mode": "federated", "samples": 4, "clients": 1}
     assert rec["test_acc"] is not None and 0.0 <= rec["test_acc"] <= 1.0
+
+
+def test_a_worker_with_local_data_is_refused_by_a_central_run_and_vice_versa(start: Any, tmp_path: Path) -> None:
+    from client.worker import LocalDataRefused
+
+    d = tmp_path / "data" / "client-0"
+    d.mkdir(parents=True)
+    np.savez(d / "train.npz", x=np.zeros((4, 28, 28), np.float32), y=np.zeros(4, np.int64))
+    central = dict(CFG, data={**CFG["data"], "placement": "central"})  # type: ignore[dict-item]
+    for cfg, data, needle in ((central, str(tmp_path / "data"), "start the worker without --data"),
+                              (CFG, None, "start the worker with --data")):
+        h = start(config_from_dict(cfg), None)
+        w = Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=(0,), device="cpu",
+                                  connect_timeout_s=10, data=data, reconnect_attempts=0))
+        with pytest.raises(LocalDataRefused, match=needle):
+            w.run()
+        assert read_json(h.run_dir / "clients.json")["clients"][0]["state"] == "refused"
