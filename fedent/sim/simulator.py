@@ -87,7 +87,7 @@ def run_simulation(
     on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
     """
     cfg = with_device(cfg, device)
-    if cfg.data.placement != "central" and inputs is None:
+    if cfg.data.placement != "central":
         raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
                               "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
     dev = resolve_device(cfg.train.device)
