@@ -48,6 +48,7 @@ class LaunchSettings:
     secure: bool = True  # TLS + mutual TLS + per-worker tokens on every link (PKI under <run dir>/pki)
     dashboard_host: str = "127.0.0.1"
     dashboard_token: str | None = field(default=None, repr=False)  # bearer token for the dashboard's data routes
+    worker_data: str | None = None  # --data SPEC for every worker (data.placement: workers)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -215,6 +216,8 @@ class Cluster:
                     args += ["--device", self.settings.device]
                 if self.cfg.data.root:
                     args += ["--data-root", str(Path(self.cfg.data.root).absolute())]
+                if self.settings.worker_data:
+                    args += ["--data", self.settings.worker_data]
                 if self.estimator_address:
                     args += ["--estimator", self.estimator_address]
                 if agg_settings.token:
