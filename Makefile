@@ -13,7 +13,8 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 BUF_INPUT ?= .
 
-.PHONY: setup data browser run test lint proto proto-check proto-lint buf simulate cluster bench reproduce clean
+.PHONY: setup data browser run test lint proto proto-check proto-lint buf simulate cluster bench reproduce clean \
+	docker-base compose-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -71,6 +72,14 @@ bench: $(STAMP)
 
 reproduce: data $(STAMP)
 	$(BIN)/fedent reproduce --out results/reproduce
+
+# docker-compose.yml for real (tools/compose_check.py): local base image when missing, build, up, healthchecks,
+# FEDENT_CHECK_ROUNDS (2) rounds, dashboard + run files, aggregator restart, logs, down. Needs Docker only.
+docker-base:
+	tools/docker_base.sh
+
+compose-check:
+	$(PY) tools/compose_check.py
 
 clean:
 	rm -rf runs results .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,8 @@ import signal
 import sys
 from types import FrameType
 
-from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from client.worker import LocalDataRefused, Worker, WorkerError, WorkerSettings, parse_client_ids
+from fedent.data.datasets import DatasetError
 from fedentrpc.lifeline import watch_parent
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_client_security_args, client_security_from_args
@@ -25,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     ids.add_argument("--client-ids", nargs="+", type=int, help="client ids, e.g. --client-ids 3 5 7")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--data-root", default=None, help="where this machine keeps the dataset files")
+    p.add_argument("--data", default=None, metavar="SPEC",
+                   help="the hosted clients' data on this machine (runs with data.placement: workers): DIR with a "
+                        "folder per client (client-<cid>/ holding train.npz|train.pt with x and y, an ImageFolder "
+                        "train/<label>/, IDX or CIFAR files; test.* / test/ for federated evaluation), or "
+                        "split:PATH, one local dataset split among the hosted clients")
+    p.add_argument("--no-label-histogram", action="store_true",
+                   help="do not report the clients' label histograms at registration (only their sample counts)")
     p.add_argument("--name", default="", help="worker name shown on the dashboard")
     p.add_argument("--token", default="", help="registration token, when the aggregator requires one")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
@@ -52,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                                   connect_timeout_s=args.connect_timeout, state_dir=args.state_dir,
                                   security=security, reconnect_attempts=args.reconnect_attempts,
                                   reconnect_window_s=args.reconnect_window, backoff_base_s=args.backoff_base,
-                                  backoff_cap_s=args.backoff_cap)
+                                  backoff_cap_s=args.backoff_cap, data=args.data,
+                                  label_histogram=not args.no_label_histogram)
         worker = Worker(settings)
         if security.token:
             install_log_redaction([security.token])
-    except (ValueError, SecurityConfigError) as e:
+    except (ValueError, SecurityConfigError, DatasetError) as e:  # bad local data: one line, nothing sent
         print(f"worker: {e}", file=sys.stderr)
         return 2
 
@@ -66,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         return 0 if worker.run() else 1
+    except LocalDataRefused as e:
+        print(f"worker: local data refused: {e}", file=sys.stderr)
+        return 2
     except WorkerError as e:
         print(f"worker: {e}", file=sys.stderr)
         return 1

@@ -2,7 +2,11 @@
 
 It only dials out (works behind NAT): Register -> rebuild the partition locally from the config and seed
 the aggregator sends (data never leaves the machine) and check its md5 -> Ready -> open the Work stream
-and execute each pushed task. Per-client state (``ClientState``) lives here across rounds. The global
+and execute each pushed task. With ``--data`` (``data.placement: workers``) each client's data comes from
+this machine's files instead: read and checked before dialling, fitted to the run's model after Register,
+and its sample counts (label histograms unless ``--no-label-histogram``) reported at Ready.
+
+Per-client state (``ClientState``) lives here across rounds. The global
 model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
 clients this worker hosts.
 
@@ -33,8 +37,10 @@ from torch import Tensor
 
 from fedent.client_store import ClientStateStore, ClientStoreError
 from fedent.config import ExperimentConfig, config_from_dict
-from fedent.inputs import RunInputs, load_inputs
+from fedent.data.local import LocalData, LocalDataError, LocalDataSpec, RawLocal, prepare_local, read_local
+from fedent.inputs import RunInputs, load_inputs, model_factory, model_input
 from fedent.params import Params
+from fedent.rounds.evaluation import evaluate_shards, test_shards
 from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
@@ -71,6 +77,8 @@ class WorkerSettings:
     reconnect_window_s: float = 300.0  # give up reconnecting after this long without a working connection
     backoff_base_s: float = 0.5  # full-jitter exponential backoff: sleep U(0, min(cap, base * 2**attempt))
     backoff_cap_s: float = 15.0
+    data: str | None = None  # --data SPEC: the hosted clients' data from this machine (data.placement: workers)
+    label_histogram: bool = True  # report each client's label histogram at Ready (for the dashboard)
 
     def __post_init__(self) -> None:
         if not self.client_ids:
@@ -85,9 +93,21 @@ class WorkerSettings:
             raise ValueError("backoff must satisfy 0 < base <= cap")
 
 
+class LocalDataRefused(WorkerError):
+    """This worker's local data does not fit the run (shape, labels): refused before any data is used."""
+
+
 class AggregatorLostError(WorkerError):
     """The link to the aggregator broke (UNAVAILABLE, a cut stream, forgotten by missed heartbeats): retryable."""
 
+
+class RunOverError(WorkerError):
+    """The aggregator's run has already ended: nothing to do (a worker started, or restarted, after it)."""
+
+
+# the FAILED_PRECONDITION detail of an aggregator whose run finished successfully (server.engine, server.finished);
+# a failed run says "the run is over (<error>)": the worker then fails too, and restarts with the aggregator
+RUN_OVER_PREFIX = "the run is over (finished)"
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
                        grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN,
@@ -147,6 +167,11 @@ class Worker:
         self._oracle_outbox: queue.Queue[est_pb.OracleRequest | None] | None = None
         self._loaded: tuple[bytes, str] | None = None  # (config, partition md5) the data was built for
         self.reconnects = 0
+        self.md5 = ""
+        self.local: LocalData | None = None
+        self.raw_local: RawLocal | None = None
+        if settings.data is not None:  # read and checked now, before anything is sent (LocalDataError)
+            self.raw_local = read_local(LocalDataSpec.parse(settings.data), settings.client_ids)
 
     # ---- setup ---------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -172,8 +197,19 @@ class Worker:
             self._ready(reply.partition_md5)
             return
         with self._heartbeats_while_loading():
-            self._load(reply)
-        self._ready(str(self.inputs.partition_info.get("md5", "")))
+            try:
+                self._load(reply)
+            except LocalDataRefused as e:  # tell the aggregator at once, so it frees these clients
+                self._refuse(str(e))
+                raise
+        self._ready(self.md5)
+
+    def _refuse(self, message: str) -> None:
+        try:
+            self.stub.ReportFailure(pb.ReportFailureRequest(worker_id=self.worker_id, task_id=0, round=-1, cid=-1,
+                                                            message=message[:500]), timeout=10)
+        except grpc.RpcError:
+            pass
 
     @contextlib.contextmanager
     def _heartbeats_while_loading(self) -> Iterator[None]:
@@ -203,24 +239,63 @@ class Worker:
             self.cfg = config_from_register(reply, s.data_root)
         except ValueError as e:
             raise WorkerError(f"the aggregator's config is not usable here: {e}") from None
+        if self.cfg.data.placement == "workers":
+            self._load_local()
+        else:
+            self._load_central(reply.partition_md5)
+        self.strategy: Strategy = build_strategy(self.cfg.algorithm)
+        self._loaded = loaded
+
+    def _load_central(self, md5_expected: str) -> None:
+        """The whole dataset from --data-root, the partition rebuilt from the config and checked by md5."""
+        s = self.settings
+        if self.raw_local is not None:
+            raise LocalDataRefused("this run reads the dataset centrally (data.placement: central); start the "
+                                   "worker without --data (or run with data.placement: workers)")
         self.inputs = self._inputs_override or load_inputs(self.cfg)
-        md5 = str(self.inputs.partition_info.get("md5", ""))
-        if md5 != reply.partition_md5:
-            raise WorkerError(f"partition md5 {md5} differs from the aggregator's {reply.partition_md5}: "
+        self.md5 = str(self.inputs.partition_info.get("md5", ""))
+        if self.md5 != md5_expected:
+            raise WorkerError(f"partition md5 {self.md5} differs from the aggregator's {md5_expected}: "
                               "check the dataset files (--data-root) and the package version")
         if max(s.client_ids) >= self.inputs.num_clients:
             raise WorkerError(f"client ids up to {max(s.client_ids)} but the run has {self.inputs.num_clients}")
-        self.strategy: Strategy = build_strategy(self.cfg.algorithm)
         data = self.inputs.data
         self.trainer = LocalTrainer(self.inputs.make_model(), data.x_train, data.y_train, self.cfg.train.batch_size,
                                     self.device)
         self.indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
-        self._loaded = loaded
+        shards = test_shards(int(data.y_test.shape[0]), self.inputs.num_clients, self.cfg.train.seed)
+        self.test = (data.x_test, data.y_test, {c: shards[c] for c in s.client_ids})
+        self.sources = {c: f"central ({self.inputs.partition_info.get('source', '')})" for c in s.client_ids}
+
+    def _load_local(self) -> None:
+        """Each hosted client's data from this machine (--data), checked against the run's model input."""
+        s = self.settings
+        if self.raw_local is None:
+            raise LocalDataRefused("this run keeps each client's data on its worker (data.placement: workers): "
+                                   "start the worker with --data DIR (a folder per client) or --data split:PATH")
+        if max(s.client_ids) >= self.cfg.data.num_clients:
+            raise LocalDataRefused(f"client ids up to {max(s.client_ids)} but the run has {self.cfg.data.num_clients}")
+        try:
+            num_classes, c, size = model_input(self.cfg)
+            self.local = prepare_local(self.raw_local, self.cfg, (c, size, size), num_classes)
+        except (LocalDataError, ValueError) as e:
+            raise LocalDataRefused(str(e)) from None
+        local = self.local
+        self.trainer = LocalTrainer(model_factory(self.cfg)(), local.x_train, local.y_train,
+                                    self.cfg.train.batch_size, self.device)
+        self.indices = {cid: torch.from_numpy(ix) for cid, ix in local.train_indices.items()}
+        self.test = (local.x_test, local.y_test, dict(local.test_indices))
+        self.sources = dict(local.sources)
+        self.md5 = ""
 
     def _ready(self, md5: str) -> None:
         cids = self.settings.client_ids
-        sizes = [pb.ClientInfo(cid=c, num_samples=int(self.indices[c].numel())) for c in cids]
+        hist = self.local is not None and self.settings.label_histogram
+        sizes = [mappers.client_info_to_msg(c, int(self.indices[c].numel()),
+                                            self.local.label_counts(c) if hist and self.local else [],
+                                            self.sources.get(c, ""), len(self.test[2].get(c, ())))
+                 for c in cids]
         self._call(self.stub.Ready, pb.ReadyRequest(worker_id=self.worker_id, partition_md5=md5, clients=sizes))
         log.info("worker %s ready: %d clients on %s", self.worker_id, len(cids), self.device)
 
@@ -229,6 +304,8 @@ class Worker:
             return method(request, timeout=self.settings.connect_timeout_s)
         except grpc.RpcError as e:
             kind = AggregatorLostError if e.code() in RETRYABLE else WorkerError
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION and (e.details() or "").startswith(RUN_OVER_PREFIX):
+                kind = RunOverError
             raise kind(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
                               f"{e.code().name}: {e.details()}") from None
 
@@ -286,6 +363,17 @@ class Worker:
             self._call(self.stub.SubmitProbes, pb.SubmitProbesRequest(
                 worker_id=self.worker_id, task_id=h.task_id, round=h.round,
                 probes=[mappers.probe_to_msg(p) for p in probes]))
+
+    def do_evaluate(self, t: pb.EvaluateTask) -> None:
+        """Federated evaluation: the global model on each named client's local test split."""
+        h = t.task
+        cids = self._check_cids(h)
+        x, y, shards = self.test
+        got = evaluate_shards(self.trainer, x, y, shards, cids, self._model(h.model_blob),
+                              self.cfg.train.eval_batch_size)
+        self._call(self.stub.SubmitEvaluation, pb.SubmitEvaluationRequest(
+            worker_id=self.worker_id, task_id=h.task_id, round=h.round,
+            results=[mappers.evaluation_to_msg(r) for r in got.values()]))
 
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
         h = t.task
@@ -445,13 +533,15 @@ class Worker:
                             self.do_probe(item.probe)
                         elif kind == "fit":
                             pending = self.do_fit(item.fit)
+                        elif kind == "evaluate":
+                            self.do_evaluate(item.evaluate)
                     for f in pending:
                         f.result()
                     self.tasks_done += 1
                 except AggregatorLostError:
                     raise
                 except (WorkerError, codec.WireError, ValueError) as e:
-                    h = item.probe.task if kind == "probe" else item.fit.task
+                    h = getattr(item, kind).task
                     log.error("task %d failed: %s", h.task_id, e)
                     self._report(h, -1, str(e))
             raise AggregatorLostError("the aggregator closed the work stream")
@@ -482,6 +572,7 @@ class Worker:
         raise WorkerError(f"lost the aggregator and could not reconnect: {why}")
 
     def run(self) -> bool:
+        """True when the run ended normally (also when it was over before this worker registered)."""
         try:
             self.connect()
             self.register()
@@ -495,6 +586,9 @@ class Worker:
                     if self.settings.reconnect_attempts == 0:
                         raise WorkerError(str(e)) from None
                     self.reconnect(str(e), time.monotonic(), rng)
+        except RunOverError as e:
+            log.info("nothing to do: %s", e)
+            return True
         finally:
             self.close()
 

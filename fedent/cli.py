@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plot": "fedent.commands.plot",
     "reproduce": "fedent.commands.reproduce",
     "tensorboard": "fedent.commands.tensorboard",
+    "plugins": "fedent.commands.plugins",
 }
 ENTRY_POINT_GROUP = "fedent.commands"
 

@@ -83,9 +83,21 @@ class DataConfig:
     max_test_samples: int | None = None
     synthetic_train: int = 6000  # sizes of the seeded synthetic dataset
     synthetic_test: int = 1000
+    # central: every process loads data.name and rebuilds the partition; workers: each worker brings its
+    # clients' data from its own disk (python -m client --data SPEC) and reports the sample counts
+    placement: Literal["central", "workers"] = "central"
+    # the model's input when no process can read it from a dataset (placement workers with a plug-in dataset)
+    num_classes: int | None = None
+    in_channels: int | None = None
+    image_size: int | None = None
+    server_test: str | None = None  # a .npz/.pt file (x, y): the aggregator's held-out set with placement workers
 
     def validate(self) -> None:
         c = _Collect()
+        c.check(self.placement in ("central", "workers"), "data.placement", "must be central or workers")
+        for key in ("num_classes", "in_channels", "image_size"):
+            v = getattr(self, key)
+            c.check(v is None or v >= 1, f"data.{key}", "must be >= 1 or null")
         c.check(self.partition in ("iid", "pathological", "dirichlet"), "data.partition",
                "must be one of iid, pathological, dirichlet")
         c.check(self.dirichlet_flavour in ("client", "class"), "data.dirichlet_flavour", "must be client or class")
@@ -123,6 +135,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     target_accuracy: float | None = None  # for "rounds to reach" in comparisons
     local_eval: int = 0  # evaluate this many uploaded local models per eval round (paper Fig. client_dev)
+    # server: the aggregator evaluates w(t+1) on a held-out set; federated: every client evaluates it on its
+    # local test split and the run reports the sample-weighted mean
+    evaluation: Literal["server", "federated"] = "server"
     executor: Literal["auto", "sequential", "vectorised"] = "auto"  # how the simulator runs a round's clients
     max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
 
@@ -135,6 +150,7 @@ class TrainConfig:
         c.check(self.lr > 0, "train.lr", "must be > 0")
         c.check(self.eval_every >= 1, "train.eval_every", "must be >= 1")
         c.check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
+        c.check(self.evaluation in ("server", "federated"), "train.evaluation", "must be server or federated")
         c.check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
                "train.device", "must be auto, cpu, cuda or cuda:N")
         c.check(self.executor in EXECUTORS, "train.executor", f"must be one of {', '.join(EXECUTORS)}")
@@ -265,11 +281,16 @@ def options_class(name: str) -> type[StrategyOptions]:
     """The Options class of algorithm ``name`` (torch-free: fedent.strategies.options, not the strategy)."""
     from fedent.strategies.options import OPTIONS  # local import: the options module imports this one
 
-    try:
+    if name in OPTIONS:
         return OPTIONS[name]
-    except KeyError:
-        listed = ", ".join(sorted(OPTIONS))
-        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}") from None
+    from fedent import plugins  # an import path or an installed package's entry point (docs/extending.md)
+
+    if plugins.is_import_path(name) or plugins.has_entry_point("strategies", name):
+        opts: type[StrategyOptions] = plugins.strategy_class(name).Options
+        return opts
+    listed = ", ".join(sorted(OPTIONS))
+    raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed} "
+                      "(or an import path 'package.module:Class')")
 
 
 @dataclass(frozen=True)
@@ -411,6 +432,11 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     for section in (data, model, train):
         if section is not None:
             c.run(section.validate)
+    if data is not None and model is not None and not c.problems:
+        from fedent import plugins  # plug-ins resolve now, before any data loads
+
+        c.run(plugins.check_names, data.name, model.name)
+        c.run(plugins.check_placement, data, train)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
                             algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,11 +53,86 @@ class RunInputs:
         return [int(len(ix)) for ix in self.client_indices]
 
 
-def load_inputs(cfg: ExperimentConfig) -> RunInputs:
-    """The configured dataset, its seeded partition (fedent.data) and model (fedent.models), all from train.seed."""
-    from fedent.data import load_dataset, make_partition
+def model_input(cfg: ExperimentConfig, data: DatasetLike | None = None) -> tuple[int, int, int]:
+    """(num_classes, in_channels, image_size) of the model: data.num_classes/in_channels/image_size when set,
+    else the loaded ``data``'s, else the built-in dataset's (what a process without the data builds from)."""
+    from fedent.data.datasets import SPECS
+
+    d = cfg.data
+    spec = SPECS.get(d.name)
+    found = (getattr(data, "num_classes", None), getattr(data, "in_channels", None), getattr(data, "image_size", None))
+    known = (spec.num_classes, spec.in_channels, spec.image_size) if spec is not None else (None, None, None)
+    out = tuple(v if v is not None else (f if f is not None else k)
+                for v, f, k in zip((d.num_classes, d.in_channels, d.image_size), found, known, strict=True))
+    if None in out:
+        raise ValueError(f"the model's input is unknown for data.name {d.name!r}: set data.num_classes, "
+                         "data.in_channels and data.image_size")
+    return int(out[0]), int(out[1]), int(out[2])  # type: ignore[arg-type]
+
+
+def model_factory(cfg: ExperimentConfig, data: DatasetLike | None = None) -> Callable[[], nn.Module]:
+    """The seeded initial model (identical every call) for ``cfg``'s model and input."""
     from fedent.models import build_model
 
+    num_classes, in_channels, image_size = model_input(cfg, data)
+
+    def make_model() -> nn.Module:
+        return build_model(cfg.model.name, num_classes, in_channels, image_size, cfg.model.dropout, cfg.train.seed)
+
+    return make_model
+
+
+@dataclass(frozen=True, eq=False)
+class HeldOut:
+    """The aggregator's data when the clients' data stays on the workers: an optional held-out test set."""
+
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    num_classes: int
+
+
+def load_server_inputs(cfg: ExperimentConfig) -> RunInputs:
+    """``data.placement: workers``: no training data here. Server-side evaluation reads ``data.server_test``
+    (x, y in a .npz/.pt file) or the built-in dataset's test split; client sizes come from the workers."""
+    import torch
+
+    from fedent.data.datasets import SPECS, load_dataset
+    from fedent.data.local import LocalDataSpec, read_local
+
+    num_classes, c, s = model_input(cfg)
+    x_test = torch.zeros((0, c, s, s))
+    y_test = torch.zeros(0, dtype=torch.int64)
+    source = "none (federated evaluation)"
+    if cfg.train.evaluation == "server":
+        if cfg.data.server_test is not None:
+            from fedent.config import DataConfig, ExperimentConfig
+            from fedent.data.local import prepare_local
+
+            raw = read_local(LocalDataSpec("split", Path(cfg.data.server_test)), [0], cfg.data.name)
+            one = ExperimentConfig(data=DataConfig(name=cfg.data.name, num_clients=1, partition="iid"))
+            held = prepare_local(raw, one, (c, s, s), num_classes)
+            x_test, y_test, source = held.x_train, held.y_train, f"server_test:{cfg.data.server_test}"
+        elif cfg.data.name in SPECS:
+            data = load_dataset(cfg.data, cfg.train.seed)
+            x_test, y_test, source = data.x_test, data.y_test, data.source
+    held_out = HeldOut(x_test[:0], y_test[:0], x_test, y_test, num_classes)
+    info = {"scheme": "worker-local", "seed": cfg.train.seed, "num_clients": cfg.data.num_clients,
+            "num_classes": num_classes, "md5": "", "dataset": cfg.data.name, "source": "workers",
+            "held_out": source, "sizes": [0] * cfg.data.num_clients}
+    empty = tuple(np.zeros(0, np.int64) for _ in range(cfg.data.num_clients))
+    return RunInputs(data=held_out, client_indices=empty, make_model=model_factory(cfg), partition_info=info)
+
+
+def load_inputs(cfg: ExperimentConfig) -> RunInputs:
+    """The configured dataset, its seeded partition (fedent.data) and model (fedent.models), all from train.seed.
+
+    With ``data.placement: workers`` the aggregator's inputs: the held-out set only (``load_server_inputs``)."""
+    from fedent.data import load_dataset, make_partition
+
+    if cfg.data.placement == "workers":
+        return load_server_inputs(cfg)
     seed = cfg.train.seed
     data = load_dataset(cfg.data, seed)
     labels = data.y_train.cpu().numpy()
@@ -67,9 +143,5 @@ def load_inputs(cfg: ExperimentConfig) -> RunInputs:
     info.setdefault("dataset", data.name)
     info.setdefault("source", data.source)
 
-    def make_model() -> nn.Module:
-        return build_model(cfg.model.name, data.num_classes, data.in_channels, data.image_size,
-                           cfg.model.dropout, seed)
-
-    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=make_model,
+    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=model_factory(cfg, data),
                      partition_info=info)

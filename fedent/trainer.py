@@ -62,14 +62,16 @@ class LocalTrainer:
         """Copy a global model into the reused model in place."""
         copy_into(self.params, params)
 
-    def batch_plan(self, indices: Tensor, generator: torch.Generator, epochs: int) -> list[Tensor]:
+    def batch_plan(self, indices: Tensor, generator: torch.Generator, epochs: int,
+                   device: torch.device | None = None) -> list[Tensor]:
         """Every minibatch of an E-epoch local run, in order: one fresh permutation per epoch, split into
         batches of ``batch_size`` (the last one of each epoch may be short). Both executors train on exactly
-        this sequence, so they agree client by client."""
+        this sequence, so they agree client by client. On ``device`` (default the trainer's)."""
+        dev = self.device if device is None else device
         out: list[Tensor] = []
         for _ in range(epochs):
             perm = torch.randperm(indices.numel(), generator=generator)
-            out.extend(torch.split(indices[perm].to(self.device, non_blocking=True), self.batch_size))
+            out.extend(torch.split(indices[perm].to(dev, non_blocking=True), self.batch_size))
         return out
 
     def train(

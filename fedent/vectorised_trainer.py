@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedent.params import Params
 from fedent.trainer import LocalTrainer, TrainResult
@@ -36,6 +36,15 @@ class ClientRun:
     lr: float
     weight_coef: float = 0.0
     linear: Params | None = None  # on the trainer's device
+
+
+@dataclass(frozen=True)
+class GradientRequest:
+    """One client's gradient at a common point: its samples, the batch's stream and size (None: training's)."""
+
+    indices: Tensor
+    generator: torch.Generator
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,8 @@ class BatchTable:
 
 def batch_table(trainer: LocalTrainer, runs: Sequence[ClientRun], epochs: int) -> BatchTable:
     """Draw each client's batch plan (consuming its generator as ``LocalTrainer.train`` would) and pad."""
-    plans = [trainer.batch_plan(r.indices, r.generator, epochs) for r in runs]
+    cpu = torch.device("cpu")  # built on the host and copied once: no device round trip per batch
+    plans = [trainer.batch_plan(r.indices, r.generator, epochs, cpu) for r in runs]
     bs = trainer.batch_size
     s_max = max((len(p) for p in plans), default=0)
     index = torch.zeros((len(runs), s_max, bs), dtype=torch.int64)
@@ -63,7 +73,7 @@ def batch_table(trainer: LocalTrainer, runs: Sequence[ClientRun], epochs: int) -
     for c, plan in enumerate(plans):
         for s, idx in enumerate(plan):
             n = int(idx.numel())
-            index[c, s, :n] = idx.cpu()
+            index[c, s, :n] = idx
             weight[c, s, :n] = 1.0
     dev = trainer.device
     return BatchTable(index.to(dev), weight.to(dev), [len(p) for p in plans])
@@ -184,6 +194,7 @@ class VectorisedTrainer:
             return (ce * wb).sum() / wb.sum().clamp_min(1.0)
 
         self._step = vmap(grad_and_value(loss_fn))
+        self._grad_at = vmap(grad(loss_fn), in_dims=(None, 0, 0, 0))  # many batches, one point
         self.use_graphs = os.environ.get("FEDENT_CUDA_GRAPHS", "1") != "0"
         self._states: dict[tuple[int, bool, bool], StepState] = {}
         self._runners: dict[tuple[int, bool, bool], Callable[[], None]] = {}
@@ -220,6 +231,30 @@ class VectorisedTrainer:
             out.append((params, TrainResult(loss=losses[c] / max(k, 1), steps=k)))
         return out
 
+    def gradients(self, point: Sequence[Tensor], requests: Sequence[GradientRequest]) -> list[Params]:
+        """∇F_i at ``point`` for each request, each on one random batch drawn exactly as
+        ``LocalTrainer.gradient`` draws it (FedEnt's probe), all in one vmapped pass."""
+        tr = self.trainer
+        if not requests:
+            return []
+        picks = []
+        for r in requests:
+            n = int(r.indices.numel())
+            bs = min(r.batch_size or tr.batch_size, n)
+            picks.append(r.indices[torch.randperm(n, generator=r.generator)[:bs]])
+        width = max(int(p.numel()) for p in picks)
+        index = torch.zeros((len(picks), width), dtype=torch.int64)
+        weight = torch.zeros((len(picks), width), dtype=tr.params[0].dtype)
+        for c, p in enumerate(picks):
+            index[c, : p.numel()] = p
+            weight[c, : p.numel()] = 1.0
+        index, weight = index.to(tr.device), weight.to(tr.device)
+        params = {n: p.detach().to(tr.device) for n, p in zip(self.names, point, strict=True)}
+        tr.model.train()
+        with torch.no_grad():
+            grads = self._grad_at(params, tr.x[index], tr.y[index], weight)
+        return [[grads[n][c] for n in self.names] for c in range(len(picks))]
+
     def _sgd_step(self, st: StepState) -> None:
         """One step for every client, in place: w ← w − η·active·(∇ + coef·w + linear); loss summed where active."""
         x, y = self.trainer.x, self.trainer.y
@@ -243,5 +278,7 @@ class VectorisedTrainer:
             eager: Callable[[], None] = lambda: self._sgd_step(st)  # noqa: E731
             graphed = capture_step(self._sgd_step, st) if self.trainer.device.type == "cuda" and self.use_graphs \
                 else None
+            if graphed is not None:
+                print(f"vectorised trainer: step captured as a CUDA graph for {key[0]} clients", file=sys.stderr)
             self._runners[key] = graphed or eager
         return self._runners[key]

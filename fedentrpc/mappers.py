@@ -24,6 +24,7 @@ from google.protobuf import struct_pb2
 from torch import Tensor
 
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
+from fedent.rounds.evaluation import ClientEval
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
 from fedentrpc.codec import (
     COMPRESSIONS,
@@ -146,6 +147,30 @@ def probe_from_msg(m: agg_pb.Probe) -> Probe:
     if m.num_samples < 0:
         raise WireError(f"probe of client {m.cid}: negative sample count")
     return Probe(cid=int(m.cid), num_samples=int(m.num_samples), scalars=_scalars(m.scalars))
+
+
+def evaluation_to_msg(e: ClientEval) -> agg_pb.ClientEvaluation:
+    return agg_pb.ClientEvaluation(cid=e.cid, num_samples=e.num_samples, loss=e.loss, accuracy=e.accuracy)
+
+
+def evaluation_from_msg(m: agg_pb.ClientEvaluation) -> ClientEval:
+    """A client's federated evaluation; its plausibility (finite, accuracy in [0, 1]) is the aggregator's check."""
+    return ClientEval(int(m.cid), int(m.num_samples), float(m.loss), float(m.accuracy))
+
+
+def client_info_to_msg(cid: int, num_samples: int, label_counts: Sequence[int] = (), data_source: str = "",
+                       num_test_samples: int = 0) -> agg_pb.ClientInfo:
+    return agg_pb.ClientInfo(cid=cid, num_samples=num_samples, label_counts=list(label_counts),
+                             data_source=data_source, num_test_samples=num_test_samples)
+
+
+def client_info_from_msgs(infos: Iterable[agg_pb.ClientInfo]) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
+    """Ready's per-client sample counts, and what worker-local data adds (label histogram, source, test size)."""
+    infos = list(infos)
+    sizes = {int(c.cid): int(c.num_samples) for c in infos}
+    details = {int(c.cid): {"label_counts": [int(v) for v in c.label_counts], "data_source": c.data_source,
+                            "num_test_samples": int(c.num_test_samples)} for c in infos}
+    return sizes, details
 
 
 # ---- round payload -------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,10 +26,12 @@ from fedentrpc.security.redaction import install_log_redaction
 from fedentrpc.security.tokens import read_worker_token
 from server.app import save_port, start_aggregator
 from server.dashboard_access import (
+    DashboardToken,
     add_dashboard_token_args,
     dashboard_lines,
     dashboard_token_from_args,
 )
+from server.finished import finished_run, serve_finished
 from server.settings import AggregatorSettings, SettingsError
 
 log = logging.getLogger("fedent.aggregator")
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                         "'aggregator' entry; default: --token-file's 'aggregator' entry when it has one)")
     p.add_argument("--estimator-tls-cert", default=None, help="client certificate for an mTLS estimator (PEM)")
     p.add_argument("--estimator-tls-key", default=None, help="its private key (PEM)")
+    p.add_argument("--keep-serving", action="store_true",
+                   help="after a successful run keep serving the dashboard and the gRPC health until stopped "
+                        "(containers); an --out run that already finished is then served read-only")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s aggregator %(levelname)s %(message)s")
     redaction = install_log_redaction()
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = with_device(cfg, args.device)
         settings = settings_from_args(args, args.port)
+        if args.keep_serving and not args.fresh and args.out and finished_run(args.out) is not None:
+            return serve_finished_until_stopped(args, security, dash_access)
         run_dir = Path(args.out) if args.out else Path(cfg.out_dir) / runlog.new_run_id(
             cfg.name, cfg.algorithm.name, cfg.train.seed)
         rounds = cfg.train.rounds
@@ -158,11 +166,51 @@ def main(argv: list[str] | None = None) -> int:
         print("aggregator: interrupted", file=sys.stderr)
         handle.stop()
         return 130
-    handle.stop()
     if handle.run.error:
+        handle.stop()
         print(f"aggregator: run failed: {handle.run.error}", file=sys.stderr)
         return 1
+    if args.keep_serving:
+        print(f"aggregator: run done; serving {handle.run_dir} until stopped (--keep-serving)", flush=True)
+        wait_for_stop()
+    handle.stop()
     return 0
+
+
+def wait_for_stop() -> None:
+    """Until SIGTERM / SIGINT (main() turns SIGTERM into KeyboardInterrupt)."""
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+def serve_finished_until_stopped(args: argparse.Namespace, security: ServerSecurity,
+                                 dash_access: DashboardToken) -> int:
+    """--keep-serving on a run directory whose run already finished: read-only, nothing rewritten."""
+    try:
+        handle = serve_finished(args.out, args.host, args.port, security,
+                                dashboard=args.dashboard_port is not None, dashboard_port=args.dashboard_port or 0,
+                                dashboard_token=dash_access.token)
+    except OSError as e:
+        print(f"aggregator: {e}", file=sys.stderr)
+        return 2
+    if args.port_file:
+        save_port(args.port_file, handle.port)
+    print(f"aggregator: the run in {args.out} already finished; serving it read-only on {args.host}:{handle.port}",
+          flush=True)
+    if handle.dashboard_url:
+        for line in dashboard_lines("dashboard: ", handle.dashboard_url, dash_access):
+            print(line, flush=True)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    wait_for_stop()
+    handle.stop()
+    return 0
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkRe
                            deadline_unix=task.deadline_unix)
     if task.kind == "probe":
         return pb.WorkResponse(probe=pb.ProbeTask(task=header))
+    if task.kind == "evaluate":
+        return pb.WorkResponse(evaluate=pb.EvaluateTask(task=header))
     assert task.payload is not None
     return pb.WorkResponse(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
@@ -87,9 +89,9 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                                    heartbeat_s=reg.heartbeat_s)
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
-        sizes = {int(c.cid): int(c.num_samples) for c in request.clients}
+        sizes, details = mappers.client_info_from_msgs(request.clients)
         _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes,
-                                                  caller_identity(context)))
+                                                  caller_identity(context), details))
         return pb.ReadyResponse()
 
     def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
@@ -143,6 +145,13 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
                     request.message)
         return pb.ReportFailureResponse()
+
+    def SubmitEvaluation(self, request: pb.SubmitEvaluationRequest,
+                         context: grpc.ServicerContext) -> pb.SubmitEvaluationResponse:
+        results = [mappers.evaluation_from_msg(r) for r in request.results]
+        _guard(context, lambda: self.run.submit_evaluation(request.worker_id, request.task_id, request.round,
+                                                           results, caller_identity(context)))
+        return pb.SubmitEvaluationResponse()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         known = _guard(context, lambda: self.run.heartbeat(request.worker_id, caller_identity(context)))

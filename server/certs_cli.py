@@ -32,10 +32,38 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_csv, default=list(DEFAULT_WORKERS),
                    help="comma-separated worker ids: one client certificate and token each (default: %(default)s)")
     p.add_argument("--days", type=int, default=30, help="validity in days (default: %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing CA in --out")
+    keep = p.add_mutually_exclusive_group()
+    keep.add_argument("--force", action="store_true", help="replace an existing CA in --out")
+    keep.add_argument("--if-missing", action="store_true",
+                      help="keep a complete PKI already in --out untouched and exit 0 (containers run this on "
+                           "every start); fails when --out holds a CA without these workers' files")
+    p.add_argument("--dashboard-token", action="store_true",
+                   help="also write OUT/dashboard.token (0600), for the aggregator's --dashboard-token-file; "
+                        "not a worker token")
     p.add_argument("--revoke", type=_csv, default=None, metavar="W1,W2",
                    help="revoke these workers in OUT/tokens.json instead of generating anything")
     return p
+
+
+def check_existing_pki(out: Path, workers: list[str]) -> None:
+    """Raise CertsError unless ``out`` holds every file the servers and these workers need."""
+    from server.certs import CertsError
+
+    needed = [out / n for n in ("ca.crt", "server.crt", "server.key", "tokens.json")]
+    needed += [out / "tokens" / f"{w}.token" for w in workers]
+    missing = [str(p.relative_to(out)) for p in needed if not p.is_file()]
+    if missing:
+        raise CertsError(f"{out} holds a CA but lacks {', '.join(missing)}; pass --force to replace the whole "
+                         f"PKI (old tokens stop working)")
+
+
+def _dashboard_token(out: Path, replace: bool = False) -> None:
+    from server.certs import _write, new_token
+
+    path = out / "dashboard.token"
+    if replace or not path.is_file():
+        _write(path, (new_token() + "\n").encode(), private=True)
+    print(f"  dashboard token: {path} (mode 0600)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +76,15 @@ def run(args: argparse.Namespace) -> int:
             revoked = revoke_workers(Path(args.out) / "tokens.json", args.revoke)
             print(f"revoked in {Path(args.out) / 'tokens.json'}: {', '.join(revoked)}")
             return 0
+        if args.if_missing and (Path(args.out) / "ca.key").exists():
+            check_existing_pki(Path(args.out), args.workers)
+            print(f"kept the PKI already in {args.out}")
+            if args.dashboard_token:
+                _dashboard_token(Path(args.out))
+            return 0
         bundle = make_dev_pki(args.out, hosts=args.hosts, workers=args.workers, days=args.days, force=args.force)
+        if args.dashboard_token:
+            _dashboard_token(Path(args.out), replace=True)
     except (CertsError, OSError) as e:
         print(f"fedent certs: {e}", file=sys.stderr)
         return 2

@@ -31,7 +31,8 @@ from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
 from fedent.rng import numpy_rng
 from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError
-from fedent.rounds.evaluation import Evaluator
+from fedent.rounds.evaluation import ClientEval, Evaluator
+from fedent.rounds.sequential import central_source
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy, StrategyError
 from fedent.strategies.validation import check_probe, check_update
 from fedent.trainer import LocalTrainer
@@ -68,6 +69,8 @@ class ClusterRun:
         self.seed = cfg.train.seed
         self.sizes = inputs.client_sizes()
         self.md5 = str(inputs.partition_info.get("md5", ""))
+        self.local_data = cfg.data.placement == "workers"  # sizes are what the workers report at Ready
+        self.reported: dict[int, dict[str, Any]] = {}  # cid -> label_counts, data_source, num_test_samples
         self.workers: dict[str, WorkerHandle] = {}
         self.owner: dict[int, str] = {}  # cid -> worker id
         self.lock = threading.RLock()
@@ -79,8 +82,9 @@ class ClusterRun:
         self.error: str | None = None
         data = inputs.data  # the aggregator holds the test set only; training data lives with the workers
         trainer = LocalTrainer(inputs.make_model(), data.x_test[:0], data.y_test[:0], cfg.train.batch_size, device)
+        federated = self.evaluate_clients if cfg.train.evaluation == "federated" else None
         evaluator = Evaluator(trainer, data.x_test, data.y_test, cfg.train.eval_batch_size, self.seed,
-                              int(getattr(cfg.train, "local_eval", 0) or 0))
+                              int(getattr(cfg.train, "local_eval", 0) or 0), federated)
         policy = RoundPolicy(settings.quorum, settings.round_retries, settings.checkpoint_keep)
         self.engine = RoundEngine(cfg, paths, strategy, self, evaluator, trainer.params, self.sizes,
                                   dict(inputs.partition_info), policy, on_phase=on_phase,
@@ -123,6 +127,8 @@ class ClusterRun:
     # ---- ClientExecutor -------------------------------------------------------------------------
     def bind(self, engine: RoundEngine) -> None:
         engine.clients.update(range(len(self.sizes)), state="waiting")
+        if not self.local_data:
+            engine.clients.update(range(len(self.sizes)), data_source=central_source(engine.partition_info))
 
     def status_fields(self) -> dict[str, Any]:
         with self.lock:
@@ -132,6 +138,19 @@ class ClusterRun:
     def start(self) -> None:
         threading.Thread(target=self._watch_heartbeats, name="heartbeats", daemon=True).start()
         self.wait_for_workers()
+        if self.local_data:
+            self.engine.adopt_client_data(self.sizes, self.reported_partition())
+
+    def reported_partition(self) -> dict[str, Any]:
+        """partition.json's fields from what the workers reported (label histograms where every client sent one)."""
+        with self.lock:
+            rows = [self.reported.get(c, {}) for c in range(len(self.sizes))]
+        counts = [r.get("label_counts") or [] for r in rows]
+        info: dict[str, Any] = {"sources": [r.get("data_source", "") for r in rows],
+                                "test_sizes": [int(r.get("num_test_samples", 0)) for r in rows]}
+        if all(counts):
+            info["label_counts"] = counts
+        return info
 
     def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
                 rounds: int) -> tuple[Strategy, dict[str, Any]]:
@@ -249,12 +268,15 @@ class ClusterRun:
         w.last_seen = time.time()
         return w
 
-    def mark_ready(self, worker_id: str, md5: str, sizes: dict[int, int], identity: str | None = None) -> None:
+    def mark_ready(self, worker_id: str, md5: str, sizes: dict[int, int], identity: str | None = None,
+                   details: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         w = self.worker(worker_id, identity, "Ready")
-        if md5 != self.md5:
+        if self.local_data:
+            self._accept_local(w, sizes, details or {})
+        elif md5 != self.md5:
             raise ClusterError("precondition", f"partition md5 {md5} differs from the aggregator's {self.md5}; "
                                                "same data, config and seed are needed")
-        for cid in w.cids:
+        for cid in ([] if self.local_data else w.cids):
             if sizes.get(cid) != self.sizes[cid]:
                 raise ClusterError("precondition", f"client {cid} has {sizes.get(cid)} samples, expected "
                                                    f"{self.sizes[cid]}")
@@ -264,6 +286,33 @@ class ClusterRun:
                 self.book.update([c], state="idle", last_heartbeat=time.time())
             self.registry_changed.notify_all()
         self.book.write()
+
+    def _accept_local(self, w: WorkerHandle, sizes: dict[int, int], details: Mapping[int, Mapping[str, Any]]) -> None:
+        """Worker-local data: the reported sample counts become the clients' sizes (every sample-weighted rule
+        uses them), with the label histogram and data source for the dashboard. An empty client, a count for a
+        client the worker does not host or a histogram that does not add up is refused."""
+        num_classes = int(self.engine.partition_info.get("num_classes") or 0)
+        for cid in w.cids:
+            n = sizes.get(cid)
+            if n is None or n <= 0:
+                raise ClusterError("invalid", f"client {cid}: {n or 0} samples reported; a client needs at least one")
+            d = details.get(cid, {})
+            counts = [int(v) for v in d.get("label_counts") or []]
+            if counts and (sum(counts) != n or (num_classes and len(counts) != num_classes) or min(counts) < 0):
+                raise ClusterError("invalid", f"client {cid}: label histogram {counts[:12]} does not match "
+                                              f"{n} samples over {num_classes} classes")
+        extra = sorted(set(sizes) - set(w.cids))
+        if extra:
+            raise ClusterError("invalid", f"sizes reported for clients {extra[:5]} this worker does not host")
+        with self.lock:
+            for cid in w.cids:
+                self.sizes[cid] = int(sizes[cid])
+                d = details.get(cid, {})
+                self.reported[cid] = {"label_counts": [int(v) for v in d.get("label_counts") or []],
+                                      "data_source": str(d.get("data_source", "")),
+                                      "num_test_samples": int(d.get("num_test_samples", 0))}
+                self.book.update([cid], samples=int(sizes[cid]), data_source=self.reported[cid]["data_source"]
+                                 or "worker", label_counts=self.reported[cid]["label_counts"] or None)
 
     def attach(self, worker_id: str, identity: str | None = None) -> WorkerHandle:
         w = self.worker(worker_id, identity, "Work")
@@ -422,12 +471,54 @@ class ClusterRun:
         w = self.worker(worker_id, identity, "ReportFailure")
         if identity is not None and cid >= 0 and cid not in w.cids:
             raise self._deny("ReportFailure", identity, f"client {cid}", f"not hosted by its worker {worker_id}")
+        if cid < 0 and not w.ready:  # refused at start (its local data does not fit the model): free its clients
+            self._retire(w, "refused", message)
+            self.book.update(w.cids, data_source=f"refused: {message[:200]}")
+            self.book.write()
+            return
         col = self.collector
         if col is None or col.round != rnd:
             return
         for c in ([cid] if cid >= 0 else list(w.cids)):
             if c in w.cids:
                 col.fail(c, f"worker failure: {message}")
+
+    def submit_evaluation(self, worker_id: str, task_id: int, rnd: int, results: Iterable[ClientEval],
+                          identity: str | None = None) -> None:
+        """Federated evaluation: each client's (samples, loss, accuracy) on its local test split; a result that
+        is not finite, claims more test samples than the client reported or is out of [0, 1] is excluded."""
+        results = list(results)
+        if identity is not None:
+            for r in results:
+                self._own(worker_id, r.cid, identity, "SubmitEvaluation")
+        col = self._collector("evaluate")
+        bad: list[str] = []
+        for r in results:
+            self._own(worker_id, r.cid)
+            limit = self.reported.get(r.cid, {}).get("num_test_samples") if self.local_data else None
+            why = ("not finite" if not (math.isfinite(r.loss) and math.isfinite(r.accuracy)) else
+                   "accuracy outside [0, 1]" if not 0.0 <= r.accuracy <= 1.0 else
+                   "negative sample count" if r.num_samples < 0 else
+                   f"{r.num_samples} test samples, {limit} reported" if limit is not None and r.num_samples > limit
+                   else None)
+            if why is not None:
+                col.fail(r.cid, f"invalid evaluation: {why}", task_id, rnd)
+                bad.append(f"client {r.cid}: {why}")
+            else:
+                col.put(task_id, rnd, r.cid, r)
+        if bad:
+            raise ClusterError("invalid", "evaluations rejected and excluded: " + "; ".join(bad))
+
+    def evaluate_clients(self, rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
+        """Federated evaluation of ``params`` (w(t+1)) by every hosted client on its local test split."""
+        blob = f"r{rnd}-eval"
+        enc = codec.encode_tensors({codec.PARAMS_GROUP: list(params)}, self.settings.transfer(), BlobMessage)
+        with self.lock:
+            self.blobs[blob] = enc
+            cids = [c for c in range(len(self.sizes)) if self._hosted(c)
+                    and (not self.local_data or self.reported.get(c, {}).get("num_test_samples", 0) > 0)]
+        col = self._dispatch("evaluate", rnd, cids, blob)
+        return Gathered(self._gather(col), dict(col.failed))
 
     # ---- the round loop --------------------------------------------------------------------------
     def wait_for_workers(self) -> None:

@@ -50,6 +50,7 @@ class LaunchSettings:
     dashboard_host: str = "127.0.0.1"
     dashboard_token: str | None = field(default=None, repr=False)  # bearer token for the dashboard's data routes
     fresh: bool = False  # move a run already in the run directory aside and start over (rounds.rundir)
+    worker_data: str | None = None  # --data SPEC for every worker (data.placement: workers)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -122,6 +123,11 @@ class Cluster:
     pki: CertBundle | None = None
     _lifeline: tuple[int, int] | None = None  # (read end passed to every child, write end held until stop)
     moved_to: Path | None = None  # where --fresh moved the previous run
+
+    def __post_init__(self) -> None:
+        # the children start in the package's directory (REPO_ROOT), not the caller's: every path they are
+        # given (run dir, PKI, state dirs, data root) must be absolute, resolved here against the caller's
+        self.run_dir = Path(self.run_dir).absolute()
 
     # ---- security ----------------------------------------------------------------------------
     def ensure_pki(self, identities: list[str]) -> CertBundle:
@@ -221,7 +227,9 @@ class Cluster:
                 if self.settings.device:
                     args += ["--device", self.settings.device]
                 if self.cfg.data.root:
-                    args += ["--data-root", self.cfg.data.root]
+                    args += ["--data-root", str(Path(self.cfg.data.root).absolute())]
+                if self.settings.worker_data:
+                    args += ["--data", self.settings.worker_data]
                 if self.estimator_address:
                     args += ["--estimator", self.estimator_address]
                 if agg_settings.token:
@@ -300,6 +308,7 @@ class Cluster:
 
 
 def default_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:
+    """The run directory, absolute (relative to the current directory), whatever directory that is."""
     if out:
-        return Path(out)
-    return Path(cfg.out_dir) / runlog.new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
+        return Path(out).absolute()
+    return (Path(cfg.out_dir) / runlog.new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)).absolute()

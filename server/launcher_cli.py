@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -32,6 +33,9 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC without worker authentication (default: TLS + mutual TLS + tokens, "
                          "with a development CA made under <run dir>/pki)")
+    up.add_argument("--worker-data", default=None, metavar="SPEC",
+                    help="data.placement: workers: every worker gets --data SPEC (a folder per client, or split:PATH) "
+                         "and reads its own clients' data from it")
     up.add_argument("--no-estimator-service", action="store_true",
                     help="FedEnt: solve φ2 in the aggregator process instead of the estimator service")
     from server.__main__ import add_settings_args
@@ -39,6 +43,16 @@ def add_parser(subparsers: Any) -> None:
 
     add_settings_args(up)
     add_dashboard_token_args(up)
+
+
+def absolute_data_spec(spec: str | None) -> str | None:
+    """--worker-data with its path made absolute: the workers start in the repository, not in this directory."""
+    if spec is None:
+        return None
+    mode, sep, path = spec.partition(":")
+    if sep and mode in ("per-client", "split"):
+        return f"{mode}:{Path(path).expanduser().resolve()}"
+    return str(Path(spec).expanduser().resolve())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         agg = settings_from_args(args, port=0)
         launch = LaunchSettings(workers=args.workers, device=args.device, dashboard=not args.no_dashboard,
                                 use_estimator_service=not args.no_estimator_service, secure=not args.insecure,
-                                fresh=args.fresh)
+                                fresh=args.fresh, worker_data=absolute_data_spec(args.worker_data))
         # the dashboard binds launch.dashboard_host (loopback): a token only when one is given
         dash_access = dashboard_token_from_args(args, launch.dashboard_host)
         if dash_access.token:

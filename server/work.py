@@ -30,7 +30,7 @@ class ClusterError(Exception):
 class Task:
     """One unit of work pushed to a worker: probe or fit ``cids`` at the model blob of ``round``."""
 
-    kind: str  # "probe" | "fit" | "shutdown"
+    kind: str  # "probe" | "fit" | "evaluate" | "shutdown"
     task_id: int
     round: int
     cids: tuple[int, ...]

@@ -347,7 +347,15 @@ def _to_tensor(x: np.ndarray, spec: DatasetSpec) -> torch.Tensor:
 
 
 def load_dataset(cfg: DataConfig, seed: int = 0, system_dirs: Sequence[Path] | None = None) -> FedDataset:
-    """The dataset named by ``cfg.name``, normalised, optionally subsampled (seeded by ``seed``)."""
+    """The dataset named by ``cfg.name``, normalised, optionally subsampled (seeded by ``seed``).
+
+    A name that is not built in is a plug-in (``package.module:load`` or an entry point of ``fedent.datasets``):
+    ``load(cfg, seed)`` returns the FedDataset, which is checked here like the built-in files are."""
+    if cfg.name not in SPECS:
+        from fedent import plugins
+
+        if plugins.is_import_path(cfg.name) or plugins.has_entry_point("datasets", cfg.name):
+            return _plugin_dataset(cfg, seed, plugins.dataset_loader(cfg.name))
     spec = get_spec(cfg.name)
     dirs = DEFAULT_SYSTEM_DIRS if system_dirs is None else tuple(system_dirs)
     if spec.kind == "synthetic":
@@ -373,3 +381,33 @@ def load_dataset(cfg: DataConfig, seed: int = 0, system_dirs: Sequence[Path] | N
         image_size=spec.image_size,
         source=source,
     )
+
+
+def _plugin_dataset(cfg: DataConfig, seed: int, load: Callable[[DataConfig, int], Any]) -> FedDataset:
+    """Call a plug-in loader and check what it returned: float images N x C x S x S, labels 0..C-1."""
+    try:
+        ds = load(cfg, seed)
+    except DatasetError:
+        raise
+    except Exception as e:  # the plug-in's own failure, still one line naming it
+        raise DatasetFormatError(f"dataset {cfg.name}: the loader failed: {type(e).__name__}: {e}") from None
+    missing = [a for a in ("x_train", "y_train", "x_test", "y_test", "num_classes", "in_channels", "image_size")
+               if not hasattr(ds, a)]
+    if missing:
+        raise DatasetFormatError(f"dataset {cfg.name}: the loader returned {type(ds).__name__} without "
+                                 f"{', '.join(missing)}; return a fedent.data.FedDataset")
+    want = (int(ds.in_channels), int(ds.image_size), int(ds.image_size))
+    for split in ("train", "test"):
+        x, y = getattr(ds, f"x_{split}"), getattr(ds, f"y_{split}")
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or tuple(x.shape[1:]) != want:
+            raise DatasetFormatError(f"dataset {cfg.name}: x_{split} must be a float32 tensor N x {want}, got "
+                                     f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+        if not isinstance(y, torch.Tensor) or y.dtype != torch.int64 or y.shape != (x.shape[0],):
+            raise DatasetFormatError(f"dataset {cfg.name}: y_{split} must be an int64 tensor of {x.shape[0]} labels")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= int(ds.num_classes)):
+            raise DatasetFormatError(f"dataset {cfg.name}: {split} labels must lie in 0..{int(ds.num_classes) - 1}")
+    if isinstance(ds, FedDataset):
+        return ds
+    return FedDataset(str(getattr(ds, "name", cfg.name)), ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+                      int(ds.num_classes), int(ds.in_channels), int(ds.image_size),
+                      str(getattr(ds, "source", f"plugin:{cfg.name}")))

@@ -48,8 +48,14 @@ def build_model(
     The weights depend only on (name, shapes, dropout-independent layout, seed): the RNG is seeded from
     ``derive_seed(seed, "init")`` inside ``torch.random.fork_rng``, which restores the global CPU state on exit.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    factory = MODELS.get(name)
+    if factory is None:
+        from fedent import plugins
+
+        if not (plugins.is_import_path(name) or plugins.has_entry_point("models", name)):
+            raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} "
+                             "(or an import path 'package.module:build')")
+        factory = plugins.model_factory(name)  # build(num_classes, in_channels, image_size, dropout)
     if num_classes < 1 or in_channels < 1 or image_size < 1:
         raise ValueError(
             f"model {name}: num_classes, in_channels and image_size must be >= 1 "
@@ -59,7 +65,9 @@ def build_model(
         raise ValueError(f"model {name}: dropout must be in [0, 1), got {dropout}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "init"))
-        model = MODELS[name](num_classes, in_channels, image_size, dropout)
+        model = factory(num_classes, in_channels, image_size, dropout)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
     buffers = [n for n, _ in model.named_buffers()]
     if buffers:  # a contract of the whole project, so fail loudly if a new model breaks it
         raise AssertionError(f"model {name} has buffers {buffers}; models must have parameters only")

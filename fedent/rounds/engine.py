@@ -104,7 +104,8 @@ class RoundEngine:
         self.phase, self.round = phase, rnd
         runlog.atomic_write_json(self.paths.status, runlog.status_record(
             self.paths.run_id, self.strategy.name, phase, rnd, self.rounds, self.started_at,
-            {"device": str(self.device), **self.executor.status_fields(), **state}))
+            {"device": str(self.device), "evaluation": self.evaluator.mode, **self.executor.status_fields(),
+             **state}))
         if self.on_phase is not None:
             self.on_phase(phase)
 
@@ -126,6 +127,17 @@ class RoundEngine:
         buf = io.BytesIO()
         torch.save([p.detach().cpu() for p in self.global_params], buf)
         runlog.atomic_write_bytes(self.paths.model, buf.getvalue())
+
+    def adopt_client_data(self, sizes: Sequence[int], info: dict[str, Any]) -> None:
+        """Clients whose data lives on the workers: their reported sample counts become the run's (θ_i and every
+        sample-weighted rule use them) and partition.json describes what was reported. Called by the executor's
+        ``start`` before ``prepare``, so strategies are set up with the reported sizes."""
+        self.sizes = [int(n) for n in sizes]
+        self.partition_info = {**self.partition_info, **info, "sizes": self.sizes}
+        for cid, n in enumerate(self.sizes):
+            self.clients.update([cid], samples=n)
+        runlog.atomic_write_json(self.paths.partition, self.partition_info)
+        self.clients.write()
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -208,7 +220,8 @@ class RoundEngine:
         if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every):
             self.status("evaluating", rnd)
             diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
-            test_loss, test_acc = self.evaluator.evaluate(self.global_params)
+            test_loss, test_acc, evaluated = self.evaluator.evaluate_round(rnd, self.global_params)
+            diagnostics.update(evaluated)
         now = time.perf_counter()
         rec = runlog.metrics_record(
             round=rnd, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,

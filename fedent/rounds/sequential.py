@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from fedent.rounds.engine import RoundEngine
 
 
+def central_source(partition_info: dict[str, Any]) -> str:
+    """clients.json's data_source when every client's data is cut from one central dataset."""
+    return f"central ({partition_info.get('source') or partition_info.get('dataset') or 'dataset'})"
+
+
 def update_bytes(update: ClientUpdate) -> int:
     """What the update would weigh on the wire, uncompressed: its model and its extra tensor groups."""
     groups = [update.params, *update.tensors.values()]
@@ -40,7 +45,7 @@ class SequentialExecutor:
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
         engine.clients.update(range(len(self.indices)), worker="simulator", state="idle",
-                              device=str(self.trainer.device))
+                              device=str(self.trainer.device), data_source=central_source(engine.partition_info))
 
     def status_fields(self) -> dict[str, Any]:
         return {"mode": "simulator"}  # the run directory says which kind of run it holds (rounds.rundir)

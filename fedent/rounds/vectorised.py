@@ -1,10 +1,11 @@
 """The vectorised executor: the round's clients train together, in chunks that fit the device's memory.
 
-Everything but ``fit`` is the sequential executor's (probes are one gradient each; Algorithm 1's oracle is
-per client by nature). ``fit`` asks every client's strategy for its ``LocalFit`` plan first, in cid order
-(the plans read and write client state exactly as the sequential executor's fits do), trains the plans in
-chunks of ``chunk_size`` clients through one ``vmap``-ed step, then finishes each client in cid order.
-"""
+``probe`` takes every participant's probe gradient at w(t) in one vmapped pass (``Strategy.plan_probe``).
+Algorithm 1's oracle stays the sequential executor's (its sweeps walk one client's trajectory at a time),
+and so does FedNorm's gradient inside its plan. ``fit`` asks every client's strategy for its ``LocalFit``
+plan first, in cid order (the plans read and write client state exactly as the sequential executor's fits
+do), trains the plans in chunks of ``chunk_size`` clients through one ``vmap``-ed step, then finishes each
+client in cid order."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from torch import Tensor
 from fedent.params import num_elements
 from fedent.rounds.executor import Gathered
 from fedent.rounds.sequential import SequentialExecutor, update_bytes
-from fedent.strategies.base import ClientUpdate, LocalFit, RoundPayload, Strategy, train_generator
+from fedent.strategies.base import ClientUpdate, LocalFit, Probe, RoundPayload, Strategy, train_generator
 from fedent.trainer import LocalTrainer
-from fedent.vectorised_trainer import ClientRun, VectorisedTrainer
+from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
 # Of the device memory free when the first round starts, the share the chunks may use (the rest is
 # headroom for the allocator, evaluation and the sequential probes).
@@ -46,6 +47,23 @@ class VectorisedExecutor(SequentialExecutor):
 
     def status_fields(self) -> dict[str, Any]:
         return {**super().status_fields(), "executor": "vectorised", "parallel_clients": self.chunk_size}
+
+    def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
+              strategy: Strategy) -> Gathered[Probe]:
+        """Every participant's probe gradient at w(t) in vmapped chunks, then each plan's finish in cid order."""
+        if not strategy.plans_probe:
+            return super().probe(rnd, cids, global_params, strategy)
+        plans = {c: strategy.plan_probe(global_params, self.task(rnd, c), self.state(strategy, c)) for c in cids}
+        order = list(cids)
+        size = min(self.chunk_size or self._memory_cap([p.detach().to(self.trainer.device) for p in global_params]),
+                   len(order)) or 1
+        out: dict[int, Probe] = {}
+        for lo in range(0, len(order), size):
+            chunk = order[lo:lo + size]
+            reqs = [GradientRequest(self.indices[c], plans[c].generator, plans[c].batch_size) for c in chunk]
+            for c, g in zip(chunk, self.vtrainer.gradients(global_params, reqs), strict=True):
+                out[c] = plans[c].finish(g)
+        return Gathered(out)
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:

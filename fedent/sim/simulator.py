@@ -19,7 +19,7 @@ from fedent.config import ExperimentConfig, with_device
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
 from fedent.rounds import RoundEngine, RunError
-from fedent.rounds.evaluation import Evaluator
+from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.rundir import has_run, run_kind
 from fedent.rounds.vectorised import make_executor
 from fedent.sim.progress import ProgressBar
@@ -59,7 +59,11 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed,
                              tr.batch_size, tr.max_parallel_clients)
-    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval)
+    federated = None
+    if tr.evaluation == "federated":
+        federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
+                                      tr.eval_batch_size)
+    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), on_round=on_round)
 
@@ -84,6 +88,9 @@ def run_simulation(
     on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
     """
     cfg = with_device(cfg, device)
+    if cfg.data.placement != "central":
+        raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
+                              "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
     dev = resolve_device(cfg.train.device)
     if inputs is None:
         inputs = load_inputs(cfg)

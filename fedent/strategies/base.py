@@ -143,6 +143,18 @@ class LocalFit:
         return hook
 
 
+@dataclass(frozen=True)
+class ProbePlan:
+    """A client's probe, decided before it runs: one gradient at w(t) on a batch of at most ``batch_size``
+    samples drawn with ``generator`` (``LocalTrainer.gradient``; None = the training batch size), then
+    ``finish`` turns it into the ``Probe`` (and may note what it needs in the client's state). Because the plan
+    is data, the vectorised executor takes every participant's gradient in one step."""
+
+    generator: torch.Generator
+    batch_size: int | None
+    finish: Callable[[Params], Probe]
+
+
 @dataclass
 class AggregateResult:
     params: Params
@@ -192,10 +204,22 @@ class Strategy(ABC):
     def init_client_state(self, cid: int, num_samples: int) -> ClientState:
         return ClientState()
 
+    def plan_probe(self, global_params: Sequence[Tensor], task: ClientTask, state: ClientState) -> ProbePlan:
+        """The probe as a ``ProbePlan``; strategies with ``needs_probe`` implement this or ``probe``."""
+        raise NotImplementedError(f"{self.name} has no probe step")
+
     def probe(
         self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
     ) -> Probe:
-        raise NotImplementedError(f"{self.name} has no probe step")
+        """One client's probe on ``trainer``: its plan's gradient at w(t), then its finish."""
+        plan = self.plan_probe(global_params, task, state)
+        trainer.load(global_params)
+        return plan.finish(trainer.gradient(task.indices, plan.generator, plan.batch_size))
+
+    @property
+    def plans_probe(self) -> bool:
+        """Whether the probe is a ``ProbePlan`` (what the vectorised executor needs to batch it)."""
+        return type(self).plan_probe is not Strategy.plan_probe
 
     def plan_fit(
         self,

@@ -18,7 +18,7 @@ from fedent.meanfield.diagnostics import ParticipantReport, fedent_round_record
 from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator, Phi2Estimator
 from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
 from fedent.meanfield.lr import solve_eta
-from fedent.params import dot, norm_sq
+from fedent.params import Params, dot, norm_sq
 from fedent.rng import torch_generator
 from fedent.strategies.base import (
     AggregateResult,
@@ -29,6 +29,7 @@ from fedent.strategies.base import (
     LocalFit,
     PayloadSpec,
     Probe,
+    ProbePlan,
     RoundPayload,
     Strategy,
     StrategyError,
@@ -141,12 +142,16 @@ class FedEnt(Strategy):
         g = trainer.gradient(task.indices, gen, self.options.probe_batch_size)
         return dot(global_params, g), norm_sq(g)
 
-    def probe(
-        self, trainer: LocalTrainer, global_params: Sequence[Tensor], task: ClientTask, state: ClientState
-    ) -> Probe:
-        a, b = self._probe_scalars(trainer, global_params, task)
-        state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
-        return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+    def plan_probe(self, global_params: Sequence[Tensor], task: ClientTask, state: ClientState) -> ProbePlan:
+        """g_i at w(t) on one random batch (Algorithm 2, line 4), reported as (a, b) = (⟨w(t), g⟩, ‖g‖²)."""
+        gen = torch_generator(task.seed, "probe", task.round, task.cid)
+
+        def finish(g: Params) -> Probe:
+            a, b = dot(global_params, g), norm_sq(g)
+            state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
+            return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+
+        return ProbePlan(gen, self.options.probe_batch_size, finish)
 
     def plan_fit(
         self,

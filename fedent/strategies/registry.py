@@ -33,11 +33,16 @@ _register_optional()
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    try:
+    """A built-in strategy by name, else a plug-in (import path or entry point ``fedent.strategies``)."""
+    if name in STRATEGIES:
         return STRATEGIES[name]
-    except KeyError:
-        listed = ", ".join(sorted(STRATEGIES))
-        raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}") from None
+    from fedent import plugins
+
+    if plugins.is_import_path(name) or plugins.has_entry_point("strategies", name):
+        cls: type[Strategy] = plugins.strategy_class(name)
+        return cls
+    listed = ", ".join(sorted(STRATEGIES))
+    raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; available: {listed}")
 
 
 def build_strategy(spec: AlgorithmConfig, **kwargs: Any) -> Strategy:

@@ -114,7 +114,7 @@ def add_client_security_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-key", type=Path, default=None, help="client private key for mutual TLS (PEM)")
     g.add_argument("--tls-server-name", default=None, help="name to expect in the server certificate")
     g.add_argument("--token-file", type=Path, default=None,
-                   help="this worker's token: a file holding it, or tokens.json plus --worker-id")
+                   help="this worker's token: a file holding it, or tokens.json (the entry of the worker's --name)")
     g.add_argument("--insecure", action="store_true", default=None,
                    help="plaintext, for local experiments only")
 

@@ -134,7 +134,8 @@ def read_worker_token(path: str | Path, worker: str | None = None) -> str:
         if not isinstance(workers, dict):
             raise SecurityConfigError(f"{p}: no 'workers' mapping")
         if worker is None:
-            raise SecurityConfigError(f"{p} holds several workers' tokens: say which worker this is (--worker-id)")
+            raise SecurityConfigError(f"{p} holds several workers' tokens: say which worker this is "
+                                      f"(the worker's --name)")
         token = workers.get(worker)
         if not isinstance(token, str) or not token or token.startswith("sha256:"):
             raise SecurityConfigError(f"{p} has no usable token for worker {worker!r}")

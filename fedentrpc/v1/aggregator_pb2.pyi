@@ -63,12 +63,18 @@ class RegisterResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
-    __slots__ = ("cid", "num_samples")
+    __slots__ = ("cid", "num_samples", "label_counts", "data_source", "num_test_samples")
     CID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LABEL_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TEST_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     cid: int
     num_samples: int
-    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    label_counts: _containers.RepeatedScalarFieldContainer[int]
+    data_source: str
+    num_test_samples: int
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., data_source: _Optional[str] = ..., num_test_samples: _Optional[int] = ...) -> None: ...
 
 class ReadyRequest(_message.Message):
     __slots__ = ("worker_id", "partition_md5", "clients")
@@ -158,15 +164,23 @@ class Shutdown(_message.Message):
     failed: bool
     def __init__(self, reason: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
 
+class EvaluateTask(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskHeader
+    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ...) -> None: ...
+
 class WorkResponse(_message.Message):
-    __slots__ = ("probe", "fit", "shutdown")
+    __slots__ = ("probe", "fit", "shutdown", "evaluate")
     PROBE_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_FIELD_NUMBER: _ClassVar[int]
     probe: ProbeTask
     fit: FitTask
     shutdown: Shutdown
-    def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    evaluate: EvaluateTask
+    def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., evaluate: _Optional[_Union[EvaluateTask, _Mapping]] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobRequest(_message.Message):
     __slots__ = ("blob_id", "worker_id")
@@ -307,3 +321,31 @@ class GetStatusResponse(_message.Message):
     phase: RunPhase
     error: str
     def __init__(self, run_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., round: _Optional[int] = ..., rounds: _Optional[int] = ..., workers: _Optional[int] = ..., clients: _Optional[int] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ClientEvaluation(_message.Message):
+    __slots__ = ("cid", "num_samples", "loss", "accuracy")
+    CID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    cid: int
+    num_samples: int
+    loss: float
+    accuracy: float
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ...) -> None: ...
+
+class SubmitEvaluationRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "results")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    results: _containers.RepeatedCompositeFieldContainer[ClientEvaluation]
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ClientEvaluation, _Mapping]]] = ...) -> None: ...
+
+class SubmitEvaluationResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

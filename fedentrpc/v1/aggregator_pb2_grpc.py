@@ -79,6 +79,11 @@ class AggregatorServiceStub:
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.SubmitEvaluation = channel.unary_unary(
+                '/fedentrpc.v1.AggregatorService/SubmitEvaluation',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.FromString,
+                _registered_method=True)
 
 
 class AggregatorServiceServicer:
@@ -138,6 +143,12 @@ class AggregatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitEvaluation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +196,11 @@ def add_AggregatorServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.FromString,
                     response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'SubmitEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitEvaluation,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +446,33 @@ class AggregatorService:
             '/fedentrpc.v1.AggregatorService/GetStatus',
             fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusRequest.SerializeToString,
             fedentrpc_dot_v1_dot_aggregator__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedentrpc.v1.AggregatorService/SubmitEvaluation',
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.FromString,
             options,
             channel_credentials,
             insecure,

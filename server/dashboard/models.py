@@ -28,6 +28,10 @@ class StatusOut(BaseModel):
     elapsed_s: float | None = None
     eta_s: float | None = Field(None, description="estimated seconds to finish (mean round time x rounds left)")
     error: str | None = Field(None, description="failure message of a failed run")
+    evaluation: str | None = Field(None, description="server (held-out set at the aggregator) or federated (each "
+                                                     "client's local test split, sample-weighted mean)")
+    data_placement: str | None = Field(None, description="central (every process reads the dataset) or workers "
+                                                         "(each client's data stays on its worker)")
 
 
 class FedentClientDiag(BaseModel):
@@ -92,6 +96,8 @@ class ClientOut(BaseModel):
                                                      "client's last round, before the decay toward it")
     last_heartbeat: float | None = Field(None, description="Unix epoch seconds")
     heartbeat_age_s: float | None = None
+    data_source: str | None = Field(None, description="where the client's data came from: its file on the worker "
+                                                       "(worker-local data), or central (the dataset's source)")
 
 
 class ClientsOut(BaseModel):

@@ -72,7 +72,8 @@ def _pct_text(pct: float) -> str:
 def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str, str]:
     """The header and progress line as app.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
     if status is None:
-        return {"run_id": DASH, "algorithm": DASH, "rounds_done": DASH, "rounds": DASH, "phase": DASH,
+        return {"run_id": DASH, "algorithm": DASH, "evaluation": DASH, "placement": DASH, "rounds_done": DASH,
+                "rounds": DASH, "phase": DASH,
                 "phase_attr": "unknown", "elapsed": DASH, "eta": DASH, "last_acc": DASH, "progress_pct": "0",
                 "progress_text": DASH}
     s = status
@@ -82,6 +83,7 @@ def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str,
     working = f" · round {s.round} {s.phase}" if in_flight else ""
     return {
         "run_id": s.run_id, "algorithm": s.algorithm or DASH, "rounds_done": str(s.rounds_completed),
+        "evaluation": s.evaluation or DASH, "placement": s.data_placement or DASH,
         "rounds": rounds, "phase": s.phase, "phase_attr": s.phase, "elapsed": fmt_duration(s.elapsed_s),
         "eta": "done" if s.phase == "done" else fmt_duration(s.eta_s), "last_acc": fmt_pct(last_acc),
         "progress_pct": pct, "progress_text": f"{s.rounds_completed} / {rounds} rounds · {pct}%{working}",

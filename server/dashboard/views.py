@@ -102,10 +102,13 @@ def build_status(snap: Snapshot, now: float) -> StatusOut:
     progress = min(1.0, completed / rounds) if rounds else (1.0 if phase == "done" else 0.0)
     state = mapping(st.get("state"))
     error = text(state.get("error")) if phase == "failed" else None
+    train, data = mapping(cfg.get("train")), mapping(cfg.get("data"))
     return StatusOut(
         run_id=text(st.get("run_id")) or snap.run_id, algorithm=algorithm, phase=phase, round=cur, rounds=rounds,
         rounds_completed=completed, progress=progress, started_at=started, updated_at=updated,
         elapsed_s=elapsed, eta_s=eta, error=error,
+        evaluation=text(state.get("evaluation")) or text(train.get("evaluation")) or ("server" if cfg else None),
+        data_placement=text(data.get("placement")) or ("central" if cfg else None),
     )
 
 
@@ -206,7 +209,7 @@ def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> Cl
             samples=samples, participation=integer(row.get("participation")) or participation.get(cid, 0),
             bytes_sent=sent, bytes_received=recv, bytes_total=total,
             eta=eta if eta is not None else m_eta, eta_star=eta_star if eta_star is not None else m_eta_star,
-            last_heartbeat=hb, heartbeat_age_s=age,
+            last_heartbeat=hb, heartbeat_age_s=age, data_source=text(row.get("data_source")),
         ))
     source = "clients.json" if listed else ("metrics.jsonl" if out else "none")
     return ClientsOut(source=source, clients=out)

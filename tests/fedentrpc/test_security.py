@@ -312,7 +312,7 @@ def test_client_settings_and_token_files(pki: CertBundle, tmp_path: Path) -> Non
     one = _parse(add_client_security_args, ["--tls-ca", str(pki.ca_cert),
                                             "--token-file", str(pki.token_files["worker-1"])])
     assert client_security_from_args(one, env={}).token == tok
-    with pytest.raises(SecurityConfigError, match="--worker-id"):
+    with pytest.raises(SecurityConfigError, match="--name"):
         client_security_from_args(args, worker=None, env={})
     with pytest.raises(SecurityConfigError, match="no usable token"):
         client_security_from_args(args, worker="worker-9", env={})

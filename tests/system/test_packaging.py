@@ -47,3 +47,59 @@ def test_grpcio_tools_is_a_dev_extra_only() -> None:
     users = [p for pkg in ("fedent", "fedentrpc", "server", "client", "estimator") for p in (ROOT / pkg).rglob("*.py")
              if "grpc_tools" in p.read_text()]
     assert users == []
+
+
+def _installed_venv(tmp_path: Path) -> Path:
+    """A fresh venv with the project installed from its wheel (not the editable checkout); the heavy
+    dependencies (torch, grpc, ...) come from this interpreter's site-packages through a .pth file."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for pkg in ("fedent", "fedentrpc", "server", "client", "estimator"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(src)], check=True, timeout=300)
+    (wheel,) = wheels.glob("fedent-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+                    str(wheel)], check=True, timeout=300)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def test_cluster_up_runs_from_a_directory_outside_the_repository(tmp_path: Path) -> None:
+    """`fedent cluster up` with the default relative run directory, from an unrelated directory, with the
+    installed package: every path is resolved before the children (which start in the package's directory)
+    get it, so they find the run's PKI and state where the command said."""
+    import os
+    import subprocess
+
+    if not Path("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz").exists():
+        pytest.skip("needs dataset-fashion-mnist (make data)")
+    venv = _installed_venv(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import server, fedent; print(server.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert where.startswith(str(venv)), f"imported the checkout, not the wheel: {where}"
+    config = str(ROOT / "configs" / "demo.yaml")
+    res = subprocess.run([str(venv / "bin" / "fedent"), "cluster", "up", "--config", config,
+                          "--workers", "2", "--exit-when-done", "--set", "train.rounds=1"],
+                         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    finals = list((elsewhere / "runs").glob("*/model_final.pt"))
+    assert len(finals) == 1, "the run directory is relative to where the command ran"
+    assert (finals[0].parent / "pki" / "server.crt").is_file()

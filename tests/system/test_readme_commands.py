@@ -37,7 +37,7 @@ SYSTEM_COPY = Path("/usr/share/datasets/fashion-mnist")
 SMALL_RUN = ["--set", "train.rounds=1", "--set", "train.local_epochs=1", "--set", "data.num_clients=10",
              "--set", "data.max_train_samples=600", "--set", "data.max_test_samples=200"]
 SMALL: dict[str, list[str]] = {"simulate": SMALL_RUN, "compare": SMALL_RUN, "plot": [], "tensorboard": [],
-                               "partition": [], "dashboard": ["--port", "0"]}
+                               "partition": [], "dashboard": ["--port", "0"], "plugins": []}
 
 
 def research_commands(text: str) -> list[list[str]]:

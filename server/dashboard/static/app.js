@@ -195,6 +195,8 @@
     if (!s) return;
     $("#run-id").textContent = s.run_id;
     $("#algorithm").textContent = s.algorithm || "–";
+    $("#evaluation").textContent = s.evaluation || "–";
+    $("#placement").textContent = s.data_placement || "–";
     $("#round").textContent = String(s.rounds_completed);
     $("#rounds").textContent = s.rounds === null ? "?" : String(s.rounds);
     const ph = $("#phase");
@@ -532,7 +534,7 @@
         cell(String(c.cid)), htd, cell(c.state || "–"), cell(c.worker || "–"), cell(c.device || "–"),
         cell(c.samples === null ? "–" : String(c.samples), "num"), cell(String(c.participation), "num"),
         cell(traffic, "num"), cell(fmtNum(c.eta), "num"), cell(fmtNum(c.eta_star), "num"),
-        cell(fmtAge(c.heartbeat_age_s), "num"),
+        cell(fmtAge(c.heartbeat_age_s), "num"), cell(c.data_source || "–"),
       );
       return tr;
     });

@@ -167,3 +167,20 @@ def test_bad_executor_options_are_config_errors() -> None:
         config("fedavg", "parallel", "cpu")
     with pytest.raises(ConfigError, match="train.max_parallel_clients"):
         config("fedavg", "vectorised", "cpu", max_parallel_clients=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probes_in_one_pass_give_the_sequential_probes(device: str) -> None:
+    """FedEnt's probe (a, b) per participant, batched, equals the one-client-at-a-time probe."""
+    from fedent.strategies.fedent import FedEnt
+
+    tr, inputs = trainer(device)
+    w0 = [p.detach().clone() for p in tr.params]
+    cids = [0, 1, 2, 3, 5]
+    seq = SequentialExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8).probe(2, cids, w0, FedEnt())
+    vec = VectorisedExecutor(tr, inputs.client_indices, 0.05, 1, 0, 8, max_parallel=2).probe(2, cids, w0, FedEnt())
+    assert sorted(vec.results) == cids
+    for c in cids:
+        for k in ("a", "b"):
+            assert vec.results[c].scalars[k] == pytest.approx(seq.results[c].scalars[k], rel=1e-5, abs=1e-7)
+    assert len({round(seq.results[c].scalars["b"], 6) for c in cids}) == len(cids)  # the clients differ

@@ -263,3 +263,32 @@ def test_refuses_a_cluster_run_that_has_not_logged_a_round_yet(tmp_path: Path) -
     with pytest.raises(SimulationError, match="already holds a cluster run"):
         run_simulation(cfg, tmp_path / "r", progress=False, inputs=tiny_inputs(), plots=False)
     assert digest(tmp_path / "r") == before
+
+
+def test_federated_evaluation_is_the_sample_weighted_mean_of_the_clients_splits(tmp_path: Path) -> None:
+    """With central data every test sample is in exactly one client's split, so the federated mean equals the
+    server-side accuracy; the records say which mode measured it."""
+    import dataclasses
+
+    inputs = tiny_inputs()
+    server = run_simulation(tiny_config("fedavg", rounds=2), tmp_path / "server", progress=False, inputs=inputs,
+                            plots=False)
+    cfg = tiny_config("fedavg", rounds=2)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, evaluation="federated"))
+    fed = run_simulation(cfg, tmp_path / "fed", progress=False, inputs=inputs, plots=False)
+    assert fed.records[-1]["test_acc"] == pytest.approx(server.records[-1]["test_acc"], abs=1e-12)
+    assert fed.records[-1]["test_loss"] == pytest.approx(server.records[-1]["test_loss"], rel=1e-5)
+    n_test = int(inputs.data.y_test.shape[0])
+    assert fed.records[-1]["diagnostics"]["evaluation"] == {"mode": "federated", "samples": n_test,
+                                                            "clients": inputs.num_clients}
+    assert server.records[-1]["diagnostics"]["evaluation"] == {"mode": "server", "samples": n_test}
+    assert runlog.read_json(tmp_path / "fed" / "status.json")["state"]["evaluation"] == "federated"
+
+
+def test_worker_local_placement_is_refused_by_the_simulator(tmp_path: Path) -> None:
+    import dataclasses
+
+    cfg = tiny_config("fedavg")
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, placement="workers"))
+    with pytest.raises(SimulationError, match="data.placement: workers"):
+        run_simulation(cfg, tmp_path / "run", progress=False, plots=False)

@@ -115,6 +115,20 @@ def test_client_health_and_traffic_from_clients_json() -> None:
     assert [c.health for c in failed.clients] == ["stopped", "stopped", "down", "stopped"]
 
 
+def test_where_data_came_from_and_how_the_run_evaluates() -> None:
+    rows = {"clients": [{"cid": 0, "data_source": "/data/client-0/train.npz", "samples": 17},
+                        {"cid": 1, "data_source": "central (system:/usr/share/datasets/fashion-mnist)"}, {"cid": 2}]}
+    cfg = {"train": {"evaluation": "federated"}, "data": {"placement": "workers"}}
+    by = {c.cid: c for c in views.build_clients(snap(clients=rows), now=0.0).clients}
+    assert [by[i].data_source for i in range(3)] == ["/data/client-0/train.npz",
+                                                      "central (system:/usr/share/datasets/fashion-mnist)", None]
+    st = views.build_status(snap(config=cfg, status={"phase": "training", "state": {"evaluation": "federated"}}), 0.0)
+    assert (st.evaluation, st.data_placement) == ("federated", "workers")
+    old = views.build_status(snap(config={"train": {}, "data": {}}), 0.0)  # a run from before these keys
+    assert (old.evaluation, old.data_placement) == ("server", "central")
+    assert (views.build_status(snap(), 0.0).evaluation, views.build_status(snap(), 0.0).data_placement) == (None, None)
+
+
 def test_clients_of_a_finished_run_show_finished_even_without_status_json() -> None:
     """The phase /api/status infers (config rounds reached) is the one the clients' health follows."""
     metrics = [rec(r, fedent=fedent_diag(r)) for r in range(2)]

@@ -1,0 +1,231 @@
+"""Your own model, dataset and strategy: found by import path (``pkg.mod:attr``) or by an installed package's
+entry point (groups ``fedent.models``, ``fedent.datasets``, ``fedent.strategies``), checked once at config time.
+
+Why here and not in each registry: the three lookups share the rules (import path vs entry-point name, a
+missing module, attribute or wrong signature is one ``PluginError`` line naming the config key) and must run
+*before* any data loads, when the config is built. The built-in names never reach this module's resolver.
+The interfaces (exact signatures) are documented in docs/extending.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+from fedent.config import ConfigError
+
+Kind = Literal["models", "datasets", "strategies"]
+GROUPS: dict[Kind, str] = {"models": "fedent.models", "datasets": "fedent.datasets",
+                           "strategies": "fedent.strategies"}
+KEYS: dict[Kind, str] = {"models": "model.name", "datasets": "data.name", "strategies": "algorithm.name"}
+# what a plug-in of each kind is called with (a wrong signature is refused before anything runs)
+MODEL_ARGS = ("num_classes", "in_channels", "image_size", "dropout")
+DATASET_ARGS = ("cfg", "seed")
+
+
+class PluginError(ConfigError):
+    """A plug-in that cannot be used: missing module/attribute/entry point, wrong kind or signature."""
+
+
+@dataclass(frozen=True)
+class Available:
+    """One name ``fedent plugins`` lists: what it is, where it comes from (built-in or a distribution)."""
+
+    kind: Kind
+    name: str
+    target: str  # "built-in", or the entry point's "module:attr"
+    origin: str  # "fedent", or the distribution that declares the entry point
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def _entry_point(kind: Kind, name: str) -> Any:
+    for ep in entry_points(group=GROUPS[kind]):
+        if ep.name == name:
+            return ep
+    return None
+
+
+def _import(kind: Kind, ref: str) -> Any:
+    """``module:attr`` (attr may be dotted) -> the object; one-line PluginError otherwise."""
+    key = KEYS[kind]
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise PluginError(f"{key}: {ref!r} is not an import path; expected 'package.module:attribute'")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise PluginError(f"{key}: cannot import module {module!r} ({e}); is it installed or on PYTHONPATH?") \
+            from None
+    except Exception as e:  # the plug-in's own import-time error, still one line
+        raise PluginError(f"{key}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PluginError(f"{key}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(kind: Kind, name: str) -> Any:
+    """The object behind a plug-in ``name`` (an import path or an entry-point name), checked for its kind."""
+    if is_import_path(name):
+        obj, where = _import(kind, name), name
+    else:
+        ep = _entry_point(kind, name)
+        if ep is None:
+            raise PluginError(f"{KEYS[kind]}: unknown {kind[:-1] if kind != 'strategies' else 'strategy'} "
+                              f"{name!r}; available: {', '.join(a.name for a in available(kind))} "
+                              "(or an import path 'package.module:attribute')")
+        try:
+            obj = ep.load()
+        except Exception as e:
+            raise PluginError(f"{KEYS[kind]}: entry point {name!r} ({ep.value}) does not load: "
+                              f"{type(e).__name__}: {e}") from None
+        where = f"{name} ({ep.value})"
+    CHECKS[kind](obj, where)
+    return obj
+
+
+def _check_callable(obj: Any, where: str, kind: Kind, args: tuple[str, ...]) -> None:
+    key = KEYS[kind]
+    if not callable(obj) or isinstance(obj, type):
+        raise PluginError(f"{key}: {where} is not a function (got {type(obj).__name__}); "
+                          f"expected {_signature_text(args)}")
+    try:
+        inspect.signature(obj).bind(*args)
+    except TypeError:
+        raise PluginError(f"{key}: {where} has signature {_signature(obj)}, expected {_signature_text(args)}") \
+            from None
+    except ValueError:  # builtins without a signature: accept, the call will tell
+        return
+
+
+def _signature(obj: Any) -> str:
+    try:
+        return f"{getattr(obj, '__name__', 'f')}{inspect.signature(obj)}"
+    except (TypeError, ValueError):
+        return "(unknown)"
+
+
+def _signature_text(args: tuple[str, ...]) -> str:
+    return f"f({', '.join(args)})"
+
+
+def check_model(obj: Any, where: str) -> None:
+    _check_callable(obj, where, "models", MODEL_ARGS)
+
+
+def check_dataset(obj: Any, where: str) -> None:
+    _check_callable(obj, where, "datasets", DATASET_ARGS)
+
+
+def check_strategy(obj: Any, where: str) -> None:
+    from fedent.config import StrategyOptions
+    from fedent.strategies.base import Strategy
+
+    key = KEYS["strategies"]
+    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+        raise PluginError(f"{key}: {where} is not a fedent.strategies.base.Strategy subclass")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise PluginError(f"{key}: {where} leaves abstract method(s) {missing} unimplemented")
+    if obj.plan_fit is Strategy.plan_fit and obj.fit is Strategy.fit:
+        raise PluginError(f"{key}: {where} defines no client step: implement plan_fit (or subclass "
+                          "LocalSGDStrategy for FedAvg's), or override fit")
+    opts = getattr(obj, "Options", None)
+    if not (isinstance(opts, type) and issubclass(opts, StrategyOptions)):
+        raise PluginError(f"{key}: {where} needs an Options class attribute (a StrategyOptions dataclass)")
+    if not isinstance(getattr(obj, "name", None), str) or not obj.name:
+        raise PluginError(f"{key}: {where} needs a class attribute name = '...' (shown in records)")
+
+
+CHECKS: dict[Kind, Callable[[Any, str], None]] = {"models": check_model, "datasets": check_dataset,
+                                                  "strategies": check_strategy}
+
+
+def builtin_names(kind: Kind) -> list[str]:
+    if kind == "models":
+        from fedent.models import MODELS
+
+        return list(MODELS)
+    if kind == "datasets":
+        from fedent.data.datasets import DATASETS
+
+        return list(DATASETS)
+    from fedent.strategies.options import OPTIONS
+
+    return list(OPTIONS)
+
+
+def available(kind: Kind) -> list[Available]:
+    """Built-in names first, then every installed entry point of the kind's group (sorted by name)."""
+    out = [Available(kind, n, "built-in", "fedent") for n in builtin_names(kind)]
+    for ep in sorted(entry_points(group=GROUPS[kind]), key=lambda e: e.name):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+        out.append(Available(kind, ep.name, ep.value, dist))
+    return out
+
+
+def has_entry_point(kind: Kind, name: str) -> bool:
+    return _entry_point(kind, name) is not None
+
+
+def check_placement(data: Any, train: Any) -> None:
+    """With ``data.placement: workers`` the aggregator reads no dataset, so it must know the model's input
+    without one (a built-in data.name, or data.num_classes/in_channels/image_size), and server-side evaluation
+    needs a held-out set it can read (data.server_test, or a built-in data.name's test split)."""
+    if data.placement != "workers":
+        if data.server_test is not None:
+            raise ConfigError("data.server_test: only used with data.placement: workers")
+        return
+    builtin = is_builtin("datasets", data.name)
+    shape = (data.num_classes, data.in_channels, data.image_size)
+    if not builtin and None in shape:
+        raise ConfigError(f"data.placement: workers with data.name {data.name!r} (not a built-in dataset) needs "
+                          "data.num_classes, data.in_channels and data.image_size (the model's input)")
+    if train.evaluation == "server" and not builtin and data.server_test is None:
+        raise ConfigError("train.evaluation: server with data.placement: workers needs a held-out set at the "
+                          "aggregator: set data.server_test (a .npz/.pt file with x and y) or use "
+                          "train.evaluation: federated")
+
+
+def is_builtin(kind: Kind, name: str) -> bool:
+    return not is_import_path(name) and name in builtin_names(kind)
+
+
+def model_factory(name: str) -> Callable[..., Any]:
+    """A plug-in model's ``build(num_classes, in_channels, image_size, dropout) -> nn.Module``."""
+    fn: Callable[..., Any] = resolve("models", name)
+    return fn
+
+
+def dataset_loader(name: str) -> Callable[..., Any]:
+    """A plug-in dataset's ``load(cfg: DataConfig, seed: int) -> FedDataset``."""
+    fn: Callable[..., Any] = resolve("datasets", name)
+    return fn
+
+
+def strategy_class(name: str) -> Any:
+    """A plug-in strategy class (a ``Strategy`` subclass with ``name`` and ``Options``)."""
+    return resolve("strategies", name)
+
+
+def check_names(data_name: str, model_name: str) -> None:
+    """Config-time check of data.name and model.name (the algorithm is checked by AlgorithmConfig): a plug-in
+    that cannot be resolved is an error now, before any data loads."""
+    problems: list[str] = []
+    for kind, name in (("datasets", data_name), ("models", model_name)):
+        if is_builtin(kind, name):  # type: ignore[arg-type]
+            continue
+        try:
+            resolve(kind, name)  # type: ignore[arg-type]
+        except PluginError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise PluginError(problems=problems) if len(problems) > 1 else PluginError(problems[0])

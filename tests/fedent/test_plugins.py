@@ -1,0 +1,154 @@
+"""Plug-ins by import path and by entry point: resolved when the config is built, before any data loads;
+every way to get one wrong is a one-line ConfigError naming the key."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedent import plugins
+from fedent.config import ConfigError, config_from_dict
+from fedent.models import build_model
+from fedent.strategies.registry import build_strategy
+
+PLUGIN = '''
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedent.config import StrategyOptions, option
+from fedent.data import FedDataset
+from fedent.strategies.base import AggregateResult, LocalSGDStrategy, weighted_average
+
+LOADED = Path(__file__).with_name("loaded.marker")
+
+
+def build(num_classes, in_channels, image_size, dropout):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, num_classes))
+
+
+def load(cfg, seed):
+    LOADED.write_text("loaded")
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(40, 1, 4, 4, generator=g), torch.arange(40) % 3
+    return FedDataset("tiny", x[:30], y[:30], x[30:], y[30:], 3, 1, 4, "plugin")
+
+
+def wrong_signature(a, b, c, d, e):
+    return None
+
+
+@dataclass(frozen=True)
+class HalfOptions(StrategyOptions):
+    algorithm = "half"
+    shrink: float = option(0.5, "how far to move towards the average", gt=0, le=1)
+
+
+class Half(LocalSGDStrategy):
+    name = "half"
+    Options = HalfOptions
+
+    def __init__(self, options=None):
+        self.options = options or HalfOptions()
+
+    def aggregate(self, rnd, global_params, updates):
+        avg = weighted_average(updates)
+        s = self.options.shrink
+        return AggregateResult([(1 - s) * g + s * a for g, a in zip(global_params, avg)])
+
+
+class NotAStrategy:
+    pass
+
+
+from fedent.strategies.base import Strategy
+
+
+class NoClientStep(Strategy):
+    name = "noclient"
+    Options = HalfOptions
+
+    def aggregate(self, rnd, global_params, updates):
+        return AggregateResult(list(global_params))
+'''
+
+
+@pytest.fixture
+def plugin_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module ``myplug`` importable from tmp_path, and a distribution there declaring entry points."""
+    (tmp_path / "myplug.py").write_text(textwrap.dedent(PLUGIN))
+    dist = tmp_path / "myplug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[fedent.models]\ntiny-linear = myplug:build\n\n"
+                                           "[fedent.datasets]\ntiny = myplug:load\n\n"
+                                           "[fedent.strategies]\nhalf = myplug:Half\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("myplug", None)
+
+
+def _cfg(**sections: object) -> dict[str, object]:
+    base: dict[str, object] = {"data": {"name": "myplug:load", "num_clients": 3, "partition": "iid"},
+                               "model": {"name": "myplug:build"}, "algorithm": {"name": "myplug:Half"}}
+    base.update(sections)
+    return base
+
+
+def test_import_paths_build_model_dataset_and_strategy(plugin_pkg: Path) -> None:
+    from fedent.inputs import load_inputs
+
+    cfg = config_from_dict(_cfg(algorithm={"name": "myplug:Half", "shrink": 0.25}))
+    assert type(cfg.algorithm.options).__name__ == "HalfOptions" and cfg.algorithm.options.shrink == 0.25  # type: ignore[attr-defined]
+    assert not (plugin_pkg / "loaded.marker").exists(), "resolving must not load data"
+    inputs = load_inputs(cfg)
+    assert inputs.data.num_classes == 3 and inputs.num_clients == 3
+    model = inputs.make_model()
+    assert model(torch.zeros(2, 1, 4, 4)).shape == (2, 3)
+    assert build_strategy(cfg.algorithm).name == "half"
+
+
+def test_entry_point_names_work_like_built_ins(plugin_pkg: Path) -> None:
+    cfg = config_from_dict(_cfg(data={"name": "tiny", "num_clients": 2, "partition": "iid"},
+                                model={"name": "tiny-linear"}, algorithm={"name": "half"}))
+    assert build_strategy(cfg.algorithm).options.shrink == 0.5  # type: ignore[attr-defined]
+    assert build_model("tiny-linear", 3, 1, 4, 0.0, seed=1)(torch.zeros(1, 1, 4, 4)).shape == (1, 3)
+    listed = {(a.kind, a.name, a.origin) for k in ("models", "datasets", "strategies") for a in plugins.available(k)}
+    assert {("models", "tiny-linear", "myplug"), ("datasets", "tiny", "myplug"), ("strategies", "half", "myplug"),
+            ("models", "mnist-cnn", "fedent")} <= listed
+
+
+@pytest.mark.parametrize(("section", "needle"), [
+    ({"model": {"name": "nosuchmod:build"}}, "model.name: cannot import module 'nosuchmod'"),
+    ({"model": {"name": "myplug:nothing"}}, "model.name: module 'myplug' has no attribute 'nothing'"),
+    ({"model": {"name": "myplug:wrong_signature"}}, "expected f(num_classes, in_channels, image_size, dropout)"),
+    ({"data": {"name": "myplug:build"}}, "data.name: myplug:build has signature build("),
+    ({"algorithm": {"name": "myplug:NotAStrategy"}}, "is not a fedent.strategies.base.Strategy subclass"),
+    ({"algorithm": {"name": "myplug:Half", "shrink": 2}}, "algorithm.shrink: must be in (0, 1]"),
+    ({"algorithm": {"name": "myplug:NoClientStep"}}, "defines no client step"),
+    ({"algorithm": {"name": "nope"}}, "unknown algorithm 'nope'"),
+    ({"model": {"name": "no-such-entry"}}, "model.name: unknown model 'no-such-entry'"),
+])
+def test_a_bad_plugin_is_one_config_error_before_data_loads(plugin_pkg: Path, section: dict[str, object],
+                                                             needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(_cfg(**section))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert not (plugin_pkg / "loaded.marker").exists()
+
+
+def test_worker_placement_needs_the_model_input_without_a_dataset(plugin_pkg: Path) -> None:
+    data = {"name": "myplug:load", "num_clients": 3, "placement": "workers"}
+    with pytest.raises(ConfigError, match="needs data.num_classes, data.in_channels and data.image_size"):
+        config_from_dict(_cfg(data=data))
+    with pytest.raises(ConfigError, match="needs a held-out set at the aggregator"):
+        config_from_dict(_cfg(data={**data, "num_classes": 3, "in_channels": 1, "image_size": 4}))
+    cfg = config_from_dict(_cfg(data={**data, "num_classes": 3, "in_channels": 1, "image_size": 4},
+                                train={"evaluation": "federated"}))
+    assert cfg.data.placement == "workers" and cfg.train.evaluation == "federated"
