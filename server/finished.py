@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from fedent import runlog
+from fedent.rounds.rundir import finished_status
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
@@ -31,11 +32,7 @@ RUN_OVER = "the run is over (finished); nothing to do"
 
 def finished_run(run_dir: str | Path) -> dict[str, Any] | None:
     """status.json of ``run_dir`` when the run finished successfully (phase done, final model written)."""
-    paths = runlog.RunPaths(Path(run_dir))
-    status = runlog.read_json(paths.status, default=None)
-    if isinstance(status, dict) and status.get("phase") == "done" and paths.model.is_file():
-        return status
-    return None
+    return finished_status(runlog.RunPaths(Path(run_dir)))
 
 
 class FinishedServicer(pb_grpc.AggregatorServiceServicer):

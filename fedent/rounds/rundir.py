@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -96,9 +97,17 @@ def _check_same_run(paths: runlog.RunPaths, cfg: ExperimentConfig, kind: str) ->
                               "to resume it, or another run directory")
 
 
-def _finished(paths: runlog.RunPaths) -> str | None:
+def finished_status(paths: runlog.RunPaths) -> dict[str, Any] | None:
+    """status.json when the run finished successfully (phase done and the final model written), else None."""
     status = runlog.read_json(paths.status, default=None)
-    if not (isinstance(status, dict) and status.get("phase") == "done" and paths.model.is_file()):
+    if isinstance(status, dict) and status.get("phase") == "done" and paths.model.is_file():
+        return status
+    return None
+
+
+def _finished(paths: runlog.RunPaths) -> str | None:
+    status = finished_status(paths)
+    if status is None:
         return None
     acc = runlog.final_accuracy(runlog.read_metrics(paths.metrics))
     acc_s = f"{acc:.4f}" if acc is not None else "n/a"
