@@ -25,8 +25,9 @@ EXPECTED_SPECS = {
     "fedcos": PayloadSpec(),
     "feddyn": PayloadSpec(update_scalars=("alpha_k",)),
     "fednorm": PayloadSpec(update_scalars=("eta_star", "eta", "g_dot_delta", "b", "guarded")),
-    "fedent": PayloadSpec(probe_scalars=("a", "b"),
-                          update_scalars=("eta_star", "eta", "a", "b", "c", "theta", "phi2_next", "guarded")),
+    "fedent": PayloadSpec(probe_scalars=("a", "b", "eta_prev"),
+                          update_scalars=("eta_star", "eta", "eta_prev", "a", "b", "c", "theta", "phi2_next",
+                                          "guarded")),
     "scaffold": PayloadSpec(update_tensors=("delta_c",)),
 }
 
