@@ -8,14 +8,13 @@ job with a clear message. Health says SERVING and reflection lists the service.
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import math
 import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
