@@ -22,11 +22,20 @@ Phi2Rate = Literal["used", "star"]
 OfflineClients = Literal["participants", "population"]
 
 
+ReplayMode = Literal["per_client", "round_mean"]
+
+
 @dataclass(frozen=True)
 class FedAvgOptions(StrategyOptions):
-    """FedAvg has no hyperparameters."""
+    """FedAvg has no hyperparameters; ``replay_rates`` makes it a control that trains on another run's schedule."""
 
     algorithm = "fedavg"
+    replay_rates: str | None = option(None, "a FedEnt run's metrics.jsonl: client i trains in round t at the rate "
+                                            "η_i(t) that run logged (same seed: same clients and batches); null: "
+                                            "the base rate train.lr")
+    replay: ReplayMode = option("per_client", "with replay_rates: per_client (each client's own η_i(t)) or "
+                                              "round_mean (the round's θ-weighted mean rate for every client: the "
+                                              "rate's level without its per-client adaptation)")
 
 
 @dataclass(frozen=True)
