@@ -68,9 +68,10 @@ def test_fit_batch_order_depends_on_client_and_round() -> None:
 
 
 def _fedent_then_replay(tmp_path, mode: str):  # type: ignore[no-untyped-def]
+    from sim_support import tiny_config, tiny_inputs
+
     from fedent.config import config_from_dict
     from fedent.sim.simulator import run_simulation
-    from sim_support import tiny_config, tiny_inputs
 
     inputs = tiny_inputs()
     ent_cfg = tiny_config("fedent", rounds=3)
