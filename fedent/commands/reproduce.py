@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--only", default=None, metavar="SECTION[,SECTION]",
                    help="run only these sections: main, deviation, distance, beta, gamma, participation")
+    p.add_argument("--rows", default=None, metavar="ROW[,ROW]",
+                   help="only these rows of the chosen sections (e.g. fedavg,fedavg-lr5,fedent); a replay row "
+                        "also runs the row it replays")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--config-dir", default="configs", help="where the settings' YAML files are (default configs)")
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
     out = Path(args.out)
-    plan = build_plan(profile, seeds, out, args.config_dir, only)
+    rows = parse_list(args.rows, "rows", str) if args.rows else None
+    plan = build_plan(profile, seeds, out, args.config_dir, only, rows)
     validate_plan_configs(plan)
     dropped: list[tuple[str, int]] = []
     if args.budget_s is not None:

@@ -204,8 +204,9 @@ CONTROLS_TITLE = ("Controls: FedAvg's learning-rate sweep, FedAvg on FedEnt's ow
 
 def controls_section(settings: tuple[str, ...], priority: int = 0) -> Section:
     return Section("controls", CONTROLS_TITLE, settings,
-                   ("fedavg", *(f"fedavg-lr{k}" for k in LR_SCALES), "fedadam", "feddyn", "fedent", "fedent-first",
-                    "fedavg-replay", "fedavg-replay-mean", "fedent-offline", "fedent-offline-first"),
+                   # FedEnt and its replays early, so that a cut-short run still has the central comparison
+                   ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10", "fedavg-lr2",
+                    "fedavg-replay", "fedadam", "feddyn", "fedent-offline", "fedent-offline-first"),
                    priority=priority)
 
 
@@ -308,8 +309,8 @@ def paper_profile(paper_datasets: bool = False) -> Profile:
 # The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
 # steps per round), one seed, the controls; the rounds are what fits ~90 minutes on 2 cores (docs/results.md).
 MEDIUM_ROUNDS = 8
-MEDIUM_ROWS = ("fedavg", *(f"fedavg-lr{k}" for k in LR_SCALES), "fedadam", "feddyn", "fedent", "fedent-first",
-               "fedavg-replay-mean")
+MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10", "fedavg-lr2",
+               "fedadam", "feddyn")
 
 
 def medium_profile() -> Profile:
@@ -395,11 +396,19 @@ def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
 
 
 def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, config_dir: str | Path,
-               only: Sequence[str] | None = None) -> Plan:
+               only: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> Plan:
     """Every run the chosen sections need, deduplicated, seed-major so an early stop leaves whole seeds."""
     if not seeds:
         raise ConfigError("--seeds: at least one seed")
     sections = tuple(profile.section(k) for k in only) if only else profile.sections
+    if rows:  # only these rows (a replay still brings the run it replays)
+        for label in rows:
+            profile.row(label)
+        sections = tuple(Section(s.key, s.title, s.settings, tuple(r for r in s.rows if r in rows), s.only_in,
+                                 s.priority) for s in sections)
+        sections = tuple(s for s in sections if s.rows)
+        if not sections:
+            raise ConfigError("--rows: none of these rows is in the chosen sections")
     out, cdir = Path(out_dir), Path(config_dir)
     bases: dict[str, dict[str, Any]] = {}
     for sec in sections:
