@@ -396,7 +396,8 @@ def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
 
 
 def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, config_dir: str | Path,
-               only: Sequence[str] | None = None, rows: Sequence[str] | None = None) -> Plan:
+               only: Sequence[str] | None = None, rows: Sequence[str] | None = None,
+               rounds: int | None = None) -> Plan:
     """Every run the chosen sections need, deduplicated, seed-major so an early stop leaves whole seeds."""
     if not seeds:
         raise ConfigError("--seeds: at least one seed")
@@ -411,10 +412,14 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
             raise ConfigError("--rows: none of these rows is in the chosen sections")
     out, cdir = Path(out_dir), Path(config_dir)
     bases: dict[str, dict[str, Any]] = {}
+    if rounds is not None and rounds < 1:
+        raise ConfigError("--rounds: must be >= 1")
     for sec in sections:
         for key in sec.settings:
             if key not in bases:
                 bases[key] = setting_config(profile.setting(key), cdir)
+                if rounds is not None:  # a smoke test of the profile
+                    bases[key]["train"]["rounds"] = int(rounds)
         for label in sec.rows:
             row = profile.row(label)
             AlgorithmConfig.from_mapping({"name": row.algorithm, **row.options_dict()})  # fail before any run

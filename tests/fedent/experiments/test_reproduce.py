@@ -110,6 +110,20 @@ def test_full_profile_sizes_and_drops_in_the_documented_order(tmp_path: Path) ->
     assert none == [] and same.runs == plan.runs
 
 
+def test_rows_filter_keeps_a_replays_source_and_rounds_override(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"],
+                      rows=["fedavg", "fedavg-replay-mean"], rounds=2)
+    assert [s.row for s in plan.runs] == ["fedavg", "fedent", "fedavg-replay-mean"] or \
+        {s.row for s in plan.runs} == {"fedavg", "fedent", "fedavg-replay-mean"}
+    assert all(s.rounds == 2 for s in plan.runs)
+    order = [s.row for s in plan.runs]
+    assert order.index("fedent") < order.index("fedavg-replay-mean")
+    with pytest.raises(ConfigError, match="unknown row"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"], rows=["nope"])
+    with pytest.raises(ConfigError, match="--rows"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["beta"], rows=["fedavg"])
+
+
 def test_medium_profile_is_the_full_data_controls_on_one_setting(tmp_path: Path) -> None:
     plan = build_plan(get_profile("medium"), [0], tmp_path, CONFIGS)
     cfg = plan.runs[0].config
@@ -196,3 +210,20 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert len(err) == 3 and all(line.startswith("fedent reproduce: --") for line in err), err
     assert main(["reproduce", "--dry-run", "--seeds", "0", "--only", "beta", "--out", str(tmp_path)]) == 0
     assert "4 runs in sections beta" in capsys.readouterr().out
+
+
+def test_a_replay_row_runs_after_the_fedent_run_it_reads(tmp_path: Path) -> None:
+    prof = _tiny_profile()
+    prof = Profile("tiny", "test", prof.settings,
+                   (*prof.rows, Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent")),
+                   (Section("controls", "Controls", ("pathological",), ("fedavg-replay", "fedavg")),))
+    plan = build_plan(prof, [0], tmp_path / "out", CONFIGS)
+    assert [s.row for s in plan.runs] == ["fedent", "fedavg-replay", "fedavg"]
+
+    def inputs_for(cfg):  # type: ignore[no-untyped-def]
+        return tiny_inputs(4, 12, cfg.train.seed)
+
+    outcomes = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
+    assert [o.status for o in outcomes] == ["done", "done", "done"]
+    ent, rep = (runlog.read_metrics(s.run_dir / "metrics.jsonl") for s in plan.runs[:2])
+    assert rep[-1]["test_acc"] == pytest.approx(ent[-1]["test_acc"])  # the replay retraced FedEnt
