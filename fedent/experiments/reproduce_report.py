@@ -285,7 +285,7 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
     if not t["seeds"]:
         return out + ["No seed completed every row of this table yet."]
     tgt = "—" if t["target"] is None else f"{100 * t['target']:.0f}%"
-    ref = st.get("paper_ref") if sec["key"] == "main" else ""
+    ref = st.get("paper_ref") if sec["key"] in ("main", "controls") else ""
     paper_hdr = " / ".join(PAPER_TABLE3[ref]) if ref in PAPER_TABLE3 else ""
     if sec["key"] == "deviation":
         out += ["| algorithm | local-model test acc, all rounds (%) | spread (std, %) | last round mean (%) | "
