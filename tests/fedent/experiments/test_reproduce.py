@@ -189,6 +189,10 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path, capsys: pytest.Ca
     assert "85.53" in text  # the paper's Table III MNIST number beside our row
     assert summary["tables"]["deviation/pathological"]["rows"][1]["local"] is not None
     assert table["rows"][1]["eta_final_mean"] is not None and table["rows"][0]["eta_final_mean"] is None
+    # the mechanism (issue 17): FedEnt's solves are summarised, FedAvg has none; the scale response is there
+    assert set(table["mechanism"]) == {"fedent"} and table["mechanism"]["fedent"]["solves"] > 0
+    assert [r["s"] for r in table["scale"]["rows"]] == [0.1, 0.5, 1.0, 2.0, 10.0]
+    assert "What FedEnt's rate did" in text and "How η* moves with scale" in text
     for name in summary["figures"]["main/pathological"]:
         png = out / "figures" / name
         assert png.stat().st_size < 200_000
