@@ -117,8 +117,9 @@ def test_probe_violations_are_strategy_errors() -> None:
         with pytest.raises(StrategyError, match=needle):
             check_probe(strategy, dataclasses.replace(p, **changes), 6)  # type: ignore[arg-type]
 
-    bad("lacks scalars \\['a'\\]", scalars={"b": 1.0})
-    bad("lacks scalars \\['a', 'b'\\]", scalars={})
+    bad("lacks scalars \\['a'\\]", scalars={"b": 1.0, "eta_prev": 0.01})
+    bad("lacks scalars \\['a', 'b', 'eta_prev'\\]", scalars={})
+    bad("lacks scalars \\['eta_prev'\\]", scalars={"a": 0.1, "b": 1.0})  # η_i(t−1), for phi2_rate used
     bad("unknown scalars \\['z'\\]", scalars={**p.scalars, "z": 0.0})
     bad("non-finite scalars \\['b'\\]", scalars={**p.scalars, "b": float("inf")})
     bad("samples, expected 6", num_samples=60)
