@@ -198,8 +198,7 @@ def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-CONTROLS_TITLE = ("Controls: FedAvg's learning-rate sweep, FedAvg on FedEnt's own per-client rates (replay) and "
-                  "on their round mean, FedEnt under the first readings (issue 17)")
+CONTROLS_TITLE = "Controls: a tuned FedAvg, FedAvg on FedEnt's rates, FedEnt's first readings (issue 17)"
 
 
 def controls_section(settings: tuple[str, ...], priority: int = 0) -> Section:
