@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,12 +60,18 @@ class RpcGradientOracle:
 
     def __init__(self, hub: OracleHub, blobs: BlobStore, run_id: str, client_order: Sequence[int],
                  settings: OracleSettings, on_sweep: Callable[[int], None] | None = None,
-                 cancelled: threading.Event | None = None) -> None:
+                 cancelled: threading.Event | None = None,
+                 schedule: Sequence[Sequence[int]] | None = None) -> None:
         self.hub = hub
         self.blobs = blobs
         self.run_id = run_id
         self.order = [int(c) for c in client_order]
-        self._next = {c: self.order[i + 1 :] for i, c in enumerate(self.order)}
+        # the clients Algorithm 1 asks at step t, in order (what to prefetch next): round t's sample or all
+        rounds = [list(map(int, r)) for r in schedule] if schedule is not None else None
+        self._orders = rounds
+        self._next_all = {c: self.order[i + 1 :] for i, c in enumerate(self.order)}
+        self._next_t = [{c: r[i + 1 :] for i, c in enumerate(r)} for r in rounds] if rounds is not None else None
+        self._first = rounds[0][0] if rounds else self.order[0]
         self.settings = settings
         self.on_sweep = on_sweep
         self.cancelled = cancelled or threading.Event()
@@ -80,14 +87,16 @@ class RpcGradientOracle:
     def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
         if self.cancelled.is_set():
             raise JobCancelled("the estimator service is shutting down")
-        if t == 0 and cid == self.order[0]:  # every sweep starts at φ1(0) = w(0) with the first client
+        if t == 0 and cid == self._first:  # every sweep starts at φ1(0) = w(0) with the first client
             self.sweep += 1
             if self.on_sweep is not None:
                 self.on_sweep(self.sweep)
         self._move_to(t, point)
         self.calls += 1
         if cid not in self._cache:
-            self._ask([cid, *[c for c in self._next.get(cid, []) if c not in self._cache]][: self.settings.prefetch])
+            following = self._next_t[t].get(cid, []) if self._next_t is not None and t < len(self._next_t) \
+                else self._next_all.get(cid, [])
+            self._ask([cid, *[c for c in following if c not in self._cache]][: self.settings.prefetch])
         fut = self._cache.pop(cid)
         attempts = 1 + self.settings.retries
         last = ""
@@ -187,7 +196,9 @@ class OfflineSpec:
     client_ids: tuple[int, ...]
     thetas: tuple[float, ...]
     rounds: int
-    options: FedEntOptions  # beta, variant and Algorithm 1's eps1, eps2, max_sweeps
+    options: FedEntOptions  # beta, gamma, variant, eta_max, phi2_rate and Algorithm 1's eps1, eps2, max_sweeps
+    schedule: tuple[tuple[int, ...], ...] | None  # round t's sampled clients (spec §5 "one θ"); None: all
+    base_lr: float  # η_i(−1)
     seed: int
     batch_size: int
     wait_workers_s: float
@@ -218,7 +229,8 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
     total = float(sum(sizes))
     if total <= 0:
         raise ValueError("the clients hold no samples")
-    # θ over the population (spec §3): clients without samples take no part, as in FedEnt.prepare.
+    # θ ∝ D_i (renormalised over each round's schedule when one is sent, spec §5); clients without samples
+    # take no part, as in FedEnt.prepare.
     kept = [(c, n / total) for c, n in zip(cids, sizes, strict=True) if n > 0]
     options = fedent_options(req.params, eps1=req.eps1, eps2=req.eps2, max_sweeps=req.max_sweeps)
     if req.rounds < 1:
@@ -227,10 +239,26 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
         raise ValueError(f"batch_size must be >= 0, got {req.batch_size}")
     if req.wait_workers_s < 0 or req.wait_workers_s != req.wait_workers_s:
         raise ValueError("wait_workers_s must be >= 0")
+    schedule = None
+    if req.schedule:  # spec §5: round t simulates its sampled clients, θ over them (those holding samples)
+        if len(req.schedule) < req.rounds:
+            raise ValueError(f"schedule names {len(req.schedule)} rounds, need {req.rounds}")
+        known, held = set(cids), {c for c, _ in kept}
+        for t, r in enumerate(req.schedule[: req.rounds]):
+            unknown = sorted(set(r.cids) - known)
+            if unknown:
+                raise ValueError(f"schedule round {t} names unknown client(s) {unknown[:10]}")
+        schedule = tuple(tuple(c for c in r.cids if c in held) for r in req.schedule[: req.rounds])
+        if any(not r for r in schedule):
+            raise ValueError("every round of the schedule needs a client that holds samples")
+    if not (math.isfinite(req.base_lr) and req.base_lr >= 0):
+        raise ValueError(f"base_lr must be >= 0, got {req.base_lr}")
+    if options.phi2_rate == "used" and req.base_lr <= 0:
+        raise ValueError("phi2_rate used needs base_lr (η_i(−1), the run's base rate) > 0")
     return OfflineSpec(
         run_id=req.run_id, w0=list(w0),
         client_ids=tuple(c for c, _ in kept), thetas=tuple(th for _, th in kept), rounds=int(req.rounds),
-        options=options,
+        options=options, schedule=schedule, base_lr=float(req.base_lr),
         seed=int(req.seed), batch_size=int(req.batch_size), wait_workers_s=float(req.wait_workers_s or default_wait_s),
     )
 
@@ -337,7 +365,7 @@ class OfflineJobs:
         oracle = RpcGradientOracle(
             self.hub, self.blobs, spec.run_id, spec.client_ids,
             OracleSettings(self.timeout_s, self.retries, self.prefetch, spec.seed, spec.batch_size),
-            on_sweep=lambda k: self._update(job, sweep=k), cancelled=self._cancel)
+            on_sweep=lambda k: self._update(job, sweep=k), cancelled=self._cancel, schedule=spec.schedule)
         try:
             self._update(job, state="running", message="waiting for the workers' oracle streams")
             missing = self.hub.wait_hosts(spec.client_ids, spec.run_id, spec.wait_workers_s)
@@ -349,8 +377,11 @@ class OfflineJobs:
             t0 = time.perf_counter()
             o = spec.options
             res = solve_fixed_point(oracle, spec.w0, spec.client_ids, spec.thetas, spec.rounds, o.beta, o.variant,
-                                    o.eps1, o.eps2, o.max_sweeps)
+                                    o.eps1, o.eps2, o.max_sweeps, schedule=spec.schedule, eta_max=o.eta_max,
+                                    phi2_rate=o.phi2_rate, gamma=o.gamma, base_lr=spec.base_lr)
             report = {"phi2": [float(v) for v in res.phi2], **res.report.to_dict(), "mode": "offline",
+                      "offline_clients": "population" if spec.schedule is None else "participants",
+                      "phi2_rate": o.phi2_rate, "eta_max": o.eta_max,
                       "wall_s": time.perf_counter() - t0, "oracle_retries": oracle.retries_used,
                       "clients": len(spec.client_ids)}
             self._update(job, state="done", sweep=res.report.sweeps, phi2=[float(v) for v in res.phi2],

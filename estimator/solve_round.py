@@ -1,7 +1,9 @@
 """FedEnt online mode on the service: one scalar fixed point per round (fedent.meanfield.scalar_fixed_point).
 
-The request carries c = ‖w(t)‖² and each participant's (a_i, b_i, θ_i or D_i); the reply is φ2(t+1) of
-φ2' = Σθ_i q_i(η*_i(φ2')) (Eq. (phi_next_t_2)) with η*_i of Eq. (eta_solve_t_1) at it. Inputs that
+The request carries c = ‖w(t)‖² and each participant's (a_i, b_i, θ_i or D_i, and η_i(t−1) with
+``phi2_rate: used``); the reply is φ2(t+1) of φ2' = Σθ_i q_i(η_i(φ2')) (Eq. (phi_next_t_2)) with η*_i of
+Eq. (eta_solve_t_1) at it, capped at ``eta_max``, and η_i its decayed rate (used) or η*_i itself (star),
+exactly as the in-process ``OnlinePhi2Estimator`` (spec §5). Inputs that
 cannot come from real vectors are rejected here with one-line messages (INVALID_ARGUMENT), instead of
 being silently guarded, because a service caller with NaNs has a bug worth seeing.
 """
@@ -27,7 +29,8 @@ class OnlineInputs:
     thetas: tuple[float, ...]
     a: tuple[float, ...]
     b: tuple[float, ...]
-    options: FedEntOptions  # beta and variant are what the solver uses
+    eta_prev: tuple[float, ...] | None  # η_i(t−1) per client, with phi2_rate "used"
+    options: FedEntOptions  # beta, gamma, variant, eta_max and phi2_rate are what the solver uses
     rtol: float
     max_iter: int
 
@@ -70,14 +73,24 @@ def online_inputs(req: est_pb.SolveOnlineRequest) -> OnlineInputs:
     max_iter = p.max_iter or DEFAULT_MAX_ITER
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    return OnlineInputs(cids, c, thetas, a, b, options, float(rtol), int(max_iter))
+    eta_prev = None
+    if options.phi2_rate == "used":
+        missing = [int(x.cid) for x in req.clients if not x.HasField("eta_prev")]
+        if missing:
+            raise ValueError(f"phi2_rate used needs eta_prev (η_i(t−1)) for every client; missing for {missing[:10]}")
+        eta_prev = tuple(_finite(f"eta_prev of client {x.cid}", x.eta_prev) for x in req.clients)
+        if any(v < 0 for v in eta_prev):
+            raise ValueError("eta_prev must be >= 0 for every client")
+    return OnlineInputs(cids, c, thetas, a, b, eta_prev, options, float(rtol), int(max_iter))
 
 
 def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineResponse:
     """Solve the round's fixed point exactly as the in-process ``OnlinePhi2Estimator`` does."""
     x = online_inputs(req)
-    sol = solve_online(x.c, x.thetas, x.a, x.b, x.options.beta, x.options.variant, rtol=x.rtol, max_iter=x.max_iter)
-    report = {"mode": "online", **sol.to_dict()}
+    o = x.options
+    sol = solve_online(x.c, x.thetas, x.a, x.b, o.beta, o.variant, rtol=x.rtol, max_iter=x.max_iter,
+                       eta_max=o.eta_max, eta_prev=x.eta_prev, gamma=o.gamma)
+    report = {"mode": "online", "phi2_rate": o.phi2_rate, **sol.to_dict()}
     return est_pb.SolveOnlineResponse(
         phi2_next=sol.phi2_next,
         iterations=sol.iterations,

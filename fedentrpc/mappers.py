@@ -329,6 +329,31 @@ def variant_from_msg(value: int) -> str:
     return str(_lookup({v: k for k, v in VARIANTS.items()}, value, "params.variant", est_pb.FedentVariant))
 
 
+PHI2_RATES = {"used": est_pb.PHI2_RATE_USED, "star": est_pb.PHI2_RATE_STAR}
+
+
+def phi2_rate_to_msg(rate: str) -> est_pb.Phi2Rate:
+    try:
+        return PHI2_RATES[rate]
+    except KeyError:
+        raise WireError(f"FedEnt phi2_rate must be one of {', '.join(PHI2_RATES)}, got {rate!r}") from None
+
+
+def phi2_rate_from_msg(value: int) -> str:
+    """FedEntParams.phi2_rate as FedEntOptions' string; WireError for UNSPECIFIED or an unknown value."""
+    return str(_lookup({v: k for k, v in PHI2_RATES.items()}, value, "params.phi2_rate", est_pb.Phi2Rate))
+
+
+def fedent_params(beta: float, gamma: float, variant: str, eta_max: float | None, phi2_rate: str,
+                  ) -> est_pb.FedEntParams:
+    """FedEnt's solver options on the wire (eta_max unset = no cap)."""
+    msg = est_pb.FedEntParams(beta=float(beta), gamma=float(gamma), variant=variant_to_msg(variant),
+                              phi2_rate=phi2_rate_to_msg(phi2_rate))
+    if eta_max is not None:
+        msg.eta_max = float(eta_max)
+    return msg
+
+
 def job_state_to_msg(state: str) -> est_pb.OfflineJobState:
     return _lookup(JOB_STATES, state, "offline job state", est_pb.OfflineJobState)  # type: ignore[no-any-return]
 
@@ -349,16 +374,25 @@ def stop_reason_from_msg(value: int) -> str:
 
 def solve_online_request(
     run_id: str, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float],
-    beta: float, variant: str,
+    beta: float, variant: str, *, gamma: float = 0.0, eta_max: float | None = None, phi2_rate: str = "star",
+    eta_prev: Sequence[float] | None = None, cids: Sequence[int] | None = None,
 ) -> est_pb.SolveOnlineRequest:
-    """The Phi2Estimator.estimate arguments as a SolveOnline request (clients numbered by position)."""
+    """The Phi2Estimator.estimate arguments as a SolveOnline request (clients numbered by position unless
+    ``cids``). The keyword defaults are the first reading (η* uncapped, the mean field at η*)."""
     if not len(thetas) == len(a) == len(b):
         raise WireError("thetas, a and b must have one entry per participant")
+    if eta_prev is not None and len(eta_prev) != len(thetas):
+        raise WireError("eta_prev must have one entry per participant")
+    ids = list(range(len(thetas))) if cids is None else [int(x) for x in cids]
+    clients = []
+    for i, (cid, th, ai, bi) in enumerate(zip(ids, thetas, a, b, strict=True)):
+        msg = est_pb.ClientScalars(cid=cid, a=float(ai), b=float(bi), theta=float(th))
+        if eta_prev is not None:
+            msg.eta_prev = float(eta_prev[i])
+        clients.append(msg)
     return est_pb.SolveOnlineRequest(
-        run_id=run_id, round=rnd, c=float(c),
-        clients=[est_pb.ClientScalars(cid=i, a=float(ai), b=float(bi), theta=float(th))
-                 for i, (th, ai, bi) in enumerate(zip(thetas, a, b, strict=True))],
-        params=est_pb.FedEntParams(beta=float(beta), variant=variant_to_msg(variant)),
+        run_id=run_id, round=rnd, c=float(c), clients=clients,
+        params=fedent_params(beta, gamma, variant, eta_max, phi2_rate),
     )
 
 
@@ -371,15 +405,20 @@ def estimate_from_reply(reply: est_pb.SolveOnlineResponse) -> Phi2Estimate:
 
 def start_offline_request(
     run_id: str, init_blob: str, sizes: Sequence[int], rounds: int, beta: float, gamma: float, variant: str,
-    eps1: float, eps2: float, max_sweeps: int, seed: int, batch_size: int,
+    eps1: float, eps2: float, max_sweeps: int, seed: int, batch_size: int, *, eta_max: float | None = None,
+    phi2_rate: str = "star", schedule: Sequence[Sequence[int]] | None = None, base_lr: float = 0.0,
 ) -> est_pb.StartOfflineRequest:
-    """Algorithm 1's inputs: w(0) (a blob already uploaded), every client's D_i, T and FedEnt's options."""
+    """Algorithm 1's inputs: w(0) (a blob already uploaded), every client's D_i, T, FedEnt's options, and each
+    round's sampled clients (``schedule``; None: every client every round) with the base rate η_i(−1). The
+    keyword defaults are the first reading."""
     return est_pb.StartOfflineRequest(
         run_id=run_id, init_blob=init_blob,
         clients=[est_pb.OfflineClient(cid=i, num_samples=int(n)) for i, n in enumerate(sizes)],
         rounds=int(rounds),
-        params=est_pb.FedEntParams(beta=beta, gamma=gamma, variant=variant_to_msg(variant)),
+        params=fedent_params(beta, gamma, variant, eta_max, phi2_rate),
         eps1=eps1, eps2=eps2, max_sweeps=max_sweeps, seed=seed, batch_size=batch_size,
+        schedule=[est_pb.RoundClients(cids=[int(c) for c in r]) for r in (schedule or [])],
+        base_lr=float(base_lr),
     )
 
 
@@ -387,8 +426,10 @@ def job_finished(job: est_pb.OfflineJob) -> bool:
     return job.state in (est_pb.OFFLINE_JOB_STATE_DONE, est_pb.OFFLINE_JOB_STATE_FAILED)
 
 
-def offline_estimator_from_job(job: est_pb.OfflineJob) -> OfflinePhi2Estimator:
-    """A finished Algorithm 1 job as the in-process OfflinePhi2Estimator FedEnt reads φ2(t+1) from."""
+def offline_estimator_from_job(job: est_pb.OfflineJob,
+                               schedule: Sequence[Sequence[int]] | None = None) -> OfflinePhi2Estimator:
+    """A finished Algorithm 1 job as the in-process OfflinePhi2Estimator FedEnt reads φ2(t+1) from
+    (``schedule``: the rounds' sampled clients the job simulated, for the changed-sample diagnostics)."""
     state = job_state_from_msg(job.state)
     if state != "done":
         raise WireError(f"offline job {job.job_id} is {state}: {job.message}")
@@ -396,7 +437,7 @@ def offline_estimator_from_job(job: est_pb.OfflineJob) -> OfflinePhi2Estimator:
     report.setdefault("stop_reason", stop_reason_from_msg(job.stop_reason))
     report.setdefault("sweeps", int(job.sweep))
     try:
-        return OfflinePhi2Estimator(list(job.phi2), report)
+        return OfflinePhi2Estimator(list(job.phi2), report, schedule)
     except ValueError as e:
         raise WireError(f"offline job: {e}") from None
 

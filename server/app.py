@@ -49,13 +49,13 @@ def uses_fedent_estimator(cfg: ExperimentConfig) -> str | None:
 def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, run_id: str,
                            estimator_security: ClientSecurity | None = None) -> Strategy:
     """The same strategy as the simulator's; FedEnt online gets the estimator service adapter when configured."""
-    opts = cfg.algorithm.options_as(FedEntOptions)  # the service's solver takes FedEnt's β and variant
+    opts = cfg.algorithm.options_as(FedEntOptions)  # the service's solver takes FedEnt's options
     if uses_fedent_estimator(cfg) == "online" and settings.estimator and opts is not None:
         from server.estimator_adapter import RemotePhi2Estimator
 
         channel = open_channel(settings.estimator, estimator_security or ClientSecurity(insecure=True))
         return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(
-            settings.estimator, opts.beta, opts.variant, run_id, channel=channel))
+            settings.estimator, opts.beta, opts.variant, run_id, channel=channel, options=opts))
     return build_strategy(cfg.algorithm)
 
 

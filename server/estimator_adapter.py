@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import grpc
 
 from fedent.meanfield.estimator import Phi2Estimate
+from fedent.strategies.options import FedEntOptions
 from fedentrpc import mappers
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
@@ -29,19 +30,30 @@ class RemotePhi2Estimator:
     """Implements ``fedent.meanfield.estimator.Phi2Estimator`` by calling ``EstimatorService.SolveOnline``."""
 
     def __init__(self, address: str, beta: float, variant: str = "exact", run_id: str = "",
-                 timeout_s: float = 30.0, channel: grpc.Channel | None = None) -> None:
+                 timeout_s: float = 30.0, channel: grpc.Channel | None = None,
+                 options: FedEntOptions | None = None) -> None:
+        """``options``: the run's FedEnt options (γ, eta_max, phi2_rate travel with each request); without them
+        the first reading (η* uncapped, the mean field at η*)."""
         self.address = address
         self.beta = float(beta)
         self.variant = variant
+        self.options = options
         self.run_id = run_id
         self.timeout_s = timeout_s
         self.channel = channel or grpc.insecure_channel(address)
         self.stub = est_grpc.EstimatorServiceStub(self.channel)
 
     def estimate(
-        self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float]
+        self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float], *,
+        cids: Sequence[int] | None = None, eta_prev: Sequence[float] | None = None,
     ) -> Phi2Estimate:
-        req = mappers.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant)
+        o = self.options
+        if o is None:
+            req = mappers.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant, cids=cids)
+        else:
+            req = mappers.solve_online_request(
+                self.run_id, rnd, c, thetas, a, b, self.beta, self.variant, cids=cids, gamma=o.gamma,
+                eta_max=o.eta_max, phi2_rate=o.phi2_rate, eta_prev=eta_prev if o.phi2_rate == "used" else None)
         reply = self._solve(req)
         est = mappers.estimate_from_reply(reply)
         est.report.setdefault("mode", "online")

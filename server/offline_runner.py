@@ -17,6 +17,7 @@ from torch import Tensor
 
 from fedent.config import ExperimentConfig
 from fedent.meanfield.estimator import OfflinePhi2Estimator
+from fedent.rng import sample_clients
 from fedent.strategies.options import FedEntOptions
 from fedentrpc import codec, mappers
 from fedentrpc.backoff import backoff_delay
@@ -45,6 +46,12 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
     if opts is None:
         raise ValueError(f"the offline estimator is FedEnt's; this run's algorithm is {cfg.algorithm.name}")
 
+    def schedule(n: int, rounds: int) -> list[list[int]] | None:
+        """Spec §5 "one θ": every round's sampled clients, the same pure function of (seed, round) as training."""
+        if opts.offline_clients != "participants":
+            return None
+        return [sample_clients(cfg.train.seed, t, n, cfg.train.fraction) for t in range(rounds)]
+
     def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
         rng = random.Random()
         for attempt in range(restarts + 1):
@@ -66,13 +73,15 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
                                timeout=120, wait_for_ready=True)
             req = mappers.start_offline_request(
                 run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
-                opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size)
+                opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size,
+                eta_max=opts.eta_max, phi2_rate=opts.phi2_rate, schedule=schedule(len(sizes), rounds),
+                base_lr=cfg.train.lr)
             job = stub.StartOffline(req, timeout=60).job
             deadline = time.monotonic() + timeout_s
             while not mappers.job_finished(job):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"offline estimation did not finish within {timeout_s:.0f}s")
                 job = stub.GetOffline(est_pb.GetOfflineRequest(job_id=job.job_id, wait_s=30.0), timeout=60).job
-            return mappers.offline_estimator_from_job(job)
+            return mappers.offline_estimator_from_job(job, schedule(len(sizes), rounds))
 
     return run

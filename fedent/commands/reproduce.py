@@ -28,19 +28,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Run the paper's Section VI experiments (Table III rows, participation, distance metric, "
                     "local-model deviation, β/γ sweeps) on identical partitions and client sampling per seed, "
                     "then write report.md, summary.json and figures. Complete runs are skipped (resume).")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "paper"],
-                   help="cpu: reduced, about an hour on 2 cores (default); paper: Table IV unchanged")
+    p.add_argument("--profile", default="cpu", choices=["cpu", "medium", "full", "paper"],
+                   help="cpu: reduced, about an hour on 2 cores (default); medium: full client data, one seed, the "
+                        "controls, ~90 min on 2 cores; full: Table IV on the Fashion-MNIST twins with every "
+                        "algorithm and control, 3 seeds, for one GPU call; paper: Table IV, every analysis")
     p.add_argument("--paper-datasets", action="store_true",
                    help="with --profile paper: the paper's datasets instead of the Fashion-MNIST twins")
     p.add_argument("--out", default="results/reproduce", help="output directory (default results/reproduce)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--only", default=None, metavar="SECTION[,SECTION]",
                    help="run only these sections: main, deviation, distance, beta, gamma, participation")
+    p.add_argument("--rows", default=None, metavar="ROW[,ROW]",
+                   help="only these rows of the chosen sections (e.g. fedavg,fedavg-lr5,fedent); a replay row "
+                        "also runs the row it replays")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="override every run's train.rounds (a smoke test of a profile; use another --out)")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--config-dir", default="configs", help="where the settings' YAML files are (default configs)")
     p.add_argument("--report-only", action="store_true", help="do not train; report the runs already there")
-    p.add_argument("--dry-run", action="store_true", help="list the runs the plan needs and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs the plan needs, their size (client SGD steps) and estimated time, and exit")
+    p.add_argument("--steps-per-s", type=float, default=None, metavar="RATE",
+                   help="client SGD steps per second of this machine, for the time estimate and --budget-s "
+                        "(measure it: a finished run's steps over its wall time)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="with --steps-per-s: drop (setting, seed) units in the documented order until the plan "
+                        "fits; what is dropped is printed and written to command.json")
     p.add_argument("--publish", default=None, metavar="DOCS_DIR",
                    help="also write DOCS_DIR/results.md and copy figures into DOCS_DIR/results/")
 
@@ -76,7 +90,14 @@ def git_commit() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from fedent.experiments.compare import parse_list
-    from fedent.experiments.reproduce import build_plan, get_profile, run_plan, validate_plan_configs
+    from fedent.experiments.reproduce import (
+        build_plan,
+        client_steps,
+        get_profile,
+        run_plan,
+        trim_plan,
+        validate_plan_configs,
+    )
     from fedent.experiments.reproduce_report import publish, write_report
 
     profile = get_profile(args.profile, args.paper_datasets)
@@ -85,12 +106,27 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
     out = Path(args.out)
-    plan = build_plan(profile, seeds, out, args.config_dir, only)
+    rows = parse_list(args.rows, "rows", str) if args.rows else None
+    plan = build_plan(profile, seeds, out, args.config_dir, only, rows, rounds=args.rounds)
     validate_plan_configs(plan)
+    dropped: list[tuple[str, int]] = []
+    if args.budget_s is not None:
+        if not args.steps_per_s or args.steps_per_s <= 0 or args.budget_s <= 0:
+            raise ConfigError("--budget-s needs a positive budget and --steps-per-s")
+        plan, dropped = trim_plan(plan, int(args.budget_s * args.steps_per_s))
+        for st, sd in dropped:
+            print(f"dropped to fit --budget-s {args.budget_s:g}: setting {st}, seed {sd}")
     if args.dry_run:
+        total = 0
         for spec in plan.runs:
-            print(f"{spec.key}  rounds={spec.rounds}  -> {spec.run_dir}")
-        print(f"{len(plan.runs)} runs in sections {', '.join(s.key for s in plan.sections)}")
+            steps = client_steps(spec.config)
+            total += steps
+            after = f"  after {', '.join(spec.after)}" if spec.after else ""
+            print(f"{spec.key}  rounds={spec.rounds}  client_steps={steps}{after}  -> {spec.run_dir}")
+        est = f", about {total / args.steps_per_s / 60:.1f} min at {args.steps_per_s:g} steps/s" \
+            if args.steps_per_s else ""
+        print(f"{len(plan.runs)} runs in sections {', '.join(s.key for s in plan.sections)}: {total} client SGD "
+              f"steps{est}")
         return 0
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     failed = 0
     command = {"argv": ["fedent", "reproduce", *sys.argv[2:]] if sys.argv[1:2] == ["reproduce"]
-               else ["fedent", "reproduce"], "workers": args.workers, "threads": args.threads, "started": started}
+               else ["fedent", "reproduce"], "workers": args.workers, "threads": args.threads, "started": started,
+               "dropped": [{"setting": st, "seed": sd} for st, sd in dropped]}
     if not args.report_only:
         runlog.atomic_write_json(out / "command.json", command)  # what trained the runs (a report-only pass reads it)
         print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "

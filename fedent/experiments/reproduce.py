@@ -42,16 +42,22 @@ from fedent.config import (
 from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import StrategyError
 
-PROFILES = ("cpu", "paper")
+PROFILES = ("cpu", "medium", "full", "paper")
 
 
 @dataclass(frozen=True)
 class Row:
-    """One table row: an algorithm with explicit options (empty = the strategy's paper defaults)."""
+    """One table row: an algorithm with explicit options (empty = the strategy's paper defaults).
+
+    Controls (issue 17): ``lr_scale`` multiplies the setting's base rate (FedAvg's learning-rate sweep);
+    ``replay_of`` names the row whose run (same setting and seed) this FedAvg replays the logged rates of.
+    """
 
     label: str
     algorithm: str
     options: tuple[tuple[str, Any], ...] = ()
+    lr_scale: float = 1.0
+    replay_of: str | None = None
 
     def options_dict(self) -> dict[str, Any]:
         return dict(self.options)
@@ -122,6 +128,7 @@ class RunSpec:
     seed: int
     config: Mapping[str, Any] = field(repr=False)
     run_dir: Path
+    after: tuple[str, ...] = ()  # keys of runs that must be complete first (a replay reads their log)
 
     @property
     def key(self) -> str:
@@ -153,6 +160,12 @@ class RunOutcome:
 
 BASELINES = ("fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm")
 FEDENT_ROWS = ("fedent", "fedent-paper", "fedent-offline", "fedent-offline-paper")
+LR_SCALES = (2, 5, 10)  # FedAvg's learning-rate sweep: base rate × 1 (the fedavg row), 2, 5, 10
+# the controls (issue 17): a tuned FedAvg, FedAvg on FedEnt's own schedule, FedEnt under the first readings
+CONTROL_ROWS = (*(f"fedavg-lr{k}" for k in LR_SCALES), "fedavg-replay", "fedavg-replay-mean", "fedent-first",
+                "fedent-offline-first")
+# spec §5's first readings: η* uncapped, the mean field at η*, Algorithm 1 over the population
+FIRST_READING: tuple[tuple[str, Any], ...] = (("eta_max", None), ("phi2_rate", "star"))
 BETAS = (0.5, 0.9, 0.95)  # plus 0.99 = the default FedEnt row (paper Fig. beta)
 GAMMAS = (0.5, 0.9, 0.95)  # plus 0.99 (paper Fig. ex_gamma)
 
@@ -175,7 +188,25 @@ def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
     ]
     rows += [Row(f"fedent-beta{b:g}", "fedent", (("beta", b),)) for b in BETAS]
     rows += [Row(f"fedent-gamma{g:g}", "fedent", (("gamma", g),)) for g in GAMMAS]
+    rows += [Row(f"fedavg-lr{k}", "fedavg", lr_scale=float(k)) for k in LR_SCALES]
+    rows += [
+        Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent"),
+        Row("fedavg-replay-mean", "fedavg", (("replay", "round_mean"),), replay_of="fedent"),
+        Row("fedent-first", "fedent", FIRST_READING),
+        Row("fedent-offline-first", "fedent", off + FIRST_READING + (("offline_clients", "population"),)),
+    ]
     return tuple(rows)
+
+
+CONTROLS_TITLE = "Controls: a tuned FedAvg, FedAvg on FedEnt's rates, FedEnt's first readings (issue 17)"
+
+
+def controls_section(settings: tuple[str, ...], priority: int = 0) -> Section:
+    return Section("controls", CONTROLS_TITLE, settings,
+                   # FedEnt and its replays early, so that a cut-short run still has the central comparison
+                   ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10", "fedavg-lr2",
+                    "fedavg-replay", "fedadam", "feddyn", "fedent-offline", "fedent-offline-first"),
+                   priority=priority)
 
 
 def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] | None = None,
@@ -229,7 +260,8 @@ def cpu_profile() -> Profile:
     return Profile(
         "cpu", "Fashion-MNIST + MNIST-CNN sized for about an hour on 2 CPU cores",
         settings, paper_rows(offline_sweeps=2),
-        paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",), (scale,)),
+        paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",),
+                       (scale, controls_section(("pathological",), priority=3))),
         reductions=(
             "dataset: Fashion-MNIST (the Debian copy) instead of MNIST/CIFAR10/EMNIST-L/CIFAR100, model MNIST-CNN",
             "training set: a seeded subsample of 3,000 of 60,000 images (30 per client on average, so one "
@@ -273,11 +305,63 @@ def paper_profile(paper_datasets: bool = False) -> Profile:
                    reductions=() if paper_datasets else ("dataset: Fashion-MNIST twins (configs/fmnist-*.yaml)",))
 
 
+# The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
+# steps per round), one seed, the central controls; the rounds are what fits ~90 minutes on 2 shared cores at the
+# rate measured by its smoke test (2.4 client SGD steps/s per worker; docs/results.md "Profiles").
+MEDIUM_ROUNDS = 4
+MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10")
+
+
+def medium_profile() -> Profile:
+    setting = Setting("pathological", f"Fashion-MNIST, pathological, 20% of 100, full data, {MEDIUM_ROUNDS} rounds",
+                      CPU_BASE, (f"train.rounds={MEDIUM_ROUNDS}", "train.eval_every=2", "data.max_test_samples=2000",
+                                 "train.device=cpu"), "mnist")
+    return Profile(
+        "medium", "Fashion-MNIST + MNIST-CNN, Table IV's MNIST row on every client's full data, one seed, ~90 min "
+                  "on 2 CPU cores", (setting,), paper_rows(offline_sweeps=2),
+        (Section("controls", CONTROLS_TITLE, ("pathological",), MEDIUM_ROWS, priority=0),),
+        reductions=(
+            "dataset: Fashion-MNIST (the Debian copy), model MNIST-CNN; the pathological split only",
+            f"rounds: {MEDIUM_ROUNDS} instead of 50 (what fits ~90 minutes on 2 shared cores with these rows); test "
+            "accuracy every 2 rounds on a seeded 2,000 of the 10,000 test images",
+            "rows: FedEnt (revised and first readings), FedAvg at the base rate x 1, 5, 10 and on FedEnt's round-mean "
+            "rate (no offline FedEnt: Algorithm 1 adds sweeps of gradients per round)",
+        ),
+    )
+
+
+# The full profile: Table IV unchanged on the Fashion-MNIST twins of the Table III settings, every algorithm and
+# control, 3 seeds, for one GPU call. What is dropped first when it does not fit: ``drop_order``.
+FULL_MAIN = ("pathological", "dir1.0", "dir0.5", "emnist-dir1.0", "emnist-dir0.5", "cifar100-dir1.0",
+             "cifar100-dir0.5")
+# On a GPU, executor auto is the vectorised one (a round's clients in one vmapped step, chunks sized from free GPU
+# memory); on a CPU it stays the sequential one.
+FULL_TRAIN: tuple[str, ...] = ("train.device=auto", "train.executor=auto")
+
+
+def full_profile() -> Profile:
+    base = paper_profile(False)
+    settings = tuple(Setting(s.key, s.title, s.base, (*s.overrides, *FULL_TRAIN), s.paper_ref)
+                     for s in base.settings if s.key in FULL_MAIN)
+    rows = (*BASELINES, *FEDENT_ROWS, *CONTROL_ROWS)
+    return Profile(
+        "full", "Table IV settings unchanged on the Fashion-MNIST twins, every algorithm and control, 3 seeds; one "
+                "GPU call", settings, paper_rows(offline_sweeps=None),
+        (Section("main", "Accuracy on non-IID data (paper Table III) with the controls", FULL_MAIN, rows,
+                 priority=0),),
+        reductions=("dataset: Fashion-MNIST twins (configs/fmnist-*.yaml), model MNIST-CNN for every setting",),
+    )
+
+
 def get_profile(name: str, paper_datasets: bool = False) -> Profile:
+    if paper_datasets and name != "paper":
+        raise ConfigError("--paper-datasets: only with --profile paper")
     if name == "cpu":
-        if paper_datasets:
-            raise ConfigError("--paper-datasets: only with --profile paper")
         return cpu_profile()
+    if name == "medium":
+        return medium_profile()
+    if name == "full":
+        return full_profile()
     if name == "paper":
         return paper_profile(paper_datasets)
     raise ConfigError(f"--profile: must be one of {', '.join(PROFILES)}")
@@ -296,38 +380,69 @@ def setting_config(setting: Setting, config_dir: Path) -> dict[str, Any]:
     return raw
 
 
-def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int) -> dict[str, Any]:
+def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
+               replay_log: Path | None = None) -> dict[str, Any]:
     raw = json.loads(json.dumps(base))  # deep copy of plain data
     raw["name"] = f"reproduce-{setting}-{row.label}"
     raw["train"]["seed"] = int(seed)
+    if row.lr_scale != 1.0:
+        raw["train"]["lr"] = float(raw["train"]["lr"]) * row.lr_scale
     raw["algorithm"] = {"name": row.algorithm, **row.options_dict()}
+    if row.replay_of is not None:
+        if replay_log is None:
+            raise ConfigError(f"row {row.label} replays {row.replay_of}: needs that run's metrics.jsonl")
+        raw["algorithm"]["replay_rates"] = str(replay_log)
     return raw
 
 
 def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, config_dir: str | Path,
-               only: Sequence[str] | None = None) -> Plan:
+               only: Sequence[str] | None = None, rows: Sequence[str] | None = None,
+               rounds: int | None = None) -> Plan:
     """Every run the chosen sections need, deduplicated, seed-major so an early stop leaves whole seeds."""
     if not seeds:
         raise ConfigError("--seeds: at least one seed")
     sections = tuple(profile.section(k) for k in only) if only else profile.sections
+    if rows:  # only these rows (a replay still brings the run it replays)
+        for label in rows:
+            profile.row(label)
+        sections = tuple(Section(s.key, s.title, s.settings, tuple(r for r in s.rows if r in rows), s.only_in,
+                                 s.priority) for s in sections)
+        sections = tuple(s for s in sections if s.rows)
+        if not sections:
+            raise ConfigError("--rows: none of these rows is in the chosen sections")
     out, cdir = Path(out_dir), Path(config_dir)
     bases: dict[str, dict[str, Any]] = {}
+    if rounds is not None and rounds < 1:
+        raise ConfigError("--rounds: must be >= 1")
     for sec in sections:
         for key in sec.settings:
             if key not in bases:
                 bases[key] = setting_config(profile.setting(key), cdir)
+                if rounds is not None:  # a smoke test of the profile
+                    bases[key]["train"]["rounds"] = int(rounds)
         for label in sec.rows:
             row = profile.row(label)
             AlgorithmConfig.from_mapping({"name": row.algorithm, **row.options_dict()})  # fail before any run
     order = sorted(((run_tier(sec.priority, i), i, j) for i in range(len(seeds)) for j, sec in enumerate(sections)))
     runs: dict[str, RunSpec] = {}
+
+    def add(key: str, label: str, seed: int) -> str:
+        row = profile.row(label)
+        run_dir = out / "runs" / key / f"{label}-s{seed}"
+        after: tuple[str, ...] = ()
+        log = None
+        if row.replay_of is not None:  # the replayed run comes first (added here if no section has it)
+            dep = add(key, row.replay_of, seed)
+            after, log = (dep,), runlog.RunPaths(runs[dep].run_dir).metrics
+        spec = RunSpec(key, label, seed, run_config(bases[key], key, row, seed, log), run_dir, after)
+        runs.setdefault(spec.key, spec)
+        return spec.key
+
     for _, i, j in order:
         seed, sec = int(seeds[i]), sections[j]
         for key in sec.settings:
             for label in sec.rows_for(key):
-                spec = RunSpec(key, label, seed, run_config(bases[key], key, profile.row(label), seed),
-                               out / "runs" / key / f"{label}-s{seed}")
-                runs.setdefault(spec.key, spec)
+                add(key, label, seed)
     return Plan(profile, tuple(int(s) for s in seeds), sections, tuple(runs.values()))
 
 
@@ -341,6 +456,53 @@ def run_tier(priority: int, seed_index: int) -> int:
     if priority == 0:
         return 1 if seed_index == 1 else 3
     return {1: 5, 2: 6}.get(priority, 7)
+
+
+# ---- size: client SGD steps, and what is dropped first when a budget does not hold them ----------------------
+
+TRAIN_IMAGES = {"fashion-mnist": 60_000, "mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000, "emnist-l": 124_800}
+
+
+def client_steps(config: Mapping[str, Any]) -> int:
+    """SGD steps a run trains (summed over clients): rounds × clients per round × E × ⌈D_i/B⌉ with D_i the mean
+    client size, plus Algorithm 1's gradient evaluations (max_sweeps × T × clients per round) for offline FedEnt."""
+    data, train, algo = config["data"], config["train"], config.get("algorithm") or {}
+    n = int(data["num_clients"])
+    images = data.get("max_train_samples") or TRAIN_IMAGES.get(str(data["name"]), data.get("synthetic_train") or 0)
+    per_round = max(1, int(round(float(train["fraction"]) * n)))
+    batches = max(1, -(-int(images) // n // int(train["batch_size"])))
+    steps = int(train["rounds"]) * per_round * int(train["local_epochs"]) * batches
+    if algo.get("name") == "fedent":
+        steps += int(train["rounds"]) * per_round  # the probe gradient each round
+        if algo.get("estimator") == "offline":
+            steps += int(algo.get("max_sweeps") or 20) * int(train["rounds"]) * per_round
+    return steps
+
+
+def drop_order(plan: Plan) -> list[tuple[str, int]]:
+    """(setting, seed) units in the order they are dropped to fit a budget, never silently: the last seed of
+    every setting first (costliest setting first), then the next-to-last seed, ...; then the first seed of the
+    settings, costliest first; the first setting of the profile (the paper's MNIST pathological row) stays."""
+    cost: dict[str, int] = {}
+    for spec in plan.runs:
+        cost[spec.setting] = cost.get(spec.setting, 0) + client_steps(spec.config)
+    settings = sorted(cost, key=lambda k: -cost[k])
+    keep = plan.profile.settings[0].key
+    units = [(st, sd) for sd in reversed(plan.seeds[1:]) for st in settings]
+    units += [(st, plan.seeds[0]) for st in settings if st != keep]
+    return units
+
+
+def trim_plan(plan: Plan, budget_steps: int) -> tuple[Plan, list[tuple[str, int]]]:
+    """The plan without the first units of ``drop_order`` that must go for its client steps to fit the budget."""
+    runs = list(plan.runs)
+    dropped: list[tuple[str, int]] = []
+    for unit in drop_order(plan):
+        if sum(client_steps(r.config) for r in runs) <= budget_steps:
+            break
+        runs = [r for r in runs if (r.setting, r.seed) != unit]
+        dropped.append(unit)
+    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs)), dropped
 
 
 def validate_plan_configs(plan: Plan) -> None:
@@ -433,18 +595,45 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         raise ConfigError("--workers/--threads: must be >= 1")
     if workers == 1:
         _init_worker(threads)
-        for spec in plan.runs:
-            yield execute(spec, inputs_for)
+        failed: set[str] = set()
+        for spec in plan.runs:  # plan order puts a replayed run before its replay
+            if failed & set(spec.after):
+                o = RunOutcome(spec.key, "failed", 0.0, None, f"needs {', '.join(spec.after)}, which failed")
+            else:
+                o = execute(spec, inputs_for)
+            if o.status == "failed":
+                failed.add(o.key)
+            yield o
         return
     if inputs_for is not None:
         raise ConfigError("injected inputs need workers=1 (they are not sent to worker processes)")
     ctx = get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads,)) as pool:
-        futures: list[Future[RunOutcome]] = [pool.submit(_execute_safely, s) for s in plan.runs]
+        # a run waits for the runs it replays (``after``); the others are submitted in plan order
+        waiting = list(plan.runs)
+        status: dict[str, str] = {}
+        futures: dict[Future[RunOutcome], RunSpec] = {}
+
+        def release() -> Iterator[RunOutcome]:
+            for spec in list(waiting):
+                deps = [status.get(k) for k in spec.after]
+                if any(d == "failed" for d in deps):
+                    waiting.remove(spec)
+                    status[spec.key] = "failed"
+                    yield RunOutcome(spec.key, "failed", 0.0, None, f"needs {', '.join(spec.after)}, which failed")
+                elif all(d is not None for d in deps):
+                    waiting.remove(spec)
+                    futures[pool.submit(_execute_safely, spec)] = spec
         try:
-            for f in as_completed(futures):
-                yield f.result()
+            yield from release()
+            while futures:
+                done = next(as_completed(list(futures)))
+                futures.pop(done)
+                o = done.result()
+                status[o.key] = o.status
+                yield o
+                yield from release()
         except BaseException:
             for f in futures:
                 f.cancel()

@@ -16,6 +16,7 @@ import numpy as np
 
 from fedent import runlog
 from fedent.experiments.compare import rounds_to_target, sampling_identical
+from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
 from fedent.experiments.reproduce import Plan, RunSpec, is_complete
 from fedent.plots import local_accuracies, plot_acc_loss, plot_eta, plot_local_spread, plot_phi2
 
@@ -93,8 +94,17 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
         })
     same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common})
     md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows}) for s in common}
+    mech = {r: st for r in rows if (st := solve_stats([records[specs[(r, s)].key] for s in common])) is not None}
+    scale: dict[str, Any] = {}
+    for r in ("fedent-first", "fedent"):  # η*'s response to the loss's and weights' scale, uncapped
+        if r in rows and common:
+            first = next((x for x in records[specs[(r, common[0])].key] if (x.get("fedent") or {}).get("clients")),
+                         None)
+            if first is not None:
+                scale = {"row": r, "seed": common[0], "round": first["round"], "rows": scale_response(first)}
+                break
     return {"seeds": common, "missing": missing, "target": target, "rows": out_rows, "same_sampling": same,
-            "partition_md5": md5}
+            "partition_md5": md5, "mechanism": mech, "scale": scale}
 
 
 def _md5(run_dir: Path) -> Any:
@@ -275,7 +285,7 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
     if not t["seeds"]:
         return out + ["No seed completed every row of this table yet."]
     tgt = "—" if t["target"] is None else f"{100 * t['target']:.0f}%"
-    ref = st.get("paper_ref") if sec["key"] == "main" else ""
+    ref = st.get("paper_ref") if sec["key"] in ("main", "controls") else ""
     paper_hdr = " / ".join(PAPER_TABLE3[ref]) if ref in PAPER_TABLE3 else ""
     if sec["key"] == "deviation":
         out += ["| algorithm | local-model test acc, all rounds (%) | spread (std, %) | last round mean (%) | "
@@ -311,6 +321,20 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             if paper_hdr:
                 line += f" {_paper_cells(ref, r['row']) or '—'} |"
             out.append(line)
+    mech = t.get("mechanism") or {}
+    if mech:
+        out += ["", "What FedEnt's rate did (`fedent.experiments.mechanism`; every solve of the row, pooled over the "
+                "seeds above): share of η* at 0 and at the cap U = min(B, eta_max); the sign rule η* > 0 ⇔ a = ⟨w, g⟩ "
+                "< 0 over the solves with p(0) = θc/φ2' < 1/e; the θ-weighted mean used rate η in the first and last "
+                "round; φ2(t+1) relative error, as logged and re-solved at the rate actually used (median over "
+                "rounds).", ""]
+        out += stats_table(mech)
+    sc = t.get("scale") or {}
+    if sc:
+        out += ["", f"How η* moves with scale (`scale_response`, row {sc['row']}, seed {sc['seed']}, round "
+                f"{sc['round']}'s logged probes, η* uncapped, φ2' re-solved online): median η*(s)/η*(1) over the "
+                "clients with η*(1) > 0, against the factor a learning rate needs for the same step.", ""]
+        out += scale_table(sc["rows"])
     if t["missing"]:
         by_seed: dict[str, list[str]] = {}
         for key in t["missing"]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from fedent.meanfield.entropy import entropy_term
 
-CLIENT_FIELDS = ("client", "theta", "a", "b", "c", "phi2_next", "beta", "gamma", "variant", "eta_star", "eta")
+CLIENT_FIELDS = ("client", "theta", "a", "b", "c", "phi2_next", "beta", "gamma", "variant", "eta_max", "eta_prev",
+                 "phi2_rate", "eta_star", "eta")
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,12 @@ class ParticipantReport:
 
 
 def fedent_round_record(
-    participants: Sequence[ParticipantReport], beta: float, gamma: float, variant: str
+    participants: Sequence[ParticipantReport], beta: float, gamma: float, variant: str,
+    eta_max: float | None = None, phi2_rate: str = "star",
 ) -> dict[str, Any]:
-    """{phi2_pred, phi2_actual, entropy, guards, clients: [...]} for one round."""
+    """{phi2_pred, phi2_actual, entropy, guards, eta_max, phi2_rate, clients: [...]} for one round.
+
+    ``eta_max`` is null when uncapped; each client's ``eta_prev`` is the η_i(t−1) its rate decayed from."""
     if not participants:
         raise ValueError("a FedEnt round record needs at least one participant")
     total = float(sum(p.num_samples for p in participants))
@@ -47,6 +51,9 @@ def fedent_round_record(
             "beta": float(beta),
             "gamma": float(gamma),
             "variant": variant,
+            "eta_max": None if eta_max is None else float(eta_max),
+            "eta_prev": float(s["eta_prev"]),
+            "phi2_rate": phi2_rate,
             "eta_star": float(s["eta_star"]),
             "eta": float(s["eta"]),
         })
@@ -55,5 +62,7 @@ def fedent_round_record(
         "phi2_actual": float(sum(t * n for t, n in zip(thetas, norms, strict=True))),
         "entropy": entropy_term(thetas, norms),
         "guards": int(sum(1 for p in participants if p.scalars.get("guarded", 0.0))),
+        "eta_max": None if eta_max is None else float(eta_max),
+        "phi2_rate": phi2_rate,
         "clients": clients,
     }

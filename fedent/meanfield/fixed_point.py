@@ -6,7 +6,14 @@ Each sweep k runs forward over t (spec §3):
 2. at each t every client evaluates g_i at φ1ᵏ(t) (through a ``GradientOracle``: the estimator
    never sees data);
 3. η*_i(t) solves Eq. (eta_solve_t_1) with φ2ᵏ⁻¹(t+1) from the previous sweep (‖w(0)‖² in sweep 1);
-4. φ1ᵏ(t+1) = Σθ_i(φ1ᵏ(t) − η*_i g_i) (Eq. (phi_1)) and φ2ᵏ(t+1) = Σθ_i q_i(η*_i) (Eq. (phi_calc)).
+4. φ1ᵏ(t+1) = Σθ_i(φ1ᵏ(t) − η_i g_i) (Eq. (phi_1)) and φ2ᵏ(t+1) = Σθ_i q_i(η_i) (Eq. (phi_calc)).
+
+Spec §5 revisions, each an argument: ``schedule`` — the clients of each round (client sampling is a pure
+function of (seed, round), so they are known in advance); round t simulates exactly ``schedule[t]`` with
+θ_i = D_i/ΣD over them, the θ that training uses (None: every client every round, the first reading).
+``phi2_rate="used"`` — η_i is the rate the client trains with, γη_i(t−1) + (1 − γ)η*_i (Eq. (eta_deacy)),
+η_i(−1) = ``base_lr``, carried per client from the last round it took part in; ``"star"``: η_i = η*_i (the
+first reading). ``eta_max`` caps η* (the paper's domain [0, 1]).
 
 The sweep stops when the largest relative change over t of φ1 (L2) is below ε1 *and* that of φ2 is
 below ε2 (the paper's "simultaneously"), or after ``max_sweeps``. Sweep 1 is compared with the
@@ -25,6 +32,7 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from fedent.meanfield.decay import check_gamma, decayed_rate
 from fedent.meanfield.lr import VARIANTS, q_value, solve_eta
 from fedent.params import Params, clone, dot, norm_sq
 
@@ -81,6 +89,7 @@ class FixedPointResult:
     phi2: NDArray[np.float64]  # φ2(t), t = 0..T (φ2(0) = ‖w(0)‖²)
     eta_star: NDArray[np.float64]  # η*_i(t) of the last sweep, shape (T, N), clients in the given order
     report: FixedPointReport
+    eta: NDArray[np.float64] | None = None  # the rate φ1 stepped with (η* or the decayed η); NaN: not sampled
 
 
 def solve_fixed_point(
@@ -94,16 +103,41 @@ def solve_fixed_point(
     eps1: float = 1e-3,
     eps2: float = 1e-3,
     max_sweeps: int = 20,
+    *,
+    schedule: Sequence[Sequence[int]] | None = None,
+    eta_max: float | None = None,
+    phi2_rate: str = "star",
+    gamma: float = 0.99,
+    base_lr: float = 0.01,
 ) -> FixedPointResult:
-    """Run Algorithm 1 over ``client_ids`` (θ over them, summing to 1) for t = 0..``horizon``."""
+    """Run Algorithm 1 over ``client_ids`` (θ ∝ ``thetas``, summing to 1) for t = 0..``horizon``.
+
+    With ``schedule``, round t uses only ``schedule[t]`` (ids from ``client_ids``), θ renormalised over them.
+    """
     _validate(client_ids, thetas, horizon, beta, variant, eps1, eps2, max_sweeps)
+    if phi2_rate not in ("used", "star"):
+        raise ValueError(f"phi2_rate must be 'used' or 'star', got {phi2_rate!r}")
+    check_gamma(gamma)
     th = np.asarray(thetas, dtype=np.float64)
     n = len(client_ids)
+    pos = {int(c): j for j, c in enumerate(client_ids)}
+    if schedule is None:
+        rounds_j = [np.arange(n)] * horizon
+    else:
+        if len(schedule) < horizon:
+            raise ValueError(f"schedule names {len(schedule)} rounds, need {horizon}")
+        try:
+            rounds_j = [np.asarray(sorted(pos[int(c)] for c in schedule[t]), dtype=np.int64) for t in range(horizon)]
+        except KeyError as e:
+            raise ValueError(f"schedule names client {e} that is not among client_ids") from None
+        if any(r.size == 0 for r in rounds_j):
+            raise ValueError("every round of the schedule needs at least one client")
     start = clone(w0)
     c0 = norm_sq(start)
     phi1: list[Params] = [clone(start) for _ in range(horizon + 1)]  # φ1⁰(t) = w(0)
     phi2 = np.full(horizon + 1, c0)  # φ2⁰(t) = ‖w(0)‖²
     etas = np.zeros((horizon, n))
+    used = np.full((horizon, n), np.nan)
     history: list[tuple[float, float]] = []
     evals = guards = 0
     ok1 = ok2 = False
@@ -111,21 +145,27 @@ def solve_fixed_point(
         res1 = res2 = 0.0
         point = phi1[0]
         new_phi2 = phi2.copy()
+        prev = np.full(n, float(base_lr))  # η_i(−1), reset every sweep (each sweep replays the run)
         for t in range(horizon):
             c = norm_sq(point)
             step = [torch.zeros_like(p) for p in point]  # Σθ_i η_i g_i
             q_sum = 0.0
-            for j, cid in enumerate(client_ids):
-                g = oracle.gradient(t, int(cid), point)
+            part = rounds_j[t]
+            th_t = th[part] / float(th[part].sum())
+            for j, th_j in zip(part.tolist(), th_t.tolist(), strict=True):
+                g = oracle.gradient(t, int(client_ids[j]), point)
                 evals += 1
                 a, b = dot(point, g), norm_sq(g)
-                sol = solve_eta(a, b, c, th[j], phi2[t + 1], beta, variant)
-                eta = float(sol.eta_star[0])
+                sol = solve_eta(a, b, c, th_j, phi2[t + 1], beta, variant, eta_max=eta_max)
+                eta_s = float(sol.eta_star[0])
                 guards += sol.guards
-                etas[t, j] = eta
+                etas[t, j] = eta_s
+                eta = decayed_rate(float(prev[j]), eta_s, gamma) if phi2_rate == "used" else eta_s
+                prev[j] = eta
+                used[t, j] = eta
                 if eta != 0.0:
-                    torch._foreach_add_(step, list(g), alpha=float(th[j] * eta))
-                q_sum += float(th[j] * q_value(eta, a, b, c))
+                    torch._foreach_add_(step, list(g), alpha=float(th_j * eta))
+                q_sum += float(th_j * q_value(eta, a, b, c))
             nxt = list(torch._foreach_sub(list(point), step))
             old = phi1[t + 1]
             res1 = max(res1, _rel(norm_sq(torch._foreach_sub(nxt, old)) ** 0.5, norm_sq(old) ** 0.5))
@@ -153,7 +193,7 @@ def solve_fixed_point(
         eps1=eps1,
         eps2=eps2,
     )
-    return FixedPointResult(phi1=phi1, phi2=phi2, eta_star=etas, report=report)
+    return FixedPointResult(phi1=phi1, phi2=phi2, eta_star=etas, report=report, eta=used)
 
 
 def _rel(diff: float, scale: float) -> float:

@@ -94,8 +94,13 @@ def solve_eta(
     variant: str = "exact",
     rtol: float = 1e-12,
     max_iter: int = 100,
+    eta_max: float | None = None,
 ) -> LRSolution:
     """η*_i of Proposition 1 for every client at once (arrays broadcast to a common 1-D shape).
+
+    ``eta_max`` (spec §5, the paper's domain η ∈ [0, 1]): the solve runs on [0, U_i] with
+    U_i = min(B_i, eta_max) — variant ``exact`` takes the smallest root of η = clip(h(η), 0, U_i), variant
+    ``paper`` clips its closed form to U_i. None: no cap (U_i = B_i, the first reading). ``bound`` is U_i.
 
     Guards (spec §1): a non-finite input, c = q(0) ≤ 0, φ2' ≤ 0, θ ≤ 0, b < 0, or a > 0 with
     a² > bc (q would turn negative) give η* = 0, a set ``guarded`` flag and one logged warning.
@@ -113,6 +118,10 @@ def solve_eta(
     a_, b_, c_, th, phi = (np.where(bad, 1.0, v) for v in (a_, b_, c_, th, phi))
     a_ = np.where(bad, 0.0, a_)
     bound = np.where(bad, 0.0, upper_bound(b_, c_, th, phi, beta))
+    if eta_max is not None:
+        if not (np.isfinite(eta_max) and eta_max > 0):
+            raise ValueError(f"eta_max must be a positive number or None, got {eta_max}")
+        bound = np.minimum(bound, float(eta_max))
     if variant == "paper":
         eta, guarded, iters = _paper(a_, b_, c_, th, phi, beta, bound)
         guarded |= bad

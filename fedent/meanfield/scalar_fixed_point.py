@@ -1,4 +1,8 @@
-"""The online mean-field estimate (spec §3 "online"): φ2' = Σ θ_i q_i(η*_i(φ2')) for one round.
+"""The online mean-field estimate (spec §3 "online", §5): φ2' = Σ θ_i q_i(η_i(φ2')) for one round.
+
+Which rate the mean field steps with (spec §5, option ``phi2_rate``): ``used`` (default) takes the rate the
+client then trains with, η_i(φ2') = γη_i(t−1) + (1 − γ)η*_i(φ2') (Eq. (eta_deacy)), so each participant also
+reports η_i(t−1) (``eta_prev``); ``star`` (the first reading) takes η*_i(φ2') itself (``eta_prev`` None).
 
 φ1(t) is the real global model w(t), so c = ‖w(t)‖² is known and each participant contributes only
 (a_i, b_i, θ_i). The scalar equation F(φ) = φ − G(φ) = 0, G(φ) = Σθ_i q_i(η*_i(φ)), is solved by
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from fedent.meanfield.decay import check_gamma, decayed_rates
 from fedent.meanfield.lr import LRSolution, q_value, solve_eta
 
 _MAX_EXPANSIONS = 200
@@ -31,6 +36,7 @@ class OnlineFixedPoint:
 
     phi2_next: float
     eta_star: NDArray[np.float64]
+    eta: NDArray[np.float64]  # the rate each q_i was evaluated at: η*_i (star) or the decayed η_i (used)
     guarded: NDArray[np.bool_]
     iterations: int  # evaluations of G (each one vectorised solve over all participants)
     bracket: tuple[float, float]
@@ -65,37 +71,57 @@ def solve_online(
     variant: str = "exact",
     rtol: float = DEFAULT_RTOL,
     max_iter: int = DEFAULT_MAX_ITER,
+    *,
+    eta_max: float | None = None,
+    eta_prev: ArrayLike | None = None,
+    gamma: float = 0.0,
 ) -> OnlineFixedPoint:
-    """Solve φ2' = Σθ_i q_i(η*_i(φ2')) (Eq. (phi_next_t_2) with φ1(t) = w(t))."""
+    """Solve φ2' = Σθ_i q_i(η_i(φ2')) (Eq. (phi_next_t_2) with φ1(t) = w(t)).
+
+    ``eta_prev`` None: η_i = η*_i (``phi2_rate: star``); else η_i = γ·eta_prev_i + (1 − γ)η*_i
+    (``phi2_rate: used``, spec §5). ``eta_max`` caps η* as in ``solve_eta``.
+    """
     th = np.atleast_1d(np.asarray(thetas, dtype=np.float64))
     a_ = np.atleast_1d(np.asarray(a, dtype=np.float64))
     b_ = np.atleast_1d(np.asarray(b, dtype=np.float64))
     if not (th.shape == a_.shape == b_.shape) or th.ndim != 1 or th.size == 0:
         raise ValueError("thetas, a and b must be equal-length non-empty 1-D arrays")
+    prev: NDArray[np.float64] | None = None
+    if eta_prev is not None:
+        prev = np.atleast_1d(np.asarray(eta_prev, dtype=np.float64))
+        if prev.shape != th.shape or not np.all(np.isfinite(prev)) or np.any(prev < 0):
+            raise ValueError("eta_prev must hold one finite rate >= 0 per participant")
+        check_gamma(gamma)
     n = th.size
     if not np.isfinite(c) or c <= 0:
         # No positive φ1: every client is guarded (η* = 0), so Σθ q = c; report 0 if c is unusable.
         phi = float(c) if np.isfinite(c) and c > 0 else 0.0
-        return OnlineFixedPoint(phi, np.zeros(n), np.ones(n, dtype=bool), 0, (phi, phi), 0.0, False)
+        used0 = np.zeros(n) if prev is None else gamma * prev
+        return OnlineFixedPoint(phi, np.zeros(n), used0, np.ones(n, dtype=bool), 0, (phi, phi), 0.0, False)
 
     evals = 0
-    cache: dict[float, tuple[float, LRSolution]] = {}
+    cache: dict[float, tuple[float, LRSolution, NDArray[np.float64]]] = {}
 
     def residual(phi: float) -> float:
         nonlocal evals
         if phi not in cache:
             evals += 1
-            sol = solve_eta(a_, b_, c, th, phi, beta, variant)
-            g = float(np.sum(th * np.where(sol.guarded, c, q_value(sol.eta_star, a_, b_, c))))
-            cache[phi] = (phi - g, sol)
+            sol = solve_eta(a_, b_, c, th, phi, beta, variant, eta_max=eta_max)
+            rate = sol.eta_star if prev is None else decayed_rates(prev, sol.eta_star, gamma)
+            q = q_value(rate, a_, b_, c)
+            if prev is None:  # a guarded client does not move: q = c
+                q = np.where(sol.guarded, c, q)
+            g = float(np.sum(th * q))
+            cache[phi] = (phi - g, sol, rate)
         return cache[phi][0]
 
     lo, hi, bracketed = _bracket(residual, float(c))
     phi = _illinois(residual, lo, hi, rtol, max_iter) if bracketed else lo
-    f, sol = cache[phi][0], cache[phi][1]
+    f, sol, rate = cache[phi]
     return OnlineFixedPoint(
         phi2_next=phi,
         eta_star=sol.eta_star,
+        eta=rate,
         guarded=sol.guarded,
         iterations=evals,
         bracket=(lo, hi),

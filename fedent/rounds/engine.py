@@ -146,9 +146,14 @@ class RoundEngine:
     # ---- before round 0 ------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Algorithm 1 where the strategy needs it (Steps 1-2), then the strategy's own setup."""
+        schedule = [sample_clients(self.seed, t, len(self.sizes), self.cfg.train.fraction) for t in range(self.rounds)]
+        self.strategy.set_run_plan(schedule, self.cfg.train.lr)
         if self.strategy.capabilities.oracle:
             self.status("estimating", None)
+            before = self.strategy
             self.strategy, report = self.executor.prepare(self.strategy, self.global_params, self.sizes, self.rounds)
+            if self.strategy is not before:  # rebuilt around a remote estimator (the cluster)
+                self.strategy.set_run_plan(schedule, self.cfg.train.lr)
             self.estimator_report = dict(report)
             self.write_estimator()
         self.strategy.setup(self.global_params, self.sizes)

@@ -178,6 +178,10 @@ class Strategy(ABC):
     def setup(self, global_params: Sequence[Tensor], client_sizes: Sequence[int]) -> None:
         """Called once before round 0 with the initial model and every client's sample count."""
 
+    def set_run_plan(self, schedule: Sequence[Sequence[int]], base_lr: float) -> None:
+        """Called before ``prepare`` with every round's sampled clients (sampling is a pure function of (seed,
+        round), ``fedent.rng.sample_clients``) and the base rate; FedEnt's Algorithm 1 simulates them."""
+
     def prepare(
         self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int], rounds: int
     ) -> dict[str, Any]:

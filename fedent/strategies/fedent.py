@@ -39,25 +39,35 @@ from fedent.strategies.options import FedEntOptions
 from fedent.trainer import LocalTrainer
 
 _PROBE_ROUND = "probe_round"
-UPDATE_SCALARS = ("eta_star", "eta", "a", "b", "c", "theta", "phi2_next", "guarded")  # what fit uploads
+PROBE_SCALARS = ("a", "b", "eta_prev")  # what probe reports (eta_prev: η_i(t−1), for phi2_rate "used")
+UPDATE_SCALARS = ("eta_star", "eta", "eta_prev", "a", "b", "c", "theta", "phi2_next", "guarded")  # what fit uploads
 
 
 class FedEnt(Strategy):
     name = "fedent"
     needs_probe = True
     keeps_client_state = True
-    payload_spec = PayloadSpec(probe_scalars=("a", "b"), update_scalars=UPDATE_SCALARS)
+    payload_spec = PayloadSpec(probe_scalars=PROBE_SCALARS, update_scalars=UPDATE_SCALARS)
     Options = FedEntOptions
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:
-        self.options = options or FedEntOptions()
+        self.options = o = options or FedEntOptions()
         self._injected = estimator is not None
         if estimator is not None:
             self.estimator: Phi2Estimator | None = estimator
-        elif self.options.estimator == "online":
-            self.estimator = OnlinePhi2Estimator(self.options.beta, self.options.variant)
+        elif o.estimator == "online":
+            self.estimator = OnlinePhi2Estimator(o.beta, o.variant, eta_max=o.eta_max, phi2_rate=o.phi2_rate,
+                                                 gamma=o.gamma)
         else:
             self.estimator = None  # installed by prepare() or load_server_state()
+        self.schedule: list[list[int]] | None = None  # every round's sampled clients (set_run_plan)
+        self.base_lr: float | None = None
+        self._estimates: dict[int, dict[str, Any]] = {}  # the round's estimator report, for its diagnostics
+
+    def set_run_plan(self, schedule: Sequence[Sequence[int]], base_lr: float) -> None:
+        """Algorithm 1 simulates each round's sampled clients with the run's base rate η_i(−1) (spec §5)."""
+        self.schedule = [sorted(int(c) for c in r) for r in schedule]
+        self.base_lr = float(base_lr)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -70,7 +80,8 @@ class FedEnt(Strategy):
     def prepare(
         self, oracle: Any, global_params: Sequence[Tensor], client_sizes: Sequence[int], rounds: int
     ) -> dict[str, Any]:
-        """Offline mode: Algorithm 1 over ALL clients (θ over the population) for T = ``rounds``."""
+        """Offline mode: Algorithm 1 for T = ``rounds`` over each round's sampled clients (``offline_clients:
+        participants``, needs ``set_run_plan``) or over all clients every round (``population``)."""
         if self.options.estimator != "offline" or self._injected:
             return {}
         total = float(sum(client_sizes))
@@ -80,11 +91,26 @@ class FedEnt(Strategy):
         thetas = [client_sizes[i] / total for i in cids]
         oracle_: GradientOracle = oracle
         o = self.options
-        res = solve_fixed_point(
-            oracle_, global_params, cids, thetas, rounds, o.beta, o.variant, o.eps1, o.eps2, o.max_sweeps
-        )
-        self.estimator = OfflinePhi2Estimator.from_result(res)
-        return {"phi2": [float(v) for v in res.phi2], **res.report.to_dict()}
+        schedule = None
+        if o.offline_clients == "participants":
+            if self.schedule is None:
+                raise StrategyError("fedent offline_clients 'participants' needs the run's client schedule "
+                                    "(set_run_plan) before prepare")
+            held = set(cids)
+            schedule = [[c for c in r if c in held] for r in self.schedule[:rounds]]
+        base_lr = self.base_lr if self.base_lr is not None else 0.0
+        if o.phi2_rate == "used" and self.base_lr is None:
+            raise StrategyError("fedent phi2_rate 'used' needs the base rate η_i(−1) (set_run_plan) before prepare")
+        try:
+            res = solve_fixed_point(
+                oracle_, global_params, cids, thetas, rounds, o.beta, o.variant, o.eps1, o.eps2, o.max_sweeps,
+                schedule=schedule, eta_max=o.eta_max, phi2_rate=o.phi2_rate, gamma=o.gamma, base_lr=base_lr,
+            )
+        except ValueError as e:
+            raise StrategyError(f"fedent offline estimator: {e}") from None
+        self.estimator = OfflinePhi2Estimator.from_result(res, schedule)
+        return {"phi2": [float(v) for v in res.phi2], **res.report.to_dict(), "offline_clients": o.offline_clients,
+                "phi2_rate": o.phi2_rate, "eta_max": o.eta_max}
 
     def round_payload(self, rnd: int, global_params: Sequence[Tensor], probes: Sequence[Probe]) -> RoundPayload:
         if self.estimator is None:
@@ -97,14 +123,16 @@ class FedEnt(Strategy):
         try:
             a = [float(p.scalars["a"]) for p in probes]
             b = [float(p.scalars["b"]) for p in probes]
+            eta_prev = [float(p.scalars["eta_prev"]) for p in probes]
         except KeyError as e:
             raise StrategyError(f"fedent: a probe lacks scalar {e}") from None
         c = norm_sq(global_params)
         thetas = [p.num_samples / total for p in probes]
         try:
-            est = self.estimator.estimate(rnd, c, thetas, a, b)
+            est = self.estimator.estimate(rnd, c, thetas, a, b, cids=[p.cid for p in probes], eta_prev=eta_prev)
         except ValueError as e:
             raise StrategyError(f"fedent estimator: {e}") from None
+        self._estimates = {rnd: dict(est.report)}
         return RoundPayload(round=rnd, scalars={"phi2_next": est.phi2_next, "c": c, "total_samples": total})
 
     def aggregate(
@@ -114,9 +142,12 @@ class FedEnt(Strategy):
         o = self.options
         parts = [ParticipantReport(u.cid, u.num_samples, norm_sq(u.params), u.scalars) for u in updates]
         try:
-            record = fedent_round_record(parts, o.beta, o.gamma, o.variant)
+            record = fedent_round_record(parts, o.beta, o.gamma, o.variant, o.eta_max, o.phi2_rate)
         except KeyError as e:
             raise StrategyError(f"fedent: an update lacks scalar {e}") from None
+        est = self._estimates.pop(rnd, None)
+        if est is not None:
+            record["estimate"] = est
         return AggregateResult(params, {"fedent": record})
 
     def server_state(self) -> dict[str, Any]:
@@ -130,7 +161,7 @@ class FedEnt(Strategy):
             raise StrategyError(f"fedent: unknown server state keys {unknown}")
         if "offline" in state:
             off = state["offline"]
-            self.estimator = OfflinePhi2Estimator(off["phi2"], off.get("report"))
+            self.estimator = OfflinePhi2Estimator(off["phi2"], off.get("report"), off.get("schedule"))
 
     # ---- client side -------------------------------------------------------------------------
     def _probe_scalars(
@@ -149,7 +180,8 @@ class FedEnt(Strategy):
         def finish(g: Params) -> Probe:
             a, b = dot(global_params, g), norm_sq(g)
             state.scalars.update({"a": a, "b": b, _PROBE_ROUND: float(task.round)})
-            return Probe(task.cid, task.num_samples, {"a": a, "b": b})
+            return Probe(task.cid, task.num_samples,
+                         {"a": a, "b": b, "eta_prev": previous_rate(state.scalars, task.lr)})
 
         return ProbePlan(gen, self.options.probe_batch_size, finish)
 
@@ -161,7 +193,8 @@ class FedEnt(Strategy):
         task: ClientTask,
         state: ClientState,
     ) -> LocalFit:
-        """η*_i by Proposition 1, decayed with η_i(t−1) (Eq. (eta_deacy)); then plain SGD at η_i."""
+        """η*_i by Proposition 1 on [0, min(B_i, eta_max)], decayed with η_i(t−1) (Eq. (eta_deacy)); then plain
+        SGD at η_i."""
         try:
             phi2, c, total = (float(payload.scalars[k]) for k in ("phi2_next", "c", "total_samples"))
         except KeyError as e:
@@ -174,12 +207,13 @@ class FedEnt(Strategy):
             a, b = self._probe_scalars(trainer, global_params, task)
         theta = task.num_samples / total
         o = self.options
-        sol = solve_eta(a, b, c, theta, phi2, o.beta, o.variant)
+        sol = solve_eta(a, b, c, theta, phi2, o.beta, o.variant, eta_max=o.eta_max)
         eta_star = float(sol.eta_star[0])
-        eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, o.gamma)
+        eta_prev = previous_rate(state.scalars, task.lr)
+        eta = decayed_rate(eta_prev, eta_star, o.gamma)
         state.scalars[ETA_STATE_KEY] = eta
         scalars = {
-            "eta_star": eta_star, "eta": eta, "a": a, "b": b, "c": c, "theta": theta,
+            "eta_star": eta_star, "eta": eta, "eta_prev": eta_prev, "a": a, "b": b, "c": c, "theta": theta,
             "phi2_next": phi2, "guarded": float(sol.guards),
         }
         return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,

@@ -18,13 +18,24 @@ from fedent.config import StrategyOptions, option
 from fedent.meanfield.lr import Variant
 
 EstimatorMode = Literal["online", "offline"]
+Phi2Rate = Literal["used", "star"]
+OfflineClients = Literal["participants", "population"]
+
+
+ReplayMode = Literal["per_client", "round_mean"]
 
 
 @dataclass(frozen=True)
 class FedAvgOptions(StrategyOptions):
-    """FedAvg has no hyperparameters."""
+    """FedAvg has no hyperparameters; ``replay_rates`` makes it a control that trains on another run's schedule."""
 
     algorithm = "fedavg"
+    replay_rates: str | None = option(None, "a FedEnt run's metrics.jsonl: client i trains in round t at the rate "
+                                            "η_i(t) that run logged (same seed: same clients and batches); null: "
+                                            "the base rate train.lr")
+    replay: ReplayMode = option("per_client", "with replay_rates: per_client (each client's own η_i(t)) or "
+                                              "round_mean (the round's θ-weighted mean rate for every client: the "
+                                              "rate's level without its per-client adaptation)")
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,14 @@ class FedEntOptions(StrategyOptions):
     max_sweeps: int = option(20, "Algorithm 1 stops after this many sweeps (each costs T gradients per client)",
                              ge=1)
     probe_batch_size: int | None = _probe_batch_size()
+    eta_max: float | None = option(1.0, "cap on η*_i: the paper's domain η ∈ [0, 1] (spec §5); the solve runs on "
+                                        "[0, min(B_i, eta_max)]; null: no cap (the first reading, B_i only)", gt=0)
+    phi2_rate: Phi2Rate = option("used", "the rate the mean field φ2(t+1) steps with: used (the decayed rate the "
+                                         "client trains with, spec §5) or star (η*_i, the first reading)")
+    offline_clients: OfflineClients = option("participants", "whom Algorithm 1 simulates in round t: participants "
+                                                              "(the round's sampled clients, θ over them as in "
+                                                              "training, spec §5) or population (every client, "
+                                                              "the first reading)")
 
 
 OPTIONS: dict[str, type[StrategyOptions]] = {

@@ -28,6 +28,12 @@ class OfflineStopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFLINE_STOP_REASON_UNSPECIFIED: _ClassVar[OfflineStopReason]
     OFFLINE_STOP_REASON_CONVERGED: _ClassVar[OfflineStopReason]
     OFFLINE_STOP_REASON_MAX_SWEEPS: _ClassVar[OfflineStopReason]
+
+class Phi2Rate(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHI2_RATE_UNSPECIFIED: _ClassVar[Phi2Rate]
+    PHI2_RATE_USED: _ClassVar[Phi2Rate]
+    PHI2_RATE_STAR: _ClassVar[Phi2Rate]
 FEDENT_VARIANT_UNSPECIFIED: FedentVariant
 FEDENT_VARIANT_EXACT: FedentVariant
 FEDENT_VARIANT_PAPER: FedentVariant
@@ -39,9 +45,12 @@ OFFLINE_JOB_STATE_FAILED: OfflineJobState
 OFFLINE_STOP_REASON_UNSPECIFIED: OfflineStopReason
 OFFLINE_STOP_REASON_CONVERGED: OfflineStopReason
 OFFLINE_STOP_REASON_MAX_SWEEPS: OfflineStopReason
+PHI2_RATE_UNSPECIFIED: Phi2Rate
+PHI2_RATE_USED: Phi2Rate
+PHI2_RATE_STAR: Phi2Rate
 
 class FedEntParams(_message.Message):
-    __slots__ = ("beta", "gamma", "tol", "max_iter", "extra", "variant")
+    __slots__ = ("beta", "gamma", "tol", "max_iter", "extra", "variant", "eta_max", "phi2_rate")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -55,27 +64,33 @@ class FedEntParams(_message.Message):
     MAX_ITER_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
+    ETA_MAX_FIELD_NUMBER: _ClassVar[int]
+    PHI2_RATE_FIELD_NUMBER: _ClassVar[int]
     beta: float
     gamma: float
     tol: float
     max_iter: int
     extra: _containers.ScalarMap[str, float]
     variant: FedentVariant
-    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ..., variant: _Optional[_Union[FedentVariant, str]] = ...) -> None: ...
+    eta_max: float
+    phi2_rate: Phi2Rate
+    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ..., variant: _Optional[_Union[FedentVariant, str]] = ..., eta_max: _Optional[float] = ..., phi2_rate: _Optional[_Union[Phi2Rate, str]] = ...) -> None: ...
 
 class ClientScalars(_message.Message):
-    __slots__ = ("cid", "a", "b", "num_samples", "theta")
+    __slots__ = ("cid", "a", "b", "num_samples", "theta", "eta_prev")
     CID_FIELD_NUMBER: _ClassVar[int]
     A_FIELD_NUMBER: _ClassVar[int]
     B_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     THETA_FIELD_NUMBER: _ClassVar[int]
+    ETA_PREV_FIELD_NUMBER: _ClassVar[int]
     cid: int
     a: float
     b: float
     num_samples: int
     theta: float
-    def __init__(self, cid: _Optional[int] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., num_samples: _Optional[int] = ..., theta: _Optional[float] = ...) -> None: ...
+    eta_prev: float
+    def __init__(self, cid: _Optional[int] = ..., a: _Optional[float] = ..., b: _Optional[float] = ..., num_samples: _Optional[int] = ..., theta: _Optional[float] = ..., eta_prev: _Optional[float] = ...) -> None: ...
 
 class SolveOnlineRequest(_message.Message):
     __slots__ = ("run_id", "round", "c", "clients", "params", "phi2_init")
@@ -152,7 +167,7 @@ class EstimatorServiceFetchBlobResponse(_message.Message):
     def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class StartOfflineRequest(_message.Message):
-    __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s")
+    __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s", "schedule", "base_lr")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INIT_BLOB_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +179,8 @@ class StartOfflineRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     WAIT_WORKERS_S_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    BASE_LR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     init_blob: str
     clients: _containers.RepeatedCompositeFieldContainer[OfflineClient]
@@ -175,7 +192,15 @@ class StartOfflineRequest(_message.Message):
     seed: int
     batch_size: int
     wait_workers_s: float
-    def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ...) -> None: ...
+    schedule: _containers.RepeatedCompositeFieldContainer[RoundClients]
+    base_lr: float
+    def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ..., schedule: _Optional[_Iterable[_Union[RoundClients, _Mapping]]] = ..., base_lr: _Optional[float] = ...) -> None: ...
+
+class RoundClients(_message.Message):
+    __slots__ = ("cids",)
+    CIDS_FIELD_NUMBER: _ClassVar[int]
+    cids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartOfflineResponse(_message.Message):
     __slots__ = ("job",)

@@ -44,6 +44,9 @@ class FedentClientDiag(BaseModel):
     beta: float | None = None
     gamma: float | None = None
     variant: str | None = None
+    eta_max: float | None = None  # null: η* uncapped (spec §5)
+    eta_prev: float | None = None  # η_i(t−1), the rate η decayed from
+    phi2_rate: str | None = None  # the rate the mean field stepped with: used | star
     eta_star: float | None = None
     eta: float | None = None
 
@@ -53,6 +56,8 @@ class FedentRound(BaseModel):
     phi2_actual: float | None = None
     entropy: float | None = None
     guards: int | None = None
+    eta_max: float | None = None
+    phi2_rate: str | None = None
     clients: list[FedentClientDiag] = []
 
 

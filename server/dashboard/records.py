@@ -81,13 +81,15 @@ def _fedent_round(raw: Any) -> FedentRound | None:
         cid = integer(c.get("client"))
         if cid is None:
             continue
-        diags.append(FedentClientDiag(
-            client=cid, variant=text(c.get("variant")),
-            **{k: num(c.get(k)) for k in ("theta", "a", "b", "c", "phi2_next", "beta", "gamma", "eta_star", "eta")},
-        ))
+        nums = ("theta", "a", "b", "c", "phi2_next", "beta", "gamma", "eta_max", "eta_prev", "eta_star", "eta")
+        diags.append(FedentClientDiag.model_validate({
+            "client": cid, "variant": text(c.get("variant")), "phi2_rate": text(c.get("phi2_rate")),
+            **{k: num(c.get(k)) for k in nums},
+        }))
     return FedentRound(
         phi2_pred=num(raw.get("phi2_pred")), phi2_actual=num(raw.get("phi2_actual")),
-        entropy=num(raw.get("entropy")), guards=integer(raw.get("guards")), clients=diags,
+        entropy=num(raw.get("entropy")), guards=integer(raw.get("guards")), eta_max=num(raw.get("eta_max")),
+        phi2_rate=text(raw.get("phi2_rate")), clients=diags,
     )
 
 

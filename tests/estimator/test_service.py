@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -85,6 +86,46 @@ def test_online_solve_matches_the_core(stub: est_grpc.EstimatorServiceStub, vari
     assert reply.converged
 
 
+@pytest.mark.parametrize("eta_max", [1.0, None])
+def test_online_used_rate_matches_the_core(stub: est_grpc.EstimatorServiceStub, eta_max: float | None) -> None:
+    """Spec §5 on the wire: γ, eta_max, phi2_rate and each client's η_i(t−1) reach the solver; the service's φ2'
+    is the in-process estimator's, bit for bit."""
+    c, thetas, a, b = _round_scalars(5)
+    prev = [0.01 * (i + 1) for i in range(len(a))]
+    cids = [10 + 3 * i for i in range(len(a))]
+    req = mappers.solve_online_request("run", 2, c, thetas, a, b, 0.9, "exact", gamma=0.9, eta_max=eta_max,
+                                       phi2_rate="used", eta_prev=prev, cids=cids)
+    reply = stub.SolveOnline(req, timeout=10)
+    direct = OnlinePhi2Estimator(0.9, "exact", eta_max=eta_max, phi2_rate="used", gamma=0.9).estimate(
+        2, c, thetas, a, b, eta_prev=prev)
+    assert reply.phi2_next == direct.phi2_next
+    star = OnlinePhi2Estimator(0.9, "exact", eta_max=eta_max, phi2_rate="star").estimate(2, c, thetas, a, b)
+    assert reply.phi2_next != star.phi2_next  # the rate matters, so the test can fail
+    assert sorted(reply.eta_star) == cids
+    missing = est_pb.SolveOnlineRequest()
+    missing.CopyFrom(req)
+    missing.clients[1].ClearField("eta_prev")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.SolveOnline(missing, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "eta_prev" in (e.value.details() or "")
+
+
+def test_remote_adapter_carries_the_options(service: EstimatorHandle) -> None:
+    from fedent.strategies.options import FedEntOptions
+
+    c, thetas, a, b = _round_scalars(8)
+    opts = FedEntOptions(beta=0.95, gamma=0.8)
+    remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", beta=0.95, variant="exact", timeout_s=10, options=opts)
+    prev = [0.02] * len(a)
+    try:
+        got = remote.estimate(0, c, thetas, a, b, cids=list(range(len(a))), eta_prev=prev)
+    finally:
+        remote.close()
+    want = OnlinePhi2Estimator(0.95, eta_max=1.0, phi2_rate="used", gamma=0.8).estimate(0, c, thetas, a, b,
+                                                                                       eta_prev=prev)
+    assert got.phi2_next == want.phi2_next
+
+
 def test_remote_adapter_equals_in_process_estimator(service: EstimatorHandle) -> None:
     c, thetas, a, b = _round_scalars(7)
     remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", beta=0.95, variant="exact", timeout_s=10)
@@ -99,7 +140,8 @@ def test_remote_adapter_equals_in_process_estimator(service: EstimatorHandle) ->
 def test_online_theta_from_sample_counts(stub: est_grpc.EstimatorServiceStub) -> None:
     c, _, a, b = _round_scalars(3, n=3)
     sizes = [10, 30, 60]
-    req = est_pb.SolveOnlineRequest(c=c, params=est_pb.FedEntParams(beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT),
+    req = est_pb.SolveOnlineRequest(c=c, params=est_pb.FedEntParams(beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT,
+                                                                  phi2_rate=est_pb.PHI2_RATE_STAR),
                                     clients=[
         est_pb.ClientScalars(cid=i, a=a[i], b=b[i], num_samples=sizes[i]) for i in range(3)])
     want = OnlinePhi2Estimator(0.9).estimate(0, c, [0.1, 0.3, 0.6], a, b)
@@ -120,8 +162,8 @@ def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub:
     dup = est_pb.SolveOnlineRequest()
     dup.CopyFrom(good)
     dup.clients[1].cid = dup.clients[0].cid
-    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=est_pb.FedEntParams(beta=0.9,
-                                                                             variant=est_pb.FEDENT_VARIANT_EXACT))
+    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=est_pb.FedEntParams(
+        beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT, phi2_rate=est_pb.PHI2_RATE_STAR))
     bad_beta = est_pb.SolveOnlineRequest()
     bad_beta.CopyFrom(good)
     bad_beta.params.beta = 1.5
@@ -272,11 +314,12 @@ class FakeWorker:
 
 
 def _start_offline(stub: est_grpc.EstimatorServiceStub, rounds: int = 3, wait_s: float = 5.0,
-                   sizes: tuple[int, ...] = (12, 12, 12, 12)) -> tuple[est_pb.OfflineJob, list[torch.Tensor]]:
+                   sizes: tuple[int, ...] = (12, 12, 12, 12), **revised: Any,
+                   ) -> tuple[est_pb.OfflineJob, list[torch.Tensor]]:
     w0 = [p.detach().clone() for p in tiny_inputs().make_model().parameters()]
     ref = stub.PutBlob(codec.stream_tensors({"params": w0}, est_pb.PutBlobRequest), timeout=10)
     req = mappers.start_offline_request("run", ref.blob_id, list(sizes), rounds, 0.9, 0.9, "exact", 1e-6, 1e-6,
-                                        4, 1, 4)
+                                        4, 1, 4, **revised)
     req.wait_workers_s = wait_s
     job = stub.StartOffline(req, timeout=10).job
     while not mappers.job_finished(job):
@@ -284,13 +327,31 @@ def _start_offline(stub: est_grpc.EstimatorServiceStub, rounds: int = 3, wait_s:
     return job, w0
 
 
-def _direct(w0: list[torch.Tensor], rounds: int = 3) -> np.ndarray:
+def _direct(w0: list[torch.Tensor], rounds: int = 3, **revised: Any) -> np.ndarray:
     inputs = tiny_inputs()
     trainer = LocalTrainer(inputs.make_model(), inputs.data.x_train, inputs.data.y_train, 4, torch.device("cpu"))
     idx = {c: torch.from_numpy(np.asarray(inputs.client_indices[c])) for c in range(4)}
     res = solve_fixed_point(TrainerOracle(trainer, idx, 1, 4), w0, [0, 1, 2, 3], [0.25] * 4, rounds, 0.9,
-                            "exact", 1e-6, 1e-6, 4)
+                            "exact", 1e-6, 1e-6, 4, **revised)
     return res.phi2
+
+
+def test_offline_with_the_schedule_and_used_rates_equals_in_process(service: EstimatorHandle,
+                                                                    stub: est_grpc.EstimatorServiceStub) -> None:
+    """Spec §5 on the service: Algorithm 1 simulates each round's sampled clients with the decayed rates."""
+    workers = [FakeWorker(f"127.0.0.1:{service.port}", [0, 1]), FakeWorker(f"127.0.0.1:{service.port}", [2, 3])]
+    schedule = [[0, 2], [1, 3], [0, 3]]
+    revised = {"eta_max": 1.0, "phi2_rate": "used", "schedule": schedule, "base_lr": 0.05}
+    try:
+        job, w0 = _start_offline(stub, **revised)
+    finally:
+        for w in workers:
+            w.close()
+    assert job.state == DONE, job.message
+    assert list(job.phi2) == _direct(w0, gamma=0.9, **revised).tolist()  # the request's γ
+    assert list(job.phi2) != _direct(w0).tolist()  # the schedule and rates change the trajectory
+    report = mappers.struct_to_dict(job.report)
+    assert report["gradient_evaluations"] == job.sweep * 6 and report["offline_clients"] == "participants"
 
 
 def test_offline_over_oracle_streams_equals_in_process_algorithm_1(service: EstimatorHandle,

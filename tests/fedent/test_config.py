@@ -89,7 +89,8 @@ def test_to_dict_keeps_the_flat_layout_and_round_trips(tmp_path: Path) -> None:
     assert algo == {"name": "fedent", **FedEntOptions(beta=0.9, gamma=0.5, variant="paper").to_dict()}
     assert config_from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
     fedavg = config_from_dict({"algorithm": {"name": "fedavg"}})
-    assert fedavg.to_dict()["algorithm"] == {"name": "fedavg"}
+    # FedAvg's only options make it a control (a replay of a FedEnt run's rates); off by default
+    assert fedavg.to_dict()["algorithm"] == {"name": "fedavg", "replay_rates": None, "replay": "per_client"}
 
 
 def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path
     # options given with --set in the same call belong to the new algorithm, before or after the name
     for sets in (["algorithm.name=fednorm", "algorithm.beta=0.5"], ["algorithm.beta=0.5", "algorithm.name=fednorm"]):
         assert load_config(path, sets).algorithm == AlgorithmConfig("fednorm", FedNormOptions(beta=0.5))
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) beta for fedavg; allowed: \(none\)"):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) beta for fedavg; allowed: replay, replay_rates"):
         load_config(path, ["algorithm.beta=0.5", "algorithm.name=fedavg"])
     # no algorithm section means fedent: switching from it starts empty too
     bare = _write(tmp_path, "train: {rounds: 2}\n")
@@ -111,9 +112,11 @@ def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path
 @pytest.mark.parametrize(
     "algorithm, needle",
     [
-        ("{name: fedavg, foo: 1}", "algorithm: unknown key(s) foo for fedavg; allowed: (none)"),
+        ("{name: fedavg, foo: 1}", "algorithm: unknown key(s) foo for fedavg; allowed: replay, replay_rates"),
+        ("{name: fedcos, foo: 1}", "algorithm: unknown key(s) foo for fedcos; allowed: (none)"),
         ("{name: fedent, foo: 1, bar: 2}", "algorithm: unknown key(s) bar, foo for fedent; allowed: beta, eps1, eps2, "
-                                           "estimator, gamma, max_sweeps, probe_batch_size, variant"),
+                                           "estimator, eta_max, gamma, max_sweeps, offline_clients, phi2_rate, "
+                                           "probe_batch_size, variant"),
         ("{name: fedprox, mew: 1}", "allowed: mu"),
         ("{name: fedent, beta: 1}", "algorithm.beta: must be in (0, 1), got 1.0"),
         ("{name: fedent, gamma: -0.1}", "algorithm.gamma: must be in [0, 1], got -0.1"),

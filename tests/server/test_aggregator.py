@@ -353,7 +353,7 @@ def test_a_nan_probe_is_excluded_and_the_others_are_kept(start: Any) -> None:
     h = start(tiny_config("fedent", rounds=1, fraction=1.0), inputs, quorum=0.5, round_deadline_s=20)
     fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
     probe = fake.next("probe").task
-    msgs = [pb.Probe(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0}) for c in range(4)]
+    msgs = [pb.Probe(cid=c, num_samples=12, scalars={"a": 0.1, "b": 1.0, "eta_prev": 0.01}) for c in range(4)]
     msgs[1].scalars["a"] = float("nan")
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitProbes(pb.SubmitProbesRequest(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=msgs))

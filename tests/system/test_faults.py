@@ -353,7 +353,7 @@ def _mixed(start: Any, algorithm: str, rounds: int) -> tuple[AggregatorHandle, F
 def test_fedent_probe_without_scalar_a_is_rejected_and_the_run_goes_on(start: Any) -> None:
     h, fake, thread = _mixed(start, "fedent", rounds=1)
     probe = fake.next("probe").task
-    msg = pb.Probe(cid=0, num_samples=12, scalars={"b": 1.0})
+    msg = pb.Probe(cid=0, num_samples=12, scalars={"b": 1.0, "eta_prev": 0.01})
     _rejected(lambda: fake.stub.SubmitProbes(pb.SubmitProbesRequest(
         worker_id=fake.wid, task_id=probe.task_id, round=0, probes=[msg])), "lacks scalars ['a']")
     assert h.wait(30) and h.run.error is None, h.run.error
@@ -367,7 +367,7 @@ def test_fedent_probe_without_scalar_a_is_rejected_and_the_run_goes_on(start: An
 def test_fedent_update_without_its_scalars_is_rejected_and_the_run_goes_on(start: Any) -> None:
     h, fake, thread = _mixed(start, "fedent", rounds=1)
     probe = fake.next("probe").task
-    ok = pb.Probe(cid=0, num_samples=12, scalars={"a": 0.1, "b": 1.0})
+    ok = pb.Probe(cid=0, num_samples=12, scalars={"a": 0.1, "b": 1.0, "eta_prev": 0.01})
     fake.stub.SubmitProbes(pb.SubmitProbesRequest(worker_id=fake.wid, task_id=probe.task_id, round=0, probes=[ok]))
     fit = fake.next("fit").task
     w = fake.model(fit.model_blob)

@@ -34,6 +34,7 @@ PREFIX = ".venv/bin/fedent"
 RUN_ID = "runs/<run-id>"
 SYSTEM_COPY = Path("/usr/share/datasets/fashion-mnist")
 
+FEDAVG = {"name": "fedavg", "replay_rates": None, "replay": "per_client"}  # FedAvg's defaults (no replay)
 SMALL_RUN = ["--set", "train.rounds=1", "--set", "train.local_epochs=1", "--set", "data.num_clients=10",
              "--set", "data.max_train_samples=600", "--set", "data.max_test_samples=200"]
 SMALL: dict[str, list[str]] = {"simulate": SMALL_RUN, "compare": SMALL_RUN, "plot": [], "tensorboard": [],
@@ -85,7 +86,7 @@ def _serve_dashboard(argv: list[str], cwd: Path, env: dict[str, str], run_dir: P
         with urllib.request.urlopen(url.group(1), timeout=60) as r:
             assert r.status == 200 and "html" in r.headers.get("content-type", "")
         with urllib.request.urlopen(url.group(1) + "api/config", timeout=60) as r:
-            assert json.load(r)["config"]["algorithm"] == {"name": "fedavg"}
+            assert json.load(r)["config"]["algorithm"] == FEDAVG
         with urllib.request.urlopen(url.group(1) + "api/status", timeout=60) as r:
             assert json.load(r)["run_id"] == run_dir.name
     finally:
@@ -125,7 +126,7 @@ def test_readme_research_commands_run_verbatim(tmp_path: Path) -> None:
         if sub == "simulate" and run_dir is None:
             (run_dir,) = set((work / "runs").glob("*")) - before
             cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-            assert cfg["algorithm"] == {"name": "fedavg"}  # FedEnt's options dropped with the name change
+            assert cfg["algorithm"] == FEDAVG  # FedEnt's options dropped with the name change
             assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
         if sub == "compare":
             (out,) = (work / "runs").glob("compare-*")

@@ -31,7 +31,11 @@ def test_cpu_plan_has_every_paper_run_once_in_seed_order(tmp_path: Path) -> None
     assert all(s.setting in part and s.seed == 0 for s in plan.runs[first_part:first_part + 10])
     # then (no third main seed here) the extra scale check's first seed, then the analyses' second seed
     assert all(s.setting == "pathological-x4" and s.seed == 0 for s in plan.runs[first_part + 10:first_part + 18])
-    assert all(s.seed == 1 for s in plan.runs[first_part + 18:])
+    # then the controls' first seed (issue 17; the rows not already run by the main table), then the second seeds
+    ctrl = [s for s in plan.runs[first_part + 18:] if s.seed == 0]
+    assert {s.row for s in ctrl} == {"fedavg-lr2", "fedavg-lr5", "fedavg-lr10", "fedavg-replay",
+                                     "fedavg-replay-mean", "fedent-first", "fedent-offline-first"}
+    assert all(s.seed == 1 for s in plan.runs[first_part + 18 + len(ctrl):])
     by = {(s.setting, s.row, s.seed): s for s in plan.runs}
     for setting in ("pathological", "dir1.0", "dir0.5"):
         rows = {r for (st, r, sd) in by if st == setting and sd == 0}
@@ -57,10 +61,74 @@ def test_rows_share_everything_but_the_algorithm_and_use_paper_options(tmp_path:
         opts = {k: v for k, v in s.config["algorithm"].items() if k != "name"}
         if s.config["algorithm"]["name"] != "fedent":
             assert opts == {}  # the strategies' defaults are the paper's values: nothing tuned per algorithm
+            assert s.config["train"]["lr"] == 0.01
         else:
             assert set(opts) <= {"variant", "estimator", "max_sweeps"}
     assert base["data"]["alpha"] == 0.5 and base["data"]["partition"] == "dirichlet"
     assert base["train"]["lr"] == 0.01 and base["train"]["batch_size"] == 32 and base["train"]["local_epochs"] == 3
+
+
+def test_controls_sweep_the_rate_replay_fedent_and_keep_the_first_readings(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"])
+    by = {s.row: s for s in plan.runs}
+    base_lr = by["fedavg"].config["train"]["lr"]
+    for k in (2, 5, 10):
+        assert by[f"fedavg-lr{k}"].config["train"]["lr"] == pytest.approx(k * base_lr)
+        assert by[f"fedavg-lr{k}"].config["algorithm"] == {"name": "fedavg"}
+    order = [s.key for s in plan.runs]
+    for row, mode in (("fedavg-replay", "per_client"), ("fedavg-replay-mean", "round_mean")):
+        spec = by[row]
+        assert spec.after == (by["fedent"].key,) and order.index(by["fedent"].key) < order.index(spec.key)
+        assert spec.config["algorithm"]["replay_rates"] == str(by["fedent"].run_dir / "metrics.jsonl")
+        assert spec.config["algorithm"]["replay"] == mode
+    assert by["fedent"].config["algorithm"] == {"name": "fedent"}  # the revised readings are the defaults
+    first = by["fedent-first"].config["algorithm"]
+    assert first["eta_max"] is None and first["phi2_rate"] == "star"
+    off = by["fedent-offline-first"].config["algorithm"]
+    assert off["offline_clients"] == "population" and off["estimator"] == "offline"
+
+
+def test_full_profile_sizes_and_drops_in_the_documented_order(tmp_path: Path) -> None:
+    from fedent.experiments.reproduce import client_steps, drop_order, trim_plan
+
+    plan = build_plan(get_profile("full"), [0, 1, 2], tmp_path, CONFIGS)
+    rows = {s.row for s in plan.runs}
+    assert SEVEN | {"fedavg-lr10", "fedavg-replay", "fedavg-replay-mean", "fedent-first"} <= rows
+    assert {s.setting for s in plan.runs} == {"pathological", "dir1.0", "dir0.5", "emnist-dir1.0", "emnist-dir0.5",
+                                              "cifar100-dir1.0", "cifar100-dir0.5"}
+    path = next(s for s in plan.runs if s.key == "pathological/fedavg-s0")
+    # Table IV's MNIST row: 50 rounds x 20 clients x 3 epochs x ceil(600/32) = 19 batches
+    assert client_steps(path.config) == 50 * 20 * 3 * 19
+    units = drop_order(plan)
+    assert units[0][1] == 2 and all(sd == 2 for _, sd in units[:7])  # the third seed goes first
+    assert ("pathological", 0) not in units
+    total = sum(client_steps(s.config) for s in plan.runs)
+    kept, dropped = trim_plan(plan, total // 3)
+    assert dropped == units[: len(dropped)] and sum(client_steps(s.config) for s in kept.runs) <= total // 3
+    assert all((s.setting, s.seed) not in dropped for s in kept.runs)
+    same, none = trim_plan(plan, total)
+    assert none == [] and same.runs == plan.runs
+
+
+def test_rows_filter_keeps_a_replays_source_and_rounds_override(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"],
+                      rows=["fedavg", "fedavg-replay-mean"], rounds=2)
+    assert [s.row for s in plan.runs] == ["fedavg", "fedent", "fedavg-replay-mean"] or \
+        {s.row for s in plan.runs} == {"fedavg", "fedent", "fedavg-replay-mean"}
+    assert all(s.rounds == 2 for s in plan.runs)
+    order = [s.row for s in plan.runs]
+    assert order.index("fedent") < order.index("fedavg-replay-mean")
+    with pytest.raises(ConfigError, match="unknown row"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"], rows=["nope"])
+    with pytest.raises(ConfigError, match="--rows"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["beta"], rows=["fedavg"])
+
+
+def test_medium_profile_is_the_full_data_controls_on_one_setting(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("medium"), [0], tmp_path, CONFIGS)
+    cfg = plan.runs[0].config
+    assert cfg["data"]["max_train_samples"] is None and cfg["data"]["num_clients"] == 100
+    assert {s.row for s in plan.runs} >= {"fedavg", "fedavg-lr10", "fedent", "fedent-first", "fedavg-replay-mean"}
 
 
 def test_paper_profile_keeps_table_iv(tmp_path: Path) -> None:
@@ -121,6 +189,10 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path, capsys: pytest.Ca
     assert "85.53" in text  # the paper's Table III MNIST number beside our row
     assert summary["tables"]["deviation/pathological"]["rows"][1]["local"] is not None
     assert table["rows"][1]["eta_final_mean"] is not None and table["rows"][0]["eta_final_mean"] is None
+    # the mechanism (issue 17): FedEnt's solves are summarised, FedAvg has none; the scale response is there
+    assert set(table["mechanism"]) == {"fedent"} and table["mechanism"]["fedent"]["solves"] > 0
+    assert [r["s"] for r in table["scale"]["rows"]] == [0.1, 0.5, 1.0, 2.0, 10.0]
+    assert "What FedEnt's rate did" in text and "How η* moves with scale" in text
     for name in summary["figures"]["main/pathological"]:
         png = out / "figures" / name
         assert png.stat().st_size < 200_000
@@ -142,3 +214,20 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert len(err) == 3 and all(line.startswith("fedent reproduce: --") for line in err), err
     assert main(["reproduce", "--dry-run", "--seeds", "0", "--only", "beta", "--out", str(tmp_path)]) == 0
     assert "4 runs in sections beta" in capsys.readouterr().out
+
+
+def test_a_replay_row_runs_after_the_fedent_run_it_reads(tmp_path: Path) -> None:
+    prof = _tiny_profile()
+    prof = Profile("tiny", "test", prof.settings,
+                   (*prof.rows, Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent")),
+                   (Section("controls", "Controls", ("pathological",), ("fedavg-replay", "fedavg")),))
+    plan = build_plan(prof, [0], tmp_path / "out", CONFIGS)
+    assert [s.row for s in plan.runs] == ["fedent", "fedavg-replay", "fedavg"]
+
+    def inputs_for(cfg):  # type: ignore[no-untyped-def]
+        return tiny_inputs(4, 12, cfg.train.seed)
+
+    outcomes = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
+    assert [o.status for o in outcomes] == ["done", "done", "done"]
+    ent, rep = (runlog.read_metrics(s.run_dir / "metrics.jsonl") for s in plan.runs[:2])
+    assert rep[-1]["test_acc"] == pytest.approx(ent[-1]["test_acc"])  # the replay retraced FedEnt

@@ -52,8 +52,8 @@ def test_fednorm_rate_minimises_its_objective() -> None:
 
 
 def test_round_record_fields() -> None:
-    scal = {"eta_star": 0.2, "eta": 0.1, "a": -1.0, "b": 2.0, "c": 3.0, "theta": 0.25, "phi2_next": 4.0,
-            "guarded": 0.0}
+    scal = {"eta_star": 0.2, "eta": 0.1, "eta_prev": 0.09, "a": -1.0, "b": 2.0, "c": 3.0, "theta": 0.25,
+            "phi2_next": 4.0, "guarded": 0.0}
     parts = [ParticipantReport(3, 10, 2.0, scal), ParticipantReport(7, 30, 4.0, {**scal, "guarded": 1.0})]
     rec = fedent_round_record(parts, 0.99, 0.98, "exact")
     assert rec["phi2_pred"] == 4.0
@@ -63,3 +63,7 @@ def test_round_record_fields() -> None:
     assert [c["client"] for c in rec["clients"]] == [3, 7]
     assert tuple(rec["clients"][0]) == CLIENT_FIELDS
     assert rec["clients"][1]["gamma"] == 0.98 and rec["clients"][1]["variant"] == "exact"
+    assert rec["eta_max"] is None and rec["phi2_rate"] == "star" and rec["clients"][0]["eta_prev"] == 0.09
+    capped = fedent_round_record(parts, 0.99, 0.98, "exact", 1.0, "used")
+    assert capped["eta_max"] == 1.0 and capped["clients"][1]["eta_max"] == 1.0
+    assert capped["clients"][0]["phi2_rate"] == "used"

@@ -112,3 +112,65 @@ def test_bad_arguments_are_clear_errors(kwargs: dict) -> None:
             oracle, [torch.ones(3, dtype=torch.float64)], [0, 1], args["thetas"], args["horizon"], args["beta"],
             args["variant"], args["eps1"], 1e-3, args["max_sweeps"],
         )
+
+
+def _simulate_scheduled(means: np.ndarray, w0: np.ndarray, sizes: np.ndarray, phi2: np.ndarray,
+                        schedule: list[list[int]], gamma: float, base_lr: float, eta_max: float | None):
+    """Training as it runs (spec §5): round t's sampled clients, θ over them, each stepping with its decayed
+    rate γη_i(t−1) + (1 − γ)η*_i (η_i(−1) = base_lr, carried over skipped rounds), η* capped at eta_max."""
+    w = w0.copy()
+    prev = np.full(len(sizes), base_lr)
+    ws, s2 = [w.copy()], [float(w @ w)]
+    for t, part in enumerate(schedule):
+        idx = np.asarray(part)
+        th = sizes[idx] / sizes[idx].sum()
+        g = w[None, :] - means[idx]
+        star = solve_eta(g @ w, (g * g).sum(1), float(w @ w), th, phi2[t + 1], BETA, eta_max=eta_max).eta_star
+        eta = gamma * prev[idx] + (1 - gamma) * star
+        prev[idx] = eta
+        local = w[None, :] - eta[:, None] * g
+        w = (th[:, None] * local).sum(0)
+        ws.append(w.copy())
+        s2.append(float((th * (local * local).sum(1)).sum()))
+    return ws, np.array(s2)
+
+
+@pytest.mark.parametrize("gamma,eta_max", [(0.5, 1.0), (0.9, 0.05), (0.0, None)])
+def test_scheduled_used_rate_fixed_point_replicates_training(gamma: float, eta_max: float | None) -> None:
+    """Spec §5 (one θ, rate used, η ∈ [0, eta_max]): at Algorithm 1's fixed point, φ1(t) and φ2(t) equal
+    Σθ_i w_i(t) and Σθ_i‖w_i(t)‖² of the run that follows — the same clients, θ and rates."""
+    means, w0, _ = _problem(seed=5, n=8)
+    sizes = np.random.default_rng(5).integers(10, 100, size=8).astype(float)
+    schedule = [[0, 3, 5], [1, 3], [2, 4, 6, 7], [0, 5]]  # client 3 and 5 come back after a gap
+    oracle = QuadraticOracle(means)
+    res = solve_fixed_point(oracle, [torch.tensor(w0)], list(range(8)), (sizes / sizes.sum()).tolist(), 4, BETA,
+                            eps1=1e-13, eps2=1e-13, max_sweeps=300, schedule=schedule, eta_max=eta_max,
+                            phi2_rate="used", gamma=gamma, base_lr=0.02)
+    assert res.report.converged
+    assert oracle.calls == res.report.sweeps * sum(len(p) for p in schedule)  # only the sampled clients
+    assert res.eta is not None and np.isnan(res.eta[0, 1]) and not np.isnan(res.eta[1, 1])
+    if eta_max is not None:
+        assert np.all(res.eta_star <= eta_max)
+    ws, s2 = _simulate_scheduled(means, w0, sizes, res.phi2, schedule, gamma, 0.02, eta_max)
+    for t in range(5):
+        np.testing.assert_allclose(res.phi1[t][0].numpy(), ws[t], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.phi2, s2, rtol=1e-9)
+
+
+def test_online_used_rate_matches_offline_on_one_round_horizon() -> None:
+    means, w0, thetas = _problem(seed=1)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            1, BETA, eps1=1e-13, eps2=1e-13, max_sweeps=500, phi2_rate="used", gamma=0.7,
+                            base_lr=0.05, eta_max=1.0)
+    g = w0[None, :] - means
+    online = solve_online(float(w0 @ w0), thetas, g @ w0, (g * g).sum(1), BETA, eta_max=1.0,
+                          eta_prev=np.full(len(thetas), 0.05), gamma=0.7)
+    assert online.phi2_next == pytest.approx(float(res.phi2[1]), rel=1e-9)
+
+
+def test_schedule_must_fit_the_clients() -> None:
+    means, w0, thetas = _problem()
+    for sched, why in (([[0]], "rounds"), ([[0], [9]], "not among"), ([[0], []], "at least one")):
+        with pytest.raises(ValueError, match=why):
+            solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                              2, BETA, schedule=sched)

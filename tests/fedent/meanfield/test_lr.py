@@ -219,3 +219,35 @@ def test_eta_is_first_local_minimiser_of_j(s: tuple[float, float, float, float, 
     for x in (eta - eps, eta + eps):
         if 0.0 <= x <= bound:
             assert j_eta <= float(_j(np.array(x), a, b, c, th, phi, beta)) + scale
+
+
+# ---- spec §5: the paper's domain η ∈ [0, eta_max] ------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(scalars(), st.sampled_from([1e-3, 0.1, 1.0, 10.0]), st.sampled_from(["exact", "paper"]))
+def test_eta_max_caps_the_solve_on_its_own_domain(
+    s: tuple[float, float, float, float, float, float], cap: float, variant: str
+) -> None:
+    """U = min(B, eta_max): η* ∈ [0, U]; below the cap the capped and uncapped solves agree (the smallest root of
+    η = clip(h, 0, U) is the uncapped one when that lies below U); at the cap, h(U) ≥ U (no root below it)."""
+    a, b, c, th, phi, beta = s
+    free = solve_eta(a, b, c, th, phi, beta, variant)
+    capped = solve_eta(a, b, c, th, phi, beta, variant, eta_max=cap)
+    e_free, e_cap = float(free.eta_star[0]), float(capped.eta_star[0])
+    assert float(capped.bound[0]) == min(float(free.bound[0]), cap)
+    assert 0.0 <= e_cap <= cap
+    if e_free < cap:
+        assert e_cap == e_free
+    else:
+        assert e_cap == min(cap, float(free.bound[0])) or variant == "exact" and e_cap < cap
+        if variant == "paper":
+            assert e_cap == cap
+        elif e_cap == cap:  # the exact root at the cap: F(U) ≤ 0, i.e. h(U) ≥ U (to rounding)
+            assert float(_h(np.array(cap), a, b, c, th, phi, beta)) >= cap * (1 - 1e-9)
+
+
+def test_eta_max_must_be_positive() -> None:
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="eta_max"):
+            solve_eta(-1.0, 1.0, 1.0, 0.5, 1.0, 0.9, eta_max=bad)

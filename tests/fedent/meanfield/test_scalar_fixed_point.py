@@ -80,3 +80,34 @@ def test_degenerate_inputs_do_not_crash() -> None:
     assert math.isfinite(sol.phi2_next) and sol.guarded.tolist() == [True, False]
     with pytest.raises(ValueError):
         solve_online(1.0, th, a[:1], b, 0.9)
+
+
+# ---- spec §5: the mean field at the rate actually used -------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(rounds(), st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.sampled_from([None, 1.0]),
+       st.floats(1e-4, 1.0))
+def test_used_rate_fixed_point(r: Round, gamma: float, eta_max: float | None, prev_scale: float) -> None:
+    """φ2' = Σθ_i q_i(γη_i(t−1) + (1 − γ)η*_i(φ2')) at the returned root, the rates at it are Eq. (eta_deacy)'s,
+    and γ = 0 is the star reading."""
+    c, th, a, b, beta, variant = r
+    prev = np.random.default_rng(len(th)).uniform(0, prev_scale, size=th.size)
+    sol = solve_online(c, th, a, b, beta, variant, eta_max=eta_max, eta_prev=prev, gamma=gamma)
+    assert sol.bracketed
+    phi = sol.phi2_next
+    star = solve_eta(a, b, c, th, phi, beta, variant, eta_max=eta_max).eta_star
+    np.testing.assert_array_equal(sol.eta_star, star)
+    np.testing.assert_allclose(sol.eta, gamma * prev + (1 - gamma) * star, rtol=1e-15, atol=0)
+    assert abs(phi - float(np.sum(th * q_value(sol.eta, a, b, c)))) <= 1e-9 * phi
+    if gamma == 0.0:
+        plain = solve_online(c, th, a, b, beta, variant, eta_max=eta_max)
+        assert plain.phi2_next == pytest.approx(phi, rel=1e-9)
+    if gamma == 1.0:  # the rate is frozen: φ2' is Σθ q(η_prev), whatever η* is
+        assert phi == pytest.approx(float(np.sum(th * q_value(prev, a, b, c))), rel=1e-9)
+
+
+def test_used_rate_needs_one_valid_previous_rate_per_client() -> None:
+    for bad in ([0.1], [0.1, -1.0], [0.1, math.nan]):
+        with pytest.raises(ValueError, match="eta_prev"):
+            solve_online(1.0, [0.5, 0.5], [-0.1, 0.1], [1.0, 1.0], 0.9, eta_prev=bad, gamma=0.5)

@@ -65,3 +65,63 @@ def test_fit_batch_order_depends_on_client_and_round() -> None:
     a = FedAvg().fit(trainer, w0, RoundPayload(0), ClientTask(0, 0, idx, 0.1, 1, 7), ClientState())
     b = FedAvg().fit(trainer, w0, RoundPayload(0), ClientTask(0, 1, idx, 0.1, 1, 7), ClientState())
     assert not all(torch.equal(p, q) for p, q in zip(a.params, b.params, strict=True))
+
+
+def _fedent_then_replay(tmp_path, mode: str):  # type: ignore[no-untyped-def]
+    from sim_support import tiny_config, tiny_inputs
+
+    from fedent.config import config_from_dict
+    from fedent.sim.simulator import run_simulation
+
+    inputs = tiny_inputs()
+    ent_cfg = tiny_config("fedent", rounds=3)
+    ent = run_simulation(ent_cfg, tmp_path / "ent", progress=False, inputs=inputs, plots=False)
+    raw = ent_cfg.to_dict()
+    raw["algorithm"] = {"name": "fedavg", "replay_rates": str(tmp_path / "ent" / "metrics.jsonl"), "replay": mode}
+    rep = run_simulation(config_from_dict(raw), tmp_path / "rep", progress=False, inputs=inputs, plots=False)
+    plain = run_simulation(tiny_config("fedavg", rounds=3), tmp_path / "avg", progress=False, inputs=inputs,
+                           plots=False)
+    return ent, rep, plain
+
+
+def test_per_client_replay_retraces_the_fedent_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """FedEnt's client step is SGD at η_i(t), its aggregation the θ-mean: FedAvg on its logged per-client rates
+    (same seed: same clients and batches) reproduces its model; plain FedAvg does not."""
+    ent, rep, plain = _fedent_then_replay(tmp_path, "per_client")
+    for a, b in zip(ent.params, rep.params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert not all(torch.allclose(a, b) for a, b in zip(ent.params, plain.params, strict=True))
+
+
+def test_round_mean_replay_uses_the_rounds_mean_rate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fedent.strategies.base import ClientState, ClientTask, RoundPayload
+    from fedent.strategies.fedavg import round_means
+    from fedent.strategies.options import FedAvgOptions
+
+    ent, rep, _ = _fedent_then_replay(tmp_path, "round_mean")
+    means = round_means(tmp_path / "ent" / "metrics.jsonl")
+    rec = ent.records[1]["fedent"]["clients"]
+    assert means[1] == pytest.approx(sum(c["theta"] * c["eta"] for c in rec))
+    s = FedAvg(FedAvgOptions(replay_rates=str(tmp_path / "ent" / "metrics.jsonl"), replay="round_mean"))
+    task = ClientTask(cid=9, round=1, indices=torch.arange(3), lr=0.05, epochs=1, seed=0)
+    assert s.plan_fit(None, [], RoundPayload(1), task, ClientState()).lr == means[1]  # type: ignore[arg-type]
+    assert not all(torch.allclose(a, b) for a, b in zip(ent.params, rep.params, strict=True))
+
+
+def test_replay_of_a_missing_client_or_log_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fedent.strategies.base import ClientState, ClientTask, RoundPayload, StrategyError
+    from fedent.strategies.options import FedAvgOptions
+
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"round": 0, "fedent": {"clients": [{"client": 2, "theta": 1.0, "eta": 0.3}]}}\n')
+    s = FedAvg(FedAvgOptions(replay_rates=str(log)))
+    task = ClientTask(cid=2, round=0, indices=torch.arange(3), lr=0.05, epochs=1, seed=0)
+    assert s.plan_fit(None, [], RoundPayload(0), task, ClientState()).lr == 0.3  # type: ignore[arg-type]
+    with pytest.raises(StrategyError, match="client 5 in round 0"):
+        s.plan_fit(None, [], RoundPayload(0), ClientTask(5, 0, torch.arange(3), 0.05, 1, 0),  # type: ignore[arg-type]
+                   ClientState())
+    empty = tmp_path / "e.jsonl"
+    empty.write_text('{"round": 0}\n')
+    with pytest.raises(StrategyError, match="no FedEnt"):
+        FedAvg(FedAvgOptions(replay_rates=str(empty))).plan_fit(None, [], RoundPayload(0), task,  # type: ignore[arg-type]
+                                                               ClientState())

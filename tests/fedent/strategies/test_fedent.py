@@ -47,9 +47,10 @@ def _run_round(strategy: FedEnt, trainer, indices, w, rnd, cids, states):  # typ
     return payload, updates, strategy.aggregate(rnd, w, updates)
 
 
-def test_rounds_follow_prop1_decay_and_aggregation() -> None:
+@pytest.mark.parametrize("phi2_rate,eta_max", [("used", 1.0), ("star", None)])
+def test_rounds_follow_prop1_decay_and_aggregation(phi2_rate: str, eta_max: float | None) -> None:
     trainer, indices, w = _setup()
-    opts = FedEntOptions(beta=0.99, gamma=0.5)
+    opts = FedEntOptions(beta=0.99, gamma=0.5, phi2_rate=phi2_rate, eta_max=eta_max)  # type: ignore[arg-type]
     strategy = FedEnt(opts)
     states = {c: strategy.init_client_state(c, int(indices[c].numel())) for c in range(N_CLIENTS)}
     schedule = [[0, 1, 2], [3, 4, 5], [0, 3]]  # client 0 skips round 1
@@ -68,13 +69,22 @@ def test_rounds_follow_prop1_decay_and_aggregation() -> None:
         a, b = np.array([r["a"] for r in logged]), np.array([r["b"] for r in logged])
         assert th.sum() == pytest.approx(1.0)
         phi2 = payload.scalars["phi2_next"]
-        # φ2' is the online fixed point: φ2' = Σθ q(η*(φ2')) from the logged scalars
+        # φ2' is the online fixed point: φ2' = Σθ q(η(φ2')) from the logged scalars, with η the rate used
+        # (phi2_rate used: the decayed rate each client trained with) or η* (star)
         star = np.array([r["eta_star"] for r in logged])
+        used = np.array([r["eta"] for r in logged])
         positive += int(np.count_nonzero(star))
-        assert phi2 == pytest.approx(float(np.sum(th * q_value(star, a, b, c))), rel=1e-9)
+        mf_rate = used if phi2_rate == "used" else star
+        assert phi2 == pytest.approx(float(np.sum(th * q_value(mf_rate, a, b, c))), rel=1e-9)
+        assert rec["phi2_rate"] == phi2_rate and rec["eta_max"] == eta_max
+        assert rec["estimate"]["mode"] == "online" and rec["estimate"]["phi2_rate"] == phi2_rate
         for r in logged:
             # the logged η* is Prop. 1's solution given the logged scalars (recomputable from the log)
-            sol = solve_eta(r["a"], r["b"], r["c"], r["theta"], r["phi2_next"], r["beta"], r["variant"])
+            assert r["eta_max"] == eta_max and r["phi2_rate"] == phi2_rate
+            sol = solve_eta(r["a"], r["b"], r["c"], r["theta"], r["phi2_next"], r["beta"], r["variant"],
+                            eta_max=r["eta_max"])
+            if eta_max is not None:
+                assert r["eta_star"] <= eta_max
             assert r["eta_star"] == sol.eta_star[0]
             if 0 < r["eta_star"] < sol.bound[0]:
                 e = r["eta_star"]
@@ -83,6 +93,7 @@ def test_rounds_follow_prop1_decay_and_aggregation() -> None:
                 h = k * (r["a"] - e * r["b"]) * (1 + math.log(r["theta"] * q / r["phi2_next"]))
                 assert e == pytest.approx(h, rel=1e-9)
             prev = etas.get((r["client"], -1), LR)
+            assert r["eta_prev"] == prev
             assert r["eta"] == pytest.approx(0.5 * prev + 0.5 * r["eta_star"], rel=1e-15)
             etas[(r["client"], -1)] = r["eta"]
             etas[(r["client"], rnd)] = r["eta"]
@@ -118,12 +129,15 @@ def test_fit_trains_at_the_decayed_rate_and_recomputes_a_missing_probe() -> None
 
 def test_offline_estimator_prepare_and_checkpoint_roundtrip() -> None:
     trainer, indices, w = _setup()
-    opts = FedEntOptions(estimator="offline", max_sweeps=5)
+    opts = FedEntOptions(estimator="offline", max_sweeps=5, offline_clients="population")
     strategy = FedEnt(opts)
     with pytest.raises(Exception, match="prepare"):
         strategy.round_payload(0, w, [])
     sizes = [int(i.numel()) for i in indices]
     oracle = TrainerOracle(trainer, indices, SEED, 8)
+    with pytest.raises(Exception, match="base rate"):  # phi2_rate used needs η_i(−1)
+        strategy.prepare(oracle, w, sizes, rounds=2)
+    strategy.set_run_plan([[1, 4], [2, 3]], LR)
     report = strategy.prepare(oracle, w, sizes, rounds=2)
     assert report["stop_reason"] in ("converged", "max_sweeps") and 1 <= report["sweeps"] <= 5
     assert report["gradient_evaluations"] == report["sweeps"] * 2 * N_CLIENTS
@@ -137,6 +151,41 @@ def test_offline_estimator_prepare_and_checkpoint_roundtrip() -> None:
     assert restored.round_payload(1, w, probes).scalars["phi2_next"] == report["phi2"][2]
     with pytest.raises(Exception, match="outside"):
         restored.round_payload(2, w, probes)
+
+
+def test_offline_simulates_the_rounds_participants_and_flags_a_changed_sample() -> None:
+    """Spec §5 "One θ": Algorithm 1 steps each round with exactly that round's sampled clients (θ over them);
+    a round run with other clients keeps the planned estimate and its diagnostics say so."""
+    trainer, indices, w = _setup()
+    sizes = [int(i.numel()) for i in indices]
+    schedule = [[1, 4], [2, 3]]
+    strategy = FedEnt(FedEntOptions(estimator="offline", max_sweeps=1, gamma=0.5))
+    with pytest.raises(Exception, match="schedule"):
+        strategy.prepare(TrainerOracle(trainer, indices, SEED, 8), w, sizes, rounds=2)
+    strategy.set_run_plan(schedule, LR)
+
+    class Counting(TrainerOracle):
+        asked: list[tuple[int, int]] = []
+
+        def gradient(self, t, cid, point):  # type: ignore[no-untyped-def]
+            self.asked.append((t, cid))
+            return super().gradient(t, cid, point)
+
+    oracle = Counting(trainer, indices, SEED, 8)
+    report = strategy.prepare(oracle, w, sizes, rounds=2)
+    assert oracle.asked == [(0, 1), (0, 4), (1, 2), (1, 3)]
+    assert report["gradient_evaluations"] == 4 and report["offline_clients"] == "participants"
+    # training's θ is Algorithm 1's θ: over the round's participants
+    th = np.array([sizes[1], sizes[4]], dtype=float) / (sizes[1] + sizes[4])
+    states = {c: ClientState() for c in range(N_CLIENTS)}
+    payload, _, agg = _run_round(strategy, trainer, indices, w, 0, [1, 4], states)
+    rec = agg.diagnostics["fedent"]
+    assert [r["theta"] for r in rec["clients"]] == pytest.approx(th.tolist())
+    assert payload.scalars["phi2_next"] == report["phi2"][1]
+    assert rec["estimate"]["sample"] == "planned"
+    _, _, agg2 = _run_round(strategy, trainer, indices, agg.params, 1, [2, 5], states)  # a retry's clients
+    est = agg2.diagnostics["fedent"]["estimate"]
+    assert est["sample"] == "changed" and est["planned"] == [2, 3]
 
 
 def test_options_are_validated_through_the_registry() -> None:

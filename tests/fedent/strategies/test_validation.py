@@ -25,8 +25,9 @@ EXPECTED_SPECS = {
     "fedcos": PayloadSpec(),
     "feddyn": PayloadSpec(update_scalars=("alpha_k",)),
     "fednorm": PayloadSpec(update_scalars=("eta_star", "eta", "g_dot_delta", "b", "guarded")),
-    "fedent": PayloadSpec(probe_scalars=("a", "b"),
-                          update_scalars=("eta_star", "eta", "a", "b", "c", "theta", "phi2_next", "guarded")),
+    "fedent": PayloadSpec(probe_scalars=("a", "b", "eta_prev"),
+                          update_scalars=("eta_star", "eta", "eta_prev", "a", "b", "c", "theta", "phi2_next",
+                                          "guarded")),
     "scaffold": PayloadSpec(update_tensors=("delta_c",)),
 }
 
@@ -116,8 +117,9 @@ def test_probe_violations_are_strategy_errors() -> None:
         with pytest.raises(StrategyError, match=needle):
             check_probe(strategy, dataclasses.replace(p, **changes), 6)  # type: ignore[arg-type]
 
-    bad("lacks scalars \\['a'\\]", scalars={"b": 1.0})
-    bad("lacks scalars \\['a', 'b'\\]", scalars={})
+    bad("lacks scalars \\['a'\\]", scalars={"b": 1.0, "eta_prev": 0.01})
+    bad("lacks scalars \\['a', 'b', 'eta_prev'\\]", scalars={})
+    bad("lacks scalars \\['eta_prev'\\]", scalars={"a": 0.1, "b": 1.0})  # η_i(t−1), for phi2_rate used
     bad("unknown scalars \\['z'\\]", scalars={**p.scalars, "z": 0.0})
     bad("non-finite scalars \\['b'\\]", scalars={**p.scalars, "b": float("inf")})
     bad("samples, expected 6", num_samples=60)

@@ -106,6 +106,9 @@ def test_rounds_are_paged_and_match_metrics_jsonl(api: str, real_run: Path) -> N
     assert [r["round"] for r in page["items"]] == [1]
     assert page["items"][0]["test_acc"] == recs[1]["test_acc"]
     assert page["items"][0]["fedent"]["phi2_pred"] == recs[1]["fedent"]["phi2_pred"]
+    got, logged = page["items"][0]["fedent"], recs[1]["fedent"]  # spec §5's fields reach the API as logged
+    assert (got["eta_max"], got["phi2_rate"]) == (logged["eta_max"], logged["phi2_rate"]) == (1.0, "used")
+    assert [c["eta_prev"] for c in got["clients"]] == [c["eta_prev"] for c in logged["clients"]]
     everything = get(api + "/api/rounds").json()
     assert [r["round"] for r in everything["items"]] == list(range(ROUNDS))
     assert get(api + "/api/rounds", params={"offset": 50}).json()["items"] == []

@@ -1,0 +1,191 @@
+"""What FedEnt's rate does, read from the run logs alone (docs/results.md "The mechanism", issue 17).
+
+* ``solve_stats``: over every logged solve, the share of η*_i at 0 and at the cap U_i = min(B_i, eta_max), the
+  sign rule (with p_i(0) = θ_i c/φ2' < 1/e, 1 + log p_i(0) < 0, so η*_i > 0 exactly where a_i = ⟨w, g_i⟩ < 0;
+  docs/algorithm.md §5), the ramp of the used rate η_i(t) over the rounds, and the online φ2(t+1) prediction
+  error at η* and at the rate actually used (recomputed from the logged scalars, spec §5).
+* ``scale_response``: how η* moves when the loss is multiplied by s (g → s g: a → s a, b → s² b) or the weights
+  by s (w → s w with F(w/s): a → a, b → b/s², c → s² c), against how a learning rate should move to give the
+  same step (1/s and s²), with φ2' re-solved online each time.
+
+Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale]`` prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedent import runlog
+from fedent.meanfield.lr import solve_eta, upper_bound
+from fedent.meanfield.scalar_fixed_point import solve_online
+
+Records = Sequence[Mapping[str, Any]]
+AT_BOUND_RTOL = 1e-9
+SCALES = (0.1, 0.5, 1.0, 2.0, 10.0)
+
+
+def _clients(rec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((rec.get("fedent") or {}).get("clients") or [])
+
+
+def solve_stats(runs: Sequence[Records]) -> dict[str, Any] | None:
+    """Pooled statistics of every FedEnt solve in ``runs`` (None when none holds FedEnt records)."""
+    zero = bound = total = sign_cases = sign_ok = neg_a = 0
+    first: list[float] = []
+    last: list[float] = []
+    peak = 0.0
+    base: list[float] = []
+    err_star: list[float] = []
+    err_used: list[float] = []
+    for recs in runs:
+        fed = [r for r in recs if _clients(r)]
+        if not fed:
+            continue
+        for i, rec in enumerate(fed):
+            cl = _clients(rec)
+            for c in cl:
+                total += 1
+                e = float(c["eta_star"])
+                cap = c.get("eta_max")
+                u = float(upper_bound(c["b"], c["c"], c["theta"], c["phi2_next"], float(c["beta"])))
+                u = min(u, float(cap)) if cap is not None else u
+                zero += e == 0.0
+                bound += e > 0 and abs(e - u) <= AT_BOUND_RTOL * u
+                neg_a += float(c["a"]) < 0
+                if float(c["theta"]) * float(c["c"]) / float(c["phi2_next"]) < 1 / math.e:
+                    sign_cases += 1
+                    sign_ok += (e > 0) == (float(c["a"]) < 0)
+                peak = max(peak, float(c["eta"]))
+                if "eta_prev" in c and i == 0:
+                    base.append(float(c["eta_prev"]))
+            mean_eta = sum(float(c["theta"]) * float(c["eta"]) for c in cl)
+            if i == 0:
+                first.append(mean_eta)
+            if i == len(fed) - 1:
+                last.append(mean_eta)
+            pred, actual = (rec.get("fedent") or {}).get("phi2_pred"), (rec.get("fedent") or {}).get("phi2_actual")
+            if pred is not None and actual:
+                rel_star, rel_used = _phi2_errors(cl, float(pred), float(actual))
+                err_star.append(rel_star)
+                if rel_used is not None:
+                    err_used.append(rel_used)
+    if total == 0:
+        return None
+    return {
+        "solves": total,
+        "zero": zero / total,
+        "at_bound": bound / total,
+        "a_negative": neg_a / total,
+        "sign_rule_cases": sign_cases / total,
+        "sign_rule_holds": sign_ok / sign_cases if sign_cases else None,
+        "base_lr": float(np.median(base)) if base else None,
+        "rate_first": float(np.mean(first)),
+        "rate_last": float(np.mean(last)),
+        "rate_peak": peak,
+        "phi2_err_logged": float(np.median(err_star)) if err_star else None,
+        "phi2_err_at_used": float(np.median(err_used)) if err_used else None,
+    }
+
+
+def _phi2_errors(cl: Sequence[Mapping[str, Any]], pred: float, actual: float) -> tuple[float, float | None]:
+    """(|logged prediction − actual|/actual, |prediction re-solved at the used rate − actual|/actual)."""
+    logged = abs(pred - actual) / actual
+    c0 = cl[0]
+    if c0.get("variant") is None or "eta_prev" not in c0:
+        return logged, None
+    sol = solve_online(float(c0["c"]), [float(c["theta"]) for c in cl], [float(c["a"]) for c in cl],
+                       [float(c["b"]) for c in cl], float(c0["beta"]), str(c0["variant"]),
+                       eta_max=None if c0.get("eta_max") is None else float(c0["eta_max"]),
+                       eta_prev=[float(c["eta_prev"]) for c in cl], gamma=float(c0["gamma"]))
+    return logged, abs(sol.phi2_next - actual) / actual
+
+
+def scale_response(rec: Mapping[str, Any], scales: Sequence[float] = SCALES,
+                   eta_max: float | None = None) -> list[dict[str, float]]:
+    """η* of one logged round's participants when the loss or the weights are multiplied by s (φ2' re-solved
+    online at the star rate, so only the scale changes). Returns per s the median ratio η*(s)/η*(1) over the
+    clients with η*(1) > 0 and the ratio a learning rate needs for the same step."""
+    cl = _clients(rec)
+    if not cl:
+        raise ValueError("the record holds no FedEnt clients")
+    c = float(cl[0]["c"])
+    th = np.array([float(x["theta"]) for x in cl])
+    a = np.array([float(x["a"]) for x in cl])
+    b = np.array([float(x["b"]) for x in cl])
+    beta, variant = float(cl[0]["beta"]), str(cl[0]["variant"])
+
+    def etas(a_: np.ndarray, b_: np.ndarray, c_: float) -> np.ndarray:
+        phi = solve_online(c_, th, a_, b_, beta, variant, eta_max=eta_max).phi2_next
+        return solve_eta(a_, b_, c_, th, phi, beta, variant, eta_max=eta_max).eta_star
+
+    ref = etas(a, b, c)
+    live = ref > 0
+    out = []
+    for s in scales:
+        loss = etas(a * s, b * s * s, c)
+        weights = etas(a, b / (s * s), c * s * s)
+        out.append({
+            "s": float(s),
+            "loss_ratio": float(np.median(loss[live] / ref[live])) if live.any() else math.nan,
+            "loss_ideal": 1.0 / s,
+            "weights_ratio": float(np.median(weights[live] / ref[live])) if live.any() else math.nan,
+            "weights_ideal": s * s,
+            "positive": float(live.mean()),
+        })
+    return out
+
+
+def _f(v: float | None, spec: str = ".3g") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def stats_table(named: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    lines = ["| run | solves | η* = 0 | η* at cap | a < 0 | sign rule holds | base lr | mean η, first round | "
+             "mean η, last round | max η | φ2' error (logged) | φ2' error at the used rate |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, st in named.items():
+        if st is None:
+            continue
+        lines.append(
+            f"| {name} | {st['solves']} | {st['zero']:.0%} | {st['at_bound']:.0%} | {st['a_negative']:.0%} | "
+            f"{_f(st['sign_rule_holds'], '.1%')} of {st['sign_rule_cases']:.0%} | {_f(st['base_lr'])} | "
+            f"{_f(st['rate_first'])} | {_f(st['rate_last'])} | {_f(st['rate_peak'])} | "
+            f"{_f(st['phi2_err_logged'], '.1%')} | {_f(st['phi2_err_at_used'], '.1%')} |")
+    return lines
+
+
+def scale_table(rows: Sequence[Mapping[str, float]]) -> list[str]:
+    lines = ["| s | loss × s: η*(s)/η*(1) | a rate needs | weights × s: η*(s)/η*(1) | a rate needs |",
+             "| ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['s']:g} | {_f(r['loss_ratio'])} | {r['loss_ideal']:.3g} | {_f(r['weights_ratio'])} | "
+                     f"{r['weights_ideal']:.3g} |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedent.experiments.mechanism", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
+    p.add_argument("--scale", action="store_true", help="also the scale response of the first run's first round")
+    args = p.parse_args(argv)
+    named = {str(r): solve_stats([runlog.read_metrics(runlog.RunPaths(Path(r)).metrics)]) for r in args.runs}
+    print("\n".join(stats_table(named)))
+    if args.scale:
+        recs = [r for r in runlog.read_metrics(runlog.RunPaths(Path(args.runs[0])).metrics) if _clients(r)]
+        if not recs:
+            print("no FedEnt round to scale", file=sys.stderr)
+            return 1
+        print()
+        print("\n".join(scale_table(scale_response(recs[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

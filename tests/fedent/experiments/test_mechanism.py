@@ -1,0 +1,83 @@
+"""The mechanism report (fedent.experiments.mechanism): the sign rule, the cap share, the ramp, the scale response."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedent.experiments.mechanism import scale_response, solve_stats
+from fedent.meanfield.decay import decayed_rates
+from fedent.meanfield.lr import solve_eta
+from fedent.meanfield.scalar_fixed_point import solve_online
+
+
+def _round(seed: int, n: int = 20, gamma: float = 0.99, eta_max: float | None = None, prev: float = 0.01,
+           w_scale: float = 3.0, g_scale: float = 0.5) -> dict:
+    """A logged FedEnt round built as the strategy builds it (online, star rate)."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=50) * w_scale / math.sqrt(50)
+    g = rng.normal(size=(n, 50)) * g_scale / math.sqrt(50)
+    th = rng.dirichlet(np.ones(n) * 5)
+    c, a, b = float(w @ w), g @ w, (g * g).sum(1)
+    sol = solve_online(c, th, a, b, 0.99, eta_max=eta_max)
+    eta = decayed_rates(np.full(n, prev), sol.eta_star, gamma)
+    clients = [{"client": i, "theta": th[i], "a": a[i], "b": b[i], "c": c, "phi2_next": sol.phi2_next, "beta": 0.99,
+                "gamma": gamma, "variant": "exact", "eta_max": eta_max, "eta_prev": prev, "phi2_rate": "star",
+                "eta_star": float(sol.eta_star[i]), "eta": float(eta[i])} for i in range(n)]
+    return {"round": 0, "fedent": {"phi2_pred": sol.phi2_next, "phi2_actual": sol.phi2_next, "clients": clients}}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(0, 10_000), st.integers(5, 40))
+def test_sign_rule_eta_star_positive_iff_a_negative(seed: int, n: int) -> None:
+    """With p_i(0) < 1/e (any round of several similar clients), η*_i > 0 exactly where ⟨w, g_i⟩ < 0."""
+    st_ = solve_stats([[_round(seed, n)]])
+    assert st_ is not None and st_["sign_rule_cases"] > 0
+    assert st_["sign_rule_holds"] == 1.0
+    if st_["sign_rule_cases"] == 1.0:  # every client has p(0) < 1/e: the zeros are exactly the a ≥ 0
+        assert st_["zero"] == pytest.approx(1 - st_["a_negative"], abs=1e-12)
+
+
+def test_loss_scale_moves_eta_star_against_a_learning_rate() -> None:
+    """Loss × s: a rate should go as 1/s; η* instead grows (∝ s in the linear regime, Eq. (eta_solve_t_1) with
+    K → s²K after η = η̃/s). Weights × s: a rate should go as s²; η* shrinks."""
+    rows = {r["s"]: r for r in scale_response(_round(3, w_scale=30.0, g_scale=0.05))}
+    assert rows[1.0]["loss_ratio"] == pytest.approx(1.0) and rows[1.0]["weights_ratio"] == pytest.approx(1.0)
+    for s in (2.0, 10.0):
+        assert rows[s]["loss_ratio"] > 1.0 > rows[s]["loss_ideal"]
+        assert rows[s]["weights_ratio"] < 1.0 < rows[s]["weights_ideal"]
+    assert rows[2.0]["loss_ratio"] == pytest.approx(2.0, rel=0.05)  # linear regime: η* ∝ s
+    assert rows[2.0]["weights_ratio"] == pytest.approx(0.25, rel=0.05)  # η* ∝ 1/s²
+
+
+def test_cap_share_and_ramp_are_counted() -> None:
+    rec = _round(1, eta_max=1e-3, g_scale=5.0)
+    st_ = solve_stats([[rec]])
+    assert st_ is not None
+    cl = rec["fedent"]["clients"]
+    capped = sum(1 for c in cl if c["eta_star"] == 1e-3)
+    assert capped > 0 and st_["at_bound"] == pytest.approx(capped / len(cl))
+    assert st_["rate_first"] == pytest.approx(sum(c["theta"] * c["eta"] for c in cl))
+    assert st_["rate_peak"] == max(c["eta"] for c in cl)
+    assert st_["base_lr"] == 0.01
+
+
+def test_phi2_error_at_the_used_rate_is_recomputed_from_the_log() -> None:
+    """The logged prediction (star) against the actual Σθ‖w_i‖² at the used rates, and the prediction re-solved
+    at the used rate (exact here, so its error is 0)."""
+    rec = _round(2, gamma=0.5)
+    cl = rec["fedent"]["clients"]
+    c = cl[0]["c"]
+    used = np.array([x["eta"] for x in cl])
+    a, b, th = (np.array([x[k] for x in cl]) for k in ("a", "b", "theta"))
+    prev = np.full(len(cl), 0.01)
+    at_used = solve_online(c, th, a, b, 0.99, eta_prev=prev, gamma=0.5)
+    rec["fedent"]["phi2_actual"] = at_used.phi2_next  # what training at the used rates would give
+    st_ = solve_stats([[rec]])
+    assert st_ is not None and st_["phi2_err_at_used"] == pytest.approx(0.0, abs=1e-9)
+    assert st_["phi2_err_logged"] > 0.0
+    assert solve_eta(a, b, c, th, at_used.phi2_next, 0.99).eta_star.shape == used.shape
