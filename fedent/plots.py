@@ -11,6 +11,7 @@ prediction of φ2 against the actual value (Definition 2), and the accuracy spre
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,18 +154,21 @@ def _band_handle(what: str) -> Patch:
 
 
 def _legend(fig: Figure, handles: Sequence[Any] | None = None) -> None:
-    """One legend for the figure, outside the axes on the right, so it never covers data."""
+    """One legend for the figure, outside the axes on the right (centred, clear of the title), never over data."""
     if handles is None:
         handles = [h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]]
     if handles:
-        fig.legend(handles=list(handles), loc="outside right upper", fontsize=8, frameon=False)
+        fig.legend(handles=list(handles), loc="outside right center", fontsize=8, frameon=False)
 
 
 def _title(obj: Axes | Figure, text: str, style: FigureStyle) -> None:
     if not style.titles or not text:
         return
     if isinstance(obj, Figure):
-        obj.suptitle(text)
+        # wrapped to the figure's width (about 13 characters an inch at this size), so a long title never runs
+        # under the legend
+        width = max(30, int(obj.get_figwidth() * 13))
+        obj.suptitle(textwrap.fill(text, width), fontsize=11)
     else:
         obj.set_title(text)
 
