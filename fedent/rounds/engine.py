@@ -214,6 +214,11 @@ class RoundEngine:
         fedent_diag = None
         if updates and "skipped" not in diagnostics:
             self.status("aggregating", rnd)
+            diverged = [u.cid for u in updates if not all_finite(u.params)]
+            if diverged:  # before aggregate: a strategy's diagnostics would fail on them with a less clear error
+                raise RunError(f"the local model of client(s) {diverged[:5]} is not finite after round {rnd} "
+                               f"({self.strategy.name}): local training diverged; lower train.lr (or cap the "
+                               "strategy's rate)")
             result = self.strategy.aggregate(rnd, self.global_params, updates)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "

@@ -197,3 +197,25 @@ def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_
     runlog.MetricsLog(e.paths.metrics).append(runlog.metrics_record(round=0, algorithm="fedavg", test_acc=0.01))
     e.run()
     assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [0, 1]
+
+
+class Diverging(SequentialExecutor):
+    """The first client's local model comes back with a NaN, as a diverged local training would give it."""
+
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        got = super().fit(rnd, cids, global_params, strategy, payload)
+        first = min(got.results)
+        got.results[first].params[0] = got.results[first].params[0].clone().fill_(float("nan"))
+        return got
+
+
+def test_a_diverged_local_model_fails_the_run_naming_the_client_before_aggregation(tmp_path: Path) -> None:
+    class Exploding(FedAvg):
+        def aggregate(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]) -> Any:
+            raise AssertionError("aggregate must not see a non-finite update")
+
+    e = engine(tmp_path, Diverging, policy=RoundPolicy(quorum=1.0, retries=0), strategy=Exploding())
+    with pytest.raises(RunError, match=r"local model of client\(s\) \[\d+\] is not finite after round 0"):
+        e.run()
+    assert status(e)["phase"] == "failed"
