@@ -10,20 +10,10 @@
 #   runs/               the run directories (metrics.jsonl, status.json)
 # Each step has its own time limit so that one slow step cannot eat the whole device call.
 set -u
-OUT=${OUT:-$PWD/device-out}
+source "$(dirname "$0")/device_lib.sh"
 mkdir -p "$OUT/runs"
-export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}:$PWD/.devdeps"  # the device's own packages first
-PY=${PY:-python3}
-FEDENT=("$PY" -c 'import sys; from fedent.cli import main; sys.exit(main(sys.argv[1:]))')
 CFG=configs/fmnist-mnist-pathological.yaml
 DATA=(--set data.root=data/fashion-mnist)
-step() {  # step NAME LIMIT_S CMD...: run, log to $OUT/NAME.log, note the exit status and wall time
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$OUT/steps.txt"
-}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "$PY" -c \
   'import sys, torch, numpy; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0)); print("numpy", numpy.__version__)'
 } >"$OUT/env.txt" 2>&1
@@ -45,5 +35,5 @@ step five-fedavg-sequential 120 "${FEDENT[@]}" simulate --config "$CFG" "${DATA[
   --set train.rounds=5 --executor sequential --device cuda --no-plots --no-progress --out "$OUT/runs" \
   --run-id five-fedavg-sequential
 tail -1 "$OUT/five-fedavg-sequential.log" >>"$OUT/per-algorithm.log"
-cat "$OUT/steps.txt" "$OUT/per-algorithm.log"
-tail -12 "$OUT/bench.log" "$OUT/gpu-tests.log" "$OUT/full-fedavg.log"
+cat "$STEPS_LOG" "$OUT/per-algorithm.log"
+tail -n 12 "$OUT/bench.log" "$OUT/gpu-tests.log" "$OUT/full-fedavg.log"

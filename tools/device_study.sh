@@ -6,22 +6,11 @@
 # benchmarks/README.md). Whatever finished comes back as $OUT/reproduce.tgz, also when the time limit cuts the
 # run short (finished runs are complete directories; `fedent reproduce --report-only` reports them here).
 set -u
-OUT=${OUT:-$PWD/device-out}
 BUDGET_S=${BUDGET_S:-300}       # what the plan is trimmed to
 LIMIT_S=${LIMIT_S:-360}         # the hard stop for the reproduce step
 STEPS_PER_S=${STEPS_PER_S:-12000}
 WORKERS=${WORKERS:-8}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}:$PWD/.devdeps"  # the device's own packages first
-PY=${PY:-python3}
-FEDENT=("$PY" -c 'import sys; from fedent.cli import main; sys.exit(main(sys.argv[1:]))')
-step() {  # step NAME LIMIT_S CMD...: run, log to $OUT/NAME.log, note the exit status and wall time
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc wall_s=$((SECONDS - t0))" | tee -a "$OUT/steps.log"
-}
+source "$(dirname "$0")/device_lib.sh"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name(0))'
 } >"$OUT/steps.log" 2>&1
@@ -34,4 +23,4 @@ mkdir -p /usr/share/datasets/fashion-mnist && cp -n data/fashion-mnist/*-ubyte.g
 step reproduce "$LIMIT_S" "${FEDENT[@]}" reproduce --profile full --out results/full --workers "$WORKERS" --threads 1 \
   --steps-per-s "$STEPS_PER_S" --budget-s "$BUDGET_S"
 tar czf "$OUT/reproduce.tgz" results/full 2>/dev/null
-cat "$OUT/steps.log"; tail -8 "$OUT/gpu-tests.log" "$OUT/bench.log"; tail -25 "$OUT/reproduce.log"
+cat "$OUT/steps.log"; tail -n 8 "$OUT/gpu-tests.log" "$OUT/bench.log"; tail -n 25 "$OUT/reproduce.log"
