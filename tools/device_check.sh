@@ -37,3 +37,7 @@ step five-fedavg-sequential 120 "${FEDENT[@]}" simulate --config "$CFG" "${DATA[
 tail -1 "$OUT/five-fedavg-sequential.log" >>"$OUT/per-algorithm.log"
 cat "$STEPS_LOG" "$OUT/per-algorithm.log"
 tail -n 12 "$OUT/bench.log" "$OUT/gpu-tests.log" "$OUT/full-fedavg.log"
+# The device tool brings back at most 8 files: everything (model files aside) in one archive, beside the summary.
+tar czf /tmp/device-check.tgz -C "$OUT" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' .
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name steps.log ! -name env.txt ! -name bench.log -exec rm -rf {} +
+mv /tmp/device-check.tgz "$OUT/"

@@ -4,7 +4,8 @@
 # `fedent reproduce --profile full` with the vectorised executor, trimmed to BUDGET_S by its documented drop
 # order (--budget-s at STEPS_PER_S client SGD steps per second, measured on an H200 in this repository's
 # benchmarks/README.md). Whatever finished comes back as $OUT/reproduce.tgz, also when the time limit cuts the
-# run short (finished runs are complete directories; `fedent reproduce --report-only` reports them here).
+# run short (without model files: finished runs are reported here by `fedent reproduce --report-only` and
+# tools/runs_table.py).
 set -u
 BUDGET_S=${BUDGET_S:-300}       # what the plan is trimmed to
 LIMIT_S=${LIMIT_S:-360}         # the hard stop for the reproduce step
@@ -22,5 +23,6 @@ step bench 90 "$PY" benchmarks/bench_simulator.py --device cuda --data-root data
 mkdir -p /usr/share/datasets/fashion-mnist && cp -n data/fashion-mnist/*-ubyte.gz /usr/share/datasets/fashion-mnist/
 step reproduce "$LIMIT_S" "${FEDENT[@]}" reproduce --profile full --out results/full --workers "$WORKERS" --threads 1 \
   --steps-per-s "$STEPS_PER_S" --budget-s "$BUDGET_S"
-tar czf "$OUT/reproduce.tgz" results/full 2>/dev/null
+# At most 8 files of 16 MiB come back from a device call: the run logs without the model files and checkpoints.
+tar czf "$OUT/reproduce.tgz" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' results/full 2>/dev/null
 cat "$OUT/steps.log"; tail -n 8 "$OUT/gpu-tests.log" "$OUT/bench.log"; tail -n 25 "$OUT/reproduce.log"
