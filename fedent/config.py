@@ -119,7 +119,8 @@ class ModelConfig:
         c.raise_any()
 
 
-EXECUTORS = ("auto", "sequential", "vectorised")
+ExecutorName = Literal["auto", "sequential", "vectorised"]
+EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class TrainConfig:
     # server: the aggregator evaluates w(t+1) on a held-out set; federated: every client evaluates it on its
     # local test split and the run reports the sample-weighted mean
     evaluation: Literal["server", "federated"] = "server"
-    executor: Literal["auto", "sequential", "vectorised"] = "auto"  # how the simulator runs a round's clients
+    executor: ExecutorName = "auto"  # how the simulator runs a round's clients
     max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
 
     def validate(self) -> None:

@@ -217,11 +217,13 @@ class VectorisedTrainer:
         was_grad = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
         try:
+            run: Callable[[], None] | None = None
             for s in range(active.shape[1]):
                 st.index.copy_(table.index[:, s])
                 st.weight.copy_(table.weight[:, s])
                 st.active.copy_(active[:, s])
-                self._runner(key, st)()
+                run = run or self._runner(key, st)  # after step 0's inputs are in place: a capture uses them
+                run()
         finally:
             torch.set_grad_enabled(was_grad)
         losses = st.total.cpu().tolist()

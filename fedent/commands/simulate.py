@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fedent.commands.errors import check_device, input_error_types, one_line, set_threads
-from fedent.config import ConfigError, load_config
+from fedent.config import EXECUTORS, ConfigError, load_config
 from fedent.runlog import new_run_id
 
 HELP = "run one experiment in-process (the simulator)"
@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="override a config key, e.g. --set train.rounds=5 (repeatable)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
                    help="where to train (default: train.device from the config; auto = CUDA if present)")
-    p.add_argument("--executor", choices=["auto", "sequential", "vectorised"], default=None,
+    p.add_argument("--executor", choices=EXECUTORS, default=None,
                    help="how a round's clients run (default: train.executor; auto = vectorised on CUDA)")
     p.add_argument("--max-parallel-clients", type=int, default=None, metavar="N",
                    help="vectorised executor: at most N clients per step (default: from free device memory)")

@@ -82,10 +82,14 @@ class SequentialExecutor:
         out: dict[int, ClientUpdate] = {}
         for c in cids:
             out[c] = strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), self.state(strategy, c))
-            if self.engine is not None:
-                self.engine.clients.add_bytes(c, update_bytes(out[c]))
-                self.engine.clients.update([c], last_heartbeat=time.time())
+            self.note_upload(c, out[c])
         return Gathered(out)
+
+    def note_upload(self, cid: int, update: ClientUpdate) -> None:
+        """clients.json: the upload's size and the client's last sign of life."""
+        if self.engine is not None:
+            self.engine.clients.add_bytes(cid, update_bytes(update))
+            self.engine.clients.update([cid], last_heartbeat=time.time())
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         """Never needed: an in-process client always answers (a failure is an exception that ends the run)."""

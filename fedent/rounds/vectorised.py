@@ -10,7 +10,6 @@ client in cid order."""
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch import Tensor
 
 from fedent.params import num_elements
 from fedent.rounds.executor import Gathered
-from fedent.rounds.sequential import SequentialExecutor, update_bytes
+from fedent.rounds.sequential import SequentialExecutor
 from fedent.strategies.base import ClientUpdate, LocalFit, Probe, RoundPayload, Strategy, train_generator
 from fedent.trainer import LocalTrainer
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
@@ -54,12 +53,8 @@ class VectorisedExecutor(SequentialExecutor):
         if not strategy.plans_probe:
             return super().probe(rnd, cids, global_params, strategy)
         plans = {c: strategy.plan_probe(global_params, self.task(rnd, c), self.state(strategy, c)) for c in cids}
-        order = list(cids)
-        size = min(self.chunk_size or self._memory_cap([p.detach().to(self.trainer.device) for p in global_params]),
-                   len(order)) or 1
         out: dict[int, Probe] = {}
-        for lo in range(0, len(order), size):
-            chunk = order[lo:lo + size]
+        for chunk in self._chunks(cids, global_params):
             reqs = [GradientRequest(self.indices[c], plans[c].generator, plans[c].batch_size) for c in chunk]
             for c, g in zip(chunk, self.vtrainer.gradients(global_params, reqs), strict=True):
                 out[c] = plans[c].finish(g)
@@ -73,19 +68,20 @@ class VectorisedExecutor(SequentialExecutor):
             c: strategy.plan_fit(self.trainer, global_params, payload, self.task(rnd, c), self.state(strategy, c))
             for c in cids}
         start = [p.detach().to(self.trainer.device) for p in global_params]
-        order = list(cids)
-        size = min(self.chunk_size or self._memory_cap(start), len(order))
         out: dict[int, ClientUpdate] = {}
-        for lo in range(0, len(order), size):
-            chunk = order[lo:lo + size]
+        for chunk in self._chunks(cids, start):
             runs = [ClientRun(self.indices[c], train_generator(self.task(rnd, c)), plans[c].lr,
                               plans[c].weight_coef, plans[c].linear) for c in chunk]
             for c, (params, res) in zip(chunk, self.vtrainer.train(start, runs, self.epochs), strict=True):
                 out[c] = plans[c].finish(params, res)
-                if self.engine is not None:
-                    self.engine.clients.add_bytes(c, update_bytes(out[c]))
-                    self.engine.clients.update([c], last_heartbeat=time.time())
+                self.note_upload(c, out[c])
         return Gathered(out)
+
+    def _chunks(self, cids: Sequence[int], point: Sequence[Tensor]) -> list[list[int]]:
+        """``cids`` in order, cut into chunks of at most ``chunk_size`` clients (measured on first use)."""
+        order = list(cids)
+        size = self.chunk_size or self._memory_cap([p.detach().to(self.trainer.device) for p in point])
+        return [order[lo:lo + size] for lo in range(0, len(order), size)]
 
     def _memory_cap(self, start: Sequence[Tensor]) -> int:
         """No cap on the CPU; on CUDA as many clients as ``MEMORY_SHARE`` of the free memory holds, measured

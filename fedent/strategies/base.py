@@ -261,12 +261,21 @@ class Strategy(ABC):
         return type(self).plan_fit is not Strategy.plan_fit
 
 
+def upload(task: ClientTask, scalars: dict[str, float] | None = None) -> FinishFit:
+    """The ``finish`` of a plan whose upload is the trained model (plus diagnostics ``scalars``) and nothing else."""
+    return lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss, scalars=dict(scalars or {}))
+
+
 class LocalSGDStrategy(Strategy):
-    """Strategies whose client step is FedAvg's: E epochs of SGD at the base rate from w(t), upload w_i.
+    """Strategies whose client step is FedAvg's: E epochs of SGD from w(t) at ``local_rate``, upload w_i.
 
     FedAvg, FedAdam/FedYogi (server-side optimiser) and FedCos (server-side weights) differ only in
     ``aggregate``; they share this plan.
     """
+
+    def local_rate(self, task: ClientTask) -> float:
+        """The client's SGD rate: the base rate (FedAvg's replay control overrides it)."""
+        return task.lr
 
     def plan_fit(
         self,
@@ -276,7 +285,7 @@ class LocalSGDStrategy(Strategy):
         task: ClientTask,
         state: ClientState,
     ) -> LocalFit:
-        return LocalFit(task.lr, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss))
+        return LocalFit(self.local_rate(task), upload(task))
 
 
 def sample_weights(updates: Sequence[ClientUpdate]) -> list[float]:

@@ -17,17 +17,13 @@ from torch import Tensor
 from fedent import runlog
 from fedent.strategies.base import (
     AggregateResult,
-    ClientState,
     ClientTask,
     ClientUpdate,
-    LocalFit,
     LocalSGDStrategy,
-    RoundPayload,
     StrategyError,
     weighted_average,
 )
 from fedent.strategies.options import FedAvgOptions
-from fedent.trainer import LocalTrainer
 
 
 def logged_rates(path: str | Path) -> dict[int, dict[int, float]]:
@@ -62,7 +58,8 @@ class FedAvg(LocalSGDStrategy):
         self._rates: Mapping[int, Mapping[int, float]] | None = None
         self._means: Mapping[int, float] | None = None
 
-    def _rate(self, task: ClientTask) -> float:
+    def local_rate(self, task: ClientTask) -> float:
+        """The base rate, or with ``replay_rates`` the rate the FedEnt run logged (per client or round mean)."""
         path = self.options.replay_rates
         if path is None:
             return task.lr
@@ -79,19 +76,6 @@ class FedAvg(LocalSGDStrategy):
         except KeyError:
             raise StrategyError(f"replay_rates: {path} has no rate for client {task.cid} in round {task.round} "
                                 "(replay a run with the same seed, clients and sampling)") from None
-
-    def plan_fit(
-        self,
-        trainer: LocalTrainer,
-        global_params: Sequence[Tensor],
-        payload: RoundPayload,
-        task: ClientTask,
-        state: ClientState,
-    ) -> LocalFit:
-        if self.options.replay_rates is None:
-            return super().plan_fit(trainer, global_params, payload, task, state)
-        return LocalFit(self._rate(task), lambda params, res: ClientUpdate(task.cid, params, task.num_samples,
-                                                                          res.loss))
 
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]

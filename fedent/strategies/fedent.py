@@ -33,6 +33,7 @@ from fedent.strategies.base import (
     RoundPayload,
     Strategy,
     StrategyError,
+    upload,
     weighted_average,
 )
 from fedent.strategies.options import FedEntOptions
@@ -216,8 +217,7 @@ class FedEnt(Strategy):
             "eta_star": eta_star, "eta": eta, "eta_prev": eta_prev, "a": a, "b": b, "c": c, "theta": theta,
             "phi2_next": phi2, "guarded": float(sol.guards),
         }
-        return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,
-                                                              scalars=scalars))
+        return LocalFit(eta, upload(task, scalars))
 
 
 STRATEGY = FedEnt

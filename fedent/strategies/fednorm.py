@@ -30,6 +30,7 @@ from fedent.strategies.base import (
     RoundPayload,
     Strategy,
     StrategyError,
+    upload,
     weighted_average,
 )
 from fedent.strategies.options import FedNormOptions
@@ -106,8 +107,7 @@ class FedNorm(Strategy):
         eta = decayed_rate(previous_rate(state.scalars, task.lr), eta_star, self.options.gamma)
         state.scalars[ETA_STATE_KEY] = eta
         scalars = {"eta_star": eta_star, "eta": eta, "g_dot_delta": g_dot_delta, "b": b, "guarded": float(guarded)}
-        return LocalFit(eta, lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss,
-                                                              scalars=scalars))
+        return LocalFit(eta, upload(task, scalars))
 
 
 STRATEGY = FedNorm

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from fedent.params import Params, clone
+from fedent.params import clone
 from fedent.strategies.base import (
     AggregateResult,
     ClientState,
@@ -21,10 +21,11 @@ from fedent.strategies.base import (
     LocalFit,
     RoundPayload,
     Strategy,
+    upload,
     weighted_average,
 )
 from fedent.strategies.options import FedProxOptions
-from fedent.trainer import LocalTrainer, TrainResult
+from fedent.trainer import LocalTrainer
 
 
 class FedProx(Strategy):
@@ -43,11 +44,7 @@ class FedProx(Strategy):
         state: ClientState,
     ) -> LocalFit:
         """grad += μ (w − w(t)): weight μ and the constant −μ w(t) (no correction at all when μ = 0)."""
-        mu = self.options.mu
-
-        def finish(params: Params, res: TrainResult) -> ClientUpdate:
-            return ClientUpdate(task.cid, params, task.num_samples, res.loss)
-
+        mu, finish = self.options.mu, upload(task)
         if mu <= 0:
             return LocalFit(task.lr, finish)
         trainer.load(global_params)  # the anchor on the trainer's device (global_params may live elsewhere)
