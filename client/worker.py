@@ -261,7 +261,7 @@ class Worker:
             raise WorkerError(f"client ids up to {max(s.client_ids)} but the run has {self.inputs.num_clients}")
         data = self.inputs.data
         self.trainer = LocalTrainer(self.inputs.make_model(), data.x_train, data.y_train, self.cfg.train.batch_size,
-                                    self.device)
+                                    self.device, self.cfg.train.precision)
         self.indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
         shards = test_shards(int(data.y_test.shape[0]), self.inputs.num_clients, self.cfg.train.seed)
@@ -283,7 +283,7 @@ class Worker:
             raise LocalDataRefused(str(e)) from None
         local = self.local
         self.trainer = LocalTrainer(model_factory(self.cfg)(), local.x_train, local.y_train,
-                                    self.cfg.train.batch_size, self.device)
+                                    self.cfg.train.batch_size, self.device, self.cfg.train.precision)
         self.indices = {cid: torch.from_numpy(ix) for cid, ix in local.train_indices.items()}
         self.test = (local.x_test, local.y_test, dict(local.test_indices))
         self.sources = dict(local.sources)

@@ -81,7 +81,8 @@ class ClusterRun:
         self.finished = threading.Event()
         self.error: str | None = None
         data = inputs.data  # the aggregator holds the test set only; training data lives with the workers
-        trainer = LocalTrainer(inputs.make_model(), data.x_test[:0], data.y_test[:0], cfg.train.batch_size, device)
+        trainer = LocalTrainer(inputs.make_model(), data.x_test[:0], data.y_test[:0], cfg.train.batch_size, device,
+                               cfg.train.precision)
         federated = self.evaluate_clients if cfg.train.evaluation == "federated" else None
         evaluator = Evaluator(trainer, data.x_test, data.y_test, cfg.train.eval_batch_size, self.seed,
                               int(getattr(cfg.train, "local_eval", 0) or 0), federated)

@@ -43,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "also runs the row it replays")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="override every run's train.rounds (a smoke test of a profile; use another --out)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every setting (repeatable), e.g. train.precision=tf32; "
+                        "recorded in each run's config.yaml")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--config-dir", default="configs", help="where the settings' YAML files are (default configs)")
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers/--threads: must be >= 1")
     out = Path(args.out)
     rows = parse_list(args.rows, "rows", str) if args.rows else None
-    plan = build_plan(profile, seeds, out, args.config_dir, only, rows, rounds=args.rounds)
+    plan = build_plan(profile, seeds, out, args.config_dir, only, rows, rounds=args.rounds,
+                      overrides=args.overrides)
     validate_plan_configs(plan)
     dropped: list[tuple[str, int]] = []
     if args.budget_s is not None:

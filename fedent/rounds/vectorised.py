@@ -33,9 +33,9 @@ class VectorisedExecutor(SequentialExecutor):
     """Clients of a round train in one ``vmap``-ed SGD step per batch, ``max_parallel`` at a time."""
 
     def __init__(self, trainer: LocalTrainer, client_indices: Sequence[np.ndarray], lr: float, epochs: int,
-                 seed: int, batch_size: int, max_parallel: int | None = None) -> None:
+                 seed: int, batch_size: int, max_parallel: int | None = None, conv: str = "direct") -> None:
         super().__init__(trainer, client_indices, lr, epochs, seed, batch_size)
-        self.vtrainer = VectorisedTrainer(trainer)  # raises ValueError for a model vmap cannot train
+        self.vtrainer = VectorisedTrainer(trainer, conv)  # raises ValueError for a model vmap cannot train
         if max_parallel is not None and max_parallel < 1:
             raise ValueError(f"max_parallel_clients must be >= 1, got {max_parallel}")
         self.chunk_size: int | None = max_parallel  # a cap on clients per chunk; measured on CUDA when None
@@ -45,7 +45,8 @@ class VectorisedExecutor(SequentialExecutor):
         engine.clients.update(range(len(self.indices)), worker="simulator (vectorised)")
 
     def status_fields(self) -> dict[str, Any]:
-        return {**super().status_fields(), "executor": "vectorised", "parallel_clients": self.chunk_size}
+        return {**super().status_fields(), "executor": "vectorised", "parallel_clients": self.chunk_size,
+                "conv": self.vtrainer.conv}
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
@@ -105,14 +106,15 @@ class VectorisedExecutor(SequentialExecutor):
 
 
 def make_executor(kind: str, trainer: LocalTrainer, client_indices: Sequence[np.ndarray], lr: float, epochs: int,
-                  seed: int, batch_size: int, max_parallel: int | None = None) -> SequentialExecutor:
+                  seed: int, batch_size: int, max_parallel: int | None = None,
+                  conv: str = "direct") -> SequentialExecutor:
     """The executor ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where
     benchmarks/bench_simulator.py measured the vectorised path slower). A model that vmap cannot train
     falls back to the sequential executor with one line on stderr saying why."""
     want = kind if kind != "auto" else ("vectorised" if trainer.device.type == "cuda" else "sequential")
     if want == "vectorised":
         try:
-            return VectorisedExecutor(trainer, client_indices, lr, epochs, seed, batch_size, max_parallel)
+            return VectorisedExecutor(trainer, client_indices, lr, epochs, seed, batch_size, max_parallel, conv)
         except ValueError as e:
             print(f"vectorised executor unavailable ({e}); using the sequential executor", file=sys.stderr)
     return SequentialExecutor(trainer, client_indices, lr, epochs, seed, batch_size)

@@ -56,9 +56,9 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     """The round engine over the in-process executor: one trainer trains every client and evaluates."""
     tr = cfg.train
     data = inputs.data
-    trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device)
+    trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed,
-                             tr.batch_size, tr.max_parallel_clients)
+                             tr.batch_size, tr.max_parallel_clients, tr.conv)
     federated = None
     if tr.evaluation == "federated":
         federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
