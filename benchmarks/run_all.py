@@ -19,6 +19,7 @@ QUICK = {
     "bench_cluster.py": ["--rounds", "4", "--workers", "1", "--threads", "1"],
     "bench_transfer.py": ["--sizes-mb", "16,256", "--repeat", "3"],
     "bench_cli.py": ["--repeats", "5"],
+    "bench_vectorised_step.py": ["--clients", "4", "--samples", "128", "--repeats", "1"],
 }
 
 

@@ -40,19 +40,23 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def set_precision(device: torch.device, precision: str) -> None:
+    """float32 means float32 on CUDA: cuDNN's TF32 convolutions (on by default) round inputs to 10 mantissa bits,
+    so two executors, or a worker and the simulator, would drift apart by ~1e-4 within a round. ``tf32``
+    (train.precision) opts into tensor cores for speed. The flags are per process: the last trainer built sets
+    them (one run per process in the simulator, the worker and reproduce)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+
+
 class LocalTrainer:
     """One model object reused for every client; the whole train set lives on ``device`` as tensors."""
 
     def __init__(self, model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device,
                  precision: str = "float32") -> None:
         self.device = device
-        if device.type == "cuda":
-            # float32 means float32: cuDNN's TF32 convolutions (on by default) round inputs to 10 mantissa bits,
-            # so two executors, or a worker and the simulator, would drift apart by ~1e-4 within a round.
-            # tf32 (train.precision) opts into tensor cores for speed. The flags are per process: the last
-            # trainer built sets them (one run per process in the simulator, the worker and reproduce).
-            torch.backends.cudnn.allow_tf32 = precision == "tf32"
-            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        set_precision(device, precision)
         self.model = model.to(device)
         self.x = x.to(device)
         self.y = y.to(device)

@@ -124,6 +124,19 @@ def test_rows_filter_keeps_a_replays_source_and_rounds_override(tmp_path: Path) 
         build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["beta"], rows=["fedavg"])
 
 
+def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], rows=["fedavg"],
+                      overrides=["train.conv=unfold", "train.max_parallel_clients=7"])
+    assert len(plan.runs) == 7
+    assert all(s.config["train"]["conv"] == "unfold" and s.config["train"]["max_parallel_clients"] == 7
+               for s in plan.runs)
+    assert all(s.config["train"]["precision"] == "tf32" for s in plan.runs)  # the full profile's own choice
+    for bad, why in (("algorithm.name=fedavg", "rows set the algorithm"), ("train.seed=3", "seeds the seed"),
+                     ("train.conv=fft", "train.conv: must be one of direct, unfold")):
+        with pytest.raises(ConfigError, match=why):
+            build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], overrides=[bad])
+
+
 def test_medium_profile_is_the_full_data_controls_on_one_setting(tmp_path: Path) -> None:
     plan = build_plan(get_profile("medium"), [0], tmp_path, CONFIGS)
     cfg = plan.runs[0].config

@@ -167,6 +167,44 @@ def test_bad_executor_options_are_config_errors() -> None:
         config("fedavg", "parallel", "cpu")
     with pytest.raises(ConfigError, match="train.max_parallel_clients"):
         config("fedavg", "vectorised", "cpu", max_parallel_clients=0)
+    with pytest.raises(ConfigError, match="train.conv: must be one of direct, unfold"):
+        config("fedavg", "vectorised", "cpu", conv="im2col")
+    with pytest.raises(ConfigError, match="train.precision: must be one of float32, tf32"):
+        config("fedavg", "vectorised", "cpu", precision="bf16")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algorithm", ["fedavg", "feddyn", "fedent"])
+def test_the_unfolded_convolution_trains_the_same_model(tmp_path: Path, algorithm: str, device: str) -> None:
+    """conv: unfold (im2col + batched matmul) is the same function as vmap's grouped convolution."""
+    direct = simulate(tmp_path / "d", algorithm, "vectorised", device)
+    unfold = simulate(tmp_path / "u", algorithm, "vectorised", device, conv="unfold")
+    assert max_diff(direct, unfold) <= TOL
+    assert max_diff(unfold, list(conv_model().parameters())) > 1e-3
+
+
+def test_unfold_swaps_only_plain_convolutions_and_says_what_runs() -> None:
+    from fedent.vectorised_trainer import UnfoldConv2d, unfold_convs
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2, padding=1),
+                          nn.Conv2d(4, 4, 3, padding="same"), nn.Conv2d(4, 2, 3, stride=2, dilation=2, padding=2))
+    copy, swapped = unfold_convs(model)
+    assert swapped == 2 and [type(m) is UnfoldConv2d for m in copy] == [True, False, False, True]
+    assert all(type(m) is nn.Conv2d for m in model)  # the original is untouched
+    x = torch.randn(2, 1, 9, 9)
+    assert float((copy(x) - model(x)).abs().max()) <= 1e-5  # stride, dilation and padding included
+    tr, _ = trainer(model=nn.Sequential(nn.Flatten(), nn.Linear(16, 4)))
+    assert VectorisedTrainer(tr, "unfold").conv == "direct"  # nothing to unfold
+    with pytest.raises(ValueError, match="conv must be direct or unfold"):
+        VectorisedTrainer(tr, "fft")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA setting")
+def test_precision_sets_the_tf32_flags_on_cuda() -> None:
+    inputs = uneven_inputs()
+    for precision, want in (("tf32", True), ("float32", False)):
+        LocalTrainer(conv_model(), inputs.data.x_train, inputs.data.y_train, 8, torch.device("cuda"), precision)
+        assert torch.backends.cudnn.allow_tf32 is want and torch.backends.cuda.matmul.allow_tf32 is want
 
 
 @pytest.mark.parametrize("device", DEVICES)
