@@ -307,8 +307,9 @@ def paper_profile(paper_datasets: bool = False) -> Profile:
 
 # The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
 # steps per round), one seed, the central controls; the rounds are what fits ~90 minutes on 2 shared cores at the
-# rate measured by its smoke test (2.4 client SGD steps/s per worker; docs/results.md "Profiles").
-MEDIUM_ROUNDS = 4
+# rate measured on this box: 9.6 client SGD steps/s per worker (first round of its run of 2026-11-26, 2 workers,
+# with other jobs on the box; an earlier smoke test under heavier load gave 2.4; docs/results.md "Profiles").
+MEDIUM_ROUNDS = 10
 MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10")
 
 

@@ -1,7 +1,10 @@
 """Tables, figures and the markdown report of a ``fedent reproduce`` plan, from the run logs alone.
 
-Statistics per (section, setting) use only the seeds for which every row of that table finished, so rows are
-always compared on the same partitions and client sampling; runs that did not finish are listed, not hidden.
+Statistics per (section, setting) use only the seeds for which every row of that table settled, so rows are
+always compared on the same partitions and client sampling; runs that did not finish are listed, not hidden. A
+run that *diverged* (its model went non-finite and the engine stopped it) has settled: it is an outcome of the
+row (e.g. FedAvg at 5x the base rate), so it is shown as "diverged in k of n seeds" in its row and the seed
+still counts for the other rows, instead of dropping the whole seed from the table.
 """
 
 from __future__ import annotations
@@ -62,26 +65,38 @@ def _local_stats(recs: Records) -> dict[str, float] | None:
             "last_std": float(np.std(last))}
 
 
+def diverged(run_dir: Path) -> str | None:
+    """The engine's error when the run stopped because a model went non-finite, else None."""
+    status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
+    if not isinstance(status, dict) or status.get("phase") != "failed":
+        return None
+    error = str((status.get("state") or {}).get("error") or status.get("error") or "")
+    return error if "not finite" in error else None
+
+
 def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], seeds: Sequence[int],
                records: Mapping[str, Records]) -> dict[str, Any]:
-    """Stats for one (section, setting) table over the seeds where all its rows completed."""
+    """Stats for one (section, setting) table over the seeds where all its rows settled (complete or diverged);
+    a row's statistics are over its complete runs, and its diverged seeds are counted beside them."""
     done = {k: is_complete(s.run_dir, s.rounds) for k, s in specs.items()}
-    common = [s for s in seeds if all(done.get((r, s), False) for r in rows)]
-    missing = sorted(specs[k].key for k, ok in done.items() if not ok)
+    blew = {k: not done[k] and diverged(s.run_dir) is not None for k, s in specs.items()}
+    common = [s for s in seeds if all(done.get((r, s), False) or blew.get((r, s), False) for r in rows)]
+    missing = sorted(specs[k].key for k, ok in done.items() if not ok and not blew[k])
     finals: dict[str, float] = {}
     for r in rows:
-        vals = [runlog.final_accuracy(records[specs[(r, s)].key]) for s in common]
+        vals = [runlog.final_accuracy(records[specs[(r, s)].key]) for s in common if done[(r, s)]]
         ok = [v for v in vals if v is not None]
         if ok:
             finals[r] = float(np.mean(ok))
     target = math.floor(90 * max(finals.values())) / 100 if finals else None  # 90% of the best row, whole %
     out_rows = []
     for r in rows:
-        recs = [records[specs[(r, s)].key] for s in common]
+        recs = [records[specs[(r, s)].key] for s in common if done[(r, s)]]
         reach = [rounds_to_target(x, target) for x in recs]
         locs = [ls for ls in (_local_stats(x) for x in recs) if ls is not None]
         out_rows.append({
             "row": r,
+            "diverged": sum(blew[(r, s)] for s in common),
             "final_acc": _ms([v for v in (runlog.final_accuracy(x) for x in recs) if v is not None]),
             "best_acc": _ms([v for v in (_best(x) for x in recs) if v is not None]),
             "rounds_to_target": _ms([float(v) for v in reach if v is not None]),
@@ -92,12 +107,13 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
             "eta_star": _eta_star(recs),
             "phi2_error": _phi2_error(recs),
         })
-    same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common})
-    md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows}) for s in common}
-    mech = {r: st for r in rows if (st := solve_stats([records[specs[(r, s)].key] for s in common])) is not None}
+    same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common if done[(r, s)]})
+    md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows if done[(r, s)]}) for s in common}
+    mech = {r: st for r in rows
+            if (st := solve_stats([records[specs[(r, s)].key] for s in common if done[(r, s)]])) is not None}
     scale: dict[str, Any] = {}
     for r in ("fedent-first", "fedent"):  # η*'s response to the loss's and weights' scale, uncapped
-        if r in rows and common:
+        if r in rows and common and done[(r, common[0])]:
             first = next((x for x in records[specs[(r, common[0])].key] if (x.get("fedent") or {}).get("clients")),
                          None)
             if first is not None:
@@ -198,7 +214,8 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         settings[key] = {"title": st.title, "paper_ref": st.paper_ref, "base": st.base if isinstance(st.base, str)
                          else "(inline)", "overrides": list(st.overrides),
                          "data": cfg["data"], "train": cfg["train"], "model": cfg["model"]}
-    runs = [{"key": s.key, "complete": is_complete(s.run_dir, s.rounds), "run_dir": str(s.run_dir),
+    runs = [{"key": s.key, "complete": is_complete(s.run_dir, s.rounds), "diverged": diverged(s.run_dir),
+             "run_dir": str(s.run_dir),
              "final_acc": runlog.final_accuracy(records[s.key]),
              "wall_s": records[s.key][-1].get("elapsed_s") if records[s.key] else None} for s in plan.runs]
     return {
@@ -213,6 +230,16 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def _pct(ms: Mapping[str, float] | None) -> str:
     return "—" if ms is None else f"{100 * ms['mean']:.2f} ± {100 * ms['std']:.2f}"
+
+
+def _final(r: Mapping[str, Any], seeds: int) -> str:
+    """A row's final accuracy, with the seeds in which it diverged (not averaged in: they have no accuracy)."""
+    k = int(r.get("diverged") or 0)
+    if not k:
+        return _pct(r["final_acc"])
+    if k == seeds:
+        return f"diverged ({k}/{seeds} seeds)"
+    return f"{_pct(r['final_acc'])}, diverged in {k}/{seeds} seeds"
 
 
 def _paper_cells(ref: str, row: str) -> str:
@@ -268,7 +295,10 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
             lines += _table_lines(data, sec, setting, fig_prefix)
     done = sum(r["complete"] for r in data["runs"])
     lines += ["", f"Runs complete: {done} of {len(data['runs'])}."]
-    missing = [r["key"] for r in data["runs"] if not r["complete"]]
+    blew = [f"{r['key']} ({r['diverged']})" for r in data["runs"] if not r["complete"] and r.get("diverged")]
+    if blew:
+        lines.append(f"Diverged (an outcome of the row, counted as such in the tables): {'; '.join(blew)}.")
+    missing = [r["key"] for r in data["runs"] if not r["complete"] and not r.get("diverged")]
     if missing:
         lines.append(f"Not complete (not in any statistic): {', '.join(missing)}.")
     return "\n".join(lines) + "\n"
@@ -316,7 +346,7 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             star = "—" if not es else (f"{es['median']:.4f} / {es['mean']:.4f} / {es['max']:.3g} "
                                        f"({100 * es['zero_share']:.0f}%)")
             wall = "—" if r["wall_s"] is None else f"{r['wall_s']['mean']:.0f}"
-            line = (f"| {_row_text(r['row'], data['rows'])} | {_pct(r['final_acc'])} | {_pct(r['best_acc'])} | "
+            line = (f"| {_row_text(r['row'], data['rows'])} | {_final(r, n)} | {_pct(r['best_acc'])} | "
                     f"{reach_txt} | {eta} | {star} | {phi2} | {wall} |")
             if paper_hdr:
                 line += f" {_paper_cells(ref, r['row']) or '—'} |"

@@ -244,3 +244,25 @@ def test_a_replay_row_runs_after_the_fedent_run_it_reads(tmp_path: Path) -> None
     assert [o.status for o in outcomes] == ["done", "done", "done"]
     ent, rep = (runlog.read_metrics(s.run_dir / "metrics.jsonl") for s in plan.runs[:2])
     assert rep[-1]["test_acc"] == pytest.approx(ent[-1]["test_acc"])  # the replay retraced FedEnt
+
+
+def test_a_diverged_run_is_an_outcome_of_its_row_not_a_lost_seed(tmp_path: Path) -> None:
+    """FedAvg at an absurd rate goes non-finite: the report says so in its row and keeps the seed for the others."""
+    base = _tiny_profile()
+    rows = (Row("fedavg", "fedavg"), Row("fedavg-huge", "fedavg", lr_scale=float("inf")))
+    prof = Profile("tiny", "test", base.settings, rows,
+                   (Section("main", "Table", ("pathological",), ("fedavg", "fedavg-huge")),))
+    out = tmp_path / "out"
+    plan = build_plan(prof, [0], out, CONFIGS)
+    outcomes = list(run_plan(plan, 1, 1, lambda cfg: tiny_inputs(4, 12, cfg.train.seed)))
+    assert [o.status for o in outcomes] == ["done", "failed"] and "not finite" in str(outcomes[1].error)
+    write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
+    summary = json.loads((out / "summary.json").read_text())
+    table = summary["tables"]["main/pathological"]
+    assert table["seeds"] == [0] and table["missing"] == []
+    ok, huge = table["rows"]
+    assert ok["diverged"] == 0 and ok["final_acc"] is not None
+    assert huge["diverged"] == 1 and huge["final_acc"] is None
+    text = (out / "report.md").read_text()
+    assert "| fedavg-huge | diverged (1/1 seeds) |" in text
+    assert "Diverged (an outcome of the row" in text and "Not complete" not in text
