@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,13 @@ def git_commit() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedent.experiments.budget import TimeBudget
     from fedent.experiments.compare import parse_list
     from fedent.experiments.reproduce import (
         build_plan,
         client_steps,
         get_profile,
+        is_complete,
         run_plan,
         trim_plan,
         validate_plan_configs,
@@ -114,12 +117,18 @@ def run(args: argparse.Namespace) -> int:
                       overrides=args.overrides)
     validate_plan_configs(plan)
     dropped: list[tuple[str, int]] = []
+    budget = None
     if args.budget_s is not None:
         if not args.steps_per_s or args.steps_per_s <= 0 or args.budget_s <= 0:
             raise ConfigError("--budget-s needs a positive budget and --steps-per-s")
-        plan, dropped = trim_plan(plan, int(args.budget_s * args.steps_per_s))
+        if args.dry_run:
+            plan, dropped = trim_plan(plan, int(args.budget_s * args.steps_per_s))
+        else:  # re-planned while it runs, at the measured rate (fedent.experiments.budget)
+            budget = TimeBudget(plan, args.budget_s, args.steps_per_s, args.workers)
+            dropped = list(budget.dropped)
         for st, sd in dropped:
-            print(f"dropped to fit --budget-s {args.budget_s:g}: setting {st}, seed {sd}")
+            print(f"dropped to fit --budget-s {args.budget_s:g} at {args.steps_per_s:g} steps/s: setting {st}, "
+                  f"seed {sd}")
     if args.dry_run:
         total = 0
         for spec in plan.runs:
@@ -145,17 +154,37 @@ def run(args: argparse.Namespace) -> int:
         runlog.atomic_write_json(out / "command.json", command)  # what trained the runs (a report-only pass reads it)
         print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "
               f"{args.threads} thread(s), out {out}", flush=True)
+        not_run: dict[str, str] = {}
         try:
-            for i, o in enumerate(run_plan(plan, args.workers, args.threads), start=1):
+            for i, o in enumerate(run_plan(plan, args.workers, args.threads, budget=budget), start=1):
                 acc = "—" if o.final_acc is None else f"{o.final_acc:.4f}"
                 extra = f" {o.error}" if o.error else ""
+                if o.status == "not run":
+                    not_run[o.key] = str(o.error)
+                    continue  # summarised below: with a tight budget these are most of the plan
                 print(f"[{i}/{len(plan.runs)}] {o.status} {o.key} final_acc {acc} ({o.wall_s:.0f} s){extra}",
                       flush=True)
                 failed += o.status == "failed"
         except input_error_types() as e:
             print(f"fedent reproduce: {one_line(e)}", file=sys.stderr)
             return 2
+        if budget is not None:
+            final = list(budget.dropped)
+            print(f"--budget-s {args.budget_s:g}: {len(plan.runs) - len(not_run)} of {len(plan.runs)} runs started "
+                  f"in {budget.elapsed():.0f} s at a measured {budget.rate():.0f} client steps/s; not run: "
+                  f"{len(not_run)}; (setting, seed) units dropped in the documented order: "
+                  f"{', '.join(f'{st}/s{sd}' for st, sd in final) or 'none'}", flush=True)
+            for key, why in not_run.items():
+                if (key.split("/")[0], int(key.rsplit("-s", 1)[1])) not in final:
+                    print(f"not run: {key}: {why}")
+            command["dropped"] = [{"setting": st, "seed": sd} for st, sd in final]
+            command["not_run"] = not_run
+            command["measured_steps_per_s"] = round(budget.rate(), 1)
+            runlog.atomic_write_json(out / "command.json", command)
     trained = runlog.read_json(out / "command.json", default=None)
+    # runs a budget never started are not the report's business (command.json lists them), unless done since
+    left_out = set(trained.get("not_run") or {}) if isinstance(trained, dict) else set()
+    plan = replace(plan, runs=tuple(s for s in plan.runs if s.key not in left_out or is_complete(s.run_dir, s.rounds)))
     meta = {"machine": machine_info(), "commit": git_commit(), **(trained if isinstance(trained, dict) else command),
             "report_command": command["argv"], "finished": time.time()}
     report = write_report(plan, out, meta)

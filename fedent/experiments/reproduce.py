@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -500,12 +500,15 @@ def drop_order(plan: Plan) -> list[tuple[str, int]]:
     return units
 
 
-def trim_plan(plan: Plan, budget_steps: int) -> tuple[Plan, list[tuple[str, int]]]:
-    """The plan without the first units of ``drop_order`` that must go for its client steps to fit the budget."""
+def trim_plan(plan: Plan, budget_steps: int, cost: Callable[[RunSpec], int] | None = None,
+              ) -> tuple[Plan, list[tuple[str, int]]]:
+    """The plan without the first units of ``drop_order`` that must go for its client steps to fit the budget
+    (``cost``: a run's steps, default ``client_steps`` of its config; a time budget counts done runs as 0)."""
+    size = cost or (lambda r: client_steps(r.config))
     runs = list(plan.runs)
     dropped: list[tuple[str, int]] = []
     for unit in drop_order(plan):
-        if sum(client_steps(r.config) for r in runs) <= budget_steps:
+        if sum(size(r) for r in runs) <= budget_steps:
             break
         runs = [r for r in runs if (r.setting, r.seed) != unit]
         dropped.append(unit)
@@ -591,12 +594,27 @@ def _execute_safely(spec: RunSpec) -> RunOutcome:
         return RunOutcome(spec.key, "failed", 0.0, None, last)
 
 
+def _unmet(spec: RunSpec) -> str:
+    return f"needs {', '.join(spec.after)}, which failed or did not run"
+
+
+class Admission(Protocol):
+    """What ``run_plan`` asks before starting a run (``budget.TimeBudget``): None to start it, else why not."""
+
+    def admit(self, spec: RunSpec, running: Sequence[RunSpec] = ()) -> str | None: ...
+
+    def finished(self, spec: RunSpec, status: str) -> None: ...
+
+
 def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsFor | None = None,
-             ) -> Iterator[RunOutcome]:
+             budget: Admission | None = None) -> Iterator[RunOutcome]:
     """Execute the plan's runs in order, yielding outcomes as runs finish.
 
     ``workers`` > 1 uses a process pool (spawned, each with ``threads`` torch threads): on a small CPU box
     independent runs in separate processes beat one process with more threads (see docs/results.md).
+    ``budget``: a run starts only when it admits it; a run it never admits ends as ``not run`` with the reason
+    (with a pool, a refused run waits and is asked again as slots free up, so a faster measured rate can
+    still admit it).
     """
     if workers < 1 or threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
@@ -604,11 +622,16 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         _init_worker(threads)
         failed: set[str] = set()
         for spec in plan.runs:  # plan order puts a replayed run before its replay
-            if failed & set(spec.after):
-                o = RunOutcome(spec.key, "failed", 0.0, None, f"needs {', '.join(spec.after)}, which failed")
+            why = budget.admit(spec) if budget is not None else None
+            if why is not None:
+                o = RunOutcome(spec.key, "not run", 0.0, None, why)
+            elif failed & set(spec.after):
+                o = RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
             else:
                 o = execute(spec, inputs_for)
-            if o.status == "failed":
+                if budget is not None:
+                    budget.finished(spec, o.status)
+            if o.status in ("failed", "not run"):
                 failed.add(o.key)
             yield o
         return
@@ -617,30 +640,43 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
     ctx = get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads,)) as pool:
-        # a run waits for the runs it replays (``after``); the others are submitted in plan order
+        # a run waits for the runs it replays (``after``); the others are submitted in plan order, and with a
+        # budget only as workers free up (so that it decides with the latest rate)
         waiting = list(plan.runs)
         status: dict[str, str] = {}
+        refused: dict[str, str] = {}
         futures: dict[Future[RunOutcome], RunSpec] = {}
 
         def release() -> Iterator[RunOutcome]:
             for spec in list(waiting):
+                if budget is not None and len(futures) >= workers:
+                    return
                 deps = [status.get(k) for k in spec.after]
-                if any(d == "failed" for d in deps):
+                if any(d in ("failed", "not run") for d in deps):
                     waiting.remove(spec)
                     status[spec.key] = "failed"
-                    yield RunOutcome(spec.key, "failed", 0.0, None, f"needs {', '.join(spec.after)}, which failed")
+                    yield RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
                 elif all(d is not None for d in deps):
+                    why = budget.admit(spec, list(futures.values())) if budget is not None else None
+                    if why is not None:
+                        refused[spec.key] = why
+                        continue
                     waiting.remove(spec)
                     futures[pool.submit(_execute_safely, spec)] = spec
         try:
             yield from release()
             while futures:
                 done = next(as_completed(list(futures)))
-                futures.pop(done)
+                spec = futures.pop(done)
                 o = done.result()
                 status[o.key] = o.status
+                if budget is not None:
+                    budget.finished(spec, o.status)
                 yield o
                 yield from release()
+            for spec in waiting:  # never admitted (or waiting on a run that was not)
+                status[spec.key] = "not run"
+                yield RunOutcome(spec.key, "not run", 0.0, None, refused.get(spec.key, "not admitted"))
         except BaseException:
             for f in futures:
                 f.cancel()

@@ -170,6 +170,8 @@ def _figures(plan: Plan, specs: Mapping[str, Mapping[tuple[str, int], RunSpec]],
     for sec in plan.sections:
         for setting in sec.settings:
             tkey = f"{sec.key}/{setting}"
+            if tkey not in tables:
+                continue
             seeds = tables[tkey]["seeds"]
             sp = specs[setting]
             groups = {r: [records[sp[(r, s)].key] for s in seeds] for r in sec.rows_for(setting)}
@@ -202,6 +204,8 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     tables: dict[str, Any] = {}
     for sec in plan.sections:
         for setting in sec.settings:
+            if setting not in specs:  # every run of it dropped (a time budget): command.json says so
+                continue
             rows = sec.rows_for(setting)
             mine = {k: v for k, v in specs[setting].items() if k[0] in rows}
             tables[f"{sec.key}/{setting}"] = table_data(mine, rows, plan.seeds, records)
@@ -222,8 +226,8 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         "profile": {"name": prof.name, "description": prof.description, "reductions": list(prof.reductions)},
         "seeds": list(plan.seeds), "meta": dict(meta), "settings": settings,
         "rows": {r.label: {"algorithm": r.algorithm, "options": r.options_dict()} for r in prof.rows},
-        "sections": [{"key": s.key, "title": s.title, "settings": list(s.settings),
-                      "rows": {st: list(s.rows_for(st)) for st in s.settings}} for s in plan.sections],
+        "sections": [{"key": s.key, "title": s.title, "settings": [st for st in s.settings if st in specs],
+                      "rows": {st: list(s.rows_for(st)) for st in s.settings if st in specs}} for s in plan.sections],
         "tables": tables, "figures": figures, "runs": runs,
     }
 
@@ -295,6 +299,14 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
             lines += _table_lines(data, sec, setting, fig_prefix)
     done = sum(r["complete"] for r in data["runs"])
     lines += ["", f"Runs complete: {done} of {len(data['runs'])}."]
+    meta = data.get("meta") or {}
+    if meta.get("dropped"):
+        units = ", ".join(f"{d['setting']} seed {d['seed']}" for d in meta["dropped"])
+        lines.append(f"Dropped to fit the time budget, in the documented order (`drop_order`), not in any table: "
+                     f"{units}.")
+    if meta.get("not_run"):
+        lines.append(f"Runs of kept units not started (they would not have finished in the budget): "
+                     f"{len(meta['not_run'])} (listed in command.json).")
     blew = [f"{r['key']} ({r['diverged']})" for r in data["runs"] if not r["complete"] and r.get("diverged")]
     if blew:
         lines.append(f"Diverged (an outcome of the row, counted as such in the tables): {'; '.join(blew)}.")

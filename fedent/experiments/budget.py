@@ -1,0 +1,83 @@
+"""A wall-clock budget for ``fedent reproduce``, re-planned while the runs go (``--budget-s``).
+
+A lent GPU gives one call of a few minutes, and the rate a machine trains at is known only once it trains. So
+the plan is first trimmed by ``drop_order`` to what the *estimated* rate fits, and re-trimmed each time a
+worker is free, at the rate *measured* so far (client steps of the runs finished in this call, plus the logged
+rounds of the running ones, over the elapsed time): a faster machine gets dropped (setting, seed) units back in
+reverse drop order, a slower one loses units not yet started. Units are always dropped in the documented order,
+and a run is started only when it is expected to finish within the budget; everything not run is reported with
+why, never silently left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fedent import runlog
+from fedent.experiments.reproduce import Plan, RunSpec, client_steps, is_complete, trim_plan
+
+WARMUP_S = 60.0  # before this, the estimate stands: process start and data loading would read as a slow rate
+
+
+@dataclass
+class TimeBudget:
+    plan: Plan  # the whole plan, untrimmed
+    budget_s: float
+    steps_per_s: float  # the starting estimate, all workers together
+    workers: int
+    clock: Callable[[], float] = time.monotonic
+    warmup_s: float = WARMUP_S
+    started: float = field(init=False, default=0.0)
+    done_steps: int = field(init=False, default=0)  # client steps of runs trained (not skipped) in this call
+    free: set[str] = field(init=False, default_factory=set)  # complete before the call: cost nothing now
+    dropped: list[tuple[str, int]] = field(init=False, default_factory=list)  # the current trim's units
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0 or self.steps_per_s <= 0 or self.workers < 1:
+            raise ValueError("a time budget needs budget_s > 0, steps_per_s > 0 and workers >= 1")
+        self.free = {s.key for s in self.plan.runs if is_complete(s.run_dir, s.rounds)}
+        self.started = self.clock()
+        self.dropped = self._trim(self.steps_per_s)
+
+    def cost(self, spec: RunSpec) -> int:
+        return 0 if spec.key in self.free else client_steps(spec.config)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def rate(self, running: Sequence[RunSpec] = ()) -> float:
+        """Client steps per second, all workers together: measured once past the warm-up, else the estimate."""
+        t = self.elapsed()
+        if t < self.warmup_s:
+            return self.steps_per_s
+        progress = self.done_steps + sum(self._progress(s) for s in running)
+        return progress / t if progress > 0 else self.steps_per_s
+
+    def admit(self, spec: RunSpec, running: Sequence[RunSpec] = ()) -> str | None:
+        """None when ``spec`` may start now, else why not (re-trimmed at the current rate first)."""
+        if spec.key in self.free:
+            return None  # complete already: reproduce skips it at no cost
+        rate = self.rate(running)
+        self.dropped = self._trim(rate)
+        if (spec.setting, spec.seed) in self.dropped:
+            return f"setting {spec.setting}, seed {spec.seed} dropped to fit --budget-s {self.budget_s:g}"
+        left = self.budget_s - self.elapsed()
+        need = self.cost(spec) / (rate / self.workers)
+        if need > left:
+            return (f"would not finish within --budget-s {self.budget_s:g} (about {need:.0f} s at "
+                    f"{rate / self.workers:.0f} steps/s per worker, {max(left, 0):.0f} s left)")
+        return None
+
+    def finished(self, spec: RunSpec, status: str) -> None:
+        if status == "done":
+            self.done_steps += self.cost(spec)
+
+    def _trim(self, rate: float) -> list[tuple[str, int]]:
+        return trim_plan(self.plan, int(rate * self.budget_s), cost=self.cost)[1]
+
+    def _progress(self, spec: RunSpec) -> float:
+        """The client steps a running run has logged (rounds done / rounds of its cost)."""
+        rounds = len(runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics))
+        return self.cost(spec) * min(rounds, spec.rounds) / max(spec.rounds, 1)

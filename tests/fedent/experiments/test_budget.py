@@ -1,0 +1,109 @@
+"""The time budget of ``fedent reproduce --budget-s``: trimmed at the estimate, re-trimmed at the measured rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import tiny_inputs
+
+from fedent.cli import main
+from fedent.experiments.budget import TimeBudget
+from fedent.experiments.reproduce import (
+    Profile,
+    Row,
+    Section,
+    Setting,
+    build_plan,
+    client_steps,
+    drop_order,
+    get_profile,
+    run_plan,
+)
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_trim_follows_the_measured_rate_both_ways(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("full"), [0, 1], tmp_path, CONFIGS, only=["main"])
+    total = sum(client_steps(s.config) for s in plan.runs)
+    clock = Clock()
+    # the estimate holds a quarter of the plan in 100 s
+    tb = TimeBudget(plan, 100.0, total / 400, workers=4, clock=clock)
+    units = drop_order(plan)
+    assert tb.dropped == units[: len(tb.dropped)] and 0 < len(tb.dropped) < len(units)
+    kept = next(s for s in plan.runs if (s.setting, s.seed) not in tb.dropped)
+    gone = next(s for s in plan.runs if (s.setting, s.seed) in tb.dropped)
+    assert tb.admit(kept) is None
+    assert "dropped to fit --budget-s 100" in str(tb.admit(gone))
+    # past the warm-up the machine proves 10x faster than estimated: dropped units come back
+    clock.t = 61.0
+    tb.done_steps = int(10 * total / 400 * 61)
+    assert tb.rate() == pytest.approx(10 * total / 400, rel=1e-3)
+    assert tb.admit(gone) is None and tb.dropped == []
+    # ... and 10x slower than estimated: units go again, in the documented order, and a long run waits
+    tb.done_steps = int(total / 4000 * 61)
+    why = tb.admit(gone)
+    assert why is not None and len(tb.dropped) > 0 and tb.dropped == units[: len(tb.dropped)]
+
+
+def test_a_run_that_cannot_finish_in_the_time_left_is_not_started(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], rows=["fedavg"])
+    first = plan.runs[0]
+    steps = client_steps(first.config)
+    clock = Clock()
+    tb = TimeBudget(plan, 100.0, steps / 10, workers=1, clock=clock)  # a run takes 10 s
+    assert tb.admit(first) is None
+    clock.t = 95.0
+    assert "would not finish within --budget-s 100" in str(tb.admit(first))
+    with pytest.raises(ValueError):
+        TimeBudget(plan, 0.0, 1.0, 1)
+
+
+def _tiny(tmp_path: Path) -> Profile:
+    base = {"name": "tiny", "data": {"name": "synthetic", "num_clients": 4, "partition": "iid"},
+            "train": {"rounds": 2, "fraction": 0.5, "local_epochs": 1, "batch_size": 4, "lr": 0.1, "device": "cpu"}}
+    return Profile("tiny", "test", (Setting("pathological", "tiny", base),),
+                   (Row("fedavg", "fedavg"), Row("fedavg-lr2", "fedavg", lr_scale=2.0)),
+                   (Section("main", "Table", ("pathological",), ("fedavg", "fedavg-lr2")),))
+
+
+def test_run_plan_asks_the_budget_and_reports_what_it_refused(tmp_path: Path) -> None:
+    plan = build_plan(_tiny(tmp_path), [0, 1], tmp_path / "out", CONFIGS)
+    clock = Clock()
+    per_run = client_steps(plan.runs[0].config)
+    # the estimate holds the kept unit's two runs and nothing more; seed 1 is dropped
+    tb = TimeBudget(plan, 10.0, 2 * per_run / 10.0, workers=1, clock=clock)
+    assert tb.dropped == [("pathological", 1)]
+    got = list(run_plan(plan, 1, 1, lambda cfg: tiny_inputs(4, 12, cfg.train.seed), budget=tb))
+    assert [(o.key, o.status) for o in got] == [
+        ("pathological/fedavg-s0", "done"), ("pathological/fedavg-lr2-s0", "done"),
+        ("pathological/fedavg-s1", "not run"), ("pathological/fedavg-lr2-s1", "not run")]
+    assert "seed 1 dropped" in str(got[2].error)
+    assert tb.done_steps == 2 * per_run
+
+
+def test_the_command_reports_a_budget_that_holds_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    argv = ["reproduce", "--profile", "cpu", "--only", "main", "--rows", "fedavg", "--seeds", "0,1", "--rounds", "1",
+            "--out", str(out), "--workers", "1", "--budget-s", "1", "--steps-per-s", "1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "dropped to fit --budget-s 1 at 1 steps/s: setting dir1.0, seed 1" in text
+    assert "--budget-s 1: 0 of 6 runs started" in text
+    assert "not run: pathological/fedavg-s0: would not finish within --budget-s 1" in text
+    command = json.loads((out / "command.json").read_text())
+    assert {"setting": "pathological", "seed": 1} in command["dropped"]
+    assert set(command["not_run"]) == {f"{st}/fedavg-s{sd}" for st in ("pathological", "dir1.0", "dir0.5")
+                                       for sd in (0, 1)}
+    report = (out / "report.md").read_text()
+    assert "Dropped to fit the time budget" in report and "not started" in report
