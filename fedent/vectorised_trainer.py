@@ -213,7 +213,9 @@ def capture_step(step: Callable[[StepState], None], st: StepState) -> Callable[[
         print(f"vectorised trainer: CUDA graph capture failed ({e}); running eagerly", file=sys.stderr)
         return None
     worst = max(float((a - b).abs().max()) / (1.0 + float(a.abs().max())) for a, b in zip(want, got, strict=True))
-    if worst > 1e-6:
+    # a broken capture (stale inputs, a missed op) is off by O(1); under TF32 (train.precision) cuDNN may pick
+    # another algorithm inside the capture, which differs by rounding at TF32's 10 mantissa bits
+    if worst > (1e-3 if torch.backends.cudnn.allow_tf32 else 1e-6):
         print(f"vectorised trainer: the CUDA graph step differs from the eager one ({worst:.1e}); running eagerly",
               file=sys.stderr)
         return None

@@ -170,16 +170,22 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if budget is not None:
             final = list(budget.dropped)
+            measured = budget.measured()
+            rate = "no run finished" if measured is None else f"a measured {measured:.0f} client steps/s"
             print(f"--budget-s {args.budget_s:g}: {len(plan.runs) - len(not_run)} of {len(plan.runs)} runs started "
-                  f"in {budget.elapsed():.0f} s at a measured {budget.rate():.0f} client steps/s; not run: "
-                  f"{len(not_run)}; (setting, seed) units dropped in the documented order: "
-                  f"{', '.join(f'{st}/s{sd}' for st, sd in final) or 'none'}", flush=True)
+                  f"in {budget.elapsed():.0f} s ({rate}); not run: {len(not_run)}; (setting, seed) units dropped in "
+                  f"the documented order: {', '.join(f'{st}/s{sd}' for st, sd in final) or 'none'}", flush=True)
+            reasons: dict[str, list[str]] = {}
             for key, why in not_run.items():
                 if (key.split("/")[0], int(key.rsplit("-s", 1)[1])) not in final:
-                    print(f"not run: {key}: {why}")
+                    reasons.setdefault(why if "would not finish" not in why else "would not finish in the time "
+                                       "left", []).append(key)
+            for why, keys in reasons.items():
+                more = f" and {len(keys) - 6} more (command.json)" if len(keys) > 6 else ""
+                print(f"not run ({why}): {', '.join(keys[:6])}{more}")
             command["dropped"] = [{"setting": st, "seed": sd} for st, sd in final]
             command["not_run"] = not_run
-            command["measured_steps_per_s"] = round(budget.rate(), 1)
+            command["measured_steps_per_s"] = None if measured is None else round(measured, 1)
             runlog.atomic_write_json(out / "command.json", command)
     trained = runlog.read_json(out / "command.json", default=None)
     # runs a budget never started are not the report's business (command.json lists them), unless done since

@@ -5,8 +5,9 @@ the plan is first trimmed by ``drop_order`` to what the *estimated* rate fits, a
 worker is free, at the rate *measured* so far (client steps of the runs finished in this call, plus the logged
 rounds of the running ones, over the elapsed time): a faster machine gets dropped (setting, seed) units back in
 reverse drop order, a slower one loses units not yet started. Units are always dropped in the documented order,
-and a run is started only when it is expected to finish within the budget; everything not run is reported with
-why, never silently left out.
+and a run is started only when it is expected to finish within the budget. When the budget ends, runs still
+going are cut short (their processes killed); everything not run or cut short is reported with why, never
+silently left out.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class TimeBudget:
     def elapsed(self) -> float:
         return self.clock() - self.started
 
-    def rate(self, running: Sequence[RunSpec] = ()) -> float:
-        """Client steps per second, all workers together: measured once past the warm-up, else the estimate."""
-        t = self.elapsed()
-        if t < self.warmup_s:
-            return self.steps_per_s
+    def measured(self, running: Sequence[RunSpec] = ()) -> float | None:
+        """Client steps per second so far, all workers together (None before any logged progress)."""
         progress = self.done_steps + sum(self._progress(s) for s in running)
-        return progress / t if progress > 0 else self.steps_per_s
+        return progress / self.elapsed() if progress > 0 and self.elapsed() > 0 else None
+
+    def rate(self, running: Sequence[RunSpec] = ()) -> float:
+        """The rate plans use: measured once past the warm-up (and once anything was logged), else the estimate."""
+        got = self.measured(running) if self.elapsed() >= self.warmup_s else None
+        return self.steps_per_s if got is None else got
 
     def admit(self, spec: RunSpec, running: Sequence[RunSpec] = ()) -> str | None:
         """None when ``spec`` may start now, else why not (re-trimmed at the current rate first)."""
@@ -69,6 +72,10 @@ class TimeBudget:
             return (f"would not finish within --budget-s {self.budget_s:g} (about {need:.0f} s at "
                     f"{rate / self.workers:.0f} steps/s per worker, {max(left, 0):.0f} s left)")
         return None
+
+    def time_left(self) -> float:
+        """Seconds until the budget ends; then the runs still going are cut short (``run_plan``)."""
+        return self.budget_s - self.elapsed()
 
     def finished(self, spec: RunSpec, status: str) -> None:
         if status == "done":

@@ -21,7 +21,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
@@ -594,6 +594,21 @@ def _execute_safely(spec: RunSpec) -> RunOutcome:
         return RunOutcome(spec.key, "failed", 0.0, None, last)
 
 
+def _cut_short(pool: ProcessPoolExecutor, futures: dict[Future[RunOutcome], RunSpec],
+               status: dict[str, str]) -> Iterator[RunOutcome]:
+    """End the runs still going when a time budget is spent: their processes are killed (a run's directory keeps
+    the rounds it logged; a later call with more time redoes it), and each is reported as cut short."""
+    for proc in list(getattr(pool, "_processes", {}).values()):  # no public API stops a running task
+        proc.kill()
+    for fut, spec in list(futures.items()):
+        futures.pop(fut)
+        status[spec.key] = "cut short"
+        rounds = len(runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics))
+        yield RunOutcome(spec.key, "cut short", 0.0, None, f"the time budget ended it after {rounds} of "
+                         f"{spec.rounds} rounds")
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _unmet(spec: RunSpec) -> str:
     return f"needs {', '.join(spec.after)}, which failed or did not run"
 
@@ -604,6 +619,8 @@ class Admission(Protocol):
     def admit(self, spec: RunSpec, running: Sequence[RunSpec] = ()) -> str | None: ...
 
     def finished(self, spec: RunSpec, status: str) -> None: ...
+
+    def time_left(self) -> float: ...
 
 
 def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsFor | None = None,
@@ -652,7 +669,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
                 if budget is not None and len(futures) >= workers:
                     return
                 deps = [status.get(k) for k in spec.after]
-                if any(d in ("failed", "not run") for d in deps):
+                if any(d in ("failed", "not run", "cut short") for d in deps):
                     waiting.remove(spec)
                     status[spec.key] = "failed"
                     yield RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
@@ -666,13 +683,20 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         try:
             yield from release()
             while futures:
-                done = next(as_completed(list(futures)))
-                spec = futures.pop(done)
-                o = done.result()
-                status[o.key] = o.status
-                if budget is not None:
-                    budget.finished(spec, o.status)
-                yield o
+                left = budget.time_left() if budget is not None else None
+                finished, _ = wait(list(futures), timeout=None if left is None else max(left, 0.0),
+                                   return_when=FIRST_COMPLETED)
+                if not finished:  # the budget is spent: stop the runs still going, report them cut short
+                    yield from _cut_short(pool, futures, status)
+                    refused.update({s.key: "the time budget ended before it started" for s in waiting})
+                    break
+                for done in finished:
+                    spec = futures.pop(done)
+                    o = done.result()
+                    status[o.key] = o.status
+                    if budget is not None:
+                        budget.finished(spec, o.status)
+                    yield o
                 yield from release()
             for spec in waiting:  # never admitted (or waiting on a run that was not)
                 status[spec.key] = "not run"

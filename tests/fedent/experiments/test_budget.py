@@ -100,10 +100,24 @@ def test_the_command_reports_a_budget_that_holds_nothing(tmp_path: Path, capsys:
     text = capsys.readouterr().out
     assert "dropped to fit --budget-s 1 at 1 steps/s: setting dir1.0, seed 1" in text
     assert "--budget-s 1: 0 of 6 runs started" in text
-    assert "not run: pathological/fedavg-s0: would not finish within --budget-s 1" in text
+    assert "not run (would not finish in the time left): pathological/fedavg-s0\n" in text
     command = json.loads((out / "command.json").read_text())
     assert {"setting": "pathological", "seed": 1} in command["dropped"]
     assert set(command["not_run"]) == {f"{st}/fedavg-s{sd}" for st in ("pathological", "dir1.0", "dir0.5")
                                        for sd in (0, 1)}
     report = (out / "report.md").read_text()
     assert "Dropped to fit the time budget" in report and "not started" in report
+
+
+def test_runs_still_going_when_the_budget_ends_are_cut_short(tmp_path: Path) -> None:
+    """Two worker processes on runs far longer than the budget: both are stopped and reported, none hangs."""
+    import time
+
+    prof = _tiny(tmp_path)
+    plan = build_plan(prof, [0], tmp_path / "out", CONFIGS, rounds=100_000)
+    tb = TimeBudget(plan, 12.0, 1e12, workers=2)  # the estimate admits both; the clock ends them
+    t0 = time.monotonic()
+    got = list(run_plan(plan, 2, 1, budget=tb))
+    assert time.monotonic() - t0 < 60
+    assert sorted(o.status for o in got) == ["cut short", "cut short"]
+    assert all("the time budget ended it after" in str(o.error) for o in got)
