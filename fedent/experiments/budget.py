@@ -4,7 +4,8 @@ A lent GPU gives one call of a few minutes, and the rate a machine trains at is 
 the plan is first trimmed by ``drop_order`` to what the *estimated* rate fits, and re-trimmed each time a
 worker is free, at the rate *measured* so far (client steps of the runs finished in this call, plus the logged
 rounds of the running ones, over the elapsed time): a faster machine gets dropped (setting, seed) units back in
-reverse drop order, a slower one loses units not yet started. Units are always dropped in the documented order,
+reverse drop order, a slower one loses units not yet started (a unit with a started run is kept, so that its
+table can be finished). Units are always dropped in the documented order,
 and a run is started only when it is expected to finish within the budget. When the budget ends, runs still
 going are cut short (their processes killed); everything not run or cut short is reported with why, never
 silently left out.
@@ -34,6 +35,7 @@ class TimeBudget:
     done_steps: int = field(init=False, default=0)  # client steps of runs trained (not skipped) in this call
     free: set[str] = field(init=False, default_factory=set)  # complete before the call: cost nothing now
     dropped: list[tuple[str, int]] = field(init=False, default_factory=list)  # the current trim's units
+    started_units: set[tuple[str, int]] = field(init=False, default_factory=set)  # never dropped again
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0 or self.steps_per_s <= 0 or self.workers < 1:
@@ -71,6 +73,7 @@ class TimeBudget:
         if need > left:
             return (f"would not finish within --budget-s {self.budget_s:g} (about {need:.0f} s at "
                     f"{rate / self.workers:.0f} steps/s per worker, {max(left, 0):.0f} s left)")
+        self.started_units.add((spec.setting, spec.seed))
         return None
 
     def time_left(self) -> float:
@@ -82,7 +85,9 @@ class TimeBudget:
             self.done_steps += self.cost(spec)
 
     def _trim(self, rate: float) -> list[tuple[str, int]]:
-        return trim_plan(self.plan, int(rate * self.budget_s), cost=self.cost)[1]
+        # a unit with a started run stays: dropping it would waste its finished runs and leave its table partial
+        # (on the H100 a falling measured rate dropped a half-run setting again)
+        return trim_plan(self.plan, int(rate * self.budget_s), cost=self.cost, keep=self.started_units)[1]
 
     def _progress(self, spec: RunSpec) -> float:
         """The client steps a running run has logged (rounds done / rounds of its cost)."""

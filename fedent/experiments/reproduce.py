@@ -20,7 +20,7 @@ import json
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -501,13 +501,16 @@ def drop_order(plan: Plan) -> list[tuple[str, int]]:
 
 
 def trim_plan(plan: Plan, budget_steps: int, cost: Callable[[RunSpec], int] | None = None,
-              ) -> tuple[Plan, list[tuple[str, int]]]:
+              keep: Collection[tuple[str, int]] = ()) -> tuple[Plan, list[tuple[str, int]]]:
     """The plan without the first units of ``drop_order`` that must go for its client steps to fit the budget
-    (``cost``: a run's steps, default ``client_steps`` of its config; a time budget counts done runs as 0)."""
+    (``cost``: a run's steps, default ``client_steps`` of its config; a time budget counts done runs as 0;
+    ``keep``: units never dropped, e.g. those a time budget has started)."""
     size = cost or (lambda r: client_steps(r.config))
     runs = list(plan.runs)
     dropped: list[tuple[str, int]] = []
     for unit in drop_order(plan):
+        if unit in keep:
+            continue
         if sum(size(r) for r in runs) <= budget_steps:
             break
         runs = [r for r in runs if (r.setting, r.seed) != unit]

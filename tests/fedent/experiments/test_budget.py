@@ -53,7 +53,9 @@ def test_the_trim_follows_the_measured_rate_both_ways(tmp_path: Path) -> None:
     # ... and 10x slower than estimated: units go again, in the documented order, and a long run waits
     tb.done_steps = int(total / 4000 * 61)
     why = tb.admit(gone)
-    assert why is not None and len(tb.dropped) > 0 and tb.dropped == units[: len(tb.dropped)]
+    order = [u for u in units if u not in tb.started_units]  # the units already started stay
+    assert why is not None and len(tb.dropped) > 0 and tb.dropped == order[: len(tb.dropped)]
+    assert (gone.setting, gone.seed) in tb.started_units and (gone.setting, gone.seed) not in tb.dropped
 
 
 def test_a_run_that_cannot_finish_in_the_time_left_is_not_started(tmp_path: Path) -> None:
@@ -121,3 +123,19 @@ def test_runs_still_going_when_the_budget_ends_are_cut_short(tmp_path: Path) -> 
     assert time.monotonic() - t0 < 60
     assert sorted(o.status for o in got) == ["cut short", "cut short"]
     assert all("the time budget ended it after" in str(o.error) for o in got)
+
+
+def test_a_started_unit_is_never_dropped_again(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("full"), [0, 1], tmp_path, CONFIGS, only=["main"])
+    total = sum(client_steps(s.config) for s in plan.runs)
+    clock = Clock()
+    tb = TimeBudget(plan, 100.0, total / 100, workers=4, clock=clock)  # everything fits at the estimate
+    assert tb.dropped == []
+    last = drop_order(plan)[0]  # the first unit to go when it does not fit
+    spec = next(s for s in plan.runs if (s.setting, s.seed) == last)
+    assert tb.admit(spec) is None
+    clock.t = 61.0
+    tb.done_steps = int(total / 1000 * 61)  # 10x slower than estimated
+    other = next(s for s in plan.runs if (s.setting, s.seed) != last)
+    tb.admit(other)
+    assert last not in tb.dropped and len(tb.dropped) > 0
