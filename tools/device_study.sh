@@ -7,6 +7,8 @@
 #      starting estimate of the whole pipeline's rate (host work, evaluation, probes and Algorithm 1 cost extra);
 #   3. fedent reproduce --profile full with that conv path and --budget-s: trimmed in the documented drop order,
 #      re-planned at the measured rate as runs finish, until DEADLINE_S after this script started.
+# A second call resumes the study: carry results/full (what the first brought back; complete runs are skipped) and
+# pass CONV and RATE (the first call's choice and measured rate) to skip steps 1-2.
 # Whatever finished comes back as $OUT/reproduce.tgz, logs and run records without model files (a device call
 # returns at most 8 files of 16 MiB), also when a limit cuts a step short. Here, report it with
 #   fedent reproduce --profile full --seeds $SEEDS --set train.conv=CONV --out results/full --report-only
@@ -20,10 +22,11 @@ source "$(dirname "$0")/device_lib.sh"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.cuda.get_device_name(0))'
 } >"$STEPS_LOG" 2>&1
-step gpu-tests 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
-  tests/fedent/rounds/test_vectorised.py -k "cuda and (unfold or precision or each_client or fedent)"
-step stepbench 60 "$PY" benchmarks/bench_vectorised_step.py --device cuda --clients 20,60 --repeats 3
-read -r CONV RATE < <("$PY" - "$OUT/stepbench.log" "$RATE_SHARE" <<'PY'
+if [ -z "${CONV:-}" ] || [ -z "${RATE:-}" ]; then  # a later call of the same study passes what the first chose
+  step gpu-tests 60 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
+    tests/fedent/rounds/test_vectorised.py -k "cuda and (unfold or precision or each_client or fedent)"
+  step stepbench 60 "$PY" benchmarks/bench_vectorised_step.py --device cuda --clients 20,60 --repeats 3
+  read -r CONV RATE < <("$PY" - "$OUT/stepbench.log" "$RATE_SHARE" <<'PY'
 import json, sys
 best = {}
 for line in open(sys.argv[1], errors="replace"):
@@ -31,11 +34,11 @@ for line in open(sys.argv[1], errors="replace"):
         best = json.loads(line[5:])
 print(best.get("conv", "direct"), max(200, int(float(best.get("steps_per_s", 4000)) * float(sys.argv[2]))))
 PY
-)
-echo "chosen: train.conv=$CONV, starting estimate $RATE client steps/s (share $RATE_SHARE of the step benchmark)" \
-  | tee -a "$STEPS_LOG"
+  )
+fi
+echo "chosen: train.conv=$CONV, starting estimate $RATE client steps/s" | tee -a "$STEPS_LOG"
 # The profile's configs read the system copy (train.device and train.executor are auto: CUDA, vectorised).
-mkdir -p /usr/share/datasets/fashion-mnist && cp -n data/fashion-mnist/*-ubyte.gz /usr/share/datasets/fashion-mnist/
+mkdir -p /usr/share/datasets/fashion-mnist && cp data/fashion-mnist/*-ubyte.gz /usr/share/datasets/fashion-mnist/
 LEFT=$((DEADLINE_S - SECONDS - 20))  # 20 s for the archive
 step reproduce "$LEFT" "${FEDENT[@]}" reproduce --profile full --seeds "$SEEDS" --out results/full \
   --workers "$WORKERS" --threads 1 --set "train.conv=$CONV" --steps-per-s "$RATE" --budget-s $((LEFT - 40)) \
