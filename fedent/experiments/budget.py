@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fedent import runlog
-from fedent.experiments.reproduce import Plan, RunSpec, client_steps, is_complete, trim_plan
+from fedent.experiments.reproduce import Plan, RunSpec, client_steps, settled, trim_plan
 
 WARMUP_S = 60.0  # before this, the estimate stands: process start and data loading would read as a slow rate
 
@@ -33,14 +33,16 @@ class TimeBudget:
     warmup_s: float = WARMUP_S
     started: float = field(init=False, default=0.0)
     done_steps: int = field(init=False, default=0)  # client steps of runs trained (not skipped) in this call
-    free: set[str] = field(init=False, default_factory=set)  # complete before the call: cost nothing now
+    free: set[str] = field(init=False, default_factory=set)  # settled before the call: cost nothing now
     dropped: list[tuple[str, int]] = field(init=False, default_factory=list)  # the current trim's units
     started_units: set[tuple[str, int]] = field(init=False, default_factory=set)  # never dropped again
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0 or self.steps_per_s <= 0 or self.workers < 1:
             raise ValueError("a time budget needs budget_s > 0, steps_per_s > 0 and workers >= 1")
-        self.free = {s.key for s in self.plan.runs if is_complete(s.run_dir, s.rounds)}
+        self.free = {s.key for s in self.plan.runs if settled(s)}
+        # a unit an earlier call began counts as started: its table is finished before new units are begun
+        self.started_units = {(s.setting, s.seed) for s in self.plan.runs if s.key in self.free}
         self.started = self.clock()
         self.dropped = self._trim(self.steps_per_s)
 

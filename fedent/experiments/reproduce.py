@@ -150,7 +150,7 @@ class Plan:
 @dataclass(frozen=True)
 class RunOutcome:
     key: str
-    status: str  # done | skipped (already complete) | failed
+    status: str  # done | skipped (already complete) | diverged (a model went non-finite) | failed | not run | cut short
     wall_s: float
     final_acc: float | None = None
     error: str | None = None
@@ -532,6 +532,22 @@ def is_complete(run_dir: Path, rounds: int) -> bool:
     return sorted(int(r.get("round", -1)) for r in recs) == list(range(rounds))
 
 
+def diverged(run_dir: Path) -> str | None:
+    """The engine's error when the run stopped because a model went non-finite, else None. Such a run has
+    settled: training is deterministic per seed, so running it again diverges again (resume skips it)."""
+    status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
+    if not isinstance(status, dict) or status.get("phase") != "failed":
+        return None
+    error = str((status.get("state") or {}).get("error") or status.get("error") or "")
+    return error if "not finite" in error else None
+
+
+def settled(spec: RunSpec) -> bool:
+    """Complete, or diverged, with this spec's config: nothing left to run."""
+    return ((is_complete(spec.run_dir, spec.rounds) or diverged(spec.run_dir) is not None)
+            and same_config(spec.run_dir, spec.config))
+
+
 def same_config(run_dir: Path, config: Mapping[str, Any]) -> bool:
     """True when the run dir's config.yaml is this spec's config (a changed profile must not be skipped)."""
     path = runlog.RunPaths(run_dir).config
@@ -568,6 +584,8 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
     if is_complete(spec.run_dir, spec.rounds) and same_config(spec.run_dir, spec.config):
         recs = runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics)
         return RunOutcome(spec.key, "skipped", 0.0, runlog.final_accuracy(recs))
+    if (blew := diverged(spec.run_dir)) is not None and same_config(spec.run_dir, spec.config):
+        return RunOutcome(spec.key, "diverged", 0.0, None, f"(before) {blew}")
     if spec.run_dir.exists():
         shutil.rmtree(spec.run_dir)
     cfg = config_from_dict(spec.config)
@@ -578,7 +596,8 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
                              label=spec.key)
     except (SimulationError, StrategyError, ValueError, RuntimeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return RunOutcome(spec.key, "failed", time.perf_counter() - t0, None, f"{type(e).__name__}: {msg}")
+        status = "diverged" if diverged(spec.run_dir) is not None else "failed"  # an outcome, not an error
+        return RunOutcome(spec.key, status, time.perf_counter() - t0, None, f"{type(e).__name__}: {msg}")
     return RunOutcome(spec.key, "done", time.perf_counter() - t0, res.final_acc)
 
 
@@ -651,7 +670,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
                 o = execute(spec, inputs_for)
                 if budget is not None:
                     budget.finished(spec, o.status)
-            if o.status in ("failed", "not run"):
+            if o.status in ("failed", "not run", "diverged"):
                 failed.add(o.key)
             yield o
         return
@@ -672,7 +691,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
                 if budget is not None and len(futures) >= workers:
                     return
                 deps = [status.get(k) for k in spec.after]
-                if any(d in ("failed", "not run", "cut short") for d in deps):
+                if any(d in ("failed", "not run", "cut short", "diverged") for d in deps):
                     waiting.remove(spec)
                     status[spec.key] = "failed"
                     yield RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))

@@ -20,7 +20,7 @@ import numpy as np
 from fedent import runlog
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
-from fedent.experiments.reproduce import Plan, RunSpec, is_complete
+from fedent.experiments.reproduce import Plan, RunSpec, diverged, is_complete
 from fedent.plots import local_accuracies, plot_acc_loss, plot_eta, plot_local_spread, plot_phi2
 
 Records = list[dict[str, Any]]
@@ -63,15 +63,6 @@ def _local_stats(recs: Records) -> dict[str, float] | None:
     last = per_round[-1][1]
     return {"mean": float(np.mean(pooled)), "std": float(np.std(pooled)), "last_mean": float(np.mean(last)),
             "last_std": float(np.std(last))}
-
-
-def diverged(run_dir: Path) -> str | None:
-    """The engine's error when the run stopped because a model went non-finite, else None."""
-    status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
-    if not isinstance(status, dict) or status.get("phase") != "failed":
-        return None
-    error = str((status.get("state") or {}).get("error") or status.get("error") or "")
-    return error if "not finite" in error else None
 
 
 def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], seeds: Sequence[int],

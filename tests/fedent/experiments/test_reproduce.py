@@ -255,7 +255,14 @@ def test_a_diverged_run_is_an_outcome_of_its_row_not_a_lost_seed(tmp_path: Path)
     out = tmp_path / "out"
     plan = build_plan(prof, [0], out, CONFIGS)
     outcomes = list(run_plan(plan, 1, 1, lambda cfg: tiny_inputs(4, 12, cfg.train.seed)))
-    assert [o.status for o in outcomes] == ["done", "failed"] and "not finite" in str(outcomes[1].error)
+    assert [o.status for o in outcomes] == ["done", "diverged"] and "not finite" in str(outcomes[1].error)
+    # settled: a resumed plan skips it (the same seed diverges again; the H100 call re-ran two for nothing)
+    again = list(run_plan(plan, 1, 1, lambda cfg: tiny_inputs(4, 12, cfg.train.seed)))
+    assert [o.status for o in again] == ["skipped", "diverged"] and str(again[1].error).startswith("(before)")
+    from fedent.experiments.budget import TimeBudget
+
+    tb = TimeBudget(plan, 10.0, 1.0, 1)
+    assert tb.free == {s.key for s in plan.runs} and tb.started_units == {("pathological", 0)}
     write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
     summary = json.loads((out / "summary.json").read_text())
     table = summary["tables"]["main/pathological"]
