@@ -77,8 +77,9 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform()}
+            "gpu": gpu, "platform": platform.platform()}
 
 
 def git_commit() -> str:
@@ -151,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
                else ["fedent", "reproduce"], "workers": args.workers, "threads": args.threads, "started": started,
                "dropped": [{"setting": st, "seed": sd} for st, sd in dropped]}
     if not args.report_only:
+        command.update(machine=machine_info(), commit=git_commit())
+    if not args.report_only:
         runlog.atomic_write_json(out / "command.json", command)  # what trained the runs (a report-only pass reads it)
         print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "
               f"{args.threads} thread(s), out {out}", flush=True)
@@ -191,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
     # runs a budget never started are not the report's business (command.json lists them), unless done since
     left_out = set(trained.get("not_run") or {}) if isinstance(trained, dict) else set()
     plan = replace(plan, runs=tuple(s for s in plan.runs if s.key not in left_out or is_complete(s.run_dir, s.rounds)))
-    meta = {"machine": machine_info(), "commit": git_commit(), **(trained if isinstance(trained, dict) else command),
+    # where the runs trained comes from command.json (written when training starts); this machine only wrote the report
+    meta = {"report_machine": machine_info(), "report_commit": git_commit(),
+            **(trained if isinstance(trained, dict) else command),
             "report_command": command["argv"], "finished": time.time()}
     report = write_report(plan, out, meta)
     print(f"wrote {report}")

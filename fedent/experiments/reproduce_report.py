@@ -223,6 +223,13 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _machine(m: Mapping[str, Any]) -> str:
+    if not m:
+        return "not recorded (command.json from before fedent recorded it)"
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    return f"{m.get('cpu')}, {m.get('cores')} cores{gpu}, python {m.get('python')}, torch {m.get('torch')}"
+
+
 def _pct(ms: Mapping[str, float] | None) -> str:
     return "—" if ms is None else f"{100 * ms['mean']:.2f} ± {100 * ms['std']:.2f}"
 
@@ -260,8 +267,8 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
         "",
         f"- command: `{' '.join(meta.get('argv', []))}` (workers {meta.get('workers')}, torch threads per worker "
         f"{meta.get('threads')})",
-        f"- git commit: {meta.get('commit')}",
-        f"- machine: {m.get('cpu')}, {m.get('cores')} cores, python {m.get('python')}, torch {m.get('torch')}",
+        f"- git commit: {meta.get('commit') or 'not recorded'} (report written at {meta.get('report_commit')})",
+        f"- trained on: {_machine(m)}",
         "- accuracy: final = global test accuracy after the last round, best = the highest measured; mean ± "
         "sample std over the seeds that completed every row of the table; rounds to target = rounds until "
         "the global test accuracy first reaches the target (90% of the best row's mean final accuracy, "

@@ -109,6 +109,10 @@ def test_the_command_reports_a_budget_that_holds_nothing(tmp_path: Path, capsys:
                                        for sd in (0, 1)}
     report = (out / "report.md").read_text()
     assert "Dropped to fit the time budget" in report and "not started" in report
+    # where the runs trained is recorded when training starts, and a later --report-only keeps it
+    assert command["machine"]["cores"] >= 1 and f"trained on: {command['machine']['cpu']}" in report
+    assert main([*argv, "--report-only"]) == 0
+    assert f"trained on: {command['machine']['cpu']}" in (out / "report.md").read_text()
 
 
 def test_runs_still_going_when_the_budget_ends_are_cut_short(tmp_path: Path) -> None:
