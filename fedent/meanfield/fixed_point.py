@@ -40,9 +40,19 @@ _TINY = 1e-300
 
 
 class GradientOracle(Protocol):
-    """∇F_i at a point, for client ``cid`` at step ``t`` (a random batch fixed by (t, cid))."""
+    """∇F_i at a point, for client ``cid`` at step ``t`` (a random batch fixed by (t, cid)). An oracle may also
+    have ``gradients(t, cids, point) -> list[Params]``, the same gradients for several clients at once (the
+    vectorised executor's, one vmapped pass); ``gradients_at`` uses it when present."""
 
     def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params: ...
+
+
+def gradients_at(oracle: GradientOracle, t: int, cids: Sequence[int], point: Sequence[Tensor]) -> list[Params]:
+    """Every client's gradient at ``point`` for step ``t``: batched when the oracle can, else one by one."""
+    batched = getattr(oracle, "gradients", None)
+    if batched is not None:
+        return list(batched(t, list(cids), point))
+    return [oracle.gradient(t, c, point) for c in cids]
 
 
 @dataclass(frozen=True)
@@ -152,8 +162,8 @@ def solve_fixed_point(
             q_sum = 0.0
             part = rounds_j[t]
             th_t = th[part] / float(th[part].sum())
-            for j, th_j in zip(part.tolist(), th_t.tolist(), strict=True):
-                g = oracle.gradient(t, int(client_ids[j]), point)
+            grads = gradients_at(oracle, t, [int(client_ids[j]) for j in part.tolist()], point)
+            for j, th_j, g in zip(part.tolist(), th_t.tolist(), grads, strict=True):
                 evals += 1
                 a, b = dot(point, g), norm_sq(g)
                 sol = solve_eta(a, b, c, th_j, phi2[t + 1], beta, variant, eta_max=eta_max)

@@ -1,8 +1,9 @@
 """The vectorised executor: the round's clients train together, in chunks that fit the device's memory.
 
-``probe`` takes every participant's probe gradient at w(t) in one vmapped pass (``Strategy.plan_probe``).
-Algorithm 1's oracle stays the sequential executor's (its sweeps walk one client's trajectory at a time),
-and so does FedNorm's gradient inside its plan. ``fit`` asks every client's strategy for its ``LocalFit``
+``probe`` takes every participant's probe gradient at w(t) in one vmapped pass (``Strategy.plan_probe``), and
+Algorithm 1's oracle gives a round's participants their gradients at φ1(t) in one pass too
+(``VectorisedOracle``). FedNorm's gradient inside its plan stays one client at a time.
+``fit`` asks every client's strategy for its ``LocalFit``
 plan first, in cid order (the plans read and write client state exactly as the sequential executor's fits
 do), trains the plans in chunks of ``chunk_size`` clients through one ``vmap``-ed step, then finishes each
 client in cid order."""
@@ -17,7 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedent.params import num_elements
+from fedent.meanfield.oracle import TrainerOracle
+from fedent.params import Params, num_elements
+from fedent.rng import torch_generator
 from fedent.rounds.executor import Gathered
 from fedent.rounds.sequential import SequentialExecutor
 from fedent.strategies.base import ClientUpdate, LocalFit, Probe, RoundPayload, Strategy, train_generator
@@ -27,6 +30,27 @@ from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrai
 # Of the device memory free when the first round starts, the share the chunks may use (the rest is
 # headroom for the allocator, evaluation and the sequential probes).
 MEMORY_SHARE = 0.6
+
+
+class VectorisedOracle(TrainerOracle):
+    """Algorithm 1's gradient oracle with the batched ``gradients``: each client's batch is the one
+    ``TrainerOracle.gradient`` draws (the same (t, cid) stream), all at one point in vmapped chunks."""
+
+    def __init__(self, vtrainer: VectorisedTrainer, client_indices: Sequence[Tensor], seed: int,
+                 batch_size: int | None, chunk: int) -> None:
+        super().__init__(vtrainer.trainer, client_indices, seed, batch_size)
+        self.vtrainer, self.chunk = vtrainer, max(1, chunk)
+
+    def gradients(self, t: int, cids: Sequence[int], point: Sequence[Tensor]) -> list[Params]:
+        for c in cids:
+            if int(self.client_indices[c].numel()) == 0:
+                raise ValueError(f"client {c} has no samples; cannot compute its gradient")
+        reqs = [GradientRequest(self.client_indices[c], torch_generator(self.seed, "oracle", t, c), self.batch_size)
+                for c in cids]
+        out: list[Params] = []
+        for lo in range(0, len(reqs), self.chunk):
+            out += self.vtrainer.gradients(point, reqs[lo:lo + self.chunk])
+        return out
 
 
 class VectorisedExecutor(SequentialExecutor):
@@ -47,6 +71,13 @@ class VectorisedExecutor(SequentialExecutor):
     def status_fields(self) -> dict[str, Any]:
         return {**super().status_fields(), "executor": "vectorised", "parallel_clients": self.chunk_size,
                 "conv": self.vtrainer.conv}
+
+    def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
+                rounds: int) -> tuple[Strategy, dict[str, Any]]:
+        """Algorithm 1 over the batched oracle (each round's participants in one pass per sweep)."""
+        chunk = len(self._chunks(list(range(len(self.indices))), global_params)[0])
+        oracle = VectorisedOracle(self.vtrainer, self.indices, self.seed, self.batch_size, chunk)
+        return strategy, dict(strategy.prepare(oracle, global_params, sizes, rounds) or {})
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
