@@ -189,7 +189,7 @@ def test_unfold_swaps_only_plain_convolutions_and_says_what_runs() -> None:
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2, padding=1),
                           nn.Conv2d(4, 4, 3, padding="same"), nn.Conv2d(4, 2, 3, stride=2, dilation=2, padding=2))
     copy, swapped = unfold_convs(model)
-    assert swapped == 2 and [type(m) is UnfoldConv2d for m in copy] == [True, False, False, True]
+    assert swapped == 2 and [type(m) is UnfoldConv2d for m in copy.children()] == [True, False, False, True]
     assert all(type(m) is nn.Conv2d for m in model)  # the original is untouched
     x = torch.randn(2, 1, 9, 9)
     assert float((copy(x) - model(x)).abs().max()) <= 1e-5  # stride, dilation and padding included
