@@ -236,19 +236,46 @@ def metrics_record(**values: Any) -> dict[str, Any]:
     return rec
 
 
+class ReplacedRunError(RuntimeError):
+    """The file this run writes was deleted or replaced by someone else (the run directory was removed and
+    made again, e.g. by a fresh run): stop rather than write into another run's log."""
+
+
 class MetricsLog:
-    """Append-only metrics.jsonl: one JSON object per completed round, flushed and fsynced per line."""
+    """Append-only metrics.jsonl: one JSON object per completed round, flushed and fsynced per line.
+
+    It keeps the file it first wrote open (so its inode cannot be reused) and refuses to append once the path
+    names another file or none: a process left running after its run directory was removed and started again
+    (an orphaned worker of a killed ``fedent reproduce``) once interleaved its rounds into the new run's log.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: Any = None
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(jsonable(record), allow_nan=False, separators=(",", ":"))
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept for the run's life
+        else:
+            mine = os.fstat(self._file.fileno())
+            try:
+                st = os.stat(self.path)
+                same = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+            except FileNotFoundError:
+                same = False
+            if not same:
+                raise ReplacedRunError(f"{self.path} was removed or replaced while this run wrote it; stopping "
+                                       "instead of writing into another run's log")
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ that renders it lives in ``reproduce_report``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -605,6 +607,26 @@ def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to end this pool worker when the process that started it dies: a
+    ``fedent reproduce`` killed by a timeout or by hand otherwise leaves its workers training on, into run
+    directories a restarted reproduce is writing again (seen: a killed medium profile's workers interleaved
+    their rounds into the new runs' logs). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request was in place
+        os._exit(1)
 
 
 def _execute_safely(spec: RunSpec) -> RunOutcome:

@@ -262,12 +262,17 @@ class RoundEngine:
                     self.on_round(rec)
             self.save_model()
             self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+        except runlog.ReplacedRunError:  # the directory is another run's now: write nothing more into it
+            self.metrics.close()
+            raise
         except BaseException as e:
+            self.metrics.close()
             error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
             try:
                 self.status("failed", self.round, error=error)
             finally:
                 self.executor.finish(False, f"run failed: {error}")
             raise
+        self.metrics.close()
         self.executor.finish(True, "run finished")
         return self.records

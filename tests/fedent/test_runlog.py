@@ -109,3 +109,23 @@ def test_run_files_share_one_permission_policy(tmp_path: Path) -> None:
     finally:
         os.umask(old)
         runlog._UMASK = None
+
+
+def test_metrics_log_refuses_a_file_replaced_under_it(tmp_path: Path) -> None:
+    """A writer whose run directory was removed and made again stops instead of appending to the new run's log."""
+    import shutil
+
+    run = tmp_path / "run"
+    log = runlog.MetricsLog(run / "metrics.jsonl")
+    log.append(runlog.metrics_record(round=0))
+    log.append(runlog.metrics_record(round=1))
+    shutil.rmtree(run)
+    run.mkdir()
+    fresh = runlog.MetricsLog(run / "metrics.jsonl")
+    fresh.append(runlog.metrics_record(round=0))  # the new run's first line
+    with pytest.raises(runlog.ReplacedRunError, match="removed or replaced"):
+        log.append(runlog.metrics_record(round=2))
+    assert [r["round"] for r in runlog.read_metrics(run / "metrics.jsonl")] == [0]
+    (run / "metrics.jsonl").unlink()
+    with pytest.raises(runlog.ReplacedRunError):
+        fresh.append(runlog.metrics_record(round=1))

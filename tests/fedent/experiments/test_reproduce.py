@@ -273,3 +273,50 @@ def test_a_diverged_run_is_an_outcome_of_its_row_not_a_lost_seed(tmp_path: Path)
     text = (out / "report.md").read_text()
     assert "| fedavg-huge | diverged (1/1 seeds) |" in text
     assert "Diverged (an outcome of the row" in text and "Not complete" not in text
+
+
+def test_killing_reproduce_ends_its_pool_workers(tmp_path: Path) -> None:
+    """SIGKILL of `fedent reproduce` (a timeout, a kill by hand) takes its worker processes with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedent.cli", "reproduce", "--profile", "cpu", "--only", "main", "--rows", "fedavg",
+           "--seeds", "0", "--rounds", "100000", "--workers", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(CONFIGS.parent)})
+
+    def children() -> list[int]:
+        kids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == proc.pid:
+                    kids.append(int(d.name))
+        return kids
+
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("runs/*/*/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert list(out.glob("runs/*/*/metrics.jsonl")), "no run logged a round within 120 s"
+        workers = children()
+        assert workers
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and
+                 "Z" not in (Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[:1] or ["Z"])]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"pool workers {alive} outlived their reproduce"
