@@ -310,7 +310,8 @@ def paper_profile(paper_datasets: bool = False) -> Profile:
 # The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
 # steps per round), one seed, the central controls; the rounds are what fits ~90 minutes on 2 shared cores at the
 # rate measured on this box: 9.6 client SGD steps/s per worker (first round of its run of 2026-11-26, 2 workers,
-# with other jobs on the box; an earlier smoke test under heavier load gave 2.4; docs/results.md "Profiles").
+# with other jobs on the box; an earlier smoke test under heavier load gave 2.4). The whole profile then took
+# 80 min beside a full test suite and a transfer benchmark (docs/results.md "Profiles").
 MEDIUM_ROUNDS = 10
 MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10")
 
