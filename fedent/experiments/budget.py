@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedent import runlog
 from fedent.experiments.reproduce import Plan, RunSpec, client_steps, settled, trim_plan
@@ -36,18 +37,22 @@ class TimeBudget:
     free: set[str] = field(init=False, default_factory=set)  # settled before the call: cost nothing now
     dropped: list[tuple[str, int]] = field(init=False, default_factory=list)  # the current trim's units
     started_units: set[tuple[str, int]] = field(init=False, default_factory=set)  # never dropped again
+    _costs: dict[str, int] = field(init=False, default_factory=dict)
+    _plan_key: tuple[Any, ...] | None = field(init=False, default=None)  # what the current rate and trim saw
+    _rate: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0 or self.steps_per_s <= 0 or self.workers < 1:
             raise ValueError("a time budget needs budget_s > 0, steps_per_s > 0 and workers >= 1")
         self.free = {s.key for s in self.plan.runs if settled(s)}
+        self._costs = {s.key: 0 if s.key in self.free else client_steps(s.config) for s in self.plan.runs}
         # a unit an earlier call began counts as started: its table is finished before new units are begun
         self.started_units = {(s.setting, s.seed) for s in self.plan.runs if s.key in self.free}
         self.started = self.clock()
         self.dropped = self._trim(self.steps_per_s)
 
     def cost(self, spec: RunSpec) -> int:
-        return 0 if spec.key in self.free else client_steps(spec.config)
+        return self._costs[spec.key]
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -66,11 +71,10 @@ class TimeBudget:
         """None when ``spec`` may start now, else why not (re-trimmed at the current rate first)."""
         if spec.key in self.free:
             return None  # complete already: reproduce skips it at no cost
-        rate = self.rate(running)
-        self.dropped = self._trim(rate)
+        rate = self._replan(running)
         if (spec.setting, spec.seed) in self.dropped:
             return f"setting {spec.setting}, seed {spec.seed} dropped to fit --budget-s {self.budget_s:g}"
-        left = self.budget_s - self.elapsed()
+        left = self.time_left()
         need = self.cost(spec) / (rate / self.workers)
         if need > left:
             return (f"would not finish within --budget-s {self.budget_s:g} (about {need:.0f} s at "
@@ -85,6 +89,18 @@ class TimeBudget:
     def finished(self, spec: RunSpec, status: str) -> None:
         if status == "done":
             self.done_steps += self.cost(spec)
+
+    def _replan(self, running: Sequence[RunSpec]) -> float:
+        """The rate and trim, measured again only when something changed (a run finished or started, a unit
+        was begun) or a second passed: ``run_plan`` asks about every waiting run each time a worker frees, and
+        measuring reads the running runs' logs."""
+        key = (self.done_steps, tuple(s.key for s in running), len(self.started_units))
+        now = self.clock()
+        if self._plan_key is None or key != self._plan_key[0] or now - self._plan_key[1] >= 1.0:
+            self._rate = self.rate(running)
+            self.dropped = self._trim(self._rate)
+            self._plan_key = (key, now)
+        return self._rate
 
     def _trim(self, rate: float) -> list[tuple[str, int]]:
         # a unit with a started run stays: dropping it would waste its finished runs and leave its table partial
