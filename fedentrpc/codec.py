@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedentrpc.receive_pool import RECEIVE_POOL
 from fedentrpc.v1 import tensor_pb2 as pb
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
@@ -271,7 +272,8 @@ class TensorAssembler:
 
     The header's sizes are checked against ``max_bytes`` before anything is allocated; then each chunk
     is verified against its own checksum and copied once, straight into its place in one buffer sized
-    from the header, so the decoded tensors are views into it and nothing is joined at the end.
+    from the header (recycled from a freed stream of the same size: ``receive_pool``), so the decoded
+    tensors are views into it and nothing is joined at the end.
     ``keep_payload=False`` only verifies (a blob store that keeps the chunks themselves).
     """
 
@@ -307,10 +309,9 @@ class TensorAssembler:
         if not self.keep_payload and h.compression == pb.COMPRESSION_NONE:
             return  # sizes and shapes are checked from the header alone; zlib must be inflated to check
         try:
-            self._dst = torch.empty(int(h.wire_bytes), dtype=torch.uint8)
-        except RuntimeError:
+            self._dst, self._np = RECEIVE_POOL.take(int(h.wire_bytes))
+        except (RuntimeError, MemoryError):
             raise WireError(f"cannot allocate {h.wire_bytes} bytes for a tensor stream") from None
-        self._np = self._dst.numpy()
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.index != self._count:
