@@ -9,7 +9,11 @@ both processes spent per GB (all runs; steadier than wall time on a busy box):
   (``--chunk-kb``, 4 MiB) with identity (de)serializers: no protobuf, no checksum, nothing decoded;
 * ``generated``: what the services do: ``fedentrpc.codec`` over the generated stubs and servicer
   registration, protobuf's own (de)serialisation of ``TensorChunk`` (a ``bytes`` field, one CRC-32C per
-  chunk).
+  chunk);
+* ``copy`` (``--paths raw,generated,copy``): the floor of any tensor transfer with our integrity rule, not
+  a candidate: bare gRPC moving the tensors with only the work no encoding can avoid: the one copy out
+  of the tensors that gRPC-python's ``bytes``-only API forces, one CRC-32C per chunk on each end, and on
+  receipt one copy into a recycled buffer (the receive pool's). No protobuf, no header, no checks.
 
 The hand-written framing that this benchmark once held against the generated stubs (``hand``: chunk bytes
 written and read by hand, zero-copy views) was measured with it at commit 7f6fd82 and removed; the figures
@@ -27,6 +31,7 @@ instead of being unmapped and faulted in again for the next chunk. ``default`` l
     python benchmarks/bench_transfer.py                                  # 16, 256, 1024 MB, both directions
     python benchmarks/bench_transfer.py --sizes-mb 16 --repeat 3 --malloc tuned --json out.json
     python benchmarks/bench_transfer.py --sizes-mb 16 --repeat 1 --big-gb 2.2      # + a model over 2 GB
+    python benchmarks/bench_transfer.py --paths raw,generated,copy                 # + the floor
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedentrpc import codec  # noqa: E402
 from fedentrpc.options import grpc_options  # noqa: E402
+from fedentrpc.receive_pool import RECEIVE_POOL  # noqa: E402
 from fedentrpc.v1 import estimator_pb2 as est_pb  # noqa: E402
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc  # noqa: E402
 
@@ -59,7 +67,8 @@ MB = 2**20
 OPTIONS = grpc_options()  # the services' message-size limits
 RAW_SERVICE = "fedent.bench.Raw"
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * MB), "MALLOC_TRIM_THRESHOLD_": str(256 * MB)}
-PATHS = ("raw", "generated")
+PATHS = ("raw", "generated", "copy")
+BARE = ("raw", "copy")  # paths on the bare byte service, no protobuf
 
 
 def _ident(b: bytes) -> bytes:
@@ -96,9 +105,46 @@ class _Store(est_grpc.EstimatorServiceServicer):
         yield from self.blob.as_messages(est_pb.EstimatorServiceFetchBlobResponse)
 
 
+class _Copy:
+    """The ``copy`` floor's peer: an upload is copied into one buffer kept while the size stays (as the
+    receive pool keeps it), a download streams it cut once into chunks, each with its CRC-32C computed."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.buf = np.empty(0, dtype=np.uint8)
+        self.n = 0
+        self.pieces: list[bytes] | None = None
+
+    def up(self, it: Iterator[bytes], ctx: grpc.ServicerContext) -> bytes:
+        self.pieces, pos = None, 0
+        for b in it:
+            codec.checksum("crc32c", b)
+            if pos + len(b) > len(self.buf):  # grown on the first upload of a size, then reused
+                grown = np.empty(max(2 * len(self.buf), pos + len(b)), dtype=np.uint8)
+                grown[:pos] = self.buf[:pos]
+                self.buf = grown
+            self.buf[pos : pos + len(b)] = np.frombuffer(b, dtype=np.uint8)
+            pos += len(b)
+        self.n = pos
+        return str(pos).encode()
+
+    def down(self, req: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
+        if self.pieces is None:  # cut once, then streamed as they are (a model encoded once)
+            mv = self.buf[: self.n].data
+            self.pieces = [bytes(mv[i : i + self.chunk]) for i in range(0, len(mv), self.chunk)]
+            for b in self.pieces:
+                codec.checksum("crc32c", b)
+        yield from self.pieces
+
+
 def serve(path: str, chunk: int) -> int:
     server = grpc.server(futures.ThreadPoolExecutor(4), options=OPTIONS)
-    if path == "raw":
+    if path == "copy":
+        peer = _Copy(chunk)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RAW_SERVICE, {
+            "Down": grpc.unary_stream_rpc_method_handler(peer.down, _ident, _ident),
+            "Up": grpc.stream_unary_rpc_method_handler(peer.up, _ident, _ident)}),))
+    elif path == "raw":
         piece = bytes(chunk)
 
         def down(req: bytes, ctx: grpc.ServicerContext) -> Iterator[bytes]:
@@ -153,7 +199,7 @@ class Path_:
         self.name = name
         self.chunk = chunk
         self.spec = codec.TransferSpec(chunk_bytes=chunk, checksum="crc32c")
-        if name == "raw":
+        if name in BARE:
             self._down = ch.unary_stream(f"/{RAW_SERVICE}/Down", request_serializer=_ident,
                                          response_deserializer=_ident)
             self._up = ch.stream_unary(f"/{RAW_SERVICE}/Up", request_serializer=_ident, response_deserializer=_ident)
@@ -166,6 +212,18 @@ class Path_:
             pieces = (piece if i + step <= nbytes else piece[: nbytes - i] for i in range(0, nbytes, step))
             assert int(self._up(pieces, timeout=3600)) == nbytes
             return
+        if self.name == "copy":
+            views = [t.contiguous().view(torch.uint8).numpy().data for t in params]
+            self.shapes = [t.shape for t in params]
+
+            def cut() -> Iterator[bytes]:
+                for piece in codec._pieces(views, nbytes, self.chunk):
+                    b = b"".join(piece)  # the one copy out of the tensors
+                    codec.checksum("crc32c", b)
+                    yield b
+
+            assert int(self._up(cut(), timeout=3600)) == nbytes
+            return
         chunks = codec.stream_tensors({codec.PARAMS_GROUP: params}, est_pb.PutBlobRequest, self.spec)
         assert self.stub.PutBlob(chunks, timeout=3600).wire_bytes == nbytes
 
@@ -173,6 +231,20 @@ class Path_:
         if self.name == "raw":
             assert sum(len(b) for b in self._down(str(nbytes).encode(), timeout=3600)) == nbytes
             return None
+        if self.name == "copy":
+            dst, mem = RECEIVE_POOL.take(nbytes)
+            pos = 0
+            for b in self._down(str(nbytes).encode(), timeout=3600):
+                codec.checksum("crc32c", b)
+                mem[pos : pos + len(b)] = np.frombuffer(b, dtype=np.uint8)
+                pos += len(b)
+            assert pos == nbytes
+            out, at = [], 0
+            for shape in self.shapes:
+                k = math.prod(shape) * 4
+                out.append(dst[at : at + k].view(torch.float32).reshape(shape))
+                at += k
+            return out
         stream = self.stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(blob_id="last"), timeout=3600)
         return codec.decode_tensors(stream)[codec.PARAMS_GROUP]
 
@@ -258,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-gb", type=float, default=0.0, help="then move one model of this many GB (e.g. 2.2) "
                    "through the generated path and check it")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--paths", default="raw,generated", help=f"comma-separated, raw first; of {', '.join(PATHS)}")
     p.add_argument("--serve", choices=PATHS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     chunk = args.chunk_kb * 1024
@@ -269,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(os.environ.get(k) != env.get(k) for k in TUNED_MALLOC):  # glibc reads these at start: restart
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])], env)
     sizes = [int(s) for s in args.sizes_mb.split(",") if s.strip()]
-    names = list(PATHS)
+    names = [n.strip() for n in args.paths.split(",") if n.strip()]
+    if not names or names[0] != "raw" or any(n not in PATHS for n in names):
+        p.error(f"--paths must start with raw and name only {', '.join(PATHS)}")
+    if args.big_gb > 0 and "generated" not in names:
+        p.error("--big-gb moves its model through the generated path: name it in --paths")
     peers = {n: spawn(n, chunk, env) for n in names}
     results: dict[str, Any] = {"cpus": os.cpu_count(), "malloc": args.malloc, "repeat": args.repeat,
                                "chunk_bytes": chunk, "paths": names, "sizes": []}
