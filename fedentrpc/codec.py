@@ -11,9 +11,10 @@ Receivers accept either, nothing else.
 The chunks are plain protobuf messages built and parsed by protobuf through the generated stubs:
 benchmarks/README.md has the measurement that retired the hand-written framing. A receiver checks the
 header's sizes against its own limit before it allocates anything, copies each verified chunk once into
-one buffer (recycled across streams of the same size: ``receive_pool``), and returns tensors that view it. Optional fp16/bf16 casting and zlib compression are
-transfer settings (``TransferSpec``). Bad input raises ``WireError`` (a ``ValueError``) with a one-line
-message; servicers map it to ``INVALID_ARGUMENT``. Messages that carry core types are in ``mappers``.
+one buffer (recycled across streams of the same size: ``receive_pool``), and returns tensors that view it.
+Optional fp16/bf16 casting and zlib compression are transfer settings (``TransferSpec``). Bad input raises
+``WireError`` (a ``ValueError``) with a one-line message; servicers map it to ``INVALID_ARGUMENT``.
+Messages that carry core types are in ``mappers``.
 """
 
 from __future__ import annotations

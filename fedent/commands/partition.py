@@ -1,7 +1,9 @@
 """``fedent partition``: split a dataset's train labels over clients, write the JSON and an optional heatmap.
 
 The JSON is the same ``partition.json`` the simulator writes into a run directory, so a split can be
-inspected (and its md5 compared) before a run. Errors are one line on stderr with exit code 2.
+inspected (and its md5 compared) before a run. ``--write-clients DIR`` also writes each client's samples as
+the per-client files a worker reads with ``--data DIR`` (``data.placement: workers``), in the simulator's
+order, so a cluster on those files reproduces the simulation. Errors are one line on stderr with exit code 2.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -61,6 +64,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--synthetic-train", type=int, default=None, help="train size of the synthetic dataset")
     p.add_argument("--out", required=True, help="where to write the partition JSON")
     p.add_argument("--heatmap", default=None, help="also write the clients x classes label heatmap PNG here")
+    p.add_argument("--write-clients", metavar="DIR", default=None,
+                   help="also write DIR/client-<cid>/train.npz + test.npz, the files a worker reads with --data DIR")
 
 
 def _config_data(path: str) -> tuple[dict[str, Any], int | None]:
@@ -116,12 +121,40 @@ def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
         raise
 
 
+def refuse_taken(out: Path) -> None:
+    """ConfigError if ``out`` already holds client folders (checked before anything is loaded or written)."""
+    taken = sorted(p.name for p in out.glob("client-*")) if out.is_dir() else []
+    if taken:
+        raise ConfigError(f"--write-clients: {out} already holds {', '.join(taken[:3])}"
+                          f"{', ...' if len(taken) > 3 else ''}; choose a new or empty folder")
+
+
+def write_clients(out: Path, ds: Any, client_indices: Any, seed: int) -> int:
+    """Every client's files under ``out`` (``fedent.data.local.export_partition``), written into a scratch
+    folder first and moved in client by client, so a failure leaves no half-written client behind. Refuses a
+    folder that already holds client folders: nothing is overwritten."""
+    from fedent.data.local import export_partition
+
+    refuse_taken(out)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
+    try:
+        files = export_partition(ds.x_train, ds.y_train, ds.x_test, ds.y_test, client_indices, seed, scratch)
+        for d in sorted(scratch.iterdir()):
+            os.replace(d, out / d.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return len(files)
+
+
 def run(args: argparse.Namespace) -> int:
     from fedent.data.datasets import DatasetError, load_dataset
     from fedent.data.partition import PartitionError, make_partition
 
     try:
         cfg, seed = resolve(args)
+        if args.write_clients:
+            refuse_taken(Path(args.write_clients))
         ds = load_dataset(cfg, seed=seed)
         labels = ds.y_train.numpy()
         part = make_partition(labels, cfg, seed, num_classes=ds.num_classes)
@@ -142,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 f" (alpha={cfg.alpha}, {cfg.dirichlet_flavour})" if part.scheme == "dirichlet" else ""
             )
             plot_label_heatmap(part.label_counts(labels), Path(args.heatmap), title=title)
+        written = write_clients(Path(args.write_clients), ds, part.client_indices, seed) if args.write_clients else 0
     except (DatasetError, PartitionError, ConfigError, OSError) as e:
         msg = " ".join(str(e).split())
         print(f"fedent partition: error: {msg}", file=sys.stderr)
@@ -155,5 +189,6 @@ def run(args: argparse.Namespace) -> int:
         f"sizes {min(sizes)}..{max(sizes)}, classes/client {classes_per_client.min()}..{classes_per_client.max()}, "
         f"{sum(sizes)}/{labels.size} samples used, md5 {part.md5()} -> {out}"
         + (f" + {args.heatmap}" if args.heatmap else "")
+        + (f" + {written} client files under {args.write_clients}" if args.write_clients else "")
     )
     return 0

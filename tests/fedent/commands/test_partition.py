@@ -203,3 +203,53 @@ def test_unwritable_output_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Cap
             "--out", str(tmp_path / "afile" / "p.json")]
     assert main(args) == 2
     assert "afile" in _error_line(capsys)
+
+
+WORKER_CONFIG = """\
+data: {name: synthetic, num_clients: 4, partition: dirichlet, dirichlet_flavour: class, alpha: 0.5, min_samples: 10,
+       synthetic_train: 160, synthetic_test: 60}
+model: {name: mnist-cnn}
+train: {rounds: 1, batch_size: 20, lr: 0.05, seed: 7, device: cpu}
+algorithm: {name: fedavg}
+"""
+
+
+def test_write_clients_gives_the_simulators_samples_as_worker_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedent.config import load_config
+    from fedent.data.local import LocalDataSpec, read_local
+    from fedent.inputs import load_inputs
+    from fedent.rounds.evaluation import test_shards
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(WORKER_CONFIG)
+    out = tmp_path / "clients"
+    assert main(["partition", "--config", str(cfg_path), "--out", str(tmp_path / "p.json"),
+                 "--write-clients", str(out)]) == 0
+    assert "8 client files under" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == [f"client-{k}" for k in range(4)]  # no scratch left
+    inputs = load_inputs(load_config(cfg_path))
+    d = inputs.data
+    shards = test_shards(int(d.y_test.shape[0]), 4, 7)
+    raw = read_local(LocalDataSpec.parse(str(out)), range(4))  # what a worker given --data DIR reads
+    for k, ix in enumerate(inputs.client_indices):
+        with np.load(out / f"client-{k}" / "train.npz") as f:
+            assert np.array_equal(f["x"], d.x_train.numpy()[ix]) and np.array_equal(f["y"], d.y_train.numpy()[ix])
+        with np.load(out / f"client-{k}" / "test.npz") as f:
+            assert np.array_equal(f["y"], d.y_test.numpy()[shards[k]])
+        assert len(raw.clients[k].train.y) == len(ix)
+
+
+def test_write_clients_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(WORKER_CONFIG)
+    out = tmp_path / "clients"
+    (out / "client-2").mkdir(parents=True)
+    (out / "client-2" / "train.npz").write_bytes(b"theirs")
+    code = main(["partition", "--config", str(cfg_path), "--out", str(tmp_path / "p.json"),
+                 "--write-clients", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "already holds client-2" in err and len(err.strip().splitlines()) == 1
+    assert (out / "client-2" / "train.npz").read_bytes() == b"theirs"
+    assert not (tmp_path / "p.json").exists()  # refused before anything was written
