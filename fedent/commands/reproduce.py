@@ -96,15 +96,9 @@ def git_commit() -> str:
 def run(args: argparse.Namespace) -> int:
     from fedent.experiments.budget import TimeBudget
     from fedent.experiments.compare import parse_list
-    from fedent.experiments.reproduce import (
-        build_plan,
-        client_steps,
-        get_profile,
-        is_complete,
-        run_plan,
-        trim_plan,
-        validate_plan_configs,
-    )
+    from fedent.experiments.plan import build_plan, client_steps, trim_plan, validate_plan_configs
+    from fedent.experiments.profiles import get_profile
+    from fedent.experiments.reproduce import is_complete, run_plan
     from fedent.experiments.reproduce_report import publish, write_report
 
     profile = get_profile(args.profile, args.paper_datasets)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedent import runlog
-from fedent.experiments.reproduce import Plan, RunSpec, client_steps, settled, trim_plan
+from fedent.experiments.plan import Plan, RunSpec, client_steps, trim_plan
+from fedent.experiments.reproduce import settled
 
 WARMUP_S = 60.0  # before this, the estimate stands: process start and data loading would read as a slow rate
 

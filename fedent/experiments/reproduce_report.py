@@ -20,7 +20,8 @@ import numpy as np
 from fedent import runlog
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
-from fedent.experiments.reproduce import Plan, RunSpec, diverged, is_complete
+from fedent.experiments.plan import Plan, RunSpec
+from fedent.experiments.reproduce import diverged, is_complete
 from fedent.plots import local_accuracies, plot_acc_loss, plot_eta, plot_local_spread, plot_phi2
 
 Records = list[dict[str, Any]]

@@ -10,17 +10,9 @@ from conftest import tiny_inputs
 
 from fedent.cli import main
 from fedent.experiments.budget import TimeBudget
-from fedent.experiments.reproduce import (
-    Profile,
-    Row,
-    Section,
-    Setting,
-    build_plan,
-    client_steps,
-    drop_order,
-    get_profile,
-    run_plan,
-)
+from fedent.experiments.plan import build_plan, client_steps, drop_order
+from fedent.experiments.profiles import Profile, Row, Section, Setting, get_profile
+from fedent.experiments.reproduce import run_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 

@@ -1,0 +1,308 @@
+"""The paper's experiment protocol (Section VI) as data: the profiles, their settings, sections and rows.
+
+A *setting* is one federated problem (dataset, partition, clients, participation, Table IV training row); a
+*row* is one algorithm with fixed options; a *section* is one of the paper's analyses (Table III, participation,
+distance metric, deviation, β and γ sweeps) over some settings and rows. ``fedent.experiments.plan`` turns a
+profile into the runs it needs; ``fedent.experiments.reproduce`` runs them.
+
+Hyperparameters are the paper's for every algorithm (Sec. VI-A: β = γ = 0.99, μ = 0.01, α = 0.001, FedAdam
+β1 0.9, β2 0.99, τ 1e-3), i.e. the strategies' defaults; nothing is tuned per algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fedent.config import ConfigError
+
+PROFILES = ("cpu", "medium", "full", "paper")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: an algorithm with explicit options (empty = the strategy's paper defaults).
+
+    Controls (issue 17): ``lr_scale`` multiplies the setting's base rate (FedAvg's learning-rate sweep);
+    ``replay_of`` names the row whose run (same setting and seed) this FedAvg replays the logged rates of.
+    """
+
+    label: str
+    algorithm: str
+    options: tuple[tuple[str, Any], ...] = ()
+    lr_scale: float = 1.0
+    replay_of: str | None = None
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A federated problem: a base config (file under configs/ or a raw mapping) plus --set style overrides."""
+
+    key: str
+    title: str
+    base: str | Mapping[str, Any]
+    overrides: tuple[str, ...] = ()
+    paper_ref: str = ""  # which Table III column block this setting stands beside
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str
+    title: str
+    settings: tuple[str, ...]
+    rows: tuple[str, ...]  # row labels
+    only_in: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (row, settings): a row run only there (cost)
+    priority: int = 1  # 0: every seed before the other sections' later seeds; 2: after all first seeds
+
+    def rows_for(self, setting: str) -> tuple[str, ...]:
+        limits = dict(self.only_in)
+        return tuple(r for r in self.rows if r not in limits or setting in limits[r])
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    settings: tuple[Setting, ...]
+    rows: tuple[Row, ...]
+    sections: tuple[Section, ...]
+    reductions: tuple[str, ...] = ()  # human-readable: what differs from the paper's Table IV
+
+    def setting(self, key: str) -> Setting:
+        for s in self.settings:
+            if s.key == key:
+                return s
+        raise ConfigError(f"profile {self.name}: unknown setting {key!r}")
+
+    def row(self, label: str) -> Row:
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise ConfigError(f"profile {self.name}: unknown row {label!r}")
+
+    def section(self, key: str) -> Section:
+        for s in self.sections:
+            if s.key == key:
+                return s
+        raise ConfigError(f"--only: unknown section {key!r}; choose from {', '.join(self.section_keys())}")
+
+    def section_keys(self) -> list[str]:
+        return [s.key for s in self.sections]
+
+
+# ---- the paper's rows and analyses ---------------------------------------------------------------------
+
+BASELINES = ("fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm")
+FEDENT_ROWS = ("fedent", "fedent-paper", "fedent-offline", "fedent-offline-paper")
+LR_SCALES = (2, 5, 10)  # FedAvg's learning-rate sweep: base rate × 1 (the fedavg row), 2, 5, 10
+# the controls (issue 17): a tuned FedAvg, FedAvg on FedEnt's own schedule, FedEnt under the first readings
+CONTROL_ROWS = (*(f"fedavg-lr{k}" for k in LR_SCALES), "fedavg-replay", "fedavg-replay-mean", "fedent-first",
+                "fedent-offline-first")
+# spec §5's first readings: η* uncapped, the mean field at η*, Algorithm 1 over the population
+FIRST_READING: tuple[tuple[str, Any], ...] = (("eta_max", None), ("phi2_rate", "star"))
+BETAS = (0.5, 0.9, 0.95)  # plus 0.99 = the default FedEnt row (paper Fig. beta)
+GAMMAS = (0.5, 0.9, 0.95)  # plus 0.99 (paper Fig. ex_gamma)
+
+
+def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
+    """The seven algorithms with the paper's options, FedEnt in its four modes, and the β/γ sweep rows.
+
+    ``offline_sweeps`` caps Algorithm 1's sweeps (each costs T gradient evaluations per client); None keeps
+    the strategy default.
+    """
+    off: tuple[tuple[str, Any], ...] = (("estimator", "offline"),)
+    if offline_sweeps is not None:
+        off += (("max_sweeps", offline_sweeps),)
+    rows = [Row(a, a) for a in BASELINES]
+    rows += [
+        Row("fedent", "fedent"),  # online estimator, exact Proposition 1 root (the project default)
+        Row("fedent-paper", "fedent", (("variant", "paper"),)),
+        Row("fedent-offline", "fedent", off),
+        Row("fedent-offline-paper", "fedent", off + (("variant", "paper"),)),
+    ]
+    rows += [Row(f"fedent-beta{b:g}", "fedent", (("beta", b),)) for b in BETAS]
+    rows += [Row(f"fedent-gamma{g:g}", "fedent", (("gamma", g),)) for g in GAMMAS]
+    rows += [Row(f"fedavg-lr{k}", "fedavg", lr_scale=float(k)) for k in LR_SCALES]
+    rows += [
+        Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent"),
+        Row("fedavg-replay-mean", "fedavg", (("replay", "round_mean"),), replay_of="fedent"),
+        Row("fedent-first", "fedent", FIRST_READING),
+        Row("fedent-offline-first", "fedent", off + FIRST_READING + (("offline_clients", "population"),)),
+    ]
+    return tuple(rows)
+
+
+CONTROLS_TITLE = "Controls: a tuned FedAvg, FedAvg on FedEnt's rates, FedEnt's first readings (issue 17)"
+
+
+def controls_section(settings: tuple[str, ...], priority: int = 0) -> Section:
+    return Section("controls", CONTROLS_TITLE, settings,
+                   # FedEnt and its replays early, so that a cut-short run still has the central comparison
+                   ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10", "fedavg-lr2",
+                    "fedavg-replay", "fedadam", "feddyn", "fedent-offline", "fedent-offline-first"),
+                   priority=priority)
+
+
+def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] | None = None,
+                   extra: tuple[Section, ...] = ()) -> tuple[Section, ...]:
+    """The paper's analyses; ``offline_in`` limits the Algorithm 1 rows to those settings (None: all)."""
+    seven = (*BASELINES, "fedent")
+    five = ("fedavg", "fedadam", "fedprox", "feddyn", "fedent")
+    limit = () if offline_in is None else tuple((r, offline_in) for r in FEDENT_ROWS if "offline" in r)
+    return (
+        Section("main", "Accuracy on non-IID data (paper Table III)", main_settings, (*BASELINES, *FEDENT_ROWS),
+                limit, priority=0),
+        Section("deviation", "Local-model deviation (paper Fig. client_dev)", ("pathological",), seven),
+        Section("distance", "Distance metric: cosine, norm, entropy (paper Figs. ex_mnist_similarity)",
+                ("iid", "pathological"), ("fedavg", "fedcos", "fednorm", "fedent")),
+        Section("beta", "FedEnt aggregation weight β (paper Fig. beta)", ("pathological",),
+                (*(f"fedent-beta{b:g}" for b in BETAS), "fedent")),
+        Section("gamma", "FedEnt decay weight γ (paper Fig. ex_gamma)", ("pathological",),
+                (*(f"fedent-gamma{g:g}" for g in GAMMAS), "fedent")),
+        Section("participation", "Participation ratio (paper Figs. cifar10_100*100, cifar10_20*200)",
+                ("full100", "p20of200"), five, priority=2),
+        *extra,
+    )
+
+
+# The cpu profile: Fashion-MNIST + MNIST-CNN, Table IV's MNIST row (lr 0.01, batch 32, 3 local epochs) for
+# every setting, on a seeded 10% subsample of the training set and fewer rounds.
+CPU_BASE = "fmnist-mnist-pathological.yaml"
+CPU_COMMON = ("train.rounds=12", "train.eval_every=2", "data.max_train_samples=3000",
+              "data.max_test_samples=1000", "train.device=cpu")
+DIR = ("data.partition=dirichlet", "data.dirichlet_flavour=client")
+
+
+def cpu_profile() -> Profile:
+    settings = (
+        Setting("pathological", "Fashion-MNIST, pathological (2 shards/client), 20% of 100", CPU_BASE,
+                (*CPU_COMMON, "train.local_eval=2"), "mnist"),
+        Setting("dir1.0", "Fashion-MNIST, Dirichlet α_d = 1.0, 20% of 100", CPU_BASE,
+                (*CPU_COMMON, *DIR, "data.alpha=1.0"), "alpha1.0"),
+        Setting("dir0.5", "Fashion-MNIST, Dirichlet α_d = 0.5, 20% of 100", CPU_BASE,
+                (*CPU_COMMON, *DIR, "data.alpha=0.5"), "alpha0.5"),
+        Setting("iid", "Fashion-MNIST, IID, 20% of 100", CPU_BASE, (*CPU_COMMON, "data.partition=iid")),
+        Setting("full100", "Fashion-MNIST, Dirichlet α_d = 0.5, 100% of 100 (5 rounds)", CPU_BASE,
+                (*CPU_COMMON, *DIR, "data.alpha=0.5", "train.fraction=1.0", "train.rounds=5")),
+        Setting("p20of200", "Fashion-MNIST, Dirichlet α_d = 0.5, 20% of 200", CPU_BASE,
+                (*CPU_COMMON, *DIR, "data.alpha=0.5", "data.num_clients=200")),
+        Setting("pathological-x4", "Fashion-MNIST, pathological, 20% of 100, 4x the images, 20 rounds", CPU_BASE,
+                (*CPU_COMMON, "data.max_train_samples=12000", "train.rounds=20"), "mnist"),
+    )
+    scale = Section("scale", "Check: more local data (120 images per client: 12 local steps per round) and 20 "
+                    "rounds", ("pathological-x4",), (*BASELINES, "fedent", "fedent-paper"), priority=3)
+    return Profile(
+        "cpu", "Fashion-MNIST + MNIST-CNN sized for about an hour on 2 CPU cores",
+        settings, paper_rows(offline_sweeps=2),
+        paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",),
+                       (scale, controls_section(("pathological",), priority=3))),
+        reductions=(
+            "dataset: Fashion-MNIST (the Debian copy) instead of MNIST/CIFAR10/EMNIST-L/CIFAR100, model MNIST-CNN",
+            "training set: a seeded subsample of 3,000 of 60,000 images (30 per client on average, so one "
+            "batch of 32 per local epoch: 3 local SGD steps per round; the paper has 600 per client); test set: "
+            "a seeded 1,000 of 10,000 (binomial standard error about 1.3 points at 80%)",
+            "rounds: 12 instead of 50 (100% of 100 clients: 5 rounds); test accuracy every 2 rounds and after "
+            "the last",
+            "Dirichlet settings use Table IV's MNIST row (lr 0.01, batch 32, 3 local epochs) because the model "
+            "is MNIST-CNN; the paper used the CIFAR10/EMNIST/CIFAR100 rows with their own models",
+            "participation analysis on Dirichlet α_d = 0.5 Fashion-MNIST (the paper used CIFAR10)",
+            "FedEnt offline (Algorithm 1): at most 2 fixed-point sweeps (the default is 20; each sweep costs "
+            "T gradient evaluations for each of the N clients), and only in the pathological setting",
+            "deviation analysis: 2 of the round's uploaded local models per evaluated round are tested",
+            "an extra check the paper does not have: the pathological table again with 4x the images (120 per "
+            "client) and 20 rounds, to see whether the ranking survives more local work",
+        ),
+    )
+
+
+def paper_profile(paper_datasets: bool = False) -> Profile:
+    """Table IV unchanged; Fashion-MNIST twins of each config unless ``paper_datasets`` (needs the data)."""
+    pre = "" if paper_datasets else "fmnist-"
+    settings = (
+        Setting("pathological", "MNIST-CNN, pathological, 20% of 100", f"{pre}mnist-pathological.yaml",
+                ("train.local_eval=5",), "mnist"),
+        Setting("dir1.0", "CIFAR10-CNN setting, Dirichlet α_d = 1.0", f"{pre}cifar10-dir1.0.yaml", (), "alpha1.0"),
+        Setting("dir0.5", "CIFAR10-CNN setting, Dirichlet α_d = 0.5", f"{pre}cifar10-dir0.5.yaml", (), "alpha0.5"),
+        Setting("emnist-dir1.0", "EMNIST-L setting, α_d = 1.0", f"{pre}emnist-dir1.0.yaml", (), "alpha1.0"),
+        Setting("emnist-dir0.5", "EMNIST-L setting, α_d = 0.5", f"{pre}emnist-dir0.5.yaml", (), "alpha0.5"),
+        Setting("cifar100-dir1.0", "CIFAR100 setting, α_d = 1.0", f"{pre}cifar100-dir1.0.yaml", (), "alpha1.0"),
+        Setting("cifar100-dir0.5", "CIFAR100 setting, α_d = 0.5", f"{pre}cifar100-dir0.5.yaml", (), "alpha0.5"),
+        Setting("iid", "MNIST-CNN, IID, 20% of 100", f"{pre}mnist-iid.yaml"),
+        Setting("full100", "CIFAR10 setting, 100% of 100", f"{pre}cifar10-100of100.yaml"),
+        Setting("p20of200", "CIFAR10 setting, 20% of 200", f"{pre}cifar10-20of200.yaml"),
+    )
+    main = ("pathological", "dir1.0", "dir0.5", "emnist-dir1.0", "emnist-dir0.5", "cifar100-dir1.0",
+            "cifar100-dir0.5")
+    data = "the paper's datasets" if paper_datasets else "Fashion-MNIST twins of the paper's configs"
+    return Profile("paper", f"Table IV settings unchanged ({data}); for a GPU machine", settings,
+                   paper_rows(offline_sweeps=None), paper_sections(main),
+                   reductions=() if paper_datasets else ("dataset: Fashion-MNIST twins (configs/fmnist-*.yaml)",))
+
+
+# The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
+# steps per round), one seed, the central controls; the rounds are what fits ~90 minutes on 2 shared cores at the
+# rate measured on this box: 9.6 client SGD steps/s per worker (first round of its run of 2026-11-26, 2 workers,
+# with other jobs on the box; an earlier smoke test under heavier load gave 2.4). The whole profile then took
+# 80 min beside a full test suite and a transfer benchmark (docs/results.md "Profiles").
+MEDIUM_ROUNDS = 10
+MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10")
+
+
+def medium_profile() -> Profile:
+    setting = Setting("pathological", f"Fashion-MNIST, pathological, 20% of 100, full data, {MEDIUM_ROUNDS} rounds",
+                      CPU_BASE, (f"train.rounds={MEDIUM_ROUNDS}", "train.eval_every=2", "data.max_test_samples=2000",
+                                 "train.device=cpu"), "mnist")
+    return Profile(
+        "medium", "Fashion-MNIST + MNIST-CNN, Table IV's MNIST row on every client's full data, one seed, ~90 min "
+                  "on 2 CPU cores", (setting,), paper_rows(offline_sweeps=2),
+        (Section("controls", CONTROLS_TITLE, ("pathological",), MEDIUM_ROWS, priority=0),),
+        reductions=(
+            "dataset: Fashion-MNIST (the Debian copy), model MNIST-CNN; the pathological split only",
+            f"rounds: {MEDIUM_ROUNDS} instead of 50 (what fits ~90 minutes on 2 shared cores with these rows); test "
+            "accuracy every 2 rounds on a seeded 2,000 of the 10,000 test images",
+            "rows: FedEnt (revised and first readings), FedAvg at the base rate x 1, 5, 10 and on FedEnt's round-mean "
+            "rate (no offline FedEnt: Algorithm 1 adds sweeps of gradients per round)",
+        ),
+    )
+
+
+# The full profile: Table IV unchanged on the Fashion-MNIST twins of the Table III settings, every algorithm and
+# control, 3 seeds, for one GPU call. What is dropped first when it does not fit: ``drop_order``.
+FULL_MAIN = ("pathological", "dir1.0", "dir0.5", "emnist-dir1.0", "emnist-dir0.5", "cifar100-dir1.0",
+             "cifar100-dir0.5")
+# On a GPU, executor auto is the vectorised one (a round's clients in one vmapped step, chunks sized from free GPU
+# memory); on a CPU it stays the sequential one. TF32 convolutions and matmuls on the GPU (PyTorch's own default for
+# cuDNN convolutions, ~1e-3 relative per step, far below the seed-to-seed spread): several times the throughput.
+FULL_TRAIN: tuple[str, ...] = ("train.device=auto", "train.executor=auto", "train.precision=tf32")
+
+
+def full_profile() -> Profile:
+    base = paper_profile(False)
+    settings = tuple(Setting(s.key, s.title, s.base, (*s.overrides, *FULL_TRAIN), s.paper_ref)
+                     for s in base.settings if s.key in FULL_MAIN)
+    rows = (*BASELINES, *FEDENT_ROWS, *CONTROL_ROWS)
+    return Profile(
+        "full", "Table IV settings unchanged on the Fashion-MNIST twins, every algorithm and control, 3 seeds; one "
+                "GPU call", settings, paper_rows(offline_sweeps=None),
+        (Section("main", "Accuracy on non-IID data (paper Table III) with the controls", FULL_MAIN, rows,
+                 priority=0),),
+        reductions=("dataset: Fashion-MNIST twins (configs/fmnist-*.yaml), model MNIST-CNN for every setting",),
+    )
+
+
+def get_profile(name: str, paper_datasets: bool = False) -> Profile:
+    if paper_datasets and name != "paper":
+        raise ConfigError("--paper-datasets: only with --profile paper")
+    if name == "cpu":
+        return cpu_profile()
+    if name == "medium":
+        return medium_profile()
+    if name == "full":
+        return full_profile()
+    if name == "paper":
+        return paper_profile(paper_datasets)
+    raise ConfigError(f"--profile: must be one of {', '.join(PROFILES)}")

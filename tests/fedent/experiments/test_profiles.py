@@ -1,0 +1,67 @@
+"""The paper's protocol as data: each profile's settings and rows are Table IV's and the paper's options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedent.config import ConfigError
+from fedent.experiments.plan import build_plan
+from fedent.experiments.profiles import get_profile
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def test_rows_share_everything_but_the_algorithm_and_use_paper_options(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [3], tmp_path, CONFIGS, only=["main"])
+    runs = [s for s in plan.runs if s.setting == "dir0.5"]
+    base = {k: v for k, v in runs[0].config.items() if k not in ("algorithm", "name")}
+    for s in runs:
+        assert {k: v for k, v in s.config.items() if k not in ("algorithm", "name")} == base
+        assert s.config["train"]["seed"] == 3
+        opts = {k: v for k, v in s.config["algorithm"].items() if k != "name"}
+        if s.config["algorithm"]["name"] != "fedent":
+            assert opts == {}  # the strategies' defaults are the paper's values: nothing tuned per algorithm
+            assert s.config["train"]["lr"] == 0.01
+        else:
+            assert set(opts) <= {"variant", "estimator", "max_sweeps"}
+    assert base["data"]["alpha"] == 0.5 and base["data"]["partition"] == "dirichlet"
+    assert base["train"]["lr"] == 0.01 and base["train"]["batch_size"] == 32 and base["train"]["local_epochs"] == 3
+
+
+def test_controls_sweep_the_rate_replay_fedent_and_keep_the_first_readings(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"])
+    by = {s.row: s for s in plan.runs}
+    base_lr = by["fedavg"].config["train"]["lr"]
+    for k in (2, 5, 10):
+        assert by[f"fedavg-lr{k}"].config["train"]["lr"] == pytest.approx(k * base_lr)
+        assert by[f"fedavg-lr{k}"].config["algorithm"] == {"name": "fedavg"}
+    order = [s.key for s in plan.runs]
+    for row, mode in (("fedavg-replay", "per_client"), ("fedavg-replay-mean", "round_mean")):
+        spec = by[row]
+        assert spec.after == (by["fedent"].key,) and order.index(by["fedent"].key) < order.index(spec.key)
+        assert spec.config["algorithm"]["replay_rates"] == str(by["fedent"].run_dir / "metrics.jsonl")
+        assert spec.config["algorithm"]["replay"] == mode
+    assert by["fedent"].config["algorithm"] == {"name": "fedent"}  # the revised readings are the defaults
+    first = by["fedent-first"].config["algorithm"]
+    assert first["eta_max"] is None and first["phi2_rate"] == "star"
+    off = by["fedent-offline-first"].config["algorithm"]
+    assert off["offline_clients"] == "population" and off["estimator"] == "offline"
+
+
+def test_medium_profile_is_the_full_data_controls_on_one_setting(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("medium"), [0], tmp_path, CONFIGS)
+    cfg = plan.runs[0].config
+    assert cfg["data"]["max_train_samples"] is None and cfg["data"]["num_clients"] == 100
+    assert {s.row for s in plan.runs} >= {"fedavg", "fedavg-lr10", "fedent", "fedent-first", "fedavg-replay-mean"}
+
+
+def test_paper_profile_keeps_table_iv(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["main"])
+    cfg = {s.setting: s.config for s in plan.runs}
+    assert cfg["pathological"]["train"]["rounds"] == 50 and cfg["pathological"]["data"]["max_train_samples"] is None
+    assert cfg["dir1.0"]["train"]["lr"] == 0.1 and cfg["dir1.0"]["train"]["rounds"] == 100
+    assert cfg["cifar100-dir0.5"]["train"]["rounds"] == 110
+    with pytest.raises(ConfigError, match="--only"):
+        build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["nope"])
