@@ -1,6 +1,6 @@
-"""fedent.plots: what the figures are drawn from (extraction is pure) and what a paper needs of them (files in
-every format, distinct styles, labelled band, no titles on request, short ticks, legend off the data, an η
-figure readable with many clients, rounds numbered as the CLI prints them)."""
+"""fedent.plots: what a paper needs of the figures (files in every format, distinct styles, labelled band, no
+titles on request, short ticks, legend off the data, an η figure readable with many clients, rounds numbered as
+the CLI prints them)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from matplotlib.image import AxesImage
 from PIL import Image
 from sim_support import tiny_config, tiny_inputs
 
-from fedent import plots
+from fedent import plot_data, plots
 
 RECS = [
     {"round": 0, "test_acc": 0.2, "train_loss": 2.0, "diagnostics": {"local_acc": [0.1, 0.3]},
@@ -28,22 +28,6 @@ RECS = [
     {"round": 2, "test_acc": 0.6, "train_loss": 1.0, "diagnostics": {"local_acc": [0.5]},
      "fedent": {"phi2_pred": 6.0, "phi2_actual": 6.5, "entropy": -1.1, "clients": [{"client": 3, "eta": 0.03}]}},
 ]
-
-
-def test_extraction() -> None:
-    assert plots.series(RECS, "test_acc") == ([0, 2], [0.2, 0.6])
-    assert plots.eta_trajectories(RECS) == {3: ([0, 2], [0.01, 0.03]), 7: ([0], [0.02])}
-    assert plots.phi2_series(RECS)["phi2_actual"] == ([0, 2], [4.0, 6.5])
-    assert plots.local_accuracies(RECS) == [(0, [0.1, 0.3]), (2, [0.5])]
-
-
-def test_mean_std_over_seeds_uses_common_rounds() -> None:
-    other = [{"round": 0, "test_acc": 0.4}, {"round": 2, "test_acc": 0.8}, {"round": 3, "test_acc": 0.9}]
-    xs, mean, std = plots.mean_std_curve([RECS, other], "test_acc")
-    assert xs == [0, 2]
-    assert mean == pytest.approx([0.3, 0.7]) and std == pytest.approx([0.1414213562, 0.1414213562])
-    assert plots.mean_std_curve([], "test_acc")[0] == []
-    assert isinstance(mean, np.ndarray)
 
 
 ALGOS = ["fedavg", "fedprox", "fedadam", "feddyn", "fedcos", "fednorm", "fedent", "fedent-paper", "scaffold"]
@@ -174,7 +158,7 @@ def test_eta_with_many_clients_is_a_heatmap_one_row_per_client() -> None:
     assert len(images) == 1 and not ax.get_lines()
     arr = images[0].get_array()
     assert arr is not None and arr.shape == (20, 12)
-    traj = plots.eta_trajectories(recs)
+    traj = plot_data.eta_trajectories(recs)
     cid = sorted(traj)[3]
     xs, ys = traj[cid]
     assert [float(arr[3, x]) for x in xs] == pytest.approx(ys)

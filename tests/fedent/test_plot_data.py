@@ -1,0 +1,33 @@
+"""fedent.plot_data: what the figures are drawn from, read out of run records (pure, no drawing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedent import plot_data
+
+RECS = [
+    {"round": 0, "test_acc": 0.2, "train_loss": 2.0, "diagnostics": {"local_acc": [0.1, 0.3]},
+     "fedent": {"phi2_pred": 5.0, "phi2_actual": 4.0, "entropy": -1.2,
+                "clients": [{"client": 3, "eta": 0.01}, {"client": 7, "eta": 0.02}]}},
+    {"round": 1, "test_acc": None, "train_loss": 1.5, "diagnostics": {}, "fedent": None},
+    {"round": 2, "test_acc": 0.6, "train_loss": 1.0, "diagnostics": {"local_acc": [0.5]},
+     "fedent": {"phi2_pred": 6.0, "phi2_actual": 6.5, "entropy": -1.1, "clients": [{"client": 3, "eta": 0.03}]}},
+]
+
+
+def test_extraction() -> None:
+    assert plot_data.series(RECS, "test_acc") == ([0, 2], [0.2, 0.6])
+    assert plot_data.eta_trajectories(RECS) == {3: ([0, 2], [0.01, 0.03]), 7: ([0], [0.02])}
+    assert plot_data.phi2_series(RECS)["phi2_actual"] == ([0, 2], [4.0, 6.5])
+    assert plot_data.local_accuracies(RECS) == [(0, [0.1, 0.3]), (2, [0.5])]
+
+
+def test_mean_std_over_seeds_uses_common_rounds() -> None:
+    other = [{"round": 0, "test_acc": 0.4}, {"round": 2, "test_acc": 0.8}, {"round": 3, "test_acc": 0.9}]
+    xs, mean, std = plot_data.mean_std_curve([RECS, other], "test_acc")
+    assert xs == [0, 2]
+    assert mean == pytest.approx([0.3, 0.7]) and std == pytest.approx([0.1414213562, 0.1414213562])
+    assert plot_data.mean_std_curve([], "test_acc")[0] == []
+    assert isinstance(mean, np.ndarray)
