@@ -10,7 +10,7 @@ Per-client state (``ClientState``) lives here across rounds. The global
 model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
 clients this worker hosts.
 
-Why ~460 lines in one module: the worker is one state machine (register, ready, work stream, oracle
+Why ~600 lines in one module: the worker is one state machine (register, ready, work stream, oracle
 stream, reconnect) over one channel and one client-state store; its parts are methods of that machine.
 """
 

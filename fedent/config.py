@@ -9,7 +9,7 @@ field is declared with ``option(default, doc, gt=..., ...)``; its type (``Litera
 and range are checked in ``StrategyOptions.__post_init__``, so every consumer (strategies, simulator,
 aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~430 lines in one module: every config section and the option machinery share one validator
+Why ~520 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 

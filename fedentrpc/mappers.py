@@ -10,6 +10,10 @@ Enums: each proto enum has one table here (Python value <-> enum value; the tens
 ``codec``). A value outside its table (``*_UNSPECIFIED``, or one from newer protos) is a WireError, which a
 servicer answers with INVALID_ARGUMENT. Free-form dicts (the worker's config, the estimator's reports)
 travel as ``google.protobuf.Struct``: ``dict_to_struct`` / ``struct_to_dict``.
+
+Why ~460 lines in one module: it is the one place named above, a flat list of small to/from pairs that share
+the enum lookup and the Struct helpers; split by service, no part would be simpler and the helpers would cross
+modules.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ is its ``ClientExecutor``: it queues tasks for the workers' Work streams and wai
 deadline) for their results, which the servicer hands in through ``submit_*``. Domain errors raised here
 carry the kind of failure (``ClusterError.code``) so the servicer can map them to gRPC status codes.
 
-Why ~470 lines in one module: the registry (register, ready, heartbeats, retire) and the executor
+Why ~620 lines in one module: the registry (register, ready, heartbeats, retire) and the executor
 (dispatch, gather, submit) share one lock, one condition and the open collector; a worker that goes away
 must fail its clients in the phase that is waiting on them, atomically with the registry change. The
 types they pass around live in ``server.work``.

@@ -5,6 +5,9 @@ always compared on the same partitions and client sampling; runs that did not fi
 run that *diverged* (its model went non-finite and the engine stopped it) has settled: it is an outcome of the
 row (e.g. FedAvg at 5x the base rate), so it is shown as "diverged in k of n seeds" in its row and the seed
 still counts for the other rows, instead of dropping the whole seed from the table.
+
+Why ~425 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
+builds (also written as summary.json); kept together, its shape is defined and read in one place.
 """
 
 from __future__ import annotations
