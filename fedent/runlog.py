@@ -18,6 +18,7 @@ import os
 import re
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +88,46 @@ class RunPaths:
     def plots(self) -> Path:
         return self.root / "plots"
 
+    @property
+    def instance(self) -> Path:
+        return self.root / "instance"
+
 
 def new_run_id(name: str, algorithm: str, seed: int, now: float | None = None) -> str:
     """``<name>-<algorithm>-s<seed>-<UTC timestamp>``, filesystem-safe."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-{algorithm}-s{seed}")
     return f"{safe}-{stamp}"
+
+
+_INSTANCE = re.compile(r"[0-9a-f]{12}")
+
+
+def run_instance(paths: RunPaths, create: bool) -> str:
+    """The run directory's instance: a random id written once when a run starts there, read back on resume.
+
+    Why: a run's id is its directory's name, so a run started over in the same directory (``--fresh``) has
+    the same id, and what outlives a run elsewhere keyed by it (a standalone worker's ``--state-dir D`` holds
+    ``D/<run key>``) would carry over into the new run. ``create=False`` (a resume) never writes one: a run
+    started before instances existed has none (""), so its key stays its id and its workers still resume.
+    """
+    try:
+        text = paths.instance.read_text().strip()
+    except FileNotFoundError:
+        text = ""
+    if text and not _INSTANCE.fullmatch(text):
+        raise ValueError(f"{paths.instance}: not a run instance ({text[:40]!r}); it holds 12 hex digits")
+    if text or not create:
+        return text
+    text = uuid.uuid4().hex[:12]
+    atomic_write_text(paths.instance, text + "\n")
+    return text
+
+
+def run_key(paths: RunPaths, instance: str) -> str:
+    """What identifies the run to its workers and the estimator: ``<run id>.<instance>`` (the id alone for
+    a run without an instance)."""
+    return f"{paths.run_id}.{instance}" if instance else paths.run_id
 
 
 def create_run_dir(root: str | Path, exist_ok: bool = False) -> RunPaths:

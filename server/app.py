@@ -146,22 +146,23 @@ def start_aggregator(
     if plan.moved_to is not None:
         log.warning("moved the previous run to %s (--fresh)", plan.moved_to)
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
+    key = runlog.run_key(paths, runlog.run_instance(paths, create=plan.action == "new"))
     device = resolve_device(cfg.train.device)
     inputs = inputs or load_inputs(cfg)
     if inputs.num_clients != cfg.data.num_clients:
         raise ValueError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
                          f"{cfg.data.num_clients}")
-    strategy = build_cluster_strategy(cfg, settings, paths.run_id, estimator_security)
+    strategy = build_cluster_strategy(cfg, settings, key, estimator_security)
     if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
         from server.offline_runner import service_offline_runner
 
-        offline = service_offline_runner(settings.estimator, cfg, paths.run_id, security=estimator_security)
+        offline = service_offline_runner(settings.estimator, cfg, key, security=estimator_security)
 
     def rebuild(estimator: Any) -> Strategy:
         return build_strategy(cfg.algorithm, estimator=estimator)
 
     run = ClusterRun(cfg, settings, paths, inputs, strategy, device, worker_config(cfg),
-                     offline=offline, rebuild_strategy=rebuild, on_round=on_round)
+                     offline=offline, rebuild_strategy=rebuild, on_round=on_round, run_key=key)
     server, port = create_aggregator_server(settings, run, security)
     dash, url = (start_dashboard(paths.root, dashboard_host, dashboard_port, dashboard_token) if dashboard
                  else (None, None))

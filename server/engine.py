@@ -62,8 +62,10 @@ class ClusterRun:
         offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
         rebuild_strategy: Callable[[Any], Strategy] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        run_key: str = "",
     ) -> None:
         self.cfg, self.settings, self.paths = cfg, settings, paths
+        self.run_key = run_key or paths.run_id  # what workers key their state by (runlog.run_key)
         self.worker_config = worker_config
         self.offline, self.rebuild_strategy = offline, rebuild_strategy
         self.seed = cfg.train.seed
@@ -255,7 +257,7 @@ class ClusterRun:
                 self.owner[c] = wid
                 self.book.update([c], worker=name or wid, device=device, state="registered")
         self.book.write()
-        return Registration(wid, self.paths.run_id, self.worker_config, self.md5, self.settings.transfer(),
+        return Registration(wid, self.run_key, self.worker_config, self.md5, self.settings.transfer(),
                             self.settings.heartbeat_s)
 
     def worker(self, worker_id: str, identity: str | None = None, action: str = "call") -> WorkerHandle:

@@ -75,7 +75,9 @@ def test_a_damaged_state_file_fails_only_its_client(tmp_path: Path, algorithm: s
     rnd, victim = _first_new_client(cfg.train.seed, cfg.data.num_clients, cfg.train.fraction)
     cfg = tiny_config(algorithm, rounds=rnd + 1)
     run_dir, state_dir = tmp_path / "run", tmp_path / "state"
-    store = state_dir / run_dir.name
+    run_dir.mkdir()
+    (run_dir / "instance").write_text("0123456789ab\n")  # the run key is known: <run id>.<instance>
+    store = state_dir / f"{run_dir.name}.0123456789ab"
     store.mkdir(parents=True)
     (store / f"c{victim:06d}-r{rnd - 1:08d}.state").write_bytes(b"not a fedent state file")
     h = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)

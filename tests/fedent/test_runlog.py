@@ -129,3 +129,24 @@ def test_metrics_log_refuses_a_file_replaced_under_it(tmp_path: Path) -> None:
     (run / "metrics.jsonl").unlink()
     with pytest.raises(runlog.ReplacedRunError):
         fresh.append(runlog.metrics_record(round=1))
+
+
+def test_a_run_instance_is_written_once_and_read_back(tmp_path: Path) -> None:
+    paths = runlog.RunPaths(tmp_path / "run")
+    paths.root.mkdir()
+    assert runlog.run_instance(paths, create=False) == ""  # a resume never invents one
+    assert not paths.instance.exists() and runlog.run_key(paths, "") == "run"
+    first = runlog.run_instance(paths, create=True)
+    assert len(first) == 12 and runlog.run_instance(paths, create=True) == first  # a restart keeps it
+    assert runlog.run_instance(paths, create=False) == first and runlog.run_key(paths, first) == f"run.{first}"
+    other = runlog.RunPaths(tmp_path / "again")
+    other.root.mkdir()
+    assert runlog.run_instance(other, create=True) != first
+
+
+def test_a_damaged_run_instance_is_refused(tmp_path: Path) -> None:
+    paths = runlog.RunPaths(tmp_path)
+    paths.instance.write_text("../../etc\n")
+    with pytest.raises(ValueError, match="not a run instance"):
+        runlog.run_instance(paths, create=True)
+    assert paths.instance.read_text() == "../../etc\n"  # not overwritten

@@ -155,3 +155,30 @@ def test_every_checkpoint_corrupt_is_refused_and_fresh_starts_over_equal_to_simu
     for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     assert [r["round"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_fresh_keys_standalone_workers_state_apart_from_the_old_runs(tmp_path: Path) -> None:
+    """``--fresh`` on the same directory (here with another seed) while the workers keep their ``--state-dir``:
+    the new run has a new key (``runlog.run_key``), so client 0, fitted in the old run's round 0 and first
+    fitted in round 1 of the new one, starts from a clean SCAFFOLD state. With the key the directory's name
+    alone, it read the old run's round-0 state and the model left the simulation's."""
+    inputs = tiny_inputs()
+    run_dir, state_dir = tmp_path / "run", tmp_path / "worker-state"
+    old = _run(tiny_config("scaffold", rounds=3, seed=1), inputs, run_dir, state_dir)
+    assert old.run.error is None and [r["clients"] for r in read_metrics(run_dir / "metrics.jsonl")][0] == [0, 3]
+    cfg = tiny_config("scaffold", rounds=3, seed=2)
+    fresh = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True)
+    threads = _workers(fresh, inputs, state_dir)
+    try:
+        assert fresh.wait(60) and fresh.run.error is None, fresh.run.error
+        for t in threads:
+            t.join(10)
+    finally:
+        fresh.stop(grace_s=0.5)
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    assert [r["clients"] for r in sim.records][:2] == [[1, 3], [0, 1]]  # client 0's first fit: round 1
+    for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    keys = sorted(p.name for p in (state_dir / "w0").iterdir())
+    assert len(keys) == 2 and all(k.startswith("run.") for k in keys), keys  # one per run, both "<id>.<instance>"
+    assert (run_dir / "instance").read_text().strip() in {k.split(".", 1)[1] for k in keys}
