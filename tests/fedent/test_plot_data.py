@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from plot_records import RECS
 
 from fedent import plot_data
-
-RECS = [
-    {"round": 0, "test_acc": 0.2, "train_loss": 2.0, "diagnostics": {"local_acc": [0.1, 0.3]},
-     "fedent": {"phi2_pred": 5.0, "phi2_actual": 4.0, "entropy": -1.2,
-                "clients": [{"client": 3, "eta": 0.01}, {"client": 7, "eta": 0.02}]}},
-    {"round": 1, "test_acc": None, "train_loss": 1.5, "diagnostics": {}, "fedent": None},
-    {"round": 2, "test_acc": 0.6, "train_loss": 1.0, "diagnostics": {"local_acc": [0.5]},
-     "fedent": {"phi2_pred": 6.0, "phi2_actual": 6.5, "entropy": -1.1, "clients": [{"client": 3, "eta": 0.03}]}},
-]
 
 
 def test_extraction() -> None:

@@ -49,6 +49,11 @@ def _run(cfg: Any, inputs: RunInputs, run_dir: Path, state_dir: Path | None,
             if (phase, h.run.round) == crash_at:
                 raise SimulatedCrash(f"killed at {phase} of round {h.run.round}")
         h.run.on_phase = crash
+    return _finish(h, inputs, state_dir)
+
+
+def _finish(h: AggregatorHandle, inputs: RunInputs, state_dir: Path | None) -> AggregatorHandle:
+    """Two in-process workers (state under ``state_dir/w0``, ``w1``) on a started aggregator, to the end."""
     threads = _workers(h, inputs, state_dir)
     try:
         assert h.wait(60), "the run did not finish"
@@ -141,14 +146,9 @@ def test_every_checkpoint_corrupt_is_refused_and_fresh_starts_over_equal_to_simu
         start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
     assert _digest(run_dir) == before  # no round 0 appended again
 
-    fresh = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True)
-    threads = _workers(fresh, inputs, state_dir)  # the same workers' state dirs: the old run's states there
-    try:
-        assert fresh.wait(60) and fresh.run.error is None, fresh.run.error
-        for t in threads:
-            t.join(10)
-    finally:
-        fresh.stop(grace_s=0.5)
+    fresh = _finish(start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True), inputs,
+                    state_dir)  # the same workers' state dirs: the old run's states there
+    assert fresh.run.error is None, fresh.run.error
     old = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert len(old) == 1 and _digest(old[0]) == before
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
@@ -167,14 +167,8 @@ def test_fresh_keys_standalone_workers_state_apart_from_the_old_runs(tmp_path: P
     old = _run(tiny_config("scaffold", rounds=3, seed=1), inputs, run_dir, state_dir)
     assert old.run.error is None and [r["clients"] for r in read_metrics(run_dir / "metrics.jsonl")][0] == [0, 3]
     cfg = tiny_config("scaffold", rounds=3, seed=2)
-    fresh = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True)
-    threads = _workers(fresh, inputs, state_dir)
-    try:
-        assert fresh.wait(60) and fresh.run.error is None, fresh.run.error
-        for t in threads:
-            t.join(10)
-    finally:
-        fresh.stop(grace_s=0.5)
+    fresh = _finish(start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs, fresh=True), inputs, state_dir)
+    assert fresh.run.error is None, fresh.run.error
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     assert [r["clients"] for r in sim.records][:2] == [[1, 3], [0, 1]]  # client 0's first fit: round 1
     for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
