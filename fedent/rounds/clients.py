@@ -21,6 +21,7 @@ class ClientBook:
     def __init__(self, path: Path, sizes: Sequence[int], **defaults: Any) -> None:
         self.path = path
         self.lock = threading.RLock()
+        self._write_lock = threading.Lock()  # file writes only: updates never wait for the disk
         self.rows: list[dict[str, Any]] = [
             runlog.client_row(cid, samples=n, participation=0, bytes=0, **defaults) for cid, n in enumerate(sizes)]
 
@@ -38,7 +39,10 @@ class ClientBook:
             return [dict(r) for r in self.rows]
 
     def write(self) -> None:
-        runlog.write_clients(self.path, self.snapshot())
+        """Snapshot and file in one order: a writer that snapshotted earlier can never land its older rows
+        over a later writer's (the rounds thread and the servicers' threads all write)."""
+        with self._write_lock:
+            runlog.write_clients(self.path, self.snapshot())
 
     def record_round(self, rnd: int, updates: Sequence[ClientUpdate], download_bytes: int) -> None:
         """Clients whose update was aggregated: done, one more participation, the model download counted
