@@ -199,6 +199,7 @@ class Path_:
         self.name = name
         self.chunk = chunk
         self.spec = codec.TransferSpec(chunk_bytes=chunk, checksum="crc32c")
+        self.shapes: list[torch.Size] = []  # copy: the last upload's tensors, to rebuild its downloads
         if name in BARE:
             self._down = ch.unary_stream(f"/{RAW_SERVICE}/Down", request_serializer=_ident,
                                          response_deserializer=_ident)

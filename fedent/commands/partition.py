@@ -16,11 +16,18 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fedent.config import ConfigError, DataConfig, dataclass_from_mapping
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from fedent.data.datasets import FedDataset
 
 HELP = "split a dataset over clients (iid, pathological, dirichlet) and write partition JSON + heatmap"
 
@@ -129,7 +136,7 @@ def refuse_taken(out: Path) -> None:
                           f"{', ...' if len(taken) > 3 else ''}; choose a new or empty folder")
 
 
-def write_clients(out: Path, ds: Any, client_indices: Any, seed: int) -> int:
+def write_clients(out: Path, ds: FedDataset, client_indices: Sequence[np.ndarray], seed: int) -> int:
     """Every client's files under ``out`` (``fedent.data.local.export_partition``), written into a scratch
     folder first and moved in client by client, so a failure leaves no half-written client behind. Refuses a
     folder that already holds client folders: nothing is overwritten."""
