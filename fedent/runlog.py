@@ -35,7 +35,7 @@ PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "do
 STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "rounds", "started_at", "updated_at", "state")
 CLIENT_KEYS = (
     "cid", "worker", "state", "device", "samples", "participation", "bytes", "eta", "eta_star", "last_heartbeat",
-    "data_source", "label_counts",
+    "data_source", "label_counts", "last_failure",
 )
 # Config keys whose values never reach disk (cluster configs may carry tokens or key passwords).
 _SECRET_KEY = re.compile(r"(secret|password|passwd|token|private_key|api_key)", re.IGNORECASE)

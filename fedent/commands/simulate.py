@@ -31,6 +31,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="evaluate K uploaded local models per eval round (deviation analysis)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is fastest on a busy machine)")
+    p.add_argument("--quorum", type=float, default=1.0, metavar="Q",
+                   help="fraction of a round's participants whose uploads must be accepted (default 1.0: a "
+                        "rejected upload, e.g. a non-finite model, ends the run; the cluster's default is 0.5)")
+    p.add_argument("--round-retries", type=int, default=0, metavar="N",
+                   help="a round that missed its quorum: -1 skips it, N >= 0 retries it with fresh clients N "
+                        "times before the run fails (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
@@ -44,12 +50,17 @@ def executor_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fedent.rounds import RoundPolicy
     from fedent.sim.simulator import SimulationError, run_simulation
 
     cfg = load_config(args.config, [*args.overrides, *executor_overrides(args)])
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
     check_device(cfg, args.device)
+    if not 0.0 <= args.quorum <= 1.0:
+        raise ConfigError(f"--quorum: must be in [0, 1], got {args.quorum}")
+    if args.round_retries < -1:
+        raise ConfigError(f"--round-retries: must be >= -1, got {args.round_retries}")
     set_threads(args.threads)
     out = Path(args.out if args.out is not None else cfg.out_dir)
     run_id = args.run_id or new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
@@ -57,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--run-id: {out / run_id} already holds a run; choose another --run-id or --out")
     try:
         res = run_simulation(cfg, out / run_id, device=args.device, progress=not args.no_progress,
-                             local_eval=args.local_eval, plots=not args.no_plots)
+                             local_eval=args.local_eval, plots=not args.no_plots,
+                             policy=RoundPolicy(args.quorum, args.round_retries))
     except SimulationError as e:
         print(f"fedent simulate: run failed: {one_line(e)} (see {out / run_id}/status.json)", file=sys.stderr)
         return 1

@@ -7,11 +7,12 @@ The engine records what a round did (participation, bytes, η); the executor rec
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedent import runlog
+from fedent.rounds.acceptance import REJECTED
 from fedent.strategies.base import ClientUpdate
 
 ACTIVE = ("training", "done")  # states a round sets; after the round a client not taken is idle again
@@ -44,15 +45,23 @@ class ClientBook:
         with self._write_lock:
             runlog.write_clients(self.path, self.snapshot())
 
-    def record_round(self, rnd: int, updates: Sequence[ClientUpdate], download_bytes: int) -> None:
+    def record_round(self, rnd: int, updates: Sequence[ClientUpdate], download_bytes: int,
+                     failed: Mapping[int, str] | None = None) -> None:
         """Clients whose update was aggregated: done, one more participation, the model download counted
-        (their upload was counted by the executor as it arrived); the others that were busy: idle."""
+        (their upload was counted by the executor as it arrived); those that failed: ``last_failure`` says
+        the round and why, and a rejected upload's client is ``rejected``; the others that were busy: idle."""
         taken = {u.cid: u for u in updates}
+        failed = failed or {}
         with self.lock:
             for row in self.rows:
                 u = taken.get(row["cid"])
+                why = failed.get(row["cid"])
+                if why is not None:
+                    row["last_failure"] = f"round {rnd}: {why}"[:300]
                 if u is None:
-                    if row["state"] in ACTIVE:
+                    if why is not None and why.startswith(REJECTED):
+                        row["state"] = "rejected"
+                    elif row["state"] in ACTIVE:
                         row["state"] = "idle"
                     continue
                 row["state"] = "done"

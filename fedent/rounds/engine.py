@@ -25,6 +25,7 @@ from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
 from fedent.rng import sample_clients
 from fedent.rounds import resume
+from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
@@ -61,6 +62,21 @@ def failed_clients(failed: dict[int, str]) -> dict[str, Any]:
     return {"failed_clients": {str(c): why for c, why in sorted(failed.items())}} if failed else {}
 
 
+def missed(got: int, asked: int, what: str, failed: dict[int, str]) -> str:
+    """Why a try missed its quorum: the count, and where uploads were rejected as not finite, that local
+    training diverged (fedent.experiments.reproduce reads "not finite" as a settled, diverged run)."""
+    why = f"{got}/{asked} {what} accepted"
+    blew = diverged(failed)
+    shown = sorted((c, w) for c, w in failed.items() if c not in blew)[:3]
+    if shown:
+        more = len(failed) - len(blew) - len(shown)
+        why += "; " + "; ".join(f"client {c}: {w}" for c, w in shown) + (f" (+{more} more)" if more else "")
+    if blew:
+        why += (f"; the local model of client(s) {blew[:5]} is not finite: local training diverged; lower "
+                "train.lr (or cap the strategy's rate)")
+    return why
+
+
 def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float | None:
     total = sum(u.num_samples for u in updates)
     if total <= 0:
@@ -92,6 +108,7 @@ class RoundEngine:
         self.records: list[dict[str, Any]] = []
         self.trajectory: list[dict[str, Any]] = []
         self.estimator_report: dict[str, Any] = {}
+        self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.stop = threading.Event()
         self.phase = "starting"
         self.round: int | None = None
@@ -163,29 +180,30 @@ class RoundEngine:
         return got >= max(1, math.ceil(self.policy.quorum * asked))
 
     def attempt(self, rnd: int, participants: list[int]) -> tuple[list[ClientUpdate], dict[str, Any]]:
-        """One try at round ``rnd``: probe (if the strategy does), payload, fit. Returns the updates sorted by
-        cid and the skip diagnostics (``skipped`` present when the quorum was missed)."""
+        """One try at round ``rnd``: probe (if the strategy does), payload, fit; every probe and update goes
+        through the acceptance rule. Returns the accepted updates sorted by cid and the diagnostics
+        (``skipped`` present when the quorum was missed, ``failed_clients`` naming who failed and why)."""
         skipped: dict[str, Any] = {}
         fit_cids = list(participants)
         probes: list[Probe] = []
         failed: dict[int, str] = {}  # clients excluded in this try, and why (a rejected probe or update, ...)
         if self.strategy.capabilities.probe:
             self.status("estimating", rnd)
-            got = self.executor.probe(rnd, participants, self.global_params, self.strategy)
+            got = self.acceptance.probes(self.executor.probe(rnd, participants, self.global_params, self.strategy))
             self.check_stop()
             probes, fit_cids = list(got.results.values()), sorted(got.results)
             failed.update(got.failed)
             if not self.quorum(len(fit_cids), len(participants)):
-                skipped["skipped"] = f"{len(fit_cids)}/{len(participants)} probes before the deadline"
+                skipped["skipped"] = missed(len(fit_cids), len(participants), "probes", failed)
                 return [], {**skipped, **failed_clients(failed)}
         payload = self.strategy.round_payload(rnd, self.global_params, probes)
         self.status("training", rnd)
-        fits = self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload)
+        fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload))
         self.check_stop()
         updates = list(fits.results.values())
-        if not self.quorum(len(updates), len(participants)):
-            skipped["skipped"] = f"{len(updates)}/{len(participants)} updates before the deadline"
         failed.update(fits.failed)
+        if not self.quorum(len(updates), len(participants)):
+            skipped["skipped"] = missed(len(updates), len(participants), "updates", failed)
         return updates, {**skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
@@ -214,11 +232,6 @@ class RoundEngine:
         fedent_diag = None
         if updates and "skipped" not in diagnostics:
             self.status("aggregating", rnd)
-            diverged = [u.cid for u in updates if not all_finite(u.params)]
-            if diverged:  # before aggregate: a strategy's diagnostics would fail on them with a less clear error
-                raise RunError(f"the local model of client(s) {diverged[:5]} is not finite after round {rnd} "
-                               f"({self.strategy.name}): local training diverged; lower train.lr (or cap the "
-                               "strategy's rate)")
             result = self.strategy.aggregate(rnd, self.global_params, updates)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
@@ -239,7 +252,8 @@ class RoundEngine:
             wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
         self.metrics.append(rec)
         self.records.append(rec)
-        self.clients.record_round(rnd, updates, self.model_bytes)
+        self.clients.record_round(rnd, updates, self.model_bytes,
+                                  {int(c): str(w) for c, w in diagnostics.get("failed_clients", {}).items()})
         if isinstance(fedent_diag, dict):
             self.trajectory.append({"round": rnd, **{k: fedent_diag.get(k) for k in TRAJECTORY_KEYS}})
             self.write_estimator()

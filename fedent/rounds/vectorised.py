@@ -1,29 +1,38 @@
-"""The vectorised executor: the round's clients train together, in chunks that fit the device's memory.
+"""The vectorised host: the hosted clients of a round train together, in chunks that fit the device's memory.
 
 ``probe`` takes every participant's probe gradient at w(t) in one vmapped pass (``Strategy.plan_probe``), and
 Algorithm 1's oracle gives a round's participants their gradients at φ1(t) in one pass too
-(``VectorisedOracle``). FedNorm's gradient inside its plan stays one client at a time.
-``fit`` asks every client's strategy for its ``LocalFit``
-plan first, in cid order (the plans read and write client state exactly as the sequential executor's fits
-do), trains the plans in chunks of ``chunk_size`` clients through one ``vmap``-ed step, then finishes each
-client in cid order."""
+(``VectorisedOracle``). FedNorm's gradient inside its plan stays one client at a time. ``fit`` asks every
+client's strategy for its ``LocalFit`` plan first, in cid order (the plans read and write client state exactly
+as the sequential host's fits do), trains the plans in chunks of ``chunk_size`` clients through one
+``vmap``-ed step, then finishes each client in cid order. The simulator and a GPU worker run the same class."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedent.config import ExecutorName
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params, num_elements
 from fedent.rng import torch_generator
 from fedent.rounds.executor import Gathered
-from fedent.rounds.sequential import SequentialExecutor
-from fedent.strategies.base import ClientUpdate, LocalFit, Probe, RoundPayload, Strategy, train_generator
+from fedent.rounds.host import ClientHost, ClientStates, ClientTraining, TestShards
+from fedent.strategies.base import (
+    ClientState,
+    ClientUpdate,
+    LocalFit,
+    Probe,
+    ProbePlan,
+    RoundPayload,
+    Strategy,
+    train_generator,
+)
 from fedent.trainer import LocalTrainer
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
@@ -53,61 +62,83 @@ class VectorisedOracle(TrainerOracle):
         return out
 
 
-class VectorisedExecutor(SequentialExecutor):
-    """Clients of a round train in one ``vmap``-ed SGD step per batch, ``max_parallel`` at a time."""
+class VectorisedHost(ClientHost):
+    """Hosted clients of a round train in one ``vmap``-ed SGD step per batch, ``max_parallel`` at a time."""
 
-    def __init__(self, trainer: LocalTrainer, client_indices: Sequence[np.ndarray], lr: float, epochs: int,
-                 seed: int, batch_size: int, max_parallel: int | None = None, conv: str = "direct") -> None:
-        super().__init__(trainer, client_indices, lr, epochs, seed, batch_size)
+    kind = "vectorised"
+
+    def __init__(self, trainer: LocalTrainer, indices: Mapping[int, Tensor] | Sequence[np.ndarray | Tensor],
+                 training: ClientTraining, states: ClientStates | None = None, test: TestShards | None = None,
+                 on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
+                 conv: str = "direct") -> None:
+        super().__init__(trainer, indices, training, states, test, on_update)
         self.vtrainer = VectorisedTrainer(trainer, conv)  # raises ValueError for a model vmap cannot train
         if max_parallel is not None and max_parallel < 1:
             raise ValueError(f"max_parallel_clients must be >= 1, got {max_parallel}")
         self.chunk_size: int | None = max_parallel  # a cap on clients per chunk; measured on CUDA when None
 
-    def bind(self, engine: Any) -> None:
-        super().bind(engine)
-        engine.clients.update(range(len(self.indices)), worker="simulator (vectorised)")
-
     def status_fields(self) -> dict[str, Any]:
-        return {**super().status_fields(), "executor": "vectorised", "parallel_clients": self.chunk_size,
-                "conv": self.vtrainer.conv}
+        return {**super().status_fields(), "parallel_clients": self.chunk_size, "conv": self.vtrainer.conv}
 
-    def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
-                rounds: int) -> tuple[Strategy, dict[str, Any]]:
-        """Algorithm 1 over the batched oracle (each round's participants in one pass per sweep)."""
-        chunk = len(self._chunks(list(range(len(self.indices))), global_params)[0])
-        oracle = VectorisedOracle(self.vtrainer, self.indices, self.seed, self.batch_size, chunk)
-        return strategy, dict(strategy.prepare(oracle, global_params, sizes, rounds) or {})
+    def oracle(self, seed: int | None = None, batch_size: int | None = None) -> TrainerOracle:
+        """Algorithm 1's oracle, batched (each round's participants in one pass per sweep)."""
+        chunk = len(self._chunks(self.hosted, self.trainer.params)[0])
+        return VectorisedOracle(self.vtrainer, self.indices, self.training.seed if seed is None else seed,
+                                self.training.batch_size if batch_size is None else batch_size, chunk)
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
         """Every participant's probe gradient at w(t) in vmapped chunks, then each plan's finish in cid order."""
         if not strategy.plans_probe:
             return super().probe(rnd, cids, global_params, strategy)
-        plans = {c: strategy.plan_probe(global_params, self.task(rnd, c), self.state(strategy, c)) for c in cids}
-        out: dict[int, Probe] = {}
-        for chunk in self._chunks(cids, global_params):
-            reqs = [GradientRequest(self.indices[c], plans[c].generator, plans[c].batch_size) for c in chunk]
-            for c, g in zip(chunk, self.vtrainer.gradients(global_params, reqs), strict=True):
-                out[c] = plans[c].finish(g)
-        return Gathered(out)
+        self.check_hosted(cids)
+        out: Gathered[Probe] = Gathered()
+        with self.lock:
+            plans: dict[int, ProbePlan] = {}
+            for c in cids:
+                try:
+                    plans[c] = strategy.plan_probe(global_params, self.task(rnd, c), self.state(strategy, c, rnd))
+                except Exception as e:
+                    self._failed(out, c, "probe", rnd, e)
+            for chunk in self._chunks(list(plans), global_params):
+                reqs = [GradientRequest(self.indices[c], plans[c].generator, plans[c].batch_size) for c in chunk]
+                for c, g in zip(chunk, self.vtrainer.gradients(global_params, reqs), strict=True):
+                    try:
+                        out.results[c] = plans[c].finish(g)
+                    except Exception as e:
+                        self._failed(out, c, "probe", rnd, e)
+        return Gathered(out.results, out.failed)
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
         if not strategy.plans_fit:  # a plug-in strategy that overrides fit only
             return super().fit(rnd, cids, global_params, strategy, payload)
-        plans: dict[int, LocalFit] = {
-            c: strategy.plan_fit(self.trainer, global_params, payload, self.task(rnd, c), self.state(strategy, c))
-            for c in cids}
-        start = [p.detach().to(self.trainer.device) for p in global_params]
-        out: dict[int, ClientUpdate] = {}
-        for chunk in self._chunks(cids, start):
-            runs = [ClientRun(self.indices[c], train_generator(self.task(rnd, c)), plans[c].lr,
-                              plans[c].weight_coef, plans[c].linear) for c in chunk]
-            for c, (params, res) in zip(chunk, self.vtrainer.train(start, runs, self.epochs), strict=True):
-                out[c] = plans[c].finish(params, res)
-                self.note_upload(c, out[c])
-        return Gathered(out)
+        self.check_hosted(cids)
+        out: Gathered[ClientUpdate] = Gathered()
+        with self.lock:
+            plans: dict[int, LocalFit] = {}
+            states: dict[int, ClientState] = {}
+            for c in cids:  # in cid order: plans read and write client state as the sequential fits do
+                try:
+                    states[c] = self.state(strategy, c, rnd)
+                    plans[c] = strategy.plan_fit(self.trainer, global_params, payload, self.task(rnd, c), states[c])
+                except Exception as e:
+                    self._failed(out, c, "fit", rnd, e)
+            start = [p.detach().to(self.trainer.device) for p in global_params]
+            for chunk in self._chunks(list(plans), start):
+                runs = [ClientRun(self.indices[c], train_generator(self.task(rnd, c)), plans[c].lr,
+                                  plans[c].weight_coef, plans[c].linear) for c in chunk]
+                for c, (params, res) in zip(chunk, self.vtrainer.train(start, runs, self.training.epochs),
+                                            strict=True):
+                    try:
+                        update = plans[c].finish(params, res)
+                        self.states.fitted(c, states[c], rnd)
+                    except Exception as e:
+                        self._failed(out, c, "fit", rnd, e)
+                        continue
+                    out.results[c] = update
+                    self._made(update)
+        return Gathered(out.results, out.failed)
 
     def _chunks(self, cids: Sequence[int], point: Sequence[Tensor]) -> list[list[int]]:
         """``cids`` in order, cut into chunks of at most ``chunk_size`` clients (measured on first use)."""
@@ -120,13 +151,13 @@ class VectorisedExecutor(SequentialExecutor):
         once from a one-client trial step (peak bytes), never fewer than one."""
         dev = self.trainer.device
         if dev.type != "cuda":
-            self.chunk_size = len(self.indices)
+            self.chunk_size = max(1, len(self.indices))
             return self.chunk_size
         torch.cuda.synchronize(dev)
         free, _ = torch.cuda.mem_get_info(dev)
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        probe = self.indices[0][: self.batch_size]
+        probe = self.indices[self.hosted[0]][: self.training.batch_size]
         self.vtrainer.train(start, [ClientRun(probe, torch.Generator().manual_seed(0), 0.0)], 1)
         per_client = max(torch.cuda.max_memory_allocated(dev) - base, 1)
         per_client += 4 * num_elements(start) * start[0].element_size()  # stacked params, grads, corrections
@@ -136,16 +167,18 @@ class VectorisedExecutor(SequentialExecutor):
         return self.chunk_size
 
 
-def make_executor(kind: str, trainer: LocalTrainer, client_indices: Sequence[np.ndarray], lr: float, epochs: int,
-                  seed: int, batch_size: int, max_parallel: int | None = None,
-                  conv: str = "direct") -> SequentialExecutor:
-    """The executor ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where
+def make_host(kind: ExecutorName, trainer: LocalTrainer,
+              indices: Mapping[int, Tensor] | Sequence[np.ndarray | Tensor], training: ClientTraining,
+              states: ClientStates | None = None, test: TestShards | None = None,
+              on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
+              conv: str = "direct") -> ClientHost:
+    """The host ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where
     benchmarks/bench_simulator.py measured the vectorised path slower). A model that vmap cannot train
-    falls back to the sequential executor with one line on stderr saying why."""
+    falls back to the sequential host with one line on stderr saying why."""
     want = kind if kind != "auto" else ("vectorised" if trainer.device.type == "cuda" else "sequential")
     if want == "vectorised":
         try:
-            return VectorisedExecutor(trainer, client_indices, lr, epochs, seed, batch_size, max_parallel, conv)
+            return VectorisedHost(trainer, indices, training, states, test, on_update, max_parallel, conv)
         except ValueError as e:
             print(f"vectorised executor unavailable ({e}); using the sequential executor", file=sys.stderr)
-    return SequentialExecutor(trainer, client_indices, lr, epochs, seed, batch_size)
+    return ClientHost(trainer, indices, training, states, test, on_update)

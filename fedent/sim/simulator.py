@@ -18,10 +18,11 @@ from fedent import runlog
 from fedent.config import ExperimentConfig, with_device
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
-from fedent.rounds import RoundEngine, RunError
+from fedent.rounds import RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator, central_federated
+from fedent.rounds.host import ClientTraining
+from fedent.rounds.inprocess import make_executor
 from fedent.rounds.rundir import has_run, run_kind
-from fedent.rounds.vectorised import make_executor
 from fedent.sim.progress import ProgressBar
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -51,21 +52,21 @@ class SimResult:
 
 
 def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInputs, device: torch.device,
-                 strategy: Strategy, local_eval: int, on_round: Callable[[dict[str, Any]], None] | None = None
-                 ) -> RoundEngine:
+                 strategy: Strategy, local_eval: int, on_round: Callable[[dict[str, Any]], None] | None = None,
+                 policy: RoundPolicy | None = None) -> RoundEngine:
     """The round engine over the in-process executor: one trainer trains every client and evaluates."""
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
-    executor = make_executor(tr.executor, trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed,
-                             tr.batch_size, tr.max_parallel_clients, tr.conv)
+    executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
+                             tr.max_parallel_clients, tr.conv)
     federated = None
     if tr.evaluation == "federated":
         federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
                                       tr.eval_batch_size)
     evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
-                       dict(inputs.partition_info), on_round=on_round)
+                       dict(inputs.partition_info), policy, on_round=on_round)
 
 
 def run_simulation(
@@ -80,12 +81,15 @@ def run_simulation(
     plots: bool = True,
     label: str = "",
     bar: bool = True,
+    policy: RoundPolicy | None = None,
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
     ``inputs`` (data, partition, model factory) defaults to the configured dataset; a comparison passes
     the same inputs to every algorithm. ``local_eval`` overrides ``train.local_eval``. ``progress``: a bar
     on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
+    ``policy``: how a round copes with failed or rejected clients (default: every participant must be
+    accepted, no retry, so a rejected upload ends the run; the cluster's is its aggregator's settings).
     """
     cfg = with_device(cfg, device)
     if cfg.data.placement != "central":
@@ -112,7 +116,7 @@ def run_simulation(
             last_acc[0] = rec["test_acc"]
         progress_bar.update(rec["round"] + 1, last_acc[0])
 
-    engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round)
+    engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
     try:
         records = engine.run()
     finally:

@@ -7,6 +7,7 @@ the engine's policy is tested without gRPC (the cluster tests exercise the same 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from conftest import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog
-from fedent.rounds import Gathered, RoundEngine, RoundPolicy, RunError, SequentialExecutor
+from fedent.rounds import ClientHost, ClientTraining, Gathered, InProcessExecutor, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.rundir import RunDirError
 from fedent.strategies.base import Capabilities, ClientUpdate, RoundPayload, Strategy
@@ -25,7 +26,7 @@ from fedent.strategies.fedavg import FedAvg
 from fedent.trainer import LocalTrainer
 
 
-class Dropping(SequentialExecutor):
+class Dropping(InProcessExecutor):
     """Clients in ``down`` never answer a fit; ``replacements`` hands out the live ones in cid order."""
 
     def __init__(self, *args: Any, down: set[int], **kw: Any) -> None:
@@ -41,20 +42,20 @@ class Dropping(SequentialExecutor):
         return Gathered(got.results, {c: "deadline" for c in cids if c in self.down})
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
-        return sorted(c for c in range(len(self.indices)) if c not in self.down)[:k]
+        return sorted(c for c in self.host.hosted if c not in self.down)[:k]
 
     def finish(self, ok: bool, reason: str) -> None:
         self.finished.append((ok, reason))
 
 
-def engine(tmp_path: Path, executor_cls: type[SequentialExecutor] = SequentialExecutor, *, rounds: int = 2,
+def engine(tmp_path: Path, executor_cls: type[InProcessExecutor] = InProcessExecutor, *, rounds: int = 2,
            strategy: Strategy | None = None, policy: RoundPolicy | None = None, **kw: Any) -> RoundEngine:
     cfg = tiny_config("fedavg", num_clients=4, rounds=rounds)
     inputs = tiny_inputs()
     data = inputs.data
     tr = cfg.train
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, torch.device("cpu"))
-    ex = executor_cls(trainer, inputs.client_indices, tr.lr, tr.local_epochs, tr.seed, tr.batch_size, **kw)
+    ex = executor_cls(ClientHost(trainer, inputs.client_indices, ClientTraining.from_config(cfg)), **kw)
     ev = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed)
     paths = runlog.create_run_dir(tmp_path / "run", exist_ok=True)
     return RoundEngine(cfg, paths, strategy or FedAvg(), ex, ev, trainer.params, inputs.client_sizes(),
@@ -84,7 +85,8 @@ def test_a_missed_quorum_is_retried_with_replacements(tmp_path: Path) -> None:
     for rec in records:
         assert set(rec["clients"]).isdisjoint({0, 1})  # the round ran with live clients
     retried = [r for r in records if "retried" in r["diagnostics"]]
-    assert retried and all(r["diagnostics"]["retried"][0]["why"].endswith("updates before the deadline")
+    assert retried and all(re.fullmatch(r"\d/\d updates accepted; client [01]: deadline.*",
+                                             r["diagnostics"]["retried"][0]["why"])
                            for r in retried)
 
 
@@ -145,7 +147,7 @@ def test_prepare_runs_by_capability_not_by_name(tmp_path: Path, oracle: bool) ->
 def test_the_executor_may_replace_the_strategy_when_preparing(tmp_path: Path) -> None:
     replacement = FedAvg()
 
-    class Replacing(SequentialExecutor):
+    class Replacing(InProcessExecutor):
         def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
                     rounds: int) -> tuple[Strategy, dict[str, Any]]:
             return replacement, {"replaced": True}
@@ -199,7 +201,7 @@ def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_
     assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [0, 1]
 
 
-class Diverging(SequentialExecutor):
+class Diverging(InProcessExecutor):
     """The first client's local model comes back with a NaN, as a diverged local training would give it."""
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
@@ -216,6 +218,41 @@ def test_a_diverged_local_model_fails_the_run_naming_the_client_before_aggregati
             raise AssertionError("aggregate must not see a non-finite update")
 
     e = engine(tmp_path, Diverging, policy=RoundPolicy(quorum=1.0, retries=0), strategy=Exploding())
-    with pytest.raises(RunError, match=r"local model of client\(s\) \[\d+\] is not finite after round 0"):
+    with pytest.raises(RunError, match=r"round 0 missed its quorum .*local model of client\(s\) \[\d+\] is not finite"):
         e.run()
     assert status(e)["phase"] == "failed"
+
+
+def test_a_rejected_upload_is_a_failed_client_and_the_quorum_decides(tmp_path: Path) -> None:
+    """Under a quorum the rejected client is left out: the round aggregates the others, metrics.jsonl names
+    it with the acceptance rule's reason, and clients.json shows it rejected with its last failure."""
+    e = engine(tmp_path, Diverging, policy=RoundPolicy(quorum=0.5, retries=0), rounds=1)
+    records = e.run()
+    failed = records[0]["diagnostics"]["failed_clients"]
+    (cid, why), = failed.items()
+    assert why == f"rejected: update of client {cid} is not finite (NaN/inf)"
+    assert records[0]["num_clients"] == len(records[0]["clients"]) and int(cid) in records[0]["clients"]
+    rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
+    assert rows[int(cid)]["state"] == "rejected" and rows[int(cid)]["participation"] == 0
+    assert rows[int(cid)]["last_failure"] == f"round 0: {why}"
+    others = [c for c in records[0]["clients"] if c != int(cid)]
+    assert all(rows[c]["state"] == "done" and rows[c]["last_failure"] is None for c in others)
+
+
+class Misdeclaring(InProcessExecutor):
+    """Every update carries a scalar its strategy never declared (a plug-in breaking its own payload_spec)."""
+
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        got = super().fit(rnd, cids, global_params, strategy, payload)
+        for u in got.results.values():
+            u.scalars["undeclared"] = 1.0
+        return got
+
+
+def test_the_payload_spec_is_checked_in_process_too(tmp_path: Path) -> None:
+    e = engine(tmp_path, Misdeclaring, rounds=1)
+    with pytest.raises(RunError, match=r"missed its quorum .*0/\d updates accepted; client \d: rejected: update "
+                                       r"of client \d has unknown scalars \['undeclared'\]"):
+        e.run()
+    assert "has unknown scalars ['undeclared']" in status(e)["state"]["error"]
