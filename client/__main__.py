@@ -10,6 +10,7 @@ import sys
 from types import FrameType
 
 from client.worker import LocalDataRefused, Worker, WorkerError, WorkerSettings, parse_client_ids
+from fedent.config import EXECUTORS
 from fedent.data.datasets import DatasetError
 from fedentrpc.lifeline import watch_parent
 from fedentrpc.security.errors import SecurityConfigError
@@ -43,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reconnect-window", type=float, default=300.0, help="seconds to keep trying to reconnect")
     p.add_argument("--backoff-base", type=float, default=0.5, help="first reconnect backoff bound (seconds)")
     p.add_argument("--backoff-cap", type=float, default=15.0, help="largest reconnect backoff bound (seconds)")
+    p.add_argument("--executor", choices=EXECUTORS, default="auto",
+                   help="how this worker's clients train: sequential (one after another) or vectorised (a round's "
+                        "clients in one vmapped step); auto = vectorised on CUDA, sequential on the CPU")
+    p.add_argument("--max-parallel-clients", type=int, default=None, metavar="N",
+                   help="vectorised executor: at most N clients per step (default: from free device memory)")
     p.add_argument("--log-level", default="INFO")
     add_client_security_args(p)
     return p
@@ -61,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                                   security=security, reconnect_attempts=args.reconnect_attempts,
                                   reconnect_window_s=args.reconnect_window, backoff_base_s=args.backoff_base,
                                   backoff_cap_s=args.backoff_cap, data=args.data,
-                                  label_histogram=not args.no_label_histogram)
+                                  label_histogram=not args.no_label_histogram, executor=args.executor,
+                                  max_parallel_clients=args.max_parallel_clients)
         worker = Worker(settings)
         if security.token:
             install_log_redaction([security.token])

@@ -6,12 +6,14 @@ and execute each pushed task. With ``--data`` (``data.placement: workers``) each
 this machine's files instead: read and checked before dialling, fitted to the run's model after Register,
 and its sample counts (label histograms unless ``--no-label-histogram``) reported at Ready.
 
-Per-client state (``ClientState``) lives here across rounds. The global
-model is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's
-clients this worker hosts.
+The worker keeps only the link; the client half of every task (task parameters from the run's config,
+client state in memory or in ``--state-dir``, probe / fit / evaluate, Algorithm 1's gradients, sequential or
+vectorised) is the core's ``ClientHost`` (fedent.rounds.host), the one the simulator runs. The global model
+is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's clients
+this worker hosts.
 
-Why ~600 lines in one module: the worker is one state machine (register, ready, work stream, oracle
-stream, reconnect) over one channel and one client-state store; its parts are methods of that machine.
+Why ~540 lines in one module: the worker is one state machine (register, ready, work stream, oracle
+stream, reconnect) over one channel; its parts are methods of that machine.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedent.client_store import ClientStateStore, ClientStoreError
-from fedent.config import ExperimentConfig, config_from_dict
+from fedent.client_store import ClientStateStore
+from fedent.config import EXECUTORS, ExecutorName, ExperimentConfig, config_from_dict
 from fedent.data.local import LocalData, LocalDataError, LocalDataSpec, RawLocal, prepare_local, read_local
 from fedent.inputs import RunInputs, load_inputs, model_factory, model_input
 from fedent.params import Params
-from fedent.rounds.evaluation import evaluate_shards, test_shards
-from fedent.strategies.base import ClientState, ClientTask, RoundPayload, Strategy
+from fedent.rounds.evaluation import test_shards
+from fedent.rounds.host import ClientHost, ClientStates, ClientTraining, TestShards
+from fedent.rounds.vectorised import make_host
+from fedent.strategies.base import ClientUpdate, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
 from fedentrpc import codec, mappers
@@ -79,6 +83,8 @@ class WorkerSettings:
     backoff_cap_s: float = 15.0
     data: str | None = None  # --data SPEC: the hosted clients' data from this machine (data.placement: workers)
     label_histogram: bool = True  # report each client's label histogram at Ready (for the dashboard)
+    executor: ExecutorName = "auto"  # how this worker's clients train: vectorised on CUDA under auto
+    max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
 
     def __post_init__(self) -> None:
         if not self.client_ids:
@@ -91,6 +97,10 @@ class WorkerSettings:
             raise ValueError("reconnect attempts must be >= 0 and the reconnect window > 0")
         if not 0 < self.backoff_base_s <= self.backoff_cap_s:
             raise ValueError("backoff must satisfy 0 < base <= cap")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.max_parallel_clients is not None and self.max_parallel_clients < 1:
+            raise ValueError(f"max_parallel_clients must be >= 1, got {self.max_parallel_clients}")
 
 
 class LocalDataRefused(WorkerError):
@@ -153,17 +163,16 @@ class Worker:
         self.device = resolve_device(settings.device)
         self.security = settings.security or ClientSecurity(insecure=True)
         self.channel = open_channel(settings.aggregator, self.security, grpc_options(keepalive=True))
-        self.store: ClientStateStore | None = None
+        self.states = ClientStates(device=self.device)
+        self.host: ClientHost | None = None
         self.stub = pb_grpc.AggregatorServiceStub(self.channel)
         self.worker_id = ""
         self.transfer = codec.TransferSpec()
-        self.states: dict[int, ClientState] = {}
         self._blob_cache: dict[str, codec.Bundle] = {}
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._stop = threading.Event()
         self.tasks_done = 0
         self.run_id = ""
-        self._trainer_lock = threading.Lock()
         self._oracle_outbox: queue.Queue[est_pb.OracleRequest | None] | None = None
         self._loaded: tuple[bytes, str] | None = None  # (config, partition md5) the data was built for
         self.reconnects = 0
@@ -187,9 +196,12 @@ class Worker:
             worker_name=self.name, token=s.token, client_ids=list(s.client_ids), device=str(self.device),
             hostname=socket.gethostname(), pid=os.getpid(), version="1"))
         self.worker_id = reply.worker_id
+        if reply.run_id != self.run_id or s.state_dir:  # another run (or a persisted one): its own states
+            store = ClientStateStore(Path(s.state_dir) / (reply.run_id or "run")) if s.state_dir else None
+            self.states = ClientStates(store, self.device)
+            if self.host is not None:
+                self.host.states = self.states
         self.run_id = reply.run_id
-        if s.state_dir:
-            self.store = ClientStateStore(Path(s.state_dir) / (self.run_id or "run"))
         self.transfer = mappers.transfer_from_msg(reply.transfer)
         self.heartbeat_s = reply.heartbeat_s
         loaded = (reply.config.SerializeToString(deterministic=True), reply.partition_md5)
@@ -260,12 +272,12 @@ class Worker:
         if max(s.client_ids) >= self.inputs.num_clients:
             raise WorkerError(f"client ids up to {max(s.client_ids)} but the run has {self.inputs.num_clients}")
         data = self.inputs.data
-        self.trainer = LocalTrainer(self.inputs.make_model(), data.x_train, data.y_train, self.cfg.train.batch_size,
-                                    self.device, self.cfg.train.precision)
-        self.indices: dict[int, Tensor] = {
+        trainer = LocalTrainer(self.inputs.make_model(), data.x_train, data.y_train, self.cfg.train.batch_size,
+                               self.device, self.cfg.train.precision)
+        indices: dict[int, Tensor] = {
             c: torch.from_numpy(np.array(self.inputs.client_indices[c], dtype=np.int64)) for c in s.client_ids}
         shards = test_shards(int(data.y_test.shape[0]), self.inputs.num_clients, self.cfg.train.seed)
-        self.test = (data.x_test, data.y_test, {c: shards[c] for c in s.client_ids})
+        self._host(trainer, indices, TestShards(data.x_test, data.y_test, {c: shards[c] for c in s.client_ids}))
         self.sources = {c: f"central ({self.inputs.partition_info.get('source', '')})" for c in s.client_ids}
 
     def _load_local(self) -> None:
@@ -282,19 +294,31 @@ class Worker:
         except (LocalDataError, ValueError) as e:
             raise LocalDataRefused(str(e)) from None
         local = self.local
-        self.trainer = LocalTrainer(model_factory(self.cfg)(), local.x_train, local.y_train,
-                                    self.cfg.train.batch_size, self.device, self.cfg.train.precision)
-        self.indices = {cid: torch.from_numpy(ix) for cid, ix in local.train_indices.items()}
-        self.test = (local.x_test, local.y_test, dict(local.test_indices))
+        trainer = LocalTrainer(model_factory(self.cfg)(), local.x_train, local.y_train,
+                               self.cfg.train.batch_size, self.device, self.cfg.train.precision)
+        self._host(trainer, {cid: torch.from_numpy(ix) for cid, ix in local.train_indices.items()},
+                   TestShards(local.x_test, local.y_test, dict(local.test_indices)))
         self.sources = dict(local.sources)
         self.md5 = ""
+
+    def _host(self, trainer: LocalTrainer, indices: dict[int, Tensor], test: TestShards) -> None:
+        """The core's client half for this worker's clients, of the kind ``--executor`` names."""
+        s = self.settings
+        self.host = make_host(s.executor, trainer, indices, ClientTraining.from_config(self.cfg), self.states, test,
+                              max_parallel=s.max_parallel_clients, conv=self.cfg.train.conv)
+        log.info("worker clients train on %s with the %s executor", self.device, self.host.kind)
+
+    @property
+    def indices(self) -> dict[int, Tensor]:
+        return self.host.indices if self.host is not None else {}
 
     def _ready(self, md5: str) -> None:
         cids = self.settings.client_ids
         hist = self.local is not None and self.settings.label_histogram
+        shards = self.host.test.shards if self.host is not None and self.host.test is not None else {}
         sizes = [mappers.client_info_to_msg(c, int(self.indices[c].numel()),
                                             self.local.label_counts(c) if hist and self.local else [],
-                                            self.sources.get(c, ""), len(self.test[2].get(c, ())))
+                                            self.sources.get(c, ""), len(shards.get(c, ())))
                  for c in cids]
         self._call(self.stub.Ready, pb.ReadyRequest(worker_id=self.worker_id, partition_md5=md5, clients=sizes))
         log.info("worker %s ready: %d clients on %s", self.worker_id, len(cids), self.device)
@@ -308,20 +332,6 @@ class Worker:
                 kind = RunOverError
             raise kind(f"{type(request).__name__[:-7] or 'call'} rejected by the aggregator: "
                               f"{e.code().name}: {e.details()}") from None
-
-    def state_of(self, cid: int, rnd: int | None = None) -> ClientState:
-        """The client's state entering round ``rnd``: from the store when persisting (a replayed round after
-        an aggregator resume gets the state saved before it), else kept in memory."""
-        if self.store is not None and rnd is not None:
-            saved = self.store.load(cid, before_round=rnd)
-            if saved is None:
-                return self.strategy.init_client_state(cid, int(self.indices[cid].numel()))
-            return ClientState({k: [x.to(self.device) for x in v] for k, v in saved.tensors.items()}, saved.scalars)
-        st = self.states.get(cid)
-        if st is None:
-            st = self.strategy.init_client_state(cid, int(self.indices[cid].numel()))
-            self.states[cid] = st
-        return st
 
     # ---- tasks ---------------------------------------------------------------------------------
     def fetch(self, blob_id: str) -> codec.Bundle:
@@ -339,64 +349,61 @@ class Worker:
     def _model(self, blob_id: str) -> Params:
         return [t.to(self.device) for t in self.fetch(blob_id)[codec.PARAMS_GROUP]]
 
-    def _task(self, h: pb.TaskHeader, cid: int) -> ClientTask:
-        return ClientTask(cid=cid, round=h.round, indices=self.indices[cid], lr=h.lr, epochs=h.epochs, seed=h.seed)
-
-    def _check_cids(self, h: pb.TaskHeader) -> list[int]:
+    def _check_cids(self, h: pb.TaskHeader) -> tuple[ClientHost, list[int]]:
         cids = [int(c) for c in h.client_ids]
         unknown = [c for c in cids if c not in self.indices]
-        if unknown:
+        if self.host is None or unknown:
             raise WorkerError(f"task {h.task_id} names clients {unknown} this worker does not host")
-        return cids
+        return self.host, cids
+
+    def _failures(self, h: pb.TaskHeader, failed: dict[int, str]) -> None:
+        """Each client the host could not serve, reported (the aggregator records it in failed_clients)."""
+        for c, why in sorted(failed.items()):
+            self._report(h, c, why)
 
     def do_probe(self, t: pb.ProbeTask) -> None:
         h = t.task
-        cids = self._check_cids(h)
-        w = self._model(h.model_blob)
-        probes = []
-        for c in cids:
-            try:  # like fit: one client's failure (a damaged state file, ...) is that client's, not the task's
-                probes.append(self.strategy.probe(self.trainer, w, self._task(h, c), self.state_of(c, h.round)))
-            except Exception as e:
-                self._client_failed(h, c, "probe", e)
-        if probes:
+        host, cids = self._check_cids(h)
+        got = host.probe(h.round, cids, self._model(h.model_blob), self.strategy)
+        self._failures(h, got.failed)
+        if got.results:
             self._call(self.stub.SubmitProbes, pb.SubmitProbesRequest(
                 worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-                probes=[mappers.probe_to_msg(p) for p in probes]))
+                probes=[mappers.probe_to_msg(p) for p in got.results.values()]))
 
     def do_evaluate(self, t: pb.EvaluateTask) -> None:
         """Federated evaluation: the global model on each named client's local test split."""
         h = t.task
-        cids = self._check_cids(h)
-        x, y, shards = self.test
-        got = evaluate_shards(self.trainer, x, y, shards, cids, self._model(h.model_blob),
-                              self.cfg.train.eval_batch_size)
+        host, cids = self._check_cids(h)
+        got = host.evaluate(cids, self._model(h.model_blob), self.cfg.train.eval_batch_size)
         self._call(self.stub.SubmitEvaluation, pb.SubmitEvaluationRequest(
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
-            results=[mappers.evaluation_to_msg(r) for r in got.values()]))
+            results=[mappers.evaluation_to_msg(r) for r in got.results.values()]))
 
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
+        """The host fits the named clients; each update is uploaded as it is made (overlapping the next
+        client's training, or the next chunk's under the vectorised host)."""
         h = t.task
-        cids = self._check_cids(h)
+        host, cids = self._check_cids(h)
         w = self._model(h.model_blob)
         tensors = self.fetch(t.payload.tensors_blob) if t.payload.tensors_blob else {}
         tensors = {k: [x.to(self.device) for x in v] for k, v in tensors.items()}
         payload: RoundPayload = mappers.payload_from_msg(t.payload, tensors)
-        pending = []
-        for c in cids:
-            t0 = time.perf_counter()
-            try:
-                state = self.state_of(c, h.round)
-                update = self.strategy.fit(self.trainer, w, payload, self._task(h, c), state)
-                if self.store is not None:
-                    self.store.save(c, state, h.round)
-            except Exception as e:  # one client's failure must not lose the others' updates
-                self._client_failed(h, c, "fit", e)
-                continue
+        pending: list[Future[None]] = []
+        t0 = time.perf_counter()
+
+        def upload(update: ClientUpdate) -> None:
             update.params = [p.detach().cpu() for p in update.params]
             update.tensors = {k: [x.detach().cpu() for x in v] for k, v in update.tensors.items()}
             meta = mappers.UpdateMeta(self.worker_id, h.task_id, h.round, time.perf_counter() - t0)
-            pending.append(self._uploader.submit(self._upload, update, meta))  # overlaps with the next client
+            pending.append(self._uploader.submit(self._upload, update, meta))
+
+        host.on_update = upload
+        try:
+            got = host.fit(h.round, cids, w, self.strategy, payload)
+        finally:
+            host.on_update = None
+        self._failures(h, got.failed)
         return pending
 
     def _upload(self, update: Any, meta: mappers.UpdateMeta) -> None:
@@ -405,15 +412,6 @@ class Worker:
             self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
         except grpc.RpcError as e:
             log.warning("update of client %d rejected: %s: %s", update.cid, e.code().name, e.details())
-
-    def _client_failed(self, h: pb.TaskHeader, cid: int, what: str, e: Exception) -> None:
-        """Report one client's failure (the aggregator records it in the round's failed_clients); a damaged
-        state file is a known condition (one line), anything else gets its traceback."""
-        if isinstance(e, ClientStoreError):
-            log.error("client %d failed its %s in round %d: %s", cid, what, h.round, e)
-        else:
-            log.exception("client %d failed its %s in round %d", cid, what, h.round)
-        self._report(h, cid, f"{type(e).__name__}: {e}")
 
     def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
         try:
@@ -451,8 +449,6 @@ class Worker:
 
     def _oracle_stream(self, channel: grpc.Channel) -> bool:
         """One Oracle stream until it ends; True if it answered at least one request."""
-        from fedent.meanfield.oracle import TrainerOracle
-
         outbox: queue.Queue[est_pb.OracleRequest | None] = queue.Queue()
         old = self._oracle_outbox
         if old is not None:
@@ -481,12 +477,13 @@ class Worker:
                         got = codec.decode_tensors(stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(
                             blob_id=req.point_blob, worker_id=self.worker_id)))
                         points = {req.point_blob: [x.to(self.device) for x in got[codec.PARAMS_GROUP]]}
-                    oracle = TrainerOracle(self.trainer, self.indices, req.seed or self.cfg.train.seed,
-                                           req.batch_size or None)
-                    for cid in mappers.oracle_request_cids(req):
-                        with self._trainer_lock:
-                            grads = [g.detach().cpu() for g in oracle.gradient(req.t, cid, points[req.point_blob])]
-                        for m in mappers.oracle_result_messages(req.request_id, cid, int(self.indices[cid].numel()),
+                    host, cids = self.host, mappers.oracle_request_cids(req)
+                    if host is None:
+                        raise KeyError("this worker has no clients loaded yet")
+                    answers = host.gradients(req.t, cids, points[req.point_blob], req.seed or self.cfg.train.seed,
+                                             req.batch_size or None)
+                    for cid, grads in zip(cids, answers, strict=True):
+                        for m in mappers.oracle_result_messages(req.request_id, cid, host.num_samples(cid),
                                                                 grads, self.transfer):
                             outbox.put(m)
                 except (KeyError, ValueError, grpc.RpcError) as e:
@@ -528,13 +525,12 @@ class Worker:
                     return not item.shutdown.failed
                 pending: list[Future[None]] = []
                 try:
-                    with self._trainer_lock:
-                        if kind == "probe":
-                            self.do_probe(item.probe)
-                        elif kind == "fit":
-                            pending = self.do_fit(item.fit)
-                        elif kind == "evaluate":
-                            self.do_evaluate(item.evaluate)
+                    if kind == "probe":
+                        self.do_probe(item.probe)
+                    elif kind == "fit":
+                        pending = self.do_fit(item.fit)
+                    elif kind == "evaluate":
+                        self.do_evaluate(item.evaluate)
                     for f in pending:
                         f.result()
                     self.tasks_done += 1

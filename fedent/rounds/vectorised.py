@@ -45,7 +45,7 @@ class VectorisedOracle(TrainerOracle):
     """Algorithm 1's gradient oracle with the batched ``gradients``: each client's batch is the one
     ``TrainerOracle.gradient`` draws (the same (t, cid) stream), all at one point in vmapped chunks."""
 
-    def __init__(self, vtrainer: VectorisedTrainer, client_indices: Sequence[Tensor], seed: int,
+    def __init__(self, vtrainer: VectorisedTrainer, client_indices: Mapping[int, Tensor] | Sequence[Tensor], seed: int,
                  batch_size: int | None, chunk: int) -> None:
         super().__init__(vtrainer.trainer, client_indices, seed, batch_size)
         self.vtrainer, self.chunk = vtrainer, max(1, chunk)
