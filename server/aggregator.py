@@ -78,8 +78,8 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterResponse:
         ident = caller_identity(context)
-        reg = _guard(context, lambda: self.run.register(request.worker_name, request.token, list(request.client_ids),
-                                                        request.device, request.hostname, ident))
+        reg = _guard(context, lambda: self.run.registry.register(
+            request.worker_name, request.token, list(request.client_ids), request.device, request.hostname, ident))
         log.info("worker %s (%s, %s) registered clients %s", ident or request.worker_name, reg.worker_id,
                  request.device,
                  _span(request.client_ids))
@@ -90,12 +90,12 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes, details = mappers.client_info_from_msgs(request.clients)
-        _guard(context, lambda: self.run.mark_ready(request.worker_id, request.partition_md5, sizes,
+        _guard(context, lambda: self.run.registry.mark_ready(request.worker_id, request.partition_md5, sizes,
                                                   caller_identity(context), details))
         return pb.ReadyResponse()
 
     def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
-        w = _guard(context, lambda: self.run.attach(request.worker_id, caller_identity(context)))
+        w = _guard(context, lambda: self.run.registry.attach(request.worker_id, caller_identity(context)))
         context.add_callback(lambda: w.tasks.put(None))  # wake the generator when the worker hangs up
         tr = self.run.cfg.train
         try:
@@ -107,18 +107,18 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                 if task.kind == "shutdown":
                     return
         finally:
-            self.run.detach(w)
+            self.run.registry.detach(w)
 
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
-        enc = _guard(context, lambda: self.run.fetch_blob(request.blob_id, request.worker_id,
+        enc = _guard(context, lambda: self.run.remote.fetch_blob(request.blob_id, request.worker_id,
                                                          caller_identity(context)))
         yield from enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
 
     def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:
         def go() -> None:
             probes = [mappers.probe_from_msg(p) for p in request.probes]
-            self.run.submit_probes(request.worker_id, request.task_id, request.round, probes,
+            self.run.remote.submit_probes(request.worker_id, request.task_id, request.round, probes,
                                    caller_identity(context))
 
         _guard(context, go)
@@ -127,12 +127,12 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def SubmitUpdate(self, request_iterator: Iterator[pb.SubmitUpdateRequest],
                      context: grpc.ServicerContext) -> pb.SubmitUpdateResponse:
         def go() -> None:
-            limit = self.run.max_update_bytes()
+            limit = self.run.remote.max_update_bytes()
             # bounded by the decoder: the header's sizes against limit before anything is allocated, then
             # every chunk against the header (a running ByteSize() re-serialised each 4 MiB chunk)
             dec = mappers.update_from_parts(request_iterator, max_bytes=limit)
             m = dec.meta
-            self.run.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes,
+            self.run.remote.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes,
                                    caller_identity(context))
 
         _guard(context, go)
@@ -140,7 +140,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def ReportFailure(self, request: pb.ReportFailureRequest,
                       context: grpc.ServicerContext) -> pb.ReportFailureResponse:
-        _guard(context, lambda: self.run.report_failure(request.worker_id, request.task_id, request.round,
+        _guard(context, lambda: self.run.remote.report_failure(request.worker_id, request.task_id, request.round,
                                                         request.cid, request.message, caller_identity(context)))
         log.warning("worker %s: task %d client %d failed: %s", request.worker_id, request.task_id, request.cid,
                     request.message)
@@ -149,21 +149,20 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def SubmitEvaluation(self, request: pb.SubmitEvaluationRequest,
                          context: grpc.ServicerContext) -> pb.SubmitEvaluationResponse:
         results = [mappers.evaluation_from_msg(r) for r in request.results]
-        _guard(context, lambda: self.run.submit_evaluation(request.worker_id, request.task_id, request.round,
+        _guard(context, lambda: self.run.remote.submit_evaluation(request.worker_id, request.task_id, request.round,
                                                            results, caller_identity(context)))
         return pb.SubmitEvaluationResponse()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
-        known = _guard(context, lambda: self.run.heartbeat(request.worker_id, caller_identity(context)))
+        known = _guard(context, lambda: self.run.registry.heartbeat(request.worker_id, caller_identity(context)))
         return pb.HeartbeatResponse(known=known)
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
-        r = self.run
-        with r.lock:
-            workers = sum(1 for w in r.workers.values() if not w.gone)
-        return pb.GetStatusResponse(run_id=r.paths.run_id, algorithm=r.strategy.name,
-                                    phase=mappers.phase_to_msg(r.phase), round=-1 if r.round is None else r.round,
-                                    rounds=r.rounds, error=r.error or "", workers=workers, clients=len(r.sizes))
+        r, e = self.run, self.run.engine
+        return pb.GetStatusResponse(run_id=r.paths.run_id, algorithm=e.strategy.name,
+                                    phase=mappers.phase_to_msg(e.phase), round=-1 if e.round is None else e.round,
+                                    rounds=e.rounds, error=r.error or "", workers=r.registry.live_workers(),
+                                    clients=len(e.sizes))
 
 
 def _span(cids: Any) -> str:

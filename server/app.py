@@ -82,13 +82,7 @@ class AggregatorHandle:
 
     def request_stop(self) -> None:
         """Ask the round loop to end now (it wakes from any wait); does not block."""
-        self.run.stop.set()
-        col = self.run.collector
-        if col is not None:
-            with col.cond:
-                col.cond.notify_all()
-        with self.run.registry_changed:
-            self.run.registry_changed.notify_all()
+        self.run.stop()
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.request_stop()

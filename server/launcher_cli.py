@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             for line in dashboard_lines("fedent cluster: dashboard ", handle.dashboard_url, dash_access):
                 print(line, flush=True)
         try:
-            rounds = handle.run.rounds
+            rounds = handle.run.engine.rounds
             ok = cluster.wait(on_round=lambda rec: print(round_line(rec, rounds), flush=True))
         except LaunchError as e:
             print(f"fedent cluster: {e}", file=sys.stderr)

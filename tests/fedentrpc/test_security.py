@@ -514,9 +514,9 @@ def test_register_under_another_workers_name_or_clients_is_denied(
                                                      timeout=TIMEOUT)) == PD
         assert _denied(lambda: b.Register(pb.RegisterRequest(worker_name="worker-0", client_ids=[2, 3]),
                                           timeout=TIMEOUT)) == PD
-    wa = h.run.workers[a.wid]
+    wa = h.run.registry.workers[a.wid]
     assert not wa.gone and wa.streaming and a.call.is_active()  # A's Work stream stays open
-    assert h.run.owner == {0: a.wid, 1: a.wid} and len(h.run.workers) == 1  # nothing registered for B
+    assert h.run.registry.owner == {0: a.wid, 1: a.wid} and len(h.run.registry.workers) == 1  # nothing registered for B
     assert wa.name == "worker-0" and wa.identity == "worker-0"
     assert "denied Register by worker worker-1 (claimed worker-0): that worker is registered" in caplog.text
     assert "denied Register by worker worker-1 (claimed clients [0, 1])" in caplog.text
@@ -525,10 +525,10 @@ def test_register_under_another_workers_name_or_clients_is_denied(
     # is host-pid-cN); A reconnecting retires A's old registration
     for label in ("", "host-b-c2"):
         reg = b.Register(pb.RegisterRequest(worker_name=label, client_ids=[2, 3]), timeout=TIMEOUT)
-        assert h.run.workers[reg.worker_id].name == "worker-1"
+        assert h.run.registry.workers[reg.worker_id].name == "worker-1"
     ch.close()
     a2 = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, tok0))
-    assert h.run.workers[a.wid].gone and h.run.owner[0] == a2.wid
+    assert h.run.registry.workers[a.wid].gone and h.run.registry.owner[0] == a2.wid
 
 
 def test_calls_for_another_workers_registration_are_denied_and_change_nothing(
@@ -547,9 +547,9 @@ def test_calls_for_another_workers_registration_are_denied_and_change_nothing(
     a = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, tok0))
     b = FakeWorker(h.port, [2, 3], md5, name="worker-1", security=client(pki, tok1))
     fit_a, fit_b = a.next("fit"), b.next("fit")  # the fit phase is open: a forged result would count
-    col = h.run.collector
+    col = h.run.remote.collector
     assert col is not None and col.kind == "fit"
-    wa = h.run.workers[a.wid]
+    wa = h.run.registry.workers[a.wid]
     seen, down = wa.last_seen, wa.bytes_down
     params = a.model(fit_a.task.model_blob)
     s = b.stub
@@ -601,7 +601,7 @@ def test_mtls_certificate_identity_is_bound_too(pki: CertBundle, start: Any) -> 
                                           timeout=TIMEOUT)) == PD
         assert _denied(lambda: b.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT)) == PD
         assert a.stub.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT).known
-    assert h.run.workers[a.wid].identity == "worker-0" and a.call.is_active()
+    assert h.run.registry.workers[a.wid].identity == "worker-0" and a.call.is_active()
 
 
 def test_without_authentication_there_is_no_identity_and_nothing_changes(start: Any) -> None:
@@ -619,7 +619,7 @@ def test_without_authentication_there_is_no_identity_and_nothing_changes(start: 
     h = start(tiny_config("fedavg"), inputs)
     a = FakeWorker(h.port, [0, 1], md5, name="worker-0")
     b = FakeWorker(h.port, [2, 3], md5, name="worker-1")
-    assert h.run.workers[a.wid].identity is None
+    assert h.run.registry.workers[a.wid].identity is None
     assert b.stub.Heartbeat(pb.HeartbeatRequest(worker_id=a.wid), timeout=TIMEOUT).known
     a2 = FakeWorker(h.port, [0, 1], md5, name="worker-0")
-    assert h.run.workers[a.wid].gone and h.run.owner[0] == a2.wid
+    assert h.run.registry.workers[a.wid].gone and h.run.registry.owner[0] == a2.wid

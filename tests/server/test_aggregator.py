@@ -73,7 +73,7 @@ def test_model_is_fetched_once_per_round_per_worker(start: Any) -> None:
     h = start(cfg, inputs)
     _run_workers(h, inputs, [(0, 1, 2, 3)])
     blob = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach() for p in inputs.make_model().parameters()]})
-    (w,) = h.run.workers.values()
+    (w,) = h.run.registry.workers.values()
     assert w.bytes_down == 3 * blob.wire_bytes  # 4 clients hosted, yet one download per round
 
 

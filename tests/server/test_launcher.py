@@ -52,10 +52,10 @@ def test_a_resumed_launch_reports_the_new_rounds_not_the_cut_ones(tmp_path: Path
     first = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
 
     def crash(phase: str) -> None:
-        if (phase, first.run.round) == ("aggregating", 2):
+        if (phase, first.run.engine.round) == ("aggregating", 2):
             raise RuntimeError("killed")
 
-    first.run.on_phase = crash
+    first.run.engine.on_phase = crash
     for t in _workers(first.port, inputs):
         t.start()
     assert first.wait(60)

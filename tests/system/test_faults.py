@@ -56,8 +56,8 @@ def _worker(h: AggregatorHandle, inputs: RunInputs, cids: tuple[int, ...], **kw:
 def _wait_ready(h: AggregatorHandle, cids: list[int], timeout: float = 20) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        with h.run.lock:
-            if all(h.run._hosted(c) for c in cids):
+        with h.run.registry.lock:
+            if all(h.run.registry.hosted(c) for c in cids):
                 return
         time.sleep(0.02)
     raise AssertionError(f"clients {cids} never became ready")
@@ -129,7 +129,7 @@ def test_worker_killed_between_register_and_ready_expires_and_its_restart_regist
     while [c["state"] for c in read_json(h.run_dir / "clients.json")["clients"]][:2] != ["down", "down"]:
         assert time.monotonic() < end, "the unready worker was never expired: it holds clients 0 and 1 for good"
         time.sleep(0.02)
-    assert h.run.workers[crashed].gone
+    assert h.run.registry.workers[crashed].gone
 
     real_load = Worker._load
 
@@ -167,12 +167,12 @@ def test_worker_reconnects_after_its_stream_is_cut_and_finishes_the_run(start: A
     w, (thread, box) = _worker(h, inputs, (0, 1, 2, 3), backoff_base_s=0.05, backoff_cap_s=0.2)
     w.do_fit = slow_fit.__get__(w)  # type: ignore[method-assign]
     _wait_ready(h, [0, 1, 2, 3])
-    while h.run.collector is None:
+    while h.run.remote.collector is None:
         time.sleep(0.01)
     first_id = w.worker_id
-    with h.run.lock:
-        handle = h.run.workers[first_id]
-    h.run._retire(handle, "down", "test: connection lost")  # what an expiry or a broken link does
+    with h.run.registry.lock:
+        handle = h.run.registry.workers[first_id]
+    h.run.registry.retire(handle, "down", "test: connection lost")  # what an expiry or a broken link does
     gate.set()
     assert h.wait(30) and h.run.error is None, h.run.error
     thread.join(10)
@@ -273,7 +273,7 @@ def test_oversized_messages_are_rejected_and_the_service_goes_on(start: Any) -> 
     with pytest.raises(grpc.RpcError) as e:
         fake.stub.SubmitUpdate(iter(liar))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert f"exceeds this receiver's limit of {h.run.max_update_bytes()}" in e.value.details()
+    assert f"exceeds this receiver's limit of {h.run.remote.max_update_bytes()}" in e.value.details()
 
 
 def test_estimator_lost_mid_fixed_point_restarts_and_the_run_recovers(tmp_path: Path,
@@ -396,7 +396,7 @@ def test_scaffold_nan_delta_c_is_rejected_and_the_control_variate_stays_finite(s
     assert [("skipped" in r["diagnostics"]) for r in recs] == [False, False]
     assert "'delta_c' is not finite" in recs[0]["diagnostics"]["failed_clients"]["0"]
     assert "failed_clients" not in recs[1]["diagnostics"]
-    assert all(bool(torch.isfinite(c).all()) for c in h.run.strategy.server_state()["c"])
+    assert all(bool(torch.isfinite(c).all()) for c in h.run.engine.strategy.server_state()["c"])
     assert all(bool(torch.isfinite(p).all()) for p in torch.load(h.run_dir / "model_final.pt"))
     assert read_json(h.run_dir / "status.json")["phase"] == "done"
     thread.join(10)

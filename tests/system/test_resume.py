@@ -46,9 +46,9 @@ def _run(cfg: Any, inputs: RunInputs, run_dir: Path, state_dir: Path | None,
     h = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
     if crash_at is not None:
         def crash(phase: str) -> None:
-            if (phase, h.run.round) == crash_at:
-                raise SimulatedCrash(f"killed at {phase} of round {h.run.round}")
-        h.run.on_phase = crash
+            if (phase, h.run.engine.round) == crash_at:
+                raise SimulatedCrash(f"killed at {phase} of round {h.run.engine.round}")
+        h.run.engine.on_phase = crash
     return _finish(h, inputs, state_dir)
 
 

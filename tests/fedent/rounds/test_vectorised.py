@@ -38,6 +38,7 @@ from fedent.strategies.registry import STRATEGIES
 from fedent.trainer import LocalTrainer
 from fedent.vectorised_trainer import ClientRun, VectorisedTrainer
 
+TRAINING = ClientTraining(0.05, 1, 0, 8)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TOL = 1e-5
 
@@ -125,14 +126,14 @@ def test_each_client_takes_its_own_steps_rate_and_loss(device: str) -> None:
 def test_a_model_vmap_cannot_train_falls_back_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     for model, why in ((conv_model(dropout=0.5), "dropout"), (conv_model(batchnorm=True), "batch norm")):
         tr, inputs = trainer(model=model)
-        ex = make_host("vectorised", tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8))
+        ex = make_host("vectorised", tr, inputs.client_indices, TRAINING)
         assert type(ex) is ClientHost
         err = capsys.readouterr().err
         assert "vectorised executor unavailable" in err and why in err
     tr, inputs = trainer()
-    assert isinstance(make_host("vectorised", tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8)), VectorisedHost)
+    assert isinstance(make_host("vectorised", tr, inputs.client_indices, TRAINING), VectorisedHost)
     # auto: vectorised on CUDA only
-    assert type(make_host("auto", tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8))) is ClientHost
+    assert type(make_host("auto", tr, inputs.client_indices, TRAINING)) is ClientHost
 
 
 class FitOnly(Strategy):
@@ -154,10 +155,10 @@ class FitOnly(Strategy):
 def test_a_strategy_without_a_plan_runs_through_its_fit() -> None:
     assert not FitOnly().plans_fit and FedAvg().plans_fit
     tr, inputs = trainer()
-    ex = VectorisedHost(tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8))
+    ex = VectorisedHost(tr, inputs.client_indices, TRAINING)
     w0 = [p.detach().clone() for p in tr.params]
     got = ex.fit(0, [0, 1], w0, FitOnly(), RoundPayload(0))
-    want = ClientHost(tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8)).fit(0, [0, 1], w0, FedAvg(), RoundPayload(0))
+    want = ClientHost(tr, inputs.client_indices, TRAINING).fit(0, [0, 1], w0, FedAvg(), RoundPayload(0))
     assert sorted(got.results) == [0, 1]
     assert all(max_diff(got.results[c].params, want.results[c].params) == 0.0 for c in (0, 1))
 
@@ -216,8 +217,8 @@ def test_probes_in_one_pass_give_the_sequential_probes(device: str) -> None:
     tr, inputs = trainer(device)
     w0 = [p.detach().clone() for p in tr.params]
     cids = [0, 1, 2, 3, 5]
-    seq = ClientHost(tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8)).probe(2, cids, w0, FedEnt())
-    vec = VectorisedHost(tr, inputs.client_indices, ClientTraining(0.05, 1, 0, 8), max_parallel=2).probe(2, cids, w0, FedEnt())
+    seq = ClientHost(tr, inputs.client_indices, TRAINING).probe(2, cids, w0, FedEnt())
+    vec = VectorisedHost(tr, inputs.client_indices, TRAINING, max_parallel=2).probe(2, cids, w0, FedEnt())
     assert sorted(vec.results) == cids
     for c in cids:
         for k in ("a", "b"):
