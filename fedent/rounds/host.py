@@ -103,8 +103,9 @@ class ClientHost:
                  training: ClientTraining, states: ClientStates | None = None, test: TestShards | None = None,
                  on_update: Callable[[ClientUpdate], None] | None = None) -> None:
         pairs = indices.items() if isinstance(indices, Mapping) else enumerate(indices)
-        self.indices: dict[int, Tensor] = {int(c): torch.as_tensor(np.asarray(ix), dtype=torch.int64)
-                                           for c, ix in pairs}
+        self.indices: dict[int, Tensor] = {
+            int(c): ix.to(torch.int64) if isinstance(ix, Tensor) else torch.tensor(np.asarray(ix), dtype=torch.int64)
+            for c, ix in pairs}
         self.trainer, self.training, self.test = trainer, training, test
         self.states = states or ClientStates(device=trainer.device)
         self.on_update = on_update  # each accepted-or-not update as it is made (uploads overlap the next client)

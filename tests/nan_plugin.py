@@ -1,0 +1,34 @@
+"""A plug-in strategy (loaded by import path, ``nan_plugin:NaNFedAvg``) whose clients 1, 4 and 7 upload a
+NaN model every round they take part in: what a diverged or broken client sends. Used to check that every
+world (sequential, vectorised, remote executors) rejects those uploads by the same rule."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from fedent.strategies.base import ClientState, ClientTask, ClientUpdate, LocalFit, RoundPayload
+from fedent.strategies.fedavg import FedAvg
+from fedent.trainer import LocalTrainer, TrainResult
+
+POISONED = frozenset({1, 4, 7})
+
+
+class NaNFedAvg(FedAvg):
+    name = "nanfedavg"
+
+    def plan_fit(self, trainer: LocalTrainer, global_params: Sequence[Tensor], payload: RoundPayload,
+                 task: ClientTask, state: ClientState) -> LocalFit:
+        plan = super().plan_fit(trainer, global_params, payload, task, state)
+        if task.cid not in POISONED:
+            return plan
+
+        def finish(params: Sequence[Tensor], res: TrainResult) -> ClientUpdate:
+            update = plan.finish(params, res)
+            update.params = [torch.full_like(p, float("nan")) for p in update.params]
+            return update
+
+        return dataclasses.replace(plan, finish=finish)

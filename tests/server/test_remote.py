@@ -1,0 +1,97 @@
+"""The remote executor (server.remote) against the in-process ones, over real gRPC on loopback (port 0) with
+in-thread workers: each worker runs the core's ``ClientHost`` for its clients, sequential or vectorised, and
+the engine alone decides what it accepts. So a cluster equals the simulator of the same executor for every
+registered strategy, and a plug-in whose clients upload NaN models finishes alike in every world, with the
+same rejections recorded."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_inputs
+from nan_plugin import POISONED
+
+from client.worker import Worker, WorkerSettings
+from fedent.config import ExperimentConfig
+from fedent.inputs import RunInputs
+from fedent.rounds import RoundPolicy
+from fedent.runlog import read_json, read_metrics
+from fedent.sim.simulator import run_simulation
+from fedent.strategies.registry import STRATEGIES
+
+EXECUTORS = ("sequential", "vectorised")
+
+
+def _cluster(start: Any, cfg: ExperimentConfig, inputs: RunInputs, executor: str) -> Path:
+    """A run on two in-thread workers hosting clients 0-4 and 5-9 with ``--executor executor``."""
+    h = start(cfg, inputs)
+    workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
+                                     connect_timeout_s=10, executor=executor), inputs=inputs)  # type: ignore[arg-type]
+               for g in (tuple(range(5)), tuple(range(5, 10)))]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    assert h.wait(90), "the run did not finish"
+    for t in threads:
+        t.join(10)
+    assert h.run.error is None, h.run.error
+    assert all(w.host is not None and w.host.kind == executor for w in workers)
+    return Path(h.run_dir)
+
+
+def _same_model(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+def test_workers_of_either_executor_equal_that_simulator(start: Any, tmp_path: Path, algorithm: str,
+                                                         executor: str) -> None:
+    cfg = tiny_config(algorithm, num_clients=10, rounds=2, executor=executor)
+    inputs = tiny_inputs(10)
+    run_dir = _cluster(start, cfg, inputs, executor)
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    _same_model(torch.load(run_dir / "model_final.pt"), sim.params)
+    assert [r["clients"] for r in read_metrics(run_dir / "metrics.jsonl")] == [r["clients"] for r in sim.records]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_nan_uploads_are_rejected_alike_in_the_simulator_and_the_cluster(start: Any, tmp_path: Path,
+                                                                          executor: str) -> None:
+    """Clients 1, 4, 7 of the plug-in upload NaN models; under the cluster's default policy (quorum 0.5, a
+    round that misses it is skipped) both worlds leave them out, skip the same rounds and end finite."""
+    cfg = tiny_config("nan_plugin:NaNFedAvg", num_clients=10, rounds=4, executor=executor)
+    inputs = tiny_inputs(10)
+    run_dir = _cluster(start, cfg, inputs, executor)
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False,
+                         policy=RoundPolicy(quorum=0.5, retries=-1))
+    got = torch.load(run_dir / "model_final.pt")
+    assert all(bool(torch.isfinite(p).all()) for p in got)
+    _same_model(got, sim.params)
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    failed = [r["diagnostics"].get("failed_clients", {}) for r in recs]
+    assert failed == [r["diagnostics"].get("failed_clients", {}) for r in sim.records]
+    assert [("skipped" in r["diagnostics"]) for r in recs] == [("skipped" in r["diagnostics"]) for r in sim.records]
+    rejected = {int(c): why for f in failed for c, why in f.items()}
+    assert rejected and set(rejected) <= POISONED, "the test must see rejections"
+    assert all(why == f"rejected: update of client {c} is not finite (NaN/inf)" for c, why in rejected.items())
+    for where in (run_dir, tmp_path / "sim"):
+        rows = {r["cid"]: r for r in read_json(where / "clients.json")["clients"]}
+        assert all(rows[c]["participation"] == 0 and "is not finite" in rows[c]["last_failure"] for c in rejected)
+
+
+def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path) -> None:
+    """The simulator's default needs every participant accepted: the run fails, naming the diverged client,
+    in the words fedent.experiments.reproduce reads as a settled, diverged run."""
+    from fedent.experiments.reproduce import diverged
+    from fedent.rounds import RunError
+
+    cfg = tiny_config("nan_plugin:NaNFedAvg", num_clients=10, rounds=4)
+    with pytest.raises(RunError, match=r"local model of client\(s\) \[[147]\] is not finite"):
+        run_simulation(cfg, tmp_path / "sim", progress=False, inputs=tiny_inputs(10), plots=False)
+    assert diverged(tmp_path / "sim") is not None
