@@ -7,11 +7,11 @@ load showed none of the run). Now ``/`` carries:
   rendered here as text, so even a client without JavaScript sees them;
 * the same JSON the API would return (status, the first rounds page, clients, estimator, partition) in a
   ``<script type="application/json" id="initial-data">`` block: a data block is never executed, so the page's
-  ``default-src 'self'`` policy still holds, and ``app.js`` draws the charts and the table from it before its
-  first fetch.
+  ``default-src 'self'`` policy still holds, and the page's script (``static/main.js`` and the ES modules it
+  imports) draws the charts and the table from it before its first fetch.
 
 With a token configured the page stays as open as before and so carries no run data: placeholders only,
-and ``app.js`` fetches with the token as it always did.
+and the page's script fetches with the token as it always did.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from server.dashboard import views
 from server.dashboard.models import StatusOut
 from server.dashboard.rundir import Snapshot
 
-DASH = "–"  # what the page shows for "no value"; app.js uses the same character
-FIRST_ROUNDS = 1000  # rounds embedded in the page (the API's largest page); app.js fetches the rest by offset
+DASH = "–"  # what the page shows for "no value"; static/format.js uses the same character
+FIRST_ROUNDS = 1000  # rounds embedded in the page (the API's largest page); static/live.js fetches the rest by offset
 
 
 @lru_cache(maxsize=4)
@@ -38,7 +38,7 @@ def _template(path: Path) -> Template:
     return Template(path.read_text(encoding="utf-8"))
 
 
-# ---- the formatters of app.js, so the first paint and the live page read the same ----------------------------
+# ---- the formatters of static/format.js, so the first paint and the live page read the same -------------------
 
 def _js_fixed(v: float, digits: int) -> str:
     """``Number.prototype.toFixed``: the exact binary value, ties rounded up (Python's format rounds them to even)."""
@@ -61,7 +61,7 @@ def fmt_duration(s: float | None) -> str:
 
 
 def _pct_of(progress: float) -> float:
-    """app.js: ``Math.round(1000 * progress) / 10``."""
+    """static/status.js: ``Math.round(1000 * progress) / 10``."""
     return math.floor(1000 * progress + 0.5) / 10
 
 
@@ -70,7 +70,7 @@ def _pct_text(pct: float) -> str:
 
 
 def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str, str]:
-    """The header and progress line as app.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
+    """The header and progress line as static/status.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
     if status is None:
         return {"run_id": DASH, "algorithm": DASH, "evaluation": DASH, "placement": DASH, "rounds_done": DASH,
                 "rounds": DASH, "phase": DASH,
@@ -93,7 +93,7 @@ def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str,
 # ---- the embedded snapshot ----------------------------------------------------------------------------------
 
 def initial_state(snap: Snapshot, now: float, stale_after_s: float) -> dict[str, Any]:
-    """What app.js would fetch first, from one snapshot: the same shapes as the API's responses."""
+    """What the page would fetch first, from one snapshot: the same shapes as the API's responses."""
     return {
         "status": views.build_status(snap, now).model_dump(mode="json"),
         "rounds": views.build_rounds(snap, 0, FIRST_ROUNDS).model_dump(mode="json"),

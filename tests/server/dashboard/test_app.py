@@ -195,8 +195,37 @@ def test_page_and_assets_are_served(api: str) -> None:
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert 'id="chart-accuracy"' in page.text and "http" not in page.text.replace("http-equiv", "")  # no CDN
-    for asset in ("static/app.js", "static/style.css"):
-        assert get(f"{api}/{asset}").status_code == 200
+    assert get(f"{api}/static/style.css").status_code == 200
+    # one classic-free entry point: the page's JavaScript is ES modules, loaded from main.js
+    assert re.findall(r"<script[^>]*\bsrc=[^>]*>", page.text) == ['<script type="module" src="static/main.js">']
+    served = _served_modules(api)
+    assert served == _static_modules()  # every module is reached from main.js, none is left over
+
+
+def _static_modules() -> set[str]:
+    from server.dashboard.app import STATIC_DIR
+
+    return {p.name for p in STATIC_DIR.glob("*.js")}
+
+
+def _served_modules(api: str) -> set[str]:
+    """The modules main.js imports, transitively, each fetched as the browser would: a module runs only when it
+    is served with a JavaScript MIME type, and only its relative imports of this directory are allowed."""
+    seen: set[str] = set()
+    todo = ["main.js"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        r = get(f"{api}/static/{name}")
+        assert r.status_code == 200, name
+        assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript"), name
+        assert r.text.startswith("/* "), f"{name}: no header comment saying what the module is for"
+        for spec in re.findall(r'^\s*import\b[^;]*?from\s+"([^"]+)"', r.text, re.MULTILINE | re.DOTALL):
+            assert re.fullmatch(r"\./[a-z0-9_]+\.js", spec), f"{name} imports {spec}: only ./<module>.js"
+            todo.append(spec[2:])
+    return seen
 
 
 def test_page_arrives_with_the_run_in_it(api: str, serve: Any, real_run: Path) -> None:

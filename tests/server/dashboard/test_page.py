@@ -95,12 +95,12 @@ def test_hostile_values_cannot_break_out_of_the_page() -> None:
     (None, "–"), (0.04, "0.0 s"), (0.05, "0.1 s"), (9.95, "9.9 s"), (59.4, "59 s"), (125.9, "2 m 05 s"),
     (3725.0, "1 h 02 m"), (-3.0, "0.0 s"), (float("inf"), "–"),
 ])
-def test_durations_read_as_app_js_writes_them(seconds: float | None, text: str) -> None:
+def test_durations_read_as_format_js_writes_them(seconds: float | None, text: str) -> None:
     assert page.fmt_duration(seconds) == text
 
 
 @pytest.mark.parametrize(("v", "text"), [
     (None, "–"), (0.15, "15.0%"), (1 / 3, "33.3%"), (0.0005, "0.1%"), (1.0, "100.0%"),
 ])
-def test_percentages_read_as_app_js_writes_them(v: float | None, text: str) -> None:
+def test_percentages_read_as_format_js_writes_them(v: float | None, text: str) -> None:
     assert page.fmt_pct(v) == text
