@@ -12,6 +12,10 @@ load showed none of the run). Now ``/`` carries:
 
 With a token configured the page stays as open as before and so carries no run data: placeholders only,
 and the page's script fetches with the token as it always did.
+
+Either way the page carries the style of its two φ2 series (``<script type="application/json" id="phi2-style">``),
+read from the core's ``fedent/phi2_style.json``, the file ``fedent plot`` draws the same series with: one style,
+no copy of it in the page's JavaScript, and no fetch (it is there for the first paint, and is no run data).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from fedent.plot_data import phi2_style_json
 from server.dashboard import views
 from server.dashboard.models import StatusOut
 from server.dashboard.rundir import Snapshot
@@ -119,4 +124,4 @@ def render_index(template_path: Path, snap: Snapshot | None, now: float, stale_a
         last_acc = next((r.test_acc for r in reversed(snap.rounds) if r.test_acc is not None), None)
         fields, data = header_fields(StatusOut(**state["status"]), last_acc), script_json(state)
     values = {k: html.escape(v, quote=True) for k, v in fields.items()}
-    return _template(template_path).substitute(values, initial_data=data)
+    return _template(template_path).substitute(values, initial_data=data, phi2_style=script_json(phi2_style_json()))

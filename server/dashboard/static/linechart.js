@@ -1,13 +1,16 @@
 /* The line chart every per-round figure uses: axes and ticks, one line per series, the legend and the hover
  * tooltip. Hand-written on a canvas; each chart exposes what it drew as data-* attributes on its <figure>
  * (data-points, data-series, data-last) so tests and scripts can read the page without parsing pixels.
- * A series is {name, color, points: [[round, y], ...], dashed?}. */
+ * A series is {name, color, points: [[round, y], ...], dash?, marker?}: dash "solid" (default), "dashed" or
+ * "dotted"; marker "o" (circle, default) or "s" (square), the vocabulary of fedent/phi2_style.json. */
 
 import { setupCanvas } from "./canvas.js";
 import { fmtNum, fmtTick } from "./format.js";
 
 export const PALETTE = ["#2f6fde", "#e4572e", "#17a398", "#f3a712", "#8e44ad", "#c0392b", "#3d9970", "#ff6f91",
   "#4b6584", "#a0522d", "#0fb9b1", "#6c5ce7"];
+
+const DASHES = { solid: [], dashed: [5, 4], dotted: [1.5, 3] };
 
 /** [round, y] of every row where ``get`` gives a finite number. */
 export function pointsOf(rows, get) {
@@ -101,13 +104,17 @@ export function drawLineChart(fig, series, opts, hoverX = null) {
     ctx.fillStyle = s.color;
     ctx.lineWidth = many ? 1 : 1.8;
     ctx.globalAlpha = many ? 0.7 : 1;
-    ctx.setLineDash(s.dashed ? [5, 4] : []);
+    ctx.setLineDash(DASHES[s.dash] || []);
     ctx.beginPath();
     s.points.forEach(([x, y], i) => (i === 0 ? ctx.moveTo(px(x), py(y)) : ctx.lineTo(px(x), py(y))));
     ctx.stroke();
     ctx.setLineDash([]);
     if (s.points.length <= 40 || s.points.length === 1) {
-      for (const [x, y] of s.points) { ctx.beginPath(); ctx.arc(px(x), py(y), many ? 1.6 : 2.4, 0, 2 * Math.PI); ctx.fill(); }
+      const r = many ? 1.6 : 2.4;
+      for (const [x, y] of s.points) {
+        if (s.marker === "s") { ctx.fillRect(px(x) - r * 0.9, py(y) - r * 0.9, r * 1.8, r * 1.8); continue; }
+        ctx.beginPath(); ctx.arc(px(x), py(y), r, 0, 2 * Math.PI); ctx.fill();
+      }
     }
     ctx.globalAlpha = 1;
   }
@@ -121,7 +128,7 @@ function renderLegend(fig, filled, opts) {
   for (const s of filled.slice(0, limit)) {
     const span = document.createElement("span");
     const sw = document.createElement("i");
-    sw.className = "sw" + (s.dashed ? " dashed" : "");
+    sw.className = "sw" + (s.dash === "dashed" || s.dash === "dotted" ? " " + s.dash : "");
     sw.style.background = s.color;
     sw.style.borderColor = s.color;
     span.append(sw, document.createTextNode(s.name));

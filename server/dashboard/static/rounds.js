@@ -11,7 +11,7 @@ export function renderRoundCharts(rounds) {
   ], { yMin: 0, yMax: 1, percent: true, format: fmtPct, empty: "no evaluation yet" });
   drawLineChart($("#chart-loss"), [
     { name: "test loss", color: PALETTE[1], points: pointsOf(rounds, (r) => r.test_loss) },
-    { name: "train loss", color: PALETTE[2], dashed: true, points: pointsOf(rounds, (r) => r.train_loss) },
+    { name: "train loss", color: PALETTE[2], dash: "dashed", points: pointsOf(rounds, (r) => r.train_loss) },
   ], { empty: "no losses yet" });
 
   const perClient = new Map();
