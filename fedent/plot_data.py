@@ -1,16 +1,29 @@
 """What the figures are drawn from, read out of run records (metrics.jsonl rows): pure, no matplotlib.
 
 ``fedent.plots`` draws these; ``fedent.experiments.reproduce_report`` summarises some of them in its tables.
+The style of the two φ2 series is data too (``phi2_style.json`` beside this module, read by ``phi2_style``), so
+``fedent plot`` and the dashboard's φ2 chart, which embeds the same file, draw them alike.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 Records = Sequence[Mapping[str, Any]]
+
+PHI2_STYLE_FILE = Path(__file__).with_name("phi2_style.json")  # package data (pyproject.toml)
+PHI2_KEYS = ("phi2_pred", "phi2_actual")
+# What both readers can draw: matplotlib's linestyle names and marker codes, and the page's linechart.js.
+DASHES = ("solid", "dashed", "dotted")
+MARKERS = ("o", "s")
+_COLOR = re.compile(r"#[0-9a-fA-F]{6}")
 
 
 def series(records: Records, key: str) -> tuple[list[int], list[float]]:
@@ -51,6 +64,47 @@ def phi2_series(records: Records) -> dict[str, tuple[list[int], list[float]]]:
         if xs:
             out[key] = (xs, ys)
     return out
+
+
+@dataclass(frozen=True)
+class SeriesStyle:
+    """How one φ2 series is drawn, in the page and in ``fedent plot`` alike."""
+
+    key: str  # the trajectory field: phi2_pred or phi2_actual
+    label: str  # legend text
+    color: str  # #rrggbb
+    dash: str  # one of DASHES
+    marker: str  # one of MARKERS
+
+
+def phi2_style(path: Path | None = None) -> tuple[SeriesStyle, ...]:
+    """The two φ2 series' style from ``phi2_style.json`` (or ``path``), in legend order; ValueError if malformed."""
+    path = PHI2_STYLE_FILE if path is None else path
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    series = raw.get("series") if isinstance(raw, dict) else None
+    if not isinstance(series, list):
+        raise ValueError(f"{path}: needs a list 'series'")
+    out = []
+    fields = set(SeriesStyle.__dataclass_fields__)
+    for item in series:
+        if not isinstance(item, dict) or set(item) != fields or not all(isinstance(v, str) for v in item.values()):
+            raise ValueError(f"{path}: each series needs exactly the text fields {', '.join(sorted(fields))}")
+        st = SeriesStyle(**item)
+        if not _COLOR.fullmatch(st.color):
+            raise ValueError(f"{path}: {st.key}: color {st.color!r} is not #rrggbb")
+        if st.dash not in DASHES:
+            raise ValueError(f"{path}: {st.key}: dash {st.dash!r}; choose from {', '.join(DASHES)}")
+        if st.marker not in MARKERS:
+            raise ValueError(f"{path}: {st.key}: marker {st.marker!r}; choose from {', '.join(MARKERS)}")
+        out.append(st)
+    if sorted(st.key for st in out) != sorted(PHI2_KEYS):
+        raise ValueError(f"{path}: needs one series for each of {', '.join(PHI2_KEYS)}")
+    return tuple(out)
+
+
+def phi2_style_json(path: Path | None = None) -> dict[str, Any]:
+    """``phi2_style`` as the JSON the dashboard embeds in its page: ``{"series": [{key, label, ...}, ...]}``."""
+    return {"series": [asdict(st) for st in phi2_style(path)]}
 
 
 def local_accuracies(records: Records) -> list[tuple[int, list[float]]]:

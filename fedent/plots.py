@@ -27,7 +27,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 
 from fedent import runlog
-from fedent.plot_data import Records, eta_trajectories, local_accuracies, mean_std_curve, phi2_series
+from fedent.plot_data import Records, eta_trajectories, local_accuracies, mean_std_curve, phi2_series, phi2_style
 
 # ---- style -----------------------------------------------------------------------------------------
 
@@ -72,12 +72,14 @@ def cli_round(logged: int) -> int:
 ROUND_LABEL = "round"
 
 
-def _plot_curve(ax: Axes, xs: Sequence[int], ys: Any, i: int, label: str) -> None:
+def _plot_curve(ax: Axes, xs: Sequence[int], ys: Any, i: int, label: str,
+                look: Mapping[str, Any] | None = None) -> None:
+    """The i-th curve, styled by ``line_style(i)`` unless ``look`` (color, marker, linestyle) is given."""
     n = len(xs)
     every = max(1, -(-n // 8))
     # markers at most ~10 per curve, shifted per curve so overlapping curves still show each marker
     ax.plot([cli_round(x) for x in xs], ys, label=label, ms=4, lw=1.3, markevery=(i % every, every),
-            **line_style(i))
+            **(line_style(i) if look is None else look))
 
 
 def _band(ax: Axes, xs: Sequence[int], mean: Any, std: Any, i: int) -> None:
@@ -252,10 +254,11 @@ def draw_phi2(records: Records, style: FigureStyle = DEFAULT_STYLE) -> Figure | 
         return None
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    for i, (key, label) in enumerate((("phi2_pred", "predicted φ2(t+1)"), ("phi2_actual", "actual Σθ‖w_i(t+1)‖²"))):
-        if key in ser:
-            xs, ys = ser[key]
-            _plot_curve(ax, xs, np.asarray(ys), i, label)
+    for i, st in enumerate(phi2_style()):  # fedent/phi2_style.json: the dashboard's φ2 chart reads the same file
+        if st.key in ser:
+            xs, ys = ser[st.key]
+            _plot_curve(ax, xs, np.asarray(ys), i, st.label,
+                        look={"color": st.color, "linestyle": st.dash, "marker": st.marker})
     _round_axis(ax)
     ax.set_ylabel("φ2(t+1)")
     _title(ax, "mean-field estimate vs actual", style)

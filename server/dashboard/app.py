@@ -10,6 +10,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -22,6 +23,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
+from starlette.types import Scope
 
 from server.dashboard import auth, page, prometheus, views
 from server.dashboard.models import (
@@ -56,6 +59,22 @@ UNAUTHORIZED_RESPONSES: dict[int | str, dict[str, Any]] = {
               "type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}}}},
 }
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
+# The page's scripts are ES modules (<script type="module">, import/export), which a browser runs only when served
+# with a JavaScript MIME type; say so explicitly rather than trust the host's mime tables (Windows' registry can map
+# .js to text/plain).
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8"}
+
+
+class _StaticFiles(StaticFiles):
+    """StaticFiles with the content types of ``STATIC_TYPES`` fixed, whatever ``mimetypes`` says."""
+
+    def file_response(self, full_path: str | os.PathLike[str], stat_result: os.stat_result, scope: Scope,
+                      status_code: int = 200) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        kind = STATIC_TYPES.get(Path(full_path).suffix)
+        if kind is not None and response.status_code != 304:
+            response.headers["content-type"] = kind
+        return response
 
 
 def docs_headers(body: str) -> dict[str, str]:
@@ -212,5 +231,5 @@ def create_app(
         body = bytes(html.body).decode("utf-8")
         return HTMLResponse(body, headers=docs_headers(body))
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="static")
     return app

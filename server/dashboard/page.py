@@ -7,11 +7,15 @@ load showed none of the run). Now ``/`` carries:
   rendered here as text, so even a client without JavaScript sees them;
 * the same JSON the API would return (status, the first rounds page, clients, estimator, partition) in a
   ``<script type="application/json" id="initial-data">`` block: a data block is never executed, so the page's
-  ``default-src 'self'`` policy still holds, and ``app.js`` draws the charts and the table from it before its
-  first fetch.
+  ``default-src 'self'`` policy still holds, and the page's script (``static/main.js`` and the ES modules it
+  imports) draws the charts and the table from it before its first fetch.
 
 With a token configured the page stays as open as before and so carries no run data: placeholders only,
-and ``app.js`` fetches with the token as it always did.
+and the page's script fetches with the token as it always did.
+
+Either way the page carries the style of its two φ2 series (``<script type="application/json" id="phi2-style">``),
+read from the core's ``fedent/phi2_style.json``, the file ``fedent plot`` draws the same series with: one style,
+no copy of it in the page's JavaScript, and no fetch (it is there for the first paint, and is no run data).
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from fedent.plot_data import phi2_style_json
 from server.dashboard import views
 from server.dashboard.models import StatusOut
 from server.dashboard.rundir import Snapshot
 
-DASH = "–"  # what the page shows for "no value"; app.js uses the same character
-FIRST_ROUNDS = 1000  # rounds embedded in the page (the API's largest page); app.js fetches the rest by offset
+DASH = "–"  # what the page shows for "no value"; static/format.js uses the same character
+FIRST_ROUNDS = 1000  # rounds embedded in the page (the API's largest page); static/live.js fetches the rest by offset
 
 
 @lru_cache(maxsize=4)
@@ -38,7 +43,7 @@ def _template(path: Path) -> Template:
     return Template(path.read_text(encoding="utf-8"))
 
 
-# ---- the formatters of app.js, so the first paint and the live page read the same ----------------------------
+# ---- the formatters of static/format.js, so the first paint and the live page read the same -------------------
 
 def _js_fixed(v: float, digits: int) -> str:
     """``Number.prototype.toFixed``: the exact binary value, ties rounded up (Python's format rounds them to even)."""
@@ -61,7 +66,7 @@ def fmt_duration(s: float | None) -> str:
 
 
 def _pct_of(progress: float) -> float:
-    """app.js: ``Math.round(1000 * progress) / 10``."""
+    """static/status.js: ``Math.round(1000 * progress) / 10``."""
     return math.floor(1000 * progress + 0.5) / 10
 
 
@@ -70,7 +75,7 @@ def _pct_text(pct: float) -> str:
 
 
 def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str, str]:
-    """The header and progress line as app.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
+    """The header and progress line as static/status.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
     if status is None:
         return {"run_id": DASH, "algorithm": DASH, "evaluation": DASH, "placement": DASH, "rounds_done": DASH,
                 "rounds": DASH, "phase": DASH,
@@ -93,7 +98,7 @@ def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str,
 # ---- the embedded snapshot ----------------------------------------------------------------------------------
 
 def initial_state(snap: Snapshot, now: float, stale_after_s: float) -> dict[str, Any]:
-    """What app.js would fetch first, from one snapshot: the same shapes as the API's responses."""
+    """What the page would fetch first, from one snapshot: the same shapes as the API's responses."""
     return {
         "status": views.build_status(snap, now).model_dump(mode="json"),
         "rounds": views.build_rounds(snap, 0, FIRST_ROUNDS).model_dump(mode="json"),
@@ -119,4 +124,4 @@ def render_index(template_path: Path, snap: Snapshot | None, now: float, stale_a
         last_acc = next((r.test_acc for r in reversed(snap.rounds) if r.test_acc is not None), None)
         fields, data = header_fields(StatusOut(**state["status"]), last_acc), script_json(state)
     values = {k: html.escape(v, quote=True) for k, v in fields.items()}
-    return _template(template_path).substitute(values, initial_data=data)
+    return _template(template_path).substitute(values, initial_data=data, phi2_style=script_json(phi2_style_json()))

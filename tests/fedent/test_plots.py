@@ -5,6 +5,7 @@ the CLI prints them)."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -13,8 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
+from matplotlib.lines import Line2D
 from PIL import Image
 from plot_records import RECS
 from sim_support import tiny_config, tiny_inputs
@@ -170,3 +173,38 @@ def test_rounds_are_numbered_as_the_cli_prints_them(tmp_path: Path, capsys: pyte
     fig = _drawn(plots.draw_curves({"fedavg": [res.records]}, "train_loss", "training loss"))
     assert list(fig.axes[0].get_lines()[0].get_xdata()) == printed
     assert fig.axes[0].get_xlabel() == "round"
+
+
+def _phi2_lines(fig: Figure) -> list[dict[str, str]]:
+    """What the φ2 figure drew for each series, in the style file's terms."""
+    return [{"label": str(ln.get_label()), "color": to_hex(ln.get_color()), "linestyle": str(ln.get_linestyle()),
+             "marker": str(ln.get_marker())} for ln in fig.axes[0].get_lines()]
+
+
+def _as_drawn(series: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The style file's series as matplotlib reports them back ("dashed" -> "--")."""
+    def linestyle(dash: Any) -> str:
+        return str(Line2D([], [], linestyle=dash).get_linestyle())
+
+    return [{"label": s["label"], "color": s["color"].lower(), "linestyle": linestyle(s["dash"]),
+             "marker": s["marker"]} for s in series]
+
+
+def test_phi2_lines_are_styled_by_the_style_file_the_dashboard_embeds() -> None:
+    """fedent plot and the dashboard's φ2 chart draw the two series from fedent/phi2_style.json alone (the page's
+    side: tests/server/dashboard/test_page.py and the browser tests)."""
+    raw = json.loads((Path(plots.__file__).parent / "phi2_style.json").read_text(encoding="utf-8"))
+    fig = _drawn(plots.draw_phi2(_fedent_run(5)))
+    assert _phi2_lines(fig) == _as_drawn(raw["series"])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [s["label"] for s in raw["series"]]
+
+
+def test_phi2_figure_follows_an_edited_style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    edited = {"series": [
+        {"key": "phi2_actual", "label": "measured", "color": "#123456", "dash": "dotted", "marker": "o"},
+        {"key": "phi2_pred", "label": "guessed", "color": "#abcdef", "dash": "solid", "marker": "s"},
+    ]}
+    path = tmp_path / "phi2_style.json"
+    path.write_text(json.dumps(edited), encoding="utf-8")
+    monkeypatch.setattr(plot_data, "PHI2_STYLE_FILE", path)
+    assert _phi2_lines(_drawn(plots.draw_phi2(_fedent_run(5)))) == _as_drawn(edited["series"])

@@ -103,3 +103,19 @@ def test_cluster_up_runs_from_a_directory_outside_the_repository(tmp_path: Path)
     finals = list((elsewhere / "runs").glob("*/model_final.pt"))
     assert len(finals) == 1, "the run directory is relative to where the command ran"
     assert (finals[0].parent / "pki" / "server.crt").is_file()
+
+
+def test_the_core_data_files_are_package_data() -> None:
+    """fedent/phi2_style.json (the φ2 series' style, read by fedent plot and embedded by the dashboard) and any other
+    data file of the core are in pyproject's package data, so an installed wheel has them as the checkout does."""
+    import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["fedent"]
+    core = ROOT / "fedent"
+    data = [p.relative_to(core).as_posix() for p in core.rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert "phi2_style.json" in data
+    for f in data:  # setuptools globs: "*" stays within one path segment
+        parts = f.split("/")
+        assert any(len(g.split("/")) == len(parts) and all(map(fnmatch.fnmatchcase, parts, g.split("/")))
+                   for g in globs), f

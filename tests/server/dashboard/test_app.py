@@ -195,8 +195,44 @@ def test_page_and_assets_are_served(api: str) -> None:
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert 'id="chart-accuracy"' in page.text and "http" not in page.text.replace("http-equiv", "")  # no CDN
-    for asset in ("static/app.js", "static/style.css"):
-        assert get(f"{api}/{asset}").status_code == 200
+    assert get(f"{api}/static/style.css").status_code == 200
+    # one classic-free entry point: the page's JavaScript is ES modules, loaded from main.js
+    assert re.findall(r"<script[^>]*\bsrc=[^>]*>", page.text) == ['<script type="module" src="static/main.js">']
+    served = _served_modules(api)
+    assert served == _static_modules()  # every module is reached from main.js, none is left over
+    # the φ2 chart's style, as served in the page, is the core's style file (the one fedent plot draws with)
+    style = re.search(r'<script type="application/json" id="phi2-style">(.*?)</script>', page.text, re.S)
+    assert style and json.loads(style.group(1)) == {"series": _phi2_style_file()["series"]}
+
+
+def _phi2_style_file() -> dict[str, Any]:
+    return json.loads((ROOT / "fedent" / "phi2_style.json").read_text(encoding="utf-8"))
+
+
+def _static_modules() -> set[str]:
+    from server.dashboard.app import STATIC_DIR
+
+    return {p.name for p in STATIC_DIR.glob("*.js")}
+
+
+def _served_modules(api: str) -> set[str]:
+    """The modules main.js imports, transitively, each fetched as the browser would: a module runs only when it
+    is served with a JavaScript MIME type, and only its relative imports of this directory are allowed."""
+    seen: set[str] = set()
+    todo = ["main.js"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        r = get(f"{api}/static/{name}")
+        assert r.status_code == 200, name
+        assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript"), name
+        assert r.text.startswith("/* "), f"{name}: no header comment saying what the module is for"
+        for spec in re.findall(r'^\s*import\b[^;]*?from\s+"([^"]+)"', r.text, re.MULTILINE | re.DOTALL):
+            assert re.fullmatch(r"\./[a-z0-9_]+\.js", spec), f"{name} imports {spec}: only ./<module>.js"
+            todo.append(spec[2:])
+    return seen
 
 
 def test_page_arrives_with_the_run_in_it(api: str, serve: Any, real_run: Path) -> None:
@@ -490,6 +526,35 @@ def test_first_paint_draws_everything_before_any_fetch(api: str) -> None:
         assert int(state["heat"]) > 0
         page.screenshot(ARTIFACTS / "dashboard-first-paint.png")
         assert page.exceptions == []
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_phi2_chart_draws_the_style_of_fedent_plot(api: str) -> None:
+    """The page's φ2 series: the labels, colours, dashes and markers of fedent/phi2_style.json (which
+    tests/fedent/test_plots.py holds `fedent plot` to), in its legend, its series and its pixels."""
+    series = _phi2_style_file()["series"]
+    with recording_chromium() as page:
+        page.navigate(api + "/")
+        page.wait_for("document.querySelector('#chart-phi2').dataset.series === '2'", 10)
+        drawn = page.evaluate("document.querySelector('#chart-phi2')._chart.series.map(s => "
+                              "({label: s.name, color: s.color, dash: s.dash, marker: s.marker}))")
+        assert drawn == [{k: s[k] for k in ("label", "color", "dash", "marker")} for s in series]
+        legend = page.evaluate("[...document.querySelectorAll('#chart-phi2 .legend span')].map(e => "
+                               "[e.textContent, e.querySelector('i').className])")
+        assert legend == [[s["label"], "sw" + ("" if s["dash"] == "solid" else " " + s["dash"])] for s in series]
+        # each colour is on the canvas (the markers' insides are drawn in exactly that colour)
+        found = page.evaluate("""(() => {
+            const c = document.querySelector('#chart-phi2 canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            const seen = new Set();
+            for (let i = 0; i < d.length; i += 4) if (d[i + 3] === 255) {
+                seen.add('#' + [d[i], d[i + 1], d[i + 2]].map(v => v.toString(16).padStart(2, '0')).join(''));
+            }
+            return [...seen];
+        })()""")
+        assert {s["color"].lower() for s in series} <= set(found)
+        assert page.exceptions == [] and page.console_errors == []
 
 
 @pytest.mark.browser

@@ -5,10 +5,12 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fedent import plot_data
 from server.dashboard import page, views
 from server.dashboard.app import STATIC_DIR
 from server.dashboard.rundir import Snapshot
@@ -37,10 +39,13 @@ def text_of(body: str, element_id: str) -> str:
     return html.unescape(m.group(1))
 
 
-def initial_data(body: str) -> Any:
-    m = re.search(r'<script type="application/json" id="initial-data">(.*?)</script>', body, re.S)
+def initial_data(body: str, block: str = "initial-data") -> Any:
+    m = re.search(r'<script type="application/json" id="' + block + r'">(.*?)</script>', body, re.S)
     assert m
     return json.loads(m.group(1)) if m.group(1) else None
+
+
+STYLE_FILE = Path(plot_data.__file__).parent / "phi2_style.json"  # the one the plot test checks fedent plot against
 
 
 LIVE = snap(status={"run_id": "live-run", "algorithm": "fedent", "phase": "training", "round": 2, "rounds": 10,
@@ -85,22 +90,53 @@ def test_hostile_values_cannot_break_out_of_the_page() -> None:
     s = snap(status={"run_id": evil, "algorithm": evil, "phase": "done", "rounds": 1},
              rounds=views.round_rows([rec(0)]), clients={"clients": [{"cid": 0, "worker": evil}]})
     body = page.render_index(TEMPLATE, s, now=0.0, stale_after_s=30.0)
-    assert body.count("</script>") == 2 and "<script>" not in body and "<!--" not in body
+    assert body.count("</script>") == 3 and "<script>" not in body and "<!--" not in body  # 2 data blocks, main.js
     assert text_of(body, "run-id") == evil
     data = initial_data(body)
     assert data["status"]["run_id"] == evil and data["clients"]["clients"][0]["worker"] == evil
+
+
+def test_the_page_carries_the_phi2_style_of_fedent_plot() -> None:
+    """The φ2 chart's style is the core's style file, embedded with and without run data (a token): the same file
+    tests/fedent/test_plots.py checks `fedent plot`'s φ2 lines against, so the two cannot diverge."""
+    raw = json.loads(STYLE_FILE.read_text(encoding="utf-8"))
+    for s in (LIVE, None):
+        body = page.render_index(TEMPLATE, s, now=1010.0, stale_after_s=30.0)
+        assert initial_data(body, "phi2-style") == {"series": raw["series"]}
+
+
+def test_the_page_follows_an_edited_style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    edited = {"series": [
+        {"key": "phi2_actual", "label": "measured </script>", "color": "#123456", "dash": "dotted", "marker": "o"},
+        {"key": "phi2_pred", "label": "guessed", "color": "#abcdef", "dash": "solid", "marker": "s"},
+    ]}
+    path = tmp_path / "phi2_style.json"
+    path.write_text(json.dumps(edited), encoding="utf-8")
+    monkeypatch.setattr(plot_data, "PHI2_STYLE_FILE", path)
+    body = page.render_index(TEMPLATE, LIVE, now=1010.0, stale_after_s=30.0)
+    assert initial_data(body, "phi2-style") == edited and body.count("</script>") == 3
+
+
+def test_no_module_of_the_page_spells_a_phi2_label() -> None:
+    """The page's JavaScript takes the φ2 series' labels from the embedded block only: a copy in a module would be
+    a second style that `fedent plot` does not follow."""
+    labels = [s["label"] for s in json.loads(STYLE_FILE.read_text(encoding="utf-8"))["series"]]
+    for js in STATIC_DIR.glob("*.js"):
+        text = js.read_text(encoding="utf-8")
+        assert not [lab for lab in labels if lab in text], js.name
+        assert "predicted φ2" not in text and "actual φ2" not in text, js.name  # the labels before the style file
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
     (None, "–"), (0.04, "0.0 s"), (0.05, "0.1 s"), (9.95, "9.9 s"), (59.4, "59 s"), (125.9, "2 m 05 s"),
     (3725.0, "1 h 02 m"), (-3.0, "0.0 s"), (float("inf"), "–"),
 ])
-def test_durations_read_as_app_js_writes_them(seconds: float | None, text: str) -> None:
+def test_durations_read_as_format_js_writes_them(seconds: float | None, text: str) -> None:
     assert page.fmt_duration(seconds) == text
 
 
 @pytest.mark.parametrize(("v", "text"), [
     (None, "–"), (0.15, "15.0%"), (1 / 3, "33.3%"), (0.0005, "0.1%"), (1.0, "100.0%"),
 ])
-def test_percentages_read_as_app_js_writes_them(v: float | None, text: str) -> None:
+def test_percentages_read_as_format_js_writes_them(v: float | None, text: str) -> None:
     assert page.fmt_pct(v) == text
