@@ -103,6 +103,8 @@ class ClientOut(BaseModel):
     heartbeat_age_s: float | None = None
     data_source: str | None = Field(None, description="where the client's data came from: its file on the worker "
                                                        "(worker-local data), or central (the dataset's source)")
+    last_failure: str | None = Field(None, description="'round t: why' of the client's last failure: a rejected "
+                                                        "upload (rejected: ...), a deadline, a lost worker")
 
 
 class ClientsOut(BaseModel):

@@ -210,6 +210,7 @@ def build_clients(snap: Snapshot, now: float, stale_after_s: float = 30.0) -> Cl
             bytes_sent=sent, bytes_received=recv, bytes_total=total,
             eta=eta if eta is not None else m_eta, eta_star=eta_star if eta_star is not None else m_eta_star,
             last_heartbeat=hb, heartbeat_age_s=age, data_source=text(row.get("data_source")),
+            last_failure=text(row.get("last_failure")),
         ))
     source = "clients.json" if listed else ("metrics.jsonl" if out else "none")
     return ClientsOut(source=source, clients=out)

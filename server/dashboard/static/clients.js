@@ -1,5 +1,6 @@
 /* The clients table (/api/clients): health, state, worker, device, samples, rounds, traffic, η, η*, heartbeat
- * age and data source per client, and the summary line above it (counts per health). */
+ * age, data source and last failure (a rejected upload says why) per client, and the summary line above it
+ * (counts per health, and how many clients the engine rejected). */
 
 import { $ } from "./dom.js";
 import { fmtAge, fmtBytes, fmtNum } from "./format.js";
@@ -31,7 +32,7 @@ export function renderClients(clients) {
       cell(String(c.cid)), htd, cell(c.state || "–"), cell(c.worker || "–"), cell(c.device || "–"),
       cell(c.samples === null ? "–" : String(c.samples), "num"), cell(String(c.participation), "num"),
       cell(traffic, "num"), cell(fmtNum(c.eta), "num"), cell(fmtNum(c.eta_star), "num"),
-      cell(fmtAge(c.heartbeat_age_s), "num"), cell(c.data_source || "–"),
+      cell(fmtAge(c.heartbeat_age_s), "num"), cell(c.data_source || "–"), cell(c.last_failure || "–", "failure"),
     );
     return tr;
   });
@@ -39,6 +40,8 @@ export function renderClients(clients) {
   table.dataset.rows = String(trs.length);
   const parts = [`${rows.length} clients`];
   for (const k of ["ok", "stale", "down", "finished", "stopped"]) if (counts[k]) parts.push(`${counts[k]} ${k}`);
+  const rejected = rows.filter((c) => c.state === "rejected").length;
+  if (rejected) parts.push(`${rejected} rejected`);
   if (clients && clients.source !== "clients.json") parts.push(`from ${clients.source}`);
   $("#clients-summary").textContent = parts.join(" · ");
 }

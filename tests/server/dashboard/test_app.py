@@ -644,3 +644,28 @@ def test_live_page_in_headless_chromium(serve: Any, real_run: Path, tmp_path: Pa
         text = page.wait_for("!document.querySelector('#error').hidden && document.querySelector('#error').textContent")
         assert "Unauthorized" in text
         assert page.evaluate(chart("chart-accuracy")) == "0"
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_a_rejected_upload_shows_in_the_clients_table(real_run: Path, tmp_path: Path, serve: Any) -> None:
+    """The engine's rejection (clients.json: state rejected, last_failure) reaches the page: the row's last
+    failure cell and the summary's rejected count."""
+    import shutil
+
+    from fedent import runlog
+
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    rows = runlog.read_clients(run / "clients.json")
+    why = "round 2: rejected: update of client 1 is not finite (NaN/inf)"
+    rows[1].update(state="rejected", last_failure=why)
+    runlog.write_clients(run / "clients.json", rows)
+    assert get(serve(run) + "/api/clients").json()["clients"][1]["last_failure"] == why
+    with recording_chromium() as page:
+        page.navigate(serve(run) + "/")
+        cell = page.wait_for("document.querySelector('#clients tr[data-cid=\"1\"] td.failure')?.textContent", 15)
+        assert cell == why
+        assert page.evaluate("document.querySelector('#clients tr[data-cid=\"0\"] td.failure').textContent") == "–"
+        assert "1 rejected" in page.evaluate("document.querySelector('#clients-summary').textContent")
+        assert page.exceptions == []
