@@ -12,8 +12,9 @@ vectorised) is the core's ``ClientHost`` (fedent.rounds.host), the one the simul
 is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's clients
 this worker hosts.
 
-Why ~540 lines in one module: the worker is one state machine (register, ready, work stream, oracle
-stream, reconnect) over one channel; its parts are methods of that machine.
+Why ~530 lines in one module: the worker is one state machine (register, local or central data, ready, work
+stream, heartbeats, reconnect) over one channel; its parts are methods of that machine. The Oracle stream
+lives in client.oracle_link, the client half in the core.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import random
 import socket
 import threading
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from client.oracle_link import OracleLink
 from fedent.client_store import ClientStateStore
 from fedent.config import EXECUTORS, ExecutorName, ExperimentConfig, config_from_dict
 from fedent.data.local import LocalData, LocalDataError, LocalDataSpec, RawLocal, prepare_local, read_local
@@ -55,8 +56,6 @@ from fedentrpc.security.flags import ClientSecurity
 from fedentrpc.security.tls import open_channel
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
-from fedentrpc.v1 import estimator_pb2 as est_pb
-from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 
 log = logging.getLogger("fedent.worker")
 
@@ -170,10 +169,10 @@ class Worker:
         self.transfer = codec.TransferSpec()
         self._blob_cache: dict[str, codec.Bundle] = {}
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
         self.tasks_done = 0
         self.run_id = ""
-        self._oracle_outbox: queue.Queue[est_pb.OracleRequest | None] | None = None
+        self.oracle: OracleLink | None = None
         self._loaded: tuple[bytes, str] | None = None  # (config, partition md5) the data was built for
         self.reconnects = 0
         self.md5 = ""
@@ -427,75 +426,10 @@ class Worker:
 
     def start_oracle(self) -> threading.Thread:
         """Open the Oracle stream to the estimator service (dialling out) and answer its gradient requests."""
-        t = threading.Thread(target=self._oracle_loop, name="oracle", daemon=True)
+        self.oracle = OracleLink(self)
+        t = threading.Thread(target=self.oracle.loop, name="oracle", daemon=True)
         t.start()
         return t
-
-    def _oracle_loop(self) -> None:
-        """Keep an Oracle stream open: a stream the estimator drops (it restarted) is re-opened with full-jitter
-        backoff, so a restarted estimator's re-run of Algorithm 1 finds this worker's clients again."""
-        rng = random.Random()
-        attempt = 0
-        channel = open_channel(self.settings.estimator, self.security, grpc_options(keepalive=True))
-        try:
-            while not self._stop.is_set():
-                served = self._oracle_stream(channel)
-                attempt = 0 if served else attempt + 1
-                delay = backoff_delay(attempt, self.settings.backoff_base_s, self.settings.backoff_cap_s, rng)
-                if self._stop.wait(delay):
-                    return
-        finally:
-            channel.close()
-
-    def _oracle_stream(self, channel: grpc.Channel) -> bool:
-        """One Oracle stream until it ends; True if it answered at least one request."""
-        outbox: queue.Queue[est_pb.OracleRequest | None] = queue.Queue()
-        old = self._oracle_outbox
-        if old is not None:
-            old.put(None)
-        self._oracle_outbox = outbox
-        outbox.put(est_pb.OracleRequest(hello=est_pb.OracleHello(
-            worker_id=self.worker_id, run_id=self.run_id, client_ids=list(self.settings.client_ids),
-            token=self.settings.token)))
-
-        def outgoing() -> Iterator[est_pb.OracleRequest]:
-            while True:
-                m = outbox.get()
-                if m is None:
-                    return
-                yield m
-
-        stub = est_grpc.EstimatorServiceStub(channel)
-        points: dict[str, Params] = {}
-        served = False
-        try:
-            for resp in stub.Oracle(outgoing(), wait_for_ready=True):  # the estimator's gradient tasks
-                req = resp.task
-                served = True
-                try:
-                    if req.point_blob not in points:
-                        got = codec.decode_tensors(stub.FetchBlob(est_pb.EstimatorServiceFetchBlobRequest(
-                            blob_id=req.point_blob, worker_id=self.worker_id)))
-                        points = {req.point_blob: [x.to(self.device) for x in got[codec.PARAMS_GROUP]]}
-                    host, cids = self.host, mappers.oracle_request_cids(req)
-                    if host is None:
-                        raise KeyError("this worker has no clients loaded yet")
-                    answers = host.gradients(req.t, cids, points[req.point_blob], req.seed or self.cfg.train.seed,
-                                             req.batch_size or None)
-                    for cid, grads in zip(cids, answers, strict=True):
-                        for m in mappers.oracle_result_messages(req.request_id, cid, host.num_samples(cid),
-                                                                grads, self.transfer):
-                            outbox.put(m)
-                except (KeyError, ValueError, grpc.RpcError) as e:
-                    for cid in req.client_ids:
-                        outbox.put(est_pb.OracleRequest(error=est_pb.OracleError(
-                            request_id=req.request_id, cid=cid, message=str(e)[:500])))
-        except grpc.RpcError as e:
-            if not self._stop.is_set():
-                log.warning("oracle stream to %s ended: %s: %s", self.settings.estimator, e.code().name, e.details())
-        finally:
-            outbox.put(None)
-        return served
 
     # ---- main loop -----------------------------------------------------------------------------
     def _heartbeat_loop(self, session: threading.Event, work: Any) -> None:
@@ -556,7 +490,7 @@ class Worker:
             delay = backoff_delay(attempt, s.backoff_base_s, s.backoff_cap_s, rng)
             log.warning("%s; reconnecting in %.2fs (attempt %d of %d)", why, delay, attempt + 1,
                         s.reconnect_attempts)
-            if self._stop.wait(delay):
+            if self.stopping.wait(delay):
                 raise WorkerError("stopped while reconnecting")
             try:
                 self._blob_cache = {}
@@ -589,8 +523,8 @@ class Worker:
             self.close()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._oracle_outbox is not None:
-            self._oracle_outbox.put(None)
+        self.stopping.set()
+        if self.oracle is not None:
+            self.oracle.close()
         self._uploader.shutdown(wait=True)
         self.channel.close()
