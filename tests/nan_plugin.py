@@ -26,7 +26,7 @@ class NaNFedAvg(FedAvg):
         if task.cid not in POISONED:
             return plan
 
-        def finish(params: Sequence[Tensor], res: TrainResult) -> ClientUpdate:
+        def finish(params: list[Tensor], res: TrainResult) -> ClientUpdate:
             update = plan.finish(params, res)
             update.params = [torch.full_like(p, float("nan")) for p in update.params]
             return update
