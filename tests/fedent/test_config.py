@@ -178,5 +178,5 @@ def test_every_bad_key_is_reported_at_once() -> None:
 def test_every_out_of_range_value_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"train": {"rounds": 0, "lr": -1.0, "fraction": 2.0}, "model": {"dropout": 1.0}})
-    assert info.value.problems == ["model.dropout: must be in [0, 1)", "train.rounds: must be >= 1",
-                                   "train.fraction: must be in (0, 1]", "train.lr: must be > 0"]
+    assert info.value.problems == ["model.dropout: must be in [0, 1), got 1.0", "train.rounds: must be >= 1, got 0",
+                                   "train.fraction: must be in (0, 1], got 2.0", "train.lr: must be > 0, got -1.0"]
