@@ -268,15 +268,20 @@ class TrainConfig(Declared):
 
 
 
+def _bound(v: float) -> str:
+    """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
+
 def _range_text(m: Mapping[str, Any]) -> str | None:
     lo = ("(", m["gt"]) if m.get("gt") is not None else ("[", m["ge"]) if m.get("ge") is not None else None
     hi = (")", m["lt"]) if m.get("lt") is not None else ("]", m["le"]) if m.get("le") is not None else None
     if lo and hi:
-        return f"must be in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+        return f"must be in {lo[0]}{_bound(lo[1])}, {_bound(hi[1])}{hi[0]}"
     if lo:
-        return f"must be {'>' if lo[0] == '(' else '>='} {lo[1]:g}"
+        return f"must be {'>' if lo[0] == '(' else '>='} {_bound(lo[1])}"
     if hi:
-        return f"must be {'<' if hi[0] == ')' else '<='} {hi[1]:g}"
+        return f"must be {'<' if hi[0] == ')' else '<='} {_bound(hi[1])}"
     return None
 
 

@@ -58,7 +58,7 @@ def stub(service: EstimatorHandle) -> Iterator[est_grpc.EstimatorServiceStub]:
 
 def _first_reading(beta: float = 0.9, variant: str = "exact", **more: Any) -> FedEntOptions:
     """FedEntOptions for OnlinePhi2Estimator(beta, variant)'s defaults: η* uncapped, the mean field at η*."""
-    return FedEntOptions(beta=beta, variant=variant, eta_max=None, phi2_rate="star", **more)  # type: ignore[arg-type]
+    return FedEntOptions(**{"beta": beta, "variant": variant, "eta_max": None, "phi2_rate": "star", **more})
 
 
 def _online(rnd: int, opts: FedEntOptions, c: float, thetas: list[float], a: list[float], b: list[float],
