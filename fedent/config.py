@@ -12,7 +12,7 @@ checks every field's type and range when the object is built and reports every p
 setting's name; rules that span fields are small ``checks()`` methods. So every consumer (strategies,
 simulator, aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~520 lines in one module: every config section and the option machinery share one validator
+Why ~590 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 
@@ -62,10 +62,6 @@ class _Collect:
         except ConfigError as e:
             self.problems.extend(e.problems)
             return None
-
-    def check(self, ok: bool, key: str, why: str) -> None:
-        if not ok:
-            self.problems.append(f"{key}: {why}")
 
     def raise_any(self) -> None:
         _raise_all(self.problems)
