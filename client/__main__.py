@@ -9,7 +9,8 @@ import signal
 import sys
 from types import FrameType
 
-from client.worker import LocalDataRefused, Worker, WorkerError, WorkerSettings, parse_client_ids
+from client.settings import WorkerSettings
+from client.worker import LocalDataRefused, Worker, WorkerError, parse_client_ids
 from fedent.config import EXECUTORS
 from fedent.data.datasets import DatasetError
 from fedentrpc.lifeline import watch_parent

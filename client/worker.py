@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,9 @@ import torch
 from torch import Tensor
 
 from client.oracle_link import OracleLink
+from client.settings import WorkerSettings
 from fedent.client_store import ClientStateStore
-from fedent.config import EXECUTORS, ExecutorName, ExperimentConfig, config_from_dict
+from fedent.config import ExperimentConfig, config_from_dict
 from fedent.data.local import LocalData, LocalDataError, LocalDataSpec, RawLocal, prepare_local, read_local
 from fedent.inputs import RunInputs, load_inputs, model_factory, model_input
 from fedent.params import Params
@@ -62,44 +62,6 @@ log = logging.getLogger("fedent.worker")
 
 class WorkerError(RuntimeError):
     """The worker cannot go on (bad registration, partition mismatch, lost aggregator); one-line message."""
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    aggregator: str  # HOST:PORT
-    client_ids: tuple[int, ...]
-    estimator: str = ""  # HOST:PORT, for FedEnt offline mode (Algorithm 1's gradient requests)
-    device: str = "auto"
-    data_root: str | None = None  # overrides data.root of the aggregator's config (data stays local)
-    name: str = ""
-    token: str = ""
-    connect_timeout_s: float = 60.0
-    state_dir: str | None = None  # persist ClientState here (per run id) so a restarted worker resumes
-    security: ClientSecurity | None = None  # TLS / token for both links; None = plaintext, no token
-    reconnect_attempts: int = 10  # re-registrations tried after losing the aggregator; 0 = exit at once
-    reconnect_window_s: float = 300.0  # give up reconnecting after this long without a working connection
-    backoff_base_s: float = 0.5  # full-jitter exponential backoff: sleep U(0, min(cap, base * 2**attempt))
-    backoff_cap_s: float = 15.0
-    data: str | None = None  # --data SPEC: the hosted clients' data from this machine (data.placement: workers)
-    label_histogram: bool = True  # report each client's label histogram at Ready (for the dashboard)
-    executor: ExecutorName = "auto"  # how this worker's clients train: vectorised on CUDA under auto
-    max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
-
-    def __post_init__(self) -> None:
-        if not self.client_ids:
-            raise ValueError("a worker must host at least one client")
-        if ":" not in self.aggregator:
-            raise ValueError(f"aggregator address must be HOST:PORT, got {self.aggregator!r}")
-        if self.connect_timeout_s <= 0:
-            raise ValueError("connect_timeout_s must be > 0")
-        if self.reconnect_attempts < 0 or self.reconnect_window_s <= 0:
-            raise ValueError("reconnect attempts must be >= 0 and the reconnect window > 0")
-        if not 0 < self.backoff_base_s <= self.backoff_cap_s:
-            raise ValueError("backoff must satisfy 0 < base <= cap")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if self.max_parallel_clients is not None and self.max_parallel_clients < 1:
-            raise ValueError(f"max_parallel_clients must be >= 1, got {self.max_parallel_clients}")
 
 
 class LocalDataRefused(WorkerError):
@@ -389,12 +351,11 @@ class Worker:
         tensors = {k: [x.to(self.device) for x in v] for k, v in tensors.items()}
         payload: RoundPayload = mappers.payload_from_msg(t.payload, tensors)
         pending: list[Future[None]] = []
-        t0 = time.perf_counter()
 
         def upload(update: ClientUpdate) -> None:
             update.params = [p.detach().cpu() for p in update.params]
             update.tensors = {k: [x.detach().cpu() for x in v] for k, v in update.tensors.items()}
-            meta = mappers.UpdateMeta(self.worker_id, h.task_id, h.round, time.perf_counter() - t0)
+            meta = mappers.UpdateMeta(self.worker_id, h.task_id, h.round)
             pending.append(self._uploader.submit(self._upload, update, meta))
 
         host.on_update = upload

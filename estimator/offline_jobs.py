@@ -19,7 +19,6 @@ import torch
 
 from estimator.blobs import BlobStore
 from estimator.hub import OracleHub
-from estimator.params import fedent_options
 from estimator.rpc_oracle import JobCancelled, OracleFailure, OracleSettings, RpcGradientOracle
 from fedent import runlog
 from fedent.meanfield.fixed_point import solve_fixed_point
@@ -76,7 +75,7 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
     # θ ∝ D_i (renormalised over each round's schedule when one is sent, spec §5); clients without samples
     # take no part, as in FedEnt.prepare.
     kept = [(c, n / total) for c, n in zip(cids, sizes, strict=True) if n > 0]
-    options = fedent_options(req.params, eps1=req.eps1, eps2=req.eps2, max_sweeps=req.max_sweeps)
+    options = mappers.fedent_options_from_msg(req.params)  # the run's FedEntOptions, whole
     if req.rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {req.rounds}")
     if req.batch_size < 0:
@@ -103,7 +102,8 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
         run_id=req.run_id, w0=list(w0),
         client_ids=tuple(c for c, _ in kept), thetas=tuple(th for _, th in kept), rounds=int(req.rounds),
         options=options, schedule=schedule, base_lr=float(req.base_lr),
-        seed=int(req.seed), batch_size=int(req.batch_size), wait_workers_s=float(req.wait_workers_s or default_wait_s),
+        seed=int(req.seed), batch_size=int(options.probe_batch_size or req.batch_size),
+        wait_workers_s=float(req.wait_workers_s or default_wait_s),
     )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from estimator.params import fedent_options
 from fedent.meanfield.scalar_fixed_point import DEFAULT_MAX_ITER, DEFAULT_RTOL, solve_online
 from fedent.strategies.options import FedEntOptions
 from fedentrpc import mappers
@@ -66,7 +65,7 @@ def online_inputs(req: est_pb.SolveOnlineRequest) -> OnlineInputs:
     if abs(sum(thetas) - 1.0) > THETA_SUM_TOL:
         raise ValueError(f"thetas must sum to 1 over the round's participants, got {sum(thetas):.9g}")
     p = req.params
-    options = fedent_options(p)
+    options = mappers.fedent_options_from_msg(p)  # the run's FedEntOptions, checked by the class
     rtol = p.tol or DEFAULT_RTOL
     if not (math.isfinite(rtol) and 0 < rtol < 1):
         raise ValueError(f"tol must be in (0, 1), got {rtol}")
@@ -95,7 +94,6 @@ def solve_online_reply(req: est_pb.SolveOnlineRequest) -> est_pb.SolveOnlineResp
         phi2_next=sol.phi2_next,
         iterations=sol.iterations,
         converged=sol.bracketed,
-        eta_star={cid: float(e) for cid, e in zip(x.cids, sol.eta_star, strict=True)},
         diagnostics={"residual": sol.residual, "guards": float(sol.guards), "bracket_lo": sol.bracket[0],
                      "bracket_hi": sol.bracket[1]},
         report=mappers.dict_to_struct(report, "report"),

@@ -3,13 +3,16 @@
 Unknown keys, wrong types and out-of-range values raise ``ConfigError`` with the dotted path of the
 offending key, so a typo never silently falls back to a default.
 
-Algorithm options are typed too: ``AlgorithmConfig.options`` is the strategy's ``StrategyOptions``
-subclass (fedent/strategies/options.py), built and validated once when the config is built. Each
-field is declared with ``option(default, doc, gt=..., ...)``; its type (``Literal`` choices included)
-and range are checked in ``StrategyOptions.__post_init__``, so every consumer (strategies, simulator,
-aggregator, workers, estimator service) receives an object that is already valid.
+One declarative style for every settings class: the config sections (``DataConfig``, ``ModelConfig``,
+``TrainConfig``), the strategies' options (``StrategyOptions`` subclasses, fedent/strategies/options.py)
+and the services' process settings (aggregator, estimator, worker) are frozen dataclasses of ``Declared``
+whose fields are declared with ``option(default, doc, gt=..., ge=..., lt=..., le=...)``; the annotation
+gives the type (``Literal`` for choices, ``X | None`` for nullable). One validator (``declared_problems``)
+checks every field's type and range when the object is built and reports every problem, each keyed by the
+setting's name; rules that span fields are small ``checks()`` methods. So every consumer (strategies,
+simulator, aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~520 lines in one module: every config section and the option machinery share one validator
+Why ~590 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
@@ -60,133 +63,36 @@ class _Collect:
             self.problems.extend(e.problems)
             return None
 
-    def check(self, ok: bool, key: str, why: str) -> None:
-        if not ok:
-            self.problems.append(f"{key}: {why}")
-
     def raise_any(self) -> None:
         _raise_all(self.problems)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    name: str = "fashion-mnist"
-    root: str | None = None  # explicit data root; searched first
-    download: bool = False  # allow torchvision's download as the last resort
-    num_clients: int = 100
-    partition: str = "pathological"  # iid | pathological | dirichlet
-    alpha: float = 0.5  # Dirichlet concentration α_d
-    dirichlet_flavour: str = "client"  # client: q_k ~ Dir(α) (Hsu et al.); class: per-class over clients
-    shards_per_client: int = 2
-    min_samples: int = 10  # minimum samples per client for Dirichlet splits
-    max_train_samples: int | None = None  # optional seeded subsample of the train set (smoke runs)
-    max_test_samples: int | None = None
-    synthetic_train: int = 6000  # sizes of the seeded synthetic dataset
-    synthetic_test: int = 1000
-    # central: every process loads data.name and rebuilds the partition; workers: each worker brings its
-    # clients' data from its own disk (python -m client --data SPEC) and reports the sample counts
-    placement: Literal["central", "workers"] = "central"
-    # the model's input when no process can read it from a dataset (placement workers with a plug-in dataset)
-    num_classes: int | None = None
-    in_channels: int | None = None
-    image_size: int | None = None
-    server_test: str | None = None  # a .npz/.pt file (x, y): the aggregator's held-out set with placement workers
-
-    def validate(self) -> None:
-        c = _Collect()
-        c.check(self.placement in ("central", "workers"), "data.placement", "must be central or workers")
-        for key in ("num_classes", "in_channels", "image_size"):
-            v = getattr(self, key)
-            c.check(v is None or v >= 1, f"data.{key}", "must be >= 1 or null")
-        c.check(self.partition in ("iid", "pathological", "dirichlet"), "data.partition",
-               "must be one of iid, pathological, dirichlet")
-        c.check(self.dirichlet_flavour in ("client", "class"), "data.dirichlet_flavour", "must be client or class")
-        c.check(self.num_clients >= 1, "data.num_clients", "must be >= 1")
-        c.check(self.alpha > 0, "data.alpha", "must be > 0")
-        c.check(self.shards_per_client >= 1, "data.shards_per_client", "must be >= 1")
-        c.check(self.min_samples >= 0, "data.min_samples", "must be >= 0")
-        c.raise_any()
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str = "mnist-cnn"  # mnist-cnn | cifar10-cnn | lenet5 | vgg11
-    dropout: float = 0.0
-
-    def validate(self) -> None:
-        c = _Collect()
-        c.check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
-        c.raise_any()
-
-
-ExecutorName = Literal["auto", "sequential", "vectorised"]
-EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
-Precision = Literal["float32", "tf32"]
-PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
-ConvPath = Literal["direct", "unfold"]
-CONV_PATHS: tuple[str, ...] = typing.get_args(ConvPath)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    rounds: int = 50
-    fraction: float = 0.2  # participation per round
-    local_epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.01  # base learning rate (Table IV); FedEnt's η_i(-1)
-    eval_every: int = 1
-    eval_batch_size: int = 1000
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    target_accuracy: float | None = None  # for "rounds to reach" in comparisons
-    local_eval: int = 0  # evaluate this many uploaded local models per eval round (paper Fig. client_dev)
-    # server: the aggregator evaluates w(t+1) on a held-out set; federated: every client evaluates it on its
-    # local test split and the run reports the sample-weighted mean
-    evaluation: Literal["server", "federated"] = "server"
-    executor: ExecutorName = "auto"  # how the simulator runs a round's clients
-    max_parallel_clients: int | None = None  # vectorised: clients per chunk (None: from free device memory)
-    # float32: exact float32 everywhere (executors and workers agree to ~1e-6); tf32: on CUDA, convolutions and
-    # matmuls may round their inputs to TF32 on tensor cores (PyTorch's own default for cuDNN convolutions),
-    # several times faster on Ampere and later, ~1e-3 relative per step. No effect on the CPU.
-    precision: Precision = "float32"
-    # vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + one batched matmul per layer,
-    # which tensor cores run well); the same function, float32 results agree to ~1e-6
-    conv: ConvPath = "direct"
-
-    def validate(self) -> None:
-        c = _Collect()
-        c.check(self.rounds >= 1, "train.rounds", "must be >= 1")
-        c.check(0.0 < self.fraction <= 1.0, "train.fraction", "must be in (0, 1]")
-        c.check(self.local_epochs >= 1, "train.local_epochs", "must be >= 1")
-        c.check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
-        c.check(self.lr > 0, "train.lr", "must be > 0")
-        c.check(self.eval_every >= 1, "train.eval_every", "must be >= 1")
-        c.check(self.local_eval >= 0, "train.local_eval", "must be >= 0")
-        c.check(self.evaluation in ("server", "federated"), "train.evaluation", "must be server or federated")
-        c.check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
-               "train.device", "must be auto, cpu, cuda or cuda:N")
-        c.check(self.executor in EXECUTORS, "train.executor", f"must be one of {', '.join(EXECUTORS)}")
-        c.check(self.max_parallel_clients is None or self.max_parallel_clients >= 1, "train.max_parallel_clients",
-                "must be >= 1 or null")
-        c.check(self.precision in PRECISIONS, "train.precision", f"must be one of {', '.join(PRECISIONS)}")
-        c.check(self.conv in CONV_PATHS, "train.conv", f"must be one of {', '.join(CONV_PATHS)}")
-        c.raise_any()
 
 
 # ---- typed strategy options ----------------------------------------------------------------------
 
 
 class OptionError(ConfigError):
-    """A bad option value; ``field`` and ``why`` let a caller re-prefix the key (e.g. the estimator's)."""
+    """Bad option values, structured: ``fields`` is every (field, why); ``field`` and ``why`` the first one.
 
-    def __init__(self, prefix: str, field_name: str, why: str) -> None:
-        super().__init__(f"{prefix}.{field_name}: {why}")
+    A caller re-keys them (e.g. the estimator's ``params.<field>``) from these, never from the message.
+    """
+
+    def __init__(self, prefix: str, field_name: str, why: str, *, more: Sequence[tuple[str, str]] = ()) -> None:
+        self.fields: list[tuple[str, str]] = [(field_name, why), *more]
+        super().__init__(problems=[f"{prefix}.{n}: {w}" for n, w in self.fields])
         self.field, self.why = field_name, why
+
+    def keyed(self, prefix: str) -> OptionError:
+        """The same problems under another key prefix."""
+        return OptionError(prefix, self.field, self.why, more=self.fields[1:])
+
+
+class SettingsError(ConfigError):
+    """A bad process setting (aggregator, estimator, worker); one line naming each bad setting."""
 
 
 def option(default: T, doc: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
            le: float | None = None) -> T:
-    """Declare a ``StrategyOptions`` field: its default, a one-line doc, and its range (bounds on numbers).
+    """Declare a ``Declared`` field: its default, a one-line doc, and its range (bounds on numbers).
 
     The type comes from the annotation: ``float`` (ints accepted), ``int``, ``bool``, ``str``, a ``Literal``
     of strings (the allowed choices) or ``X | None`` (None always allowed, the bounds apply otherwise).
@@ -195,15 +101,183 @@ def option(default: T, doc: str, *, gt: float | None = None, ge: float | None = 
     return field(default=default, metadata=meta)
 
 
+def required(doc: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+             le: float | None = None) -> Any:
+    """A ``Declared`` field without a default (e.g. the worker's aggregator address)."""
+    return field(metadata={"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le})
+
+
+def declared_problems(obj: Any) -> list[tuple[str, str]]:
+    """The one validator: every field of the dataclass ``obj`` checked against its annotation (type, ``Literal``
+    choices) and its declared range; (field, why) for each problem, in declaration order. Ints are stored as
+    floats where the annotation is ``float`` (set in place, on frozen dataclasses too). Types it does not
+    know (a nested settings object, ``tuple[int, ...]``) are left to the class's ``checks()``."""
+    hints = _hints(type(obj))
+    problems: list[tuple[str, str]] = []
+    for f in dataclasses.fields(obj):
+        value, tp = getattr(obj, f.name), hints[f.name]
+        try:
+            coerced = _coerce(value, tp, f.name)
+        except ConfigError:
+            problems.append((f.name, f"{_type_text(tp)}, got {value!r}"))
+            continue
+        if coerced is not value:
+            object.__setattr__(obj, f.name, coerced)
+        why = _range_text(f.metadata)
+        if (why is not None and isinstance(coerced, (int, float)) and not isinstance(coerced, bool)
+                and not _in_range(coerced, f.metadata)):
+            none_ok = type(None) in typing.get_args(tp)
+            problems.append((f.name, f"{why}{' or null' if none_ok else ''}, got {coerced!r}"))
+    return problems
+
+
+class Declared:
+    """Base of a frozen dataclass of ``option(...)`` fields: valid once built.
+
+    ``__post_init__`` runs ``declared_problems`` and then (when every field is fine) ``checks()``, the
+    cross-field rules, and raises one ``error_type`` listing every problem, each keyed
+    ``<key_prefix>.<field>`` (just ``<field>`` for process settings, whose prefix is empty).
+    ``from_mapping`` builds one from a mapping: unknown keys are errors that name the allowed ones.
+    """
+
+    key_prefix: ClassVar[str] = ""
+    error_type: ClassVar[type[ConfigError]] = ConfigError
+
+    def __post_init__(self) -> None:
+        problems = declared_problems(self) or list(self.checks())
+        if problems:
+            self._fail(problems)
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        """Rules that span fields: (field, why) for each broken one. Single fields are checked from their
+        declarations and need nothing here."""
+        return ()
+
+    def validate(self) -> None:
+        """Check again (built objects are already valid; kept for callers that validate explicitly)."""
+        self.__post_init__()
+
+    def _fail(self, problems: list[tuple[str, str]]) -> None:
+        p = self.key_prefix
+        raise self.error_type(problems=[f"{p}.{k}: {why}" if p else f"{k}: {why}" for k, why in problems])
+
+    @classmethod
+    def from_mapping(cls: type[D], raw: Mapping[str, Any] | None, prefix: str | None = None) -> D:
+        key = cls.key_prefix if prefix is None else prefix
+        built: D = dataclass_from_mapping(cls, raw, key, cls.error_type)
+        return built
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """Field name -> its one-line doc."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+
+D = TypeVar("D", bound=Declared)
+
+
+# ---- the config sections ---------------------------------------------------------------------------------
+
+Partition = Literal["iid", "pathological", "dirichlet"]
+DirichletFlavour = Literal["client", "class"]
+Placement = Literal["central", "workers"]
+
+
+@dataclass(frozen=True)
+class DataConfig(Declared):
+    key_prefix = "data"
+
+    name: str = option("fashion-mnist", "the dataset (a built-in name or a plug-in's)")
+    root: str | None = option(None, "explicit data root; searched first")
+    download: bool = option(False, "allow torchvision's download as the last resort")
+    num_clients: int = option(100, "number of clients N", ge=1)
+    partition: Partition = option("pathological", "how the train set is split among the clients")
+    alpha: float = option(0.5, "Dirichlet concentration α_d", gt=0)
+    dirichlet_flavour: DirichletFlavour = option("client", "client: q_k ~ Dir(α) (Hsu et al.); class: per-class "
+                                                           "over clients")
+    shards_per_client: int = option(2, "pathological: label-sorted shards per client", ge=1)
+    min_samples: int = option(10, "minimum samples per client for Dirichlet splits", ge=0)
+    max_train_samples: int | None = option(None, "optional seeded subsample of the train set (smoke runs)")
+    max_test_samples: int | None = option(None, "optional seeded subsample of the test set")
+    synthetic_train: int = option(6000, "train size of the seeded synthetic dataset")
+    synthetic_test: int = option(1000, "test size of the seeded synthetic dataset")
+    placement: Placement = option("central", "central: every process loads data.name and rebuilds the partition; "
+                                             "workers: each worker brings its clients' data from its own disk "
+                                             "(python -m client --data SPEC) and reports the sample counts")
+    # the model's input when no process can read it from a dataset (placement workers with a plug-in dataset)
+    num_classes: int | None = option(None, "the model's number of classes when no dataset says it", ge=1)
+    in_channels: int | None = option(None, "the model's input channels when no dataset says it", ge=1)
+    image_size: int | None = option(None, "the model's input size when no dataset says it", ge=1)
+    server_test: str | None = option(None, "a .npz/.pt file (x, y): the aggregator's held-out set with placement "
+                                           "workers")
+
+
+@dataclass(frozen=True)
+class ModelConfig(Declared):
+    key_prefix = "model"
+
+    name: str = option("mnist-cnn", "mnist-cnn | cifar10-cnn | lenet5 | vgg11 (or a plug-in's)")
+    dropout: float = option(0.0, "dropout probability", ge=0, lt=1)
+
+
+ExecutorName = Literal["auto", "sequential", "vectorised"]
+EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
+Precision = Literal["float32", "tf32"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+ConvPath = Literal["direct", "unfold"]
+CONV_PATHS: tuple[str, ...] = typing.get_args(ConvPath)
+Evaluation = Literal["server", "federated"]
+
+
+@dataclass(frozen=True)
+class TrainConfig(Declared):
+    key_prefix = "train"
+
+    rounds: int = option(50, "communication rounds T", ge=1)
+    fraction: float = option(0.2, "participation per round", gt=0, le=1)
+    local_epochs: int = option(3, "local epochs per round", ge=1)
+    batch_size: int = option(32, "local batch size", ge=1)
+    lr: float = option(0.01, "base learning rate (Table IV); FedEnt's η_i(-1)", gt=0)
+    eval_every: int = option(1, "evaluate every this many rounds (and the last)", ge=1)
+    eval_batch_size: int = option(1000, "batch size of evaluation")
+    seed: int = option(0, "the run's seed (sampling, partition, batches)")
+    device: str = option("auto", "auto | cpu | cuda | cuda:N")
+    target_accuracy: float | None = option(None, "for \"rounds to reach\" in comparisons")
+    local_eval: int = option(0, "evaluate this many uploaded local models per eval round (paper Fig. client_dev)",
+                             ge=0)
+    evaluation: Evaluation = option("server", "server: the aggregator evaluates w(t+1) on a held-out set; "
+                                              "federated: every client evaluates it on its local test split and "
+                                              "the run reports the sample-weighted mean")
+    executor: ExecutorName = option("auto", "how the simulator runs a round's clients")
+    max_parallel_clients: int | None = option(None, "vectorised: clients per chunk (null: from free device memory)",
+                                              ge=1)
+    precision: Precision = option("float32", "float32: exact float32 everywhere (executors and workers agree to "
+                                             "~1e-6); tf32: on CUDA, convolutions and matmuls may round their "
+                                             "inputs to TF32 on tensor cores, several times faster on Ampere and "
+                                             "later, ~1e-3 relative per step. No effect on the CPU")
+    conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + "
+                                      "one batched matmul per layer); the same function, results agree to ~1e-6")
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            yield "device", "must be auto, cpu, cuda or cuda:N"
+
+
+
+def _bound(v: float) -> str:
+    """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
+
 def _range_text(m: Mapping[str, Any]) -> str | None:
     lo = ("(", m["gt"]) if m.get("gt") is not None else ("[", m["ge"]) if m.get("ge") is not None else None
     hi = (")", m["lt"]) if m.get("lt") is not None else ("]", m["le"]) if m.get("le") is not None else None
     if lo and hi:
-        return f"must be in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+        return f"must be in {lo[0]}{_bound(lo[1])}, {_bound(hi[1])}{hi[0]}"
     if lo:
-        return f"must be {'>' if lo[0] == '(' else '>='} {lo[1]:g}"
+        return f"must be {'>' if lo[0] == '(' else '>='} {_bound(lo[1])}"
     if hi:
-        return f"must be {'<' if hi[0] == ')' else '<='} {hi[1]:g}"
+        return f"must be {'<' if hi[0] == ')' else '<='} {_bound(hi[1])}"
     return None
 
 
@@ -213,38 +287,32 @@ def _in_range(v: float, m: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
-class StrategyOptions:
-    """Base of every strategy's options: a frozen dataclass of ``option(...)`` fields, valid once built.
+class StrategyOptions(Declared):
+    """Base of every strategy's options: a ``Declared`` frozen dataclass of ``option(...)`` fields.
 
-    ``__post_init__`` checks each field's type and range (ints are stored as floats where the field is a
-    float) and then calls ``check()`` for cross-field rules. Errors are ``OptionError``s keyed
-    ``algorithm.<field>``. ``from_mapping`` parses the flat YAML layout; ``to_dict`` writes it back.
+    Built, each field's type and range is checked (ints are stored as floats where the field is a float)
+    and then ``check()`` runs the cross-field rules. Errors are ``OptionError``s keyed ``algorithm.<field>``
+    (every bad field at once). ``from_mapping`` parses the flat YAML layout; ``to_dict`` writes it back.
     """
 
     algorithm: ClassVar[str] = ""  # the strategy name, set by each subclass (for error messages)
+    key_prefix: ClassVar[str] = "algorithm"
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            try:
-                coerced = _coerce(value, hints[f.name], f.name)
-            except ConfigError:
-                raise OptionError("algorithm", f.name, f"{_type_text(hints[f.name])}, got {value!r}") from None
-            if coerced is not value:
-                object.__setattr__(self, f.name, coerced)
-            why = _range_text(f.metadata)
-            if why is not None and isinstance(coerced, (int, float)) and not _in_range(coerced, f.metadata):
-                none_ok = type(None) in typing.get_args(hints[f.name])
-                raise OptionError("algorithm", f.name, f"{why}{' or null' if none_ok else ''}, got {coerced!r}")
+        super().__post_init__()
         self.check()
+
+    def _fail(self, problems: list[tuple[str, str]]) -> None:
+        raise OptionError(self.key_prefix, *problems[0], more=problems[1:])
 
     def check(self) -> None:
         """Cross-field rules (raise ``OptionError``); single fields are checked from their declarations."""
 
     @classmethod
-    def from_mapping(cls: type[SO], raw: Mapping[str, Any] | None, prefix: str = "algorithm") -> SO:
-        """Build from the flat YAML layout; unknown keys name the keys that are allowed."""
+    def from_mapping(cls: type[SO], raw: Mapping[str, Any] | None, prefix: str | None = None) -> SO:
+        """Build from the flat YAML layout; unknown keys name the keys that are allowed. ``prefix`` keys the
+        errors (default ``algorithm``; the estimator's ``params``)."""
+        prefix = prefix or cls.key_prefix
         raw = dict(raw or {})
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(raw) - set(names))
@@ -255,18 +323,13 @@ class StrategyOptions:
         try:
             return cls(**raw)
         except OptionError as e:
-            if prefix == "algorithm":
+            if prefix == cls.key_prefix:
                 raise
-            raise OptionError(prefix, e.field, e.why) from None
+            raise e.keyed(prefix) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, in declaration order (the ``algorithm:`` section of config.yaml, besides ``name``)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def docs(cls) -> dict[str, str]:
-        """Field name -> its one-line doc."""
-        return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls)}
 
 
 SO = TypeVar("SO", bound=StrategyOptions)
@@ -414,19 +477,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def dataclass_from_mapping(cls: Any, raw: Mapping[str, Any] | None, prefix: str) -> Any:
-    """Build a frozen dataclass from a mapping; unknown keys and bad types are ConfigErrors."""
+def dataclass_from_mapping(cls: Any, raw: Mapping[str, Any] | None, prefix: str,
+                           error_type: type[ConfigError] = ConfigError) -> Any:
+    """Build a frozen dataclass from a mapping; unknown keys and bad types are ``error_type``s (ConfigError),
+    all reported at once; a ``Declared`` class then checks its ranges and cross-field rules when built."""
+    if raw is not None and not isinstance(raw, Mapping):
+        raise error_type(f"{prefix or cls.__name__}: expected a mapping")
     raw = dict(raw or {})
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix}: expected a mapping")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     c = _Collect()
     if unknown:
-        c.problems.append(f"{prefix}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+        where = f"{prefix}: unknown key(s)" if prefix else f"unknown {cls.__name__} key(s)"
+        c.problems.append(f"{where} {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
     kwargs = {k: c.run(_coerce, v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items() if k in names}
-    c.raise_any()  # every unknown key and bad type at once
+    if c.problems:  # every unknown key and bad type at once
+        raise error_type(problems=c.problems)
     return cls(**kwargs)
 
 
@@ -443,9 +510,6 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
     train = c.run(dataclass_from_mapping, TrainConfig, raw.get("train"), "train")
     algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
-    for section in (data, model, train):
-        if section is not None:
-            c.run(section.validate)
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 

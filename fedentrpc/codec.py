@@ -59,7 +59,20 @@ Bundle = dict[str, list[Tensor]]
 
 
 class WireError(ValueError):
-    """A malformed or corrupted message (bad header, wrong sizes, checksum mismatch)."""
+    """A malformed or corrupted message (bad header, wrong sizes, checksum mismatch).
+
+    ``field`` names the message field at fault when there is one (e.g. ``"params.variant"``) and ``why`` says
+    what is wrong with it; the message is then ``"<field>: <why>"``. Callers that re-key the problem (the
+    estimator reports it as a FedEntOptions field) read these instead of parsing the text.
+    """
+
+    def __init__(self, message: str = "", *, field: str | None = None, why: str | None = None) -> None:
+        if field is not None:
+            why = message if why is None else why
+            message = f"{field}: {why}"
+        super().__init__(message)
+        self.field = field
+        self.why = why if why is not None else message
 
 
 # ---- transfer settings ---------------------------------------------------------------------------------

@@ -18,18 +18,21 @@ modules.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import struct_pb2
 from torch import Tensor
 
+from fedent.config import OptionError
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.rounds.evaluation import ClientEval
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
+from fedent.strategies.options import FedEntOptions
 from fedentrpc.codec import (
     COMPRESSIONS,
     DEFAULT_MAX_STREAM_BYTES,
@@ -65,7 +68,7 @@ def _lookup(table: Mapping[Any, Any], value: Any, what: str, enum: Any) -> Any:
         return table[value]
     except KeyError:
         allowed = ", ".join(_enum_name(enum, v) for v in sorted(set(table)))
-        raise WireError(f"{what}: {_enum_name(enum, value)} is not allowed; send one of {allowed}") from None
+        raise WireError(field=what, why=f"{_enum_name(enum, value)} is not allowed; send one of {allowed}") from None
 
 
 # ---- google.protobuf.Struct <-> dict ------------------------------------------------------------------
@@ -208,12 +211,12 @@ def payload_from_msg(m: agg_pb.RoundPayload, tensors: Bundle | None = None) -> R
 
 @dataclass(frozen=True)
 class UpdateMeta:
-    """Routing fields of an upload that are not part of the core ``ClientUpdate``."""
+    """Routing fields of an upload that are not part of the core ``ClientUpdate`` (``wire_bytes``: set by
+    the receiver, the upload's size as it arrived)."""
 
     worker_id: str
     task_id: int
     round: int
-    train_s: float = 0.0
     wire_bytes: int = 0
 
 
@@ -234,7 +237,6 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
             num_samples=u.num_samples,
             train_loss=float(u.train_loss),
             scalars=_scalars(u.scalars),
-            train_s=meta.train_s,
         )
     )
     # each chunk is written in place into its message's oneof: its bytes are not copied again
@@ -245,7 +247,6 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
 class DecodedUpdate:
     meta: UpdateMeta
     update: ClientUpdate
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
@@ -274,7 +275,7 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
         tensors=bundle,
         scalars=_scalars(h.scalars),
     )
-    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), float(h.train_s), asm.wire_bytes)
+    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), asm.wire_bytes)
     return DecodedUpdate(meta, update)
 
 
@@ -313,49 +314,62 @@ def config_from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
 
 # ---- estimator service ---------------------------------------------------------------------------------
 
+# FedEntOptions' Literal choices <-> their enums (a test checks each table covers its Literal exactly)
 VARIANTS = {"exact": est_pb.FEDENT_VARIANT_EXACT, "paper": est_pb.FEDENT_VARIANT_PAPER}
+PHI2_RATES = {"used": est_pb.PHI2_RATE_USED, "star": est_pb.PHI2_RATE_STAR}
+ESTIMATOR_MODES = {"online": est_pb.ESTIMATOR_MODE_ONLINE, "offline": est_pb.ESTIMATOR_MODE_OFFLINE}
+OFFLINE_CLIENTS = {"participants": est_pb.OFFLINE_CLIENTS_PARTICIPANTS,
+                   "population": est_pb.OFFLINE_CLIENTS_POPULATION}
 JOB_STATES = {"pending": est_pb.OFFLINE_JOB_STATE_PENDING, "running": est_pb.OFFLINE_JOB_STATE_RUNNING,
               "done": est_pb.OFFLINE_JOB_STATE_DONE, "failed": est_pb.OFFLINE_JOB_STATE_FAILED}
 # the estimator's job vocabulary: "both" = Algorithm 1's two tests (eps1, eps2) passed, "" = not finished
 STOP_REASONS = {"both": est_pb.OFFLINE_STOP_REASON_CONVERGED, "max_sweeps": est_pb.OFFLINE_STOP_REASON_MAX_SWEEPS,
                 "": est_pb.OFFLINE_STOP_REASON_UNSPECIFIED}
 
-
-def variant_to_msg(variant: str) -> est_pb.FedentVariant:
-    try:
-        return VARIANTS[variant]
-    except KeyError:
-        raise WireError(f"FedEnt variant must be one of {', '.join(VARIANTS)}, got {variant!r}") from None
-
-
-def variant_from_msg(value: int) -> str:
-    """FedEntParams.variant as FedEntOptions' string; WireError for UNSPECIFIED or an unknown value."""
-    return str(_lookup({v: k for k, v in VARIANTS.items()}, value, "params.variant", est_pb.FedentVariant))
+# FedEntOptions field -> (its enum table, the proto enum); the other fields are numbers sent as they are
+_OPTION_ENUMS: dict[str, tuple[Mapping[str, int], Any]] = {
+    "variant": (VARIANTS, est_pb.FedentVariant),
+    "phi2_rate": (PHI2_RATES, est_pb.Phi2Rate),
+    "estimator": (ESTIMATOR_MODES, est_pb.EstimatorMode),
+    "offline_clients": (OFFLINE_CLIENTS, est_pb.OfflineClients),
+}
+_OPTION_NULLABLE = ("eta_max", "probe_batch_size")  # proto3 optional: unset = null
 
 
-PHI2_RATES = {"used": est_pb.PHI2_RATE_USED, "star": est_pb.PHI2_RATE_STAR}
-
-
-def phi2_rate_to_msg(rate: str) -> est_pb.Phi2Rate:
-    try:
-        return PHI2_RATES[rate]
-    except KeyError:
-        raise WireError(f"FedEnt phi2_rate must be one of {', '.join(PHI2_RATES)}, got {rate!r}") from None
-
-
-def phi2_rate_from_msg(value: int) -> str:
-    """FedEntParams.phi2_rate as FedEntOptions' string; WireError for UNSPECIFIED or an unknown value."""
-    return str(_lookup({v: k for k, v in PHI2_RATES.items()}, value, "params.phi2_rate", est_pb.Phi2Rate))
-
-
-def fedent_params(beta: float, gamma: float, variant: str, eta_max: float | None, phi2_rate: str,
-                  ) -> est_pb.FedEntParams:
-    """FedEnt's solver options on the wire (eta_max unset = no cap)."""
-    msg = est_pb.FedEntParams(beta=float(beta), gamma=float(gamma), variant=variant_to_msg(variant),
-                              phi2_rate=phi2_rate_to_msg(phi2_rate))
-    if eta_max is not None:
-        msg.eta_max = float(eta_max)
+def fedent_options_to_msg(o: FedEntOptions) -> est_pb.FedEntParams:
+    """The run's FedEntOptions, whole, as ``FedEntParams`` (``fedent_options_from_msg`` is the inverse)."""
+    msg = est_pb.FedEntParams()
+    for f in dataclasses.fields(o):
+        value = getattr(o, f.name)
+        if f.name in _OPTION_ENUMS:
+            table, enum = _OPTION_ENUMS[f.name]
+            value = _lookup(table, value, f"params.{f.name}", enum)
+        elif value is None:
+            continue  # eta_max / probe_batch_size null: left unset
+        setattr(msg, f.name, value)
     return msg
+
+
+def fedent_options_from_msg(msg: est_pb.FedEntParams, prefix: str = "params") -> FedEntOptions:
+    """``FedEntParams`` as the FedEntOptions the run sent, checked by the class itself (its ranges, no defaults
+    here). Every problem is reported at once, keyed ``<prefix>.<field>``: an enum outside its table (UNSPECIFIED
+    included) is a ``WireError``'s ``field``/``why``, a value out of range an ``OptionError``'s."""
+    raw: dict[str, Any] = {}
+    bad: list[tuple[str, str]] = []
+    for f in dataclasses.fields(FedEntOptions):
+        if f.name in _OPTION_ENUMS:
+            table, enum = _OPTION_ENUMS[f.name]
+            try:
+                raw[f.name] = _lookup({v: k for k, v in table.items()}, getattr(msg, f.name), f.name, enum)
+            except WireError as e:
+                bad.append((f.name, e.why))
+        elif f.name in _OPTION_NULLABLE:
+            raw[f.name] = getattr(msg, f.name) if msg.HasField(f.name) else None
+        else:
+            raw[f.name] = getattr(msg, f.name)
+    if bad:
+        raise OptionError(prefix, *bad[0], more=bad[1:])
+    return FedEntOptions.from_mapping(raw, prefix)
 
 
 def job_state_to_msg(state: str) -> est_pb.OfflineJobState:
@@ -376,13 +390,11 @@ def stop_reason_from_msg(value: int) -> str:
                        est_pb.OfflineStopReason))
 
 
-def solve_online_request(
-    run_id: str, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float],
-    beta: float, variant: str, *, gamma: float = 0.0, eta_max: float | None = None, phi2_rate: str = "star",
-    eta_prev: Sequence[float] | None = None, cids: Sequence[int] | None = None,
-) -> est_pb.SolveOnlineRequest:
-    """The Phi2Estimator.estimate arguments as a SolveOnline request (clients numbered by position unless
-    ``cids``). The keyword defaults are the first reading (η* uncapped, the mean field at η*)."""
+def solve_online_request(run_id: str, rnd: int, options: FedEntOptions, *, c: float, thetas: Sequence[float],
+                         a: Sequence[float], b: Sequence[float], eta_prev: Sequence[float] | None = None,
+                         cids: Sequence[int] | None = None) -> est_pb.SolveOnlineRequest:
+    """The Phi2Estimator.estimate arguments as a SolveOnline request, with the run's FedEntOptions whole
+    (clients numbered by position unless ``cids``; ``eta_prev``: η_i(t−1), which phi2_rate used needs)."""
     if not len(thetas) == len(a) == len(b):
         raise WireError("thetas, a and b must have one entry per participant")
     if eta_prev is not None and len(eta_prev) != len(thetas):
@@ -394,10 +406,8 @@ def solve_online_request(
         if eta_prev is not None:
             msg.eta_prev = float(eta_prev[i])
         clients.append(msg)
-    return est_pb.SolveOnlineRequest(
-        run_id=run_id, round=rnd, c=float(c), clients=clients,
-        params=fedent_params(beta, gamma, variant, eta_max, phi2_rate),
-    )
+    return est_pb.SolveOnlineRequest(run_id=run_id, round=rnd, c=float(c), clients=clients,
+                                     params=fedent_options_to_msg(options))
 
 
 def estimate_from_reply(reply: est_pb.SolveOnlineResponse) -> Phi2Estimate:
@@ -407,20 +417,16 @@ def estimate_from_reply(reply: est_pb.SolveOnlineResponse) -> Phi2Estimate:
     return Phi2Estimate(float(reply.phi2_next), report)
 
 
-def start_offline_request(
-    run_id: str, init_blob: str, sizes: Sequence[int], rounds: int, beta: float, gamma: float, variant: str,
-    eps1: float, eps2: float, max_sweeps: int, seed: int, batch_size: int, *, eta_max: float | None = None,
-    phi2_rate: str = "star", schedule: Sequence[Sequence[int]] | None = None, base_lr: float = 0.0,
-) -> est_pb.StartOfflineRequest:
-    """Algorithm 1's inputs: w(0) (a blob already uploaded), every client's D_i, T, FedEnt's options, and each
-    round's sampled clients (``schedule``; None: every client every round) with the base rate η_i(−1). The
-    keyword defaults are the first reading."""
+def start_offline_request(run_id: str, options: FedEntOptions, *, init_blob: str, sizes: Sequence[int],
+                          rounds: int, seed: int, batch_size: int, base_lr: float,
+                          schedule: Sequence[Sequence[int]] | None = None) -> est_pb.StartOfflineRequest:
+    """Algorithm 1's inputs: the run's FedEntOptions whole, w(0) (a blob already uploaded), every client's
+    D_i, T, the run's seed, batch size (``options.probe_batch_size`` wins when set) and base rate η_i(−1), and
+    each round's sampled clients (``schedule``; None: every client every round)."""
     return est_pb.StartOfflineRequest(
         run_id=run_id, init_blob=init_blob,
         clients=[est_pb.OfflineClient(cid=i, num_samples=int(n)) for i, n in enumerate(sizes)],
-        rounds=int(rounds),
-        params=fedent_params(beta, gamma, variant, eta_max, phi2_rate),
-        eps1=eps1, eps2=eps2, max_sweeps=max_sweeps, seed=seed, batch_size=batch_size,
+        rounds=int(rounds), params=fedent_options_to_msg(options), seed=int(seed), batch_size=int(batch_size),
         schedule=[est_pb.RoundClients(cids=[int(c) for c in r]) for r in (schedule or [])],
         base_lr=float(base_lr),
     )

@@ -58,12 +58,12 @@ def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def task_to_item(task: Task, cfg_lr: float, epochs: int, seed: int) -> pb.WorkResponse:
+def task_to_item(task: Task) -> pb.WorkResponse:
+    """A task as the pushed message (the rate, epochs and seed are the run config's, which the worker has)."""
     if task.kind == "shutdown":
         return pb.WorkResponse(shutdown=pb.Shutdown(reason=task.reason, failed=task.failed))
     header = pb.TaskHeader(task_id=task.task_id, round=task.round, client_ids=list(task.cids),
-                           model_blob=task.model_blob, lr=cfg_lr, epochs=epochs, seed=seed,
-                           deadline_unix=task.deadline_unix)
+                           model_blob=task.model_blob, deadline_unix=task.deadline_unix)
     if task.kind == "probe":
         return pb.WorkResponse(probe=pb.ProbeTask(task=header))
     if task.kind == "evaluate":
@@ -97,13 +97,12 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def Work(self, request: pb.WorkRequest, context: grpc.ServicerContext) -> Iterator[pb.WorkResponse]:
         w = _guard(context, lambda: self.run.registry.attach(request.worker_id, caller_identity(context)))
         context.add_callback(lambda: w.tasks.put(None))  # wake the generator when the worker hangs up
-        tr = self.run.cfg.train
         try:
             while True:
                 task = w.tasks.get()  # blocks: an idle round costs nothing
                 if task is None or not context.is_active():
                     return
-                yield task_to_item(task, tr.lr, tr.local_epochs, tr.seed)
+                yield task_to_item(task)
                 if task.kind == "shutdown":
                     return
         finally:

@@ -54,8 +54,8 @@ def build_cluster_strategy(cfg: ExperimentConfig, settings: AggregatorSettings, 
         from server.estimator_adapter import RemotePhi2Estimator
 
         channel = open_channel(settings.estimator, estimator_security or ClientSecurity(insecure=True))
-        return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(
-            settings.estimator, opts.beta, opts.variant, run_id, channel=channel, options=opts))
+        return build_strategy(cfg.algorithm, estimator=RemotePhi2Estimator(settings.estimator, opts, run_id,
+                                                                           channel=channel))
     return build_strategy(cfg.algorithm)
 
 

@@ -29,14 +29,10 @@ class EstimatorUnavailable(RuntimeError):
 class RemotePhi2Estimator:
     """Implements ``fedent.meanfield.estimator.Phi2Estimator`` by calling ``EstimatorService.SolveOnline``."""
 
-    def __init__(self, address: str, beta: float, variant: str = "exact", run_id: str = "",
-                 timeout_s: float = 30.0, channel: grpc.Channel | None = None,
-                 options: FedEntOptions | None = None) -> None:
-        """``options``: the run's FedEnt options (γ, eta_max, phi2_rate travel with each request); without them
-        the first reading (η* uncapped, the mean field at η*)."""
+    def __init__(self, address: str, options: FedEntOptions, run_id: str = "", timeout_s: float = 30.0,
+                 channel: grpc.Channel | None = None) -> None:
+        """``options``: the run's FedEntOptions, sent whole with each request (the service solves with them)."""
         self.address = address
-        self.beta = float(beta)
-        self.variant = variant
         self.options = options
         self.run_id = run_id
         self.timeout_s = timeout_s
@@ -47,13 +43,9 @@ class RemotePhi2Estimator:
         self, rnd: int, c: float, thetas: Sequence[float], a: Sequence[float], b: Sequence[float], *,
         cids: Sequence[int] | None = None, eta_prev: Sequence[float] | None = None,
     ) -> Phi2Estimate:
-        o = self.options
-        if o is None:
-            req = mappers.solve_online_request(self.run_id, rnd, c, thetas, a, b, self.beta, self.variant, cids=cids)
-        else:
-            req = mappers.solve_online_request(
-                self.run_id, rnd, c, thetas, a, b, self.beta, self.variant, cids=cids, gamma=o.gamma,
-                eta_max=o.eta_max, phi2_rate=o.phi2_rate, eta_prev=eta_prev if o.phi2_rate == "used" else None)
+        used = self.options.phi2_rate == "used"  # only then does the mean field need η_i(t−1)
+        req = mappers.solve_online_request(self.run_id, rnd, self.options, c=c, thetas=thetas, a=a, b=b,
+                                           eta_prev=eta_prev if used else None, cids=cids)
         reply = self._solve(req)
         est = mappers.estimate_from_reply(reply)
         est.report.setdefault("mode", "online")

@@ -72,10 +72,8 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
             ref = stub.PutBlob(codec.stream_tensors({codec.PARAMS_GROUP: list(w0)}, est_pb.PutBlobRequest),
                                timeout=120, wait_for_ready=True)
             req = mappers.start_offline_request(
-                run_id, ref.blob_id, sizes, rounds, opts.beta, opts.gamma, opts.variant, opts.eps1, opts.eps2,
-                opts.max_sweeps, cfg.train.seed, opts.probe_batch_size or cfg.train.batch_size,
-                eta_max=opts.eta_max, phi2_rate=opts.phi2_rate, schedule=schedule(len(sizes), rounds),
-                base_lr=cfg.train.lr)
+                run_id, opts, init_blob=ref.blob_id, sizes=sizes, rounds=rounds, seed=cfg.train.seed,
+                batch_size=cfg.train.batch_size, base_lr=cfg.train.lr, schedule=schedule(len(sizes), rounds))
             job = stub.StartOffline(req, timeout=60).job
             deadline = time.monotonic() + timeout_s
             while not mappers.job_finished(job):

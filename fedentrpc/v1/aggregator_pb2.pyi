@@ -97,24 +97,18 @@ class WorkRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("task_id", "round", "client_ids", "model_blob", "lr", "epochs", "seed", "deadline_unix")
+    __slots__ = ("task_id", "round", "client_ids", "model_blob", "deadline_unix")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_BLOB_FIELD_NUMBER: _ClassVar[int]
-    LR_FIELD_NUMBER: _ClassVar[int]
-    EPOCHS_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     round: int
     client_ids: _containers.RepeatedScalarFieldContainer[int]
     model_blob: str
-    lr: float
-    epochs: int
-    seed: int
     deadline_unix: float
-    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., client_ids: _Optional[_Iterable[int]] = ..., model_blob: _Optional[str] = ..., lr: _Optional[float] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., deadline_unix: _Optional[float] = ...) -> None: ...
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., client_ids: _Optional[_Iterable[int]] = ..., model_blob: _Optional[str] = ..., deadline_unix: _Optional[float] = ...) -> None: ...
 
 class ProbeTask(_message.Message):
     __slots__ = ("task",)
@@ -230,7 +224,7 @@ class SubmitProbesResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars", "train_s")
+    __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -245,7 +239,6 @@ class UpdateHeader(_message.Message):
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     SCALARS_FIELD_NUMBER: _ClassVar[int]
-    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task_id: int
     round: int
@@ -253,8 +246,7 @@ class UpdateHeader(_message.Message):
     num_samples: int
     train_loss: float
     scalars: _containers.ScalarMap[str, float]
-    train_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ..., train_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SubmitUpdateRequest(_message.Message):
     __slots__ = ("header", "chunk")

@@ -34,6 +34,18 @@ class Phi2Rate(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHI2_RATE_UNSPECIFIED: _ClassVar[Phi2Rate]
     PHI2_RATE_USED: _ClassVar[Phi2Rate]
     PHI2_RATE_STAR: _ClassVar[Phi2Rate]
+
+class EstimatorMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ESTIMATOR_MODE_UNSPECIFIED: _ClassVar[EstimatorMode]
+    ESTIMATOR_MODE_ONLINE: _ClassVar[EstimatorMode]
+    ESTIMATOR_MODE_OFFLINE: _ClassVar[EstimatorMode]
+
+class OfflineClients(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OFFLINE_CLIENTS_UNSPECIFIED: _ClassVar[OfflineClients]
+    OFFLINE_CLIENTS_PARTICIPANTS: _ClassVar[OfflineClients]
+    OFFLINE_CLIENTS_POPULATION: _ClassVar[OfflineClients]
 FEDENT_VARIANT_UNSPECIFIED: FedentVariant
 FEDENT_VARIANT_EXACT: FedentVariant
 FEDENT_VARIANT_PAPER: FedentVariant
@@ -48,33 +60,42 @@ OFFLINE_STOP_REASON_MAX_SWEEPS: OfflineStopReason
 PHI2_RATE_UNSPECIFIED: Phi2Rate
 PHI2_RATE_USED: Phi2Rate
 PHI2_RATE_STAR: Phi2Rate
+ESTIMATOR_MODE_UNSPECIFIED: EstimatorMode
+ESTIMATOR_MODE_ONLINE: EstimatorMode
+ESTIMATOR_MODE_OFFLINE: EstimatorMode
+OFFLINE_CLIENTS_UNSPECIFIED: OfflineClients
+OFFLINE_CLIENTS_PARTICIPANTS: OfflineClients
+OFFLINE_CLIENTS_POPULATION: OfflineClients
 
 class FedEntParams(_message.Message):
-    __slots__ = ("beta", "gamma", "tol", "max_iter", "extra", "variant", "eta_max", "phi2_rate")
-    class ExtraEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    __slots__ = ("beta", "gamma", "tol", "max_iter", "variant", "eta_max", "phi2_rate", "estimator", "eps1", "eps2", "max_sweeps", "probe_batch_size", "offline_clients")
     BETA_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     TOL_FIELD_NUMBER: _ClassVar[int]
     MAX_ITER_FIELD_NUMBER: _ClassVar[int]
-    EXTRA_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     ETA_MAX_FIELD_NUMBER: _ClassVar[int]
     PHI2_RATE_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
+    EPS1_FIELD_NUMBER: _ClassVar[int]
+    EPS2_FIELD_NUMBER: _ClassVar[int]
+    MAX_SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
     beta: float
     gamma: float
     tol: float
     max_iter: int
-    extra: _containers.ScalarMap[str, float]
     variant: FedentVariant
     eta_max: float
     phi2_rate: Phi2Rate
-    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., extra: _Optional[_Mapping[str, float]] = ..., variant: _Optional[_Union[FedentVariant, str]] = ..., eta_max: _Optional[float] = ..., phi2_rate: _Optional[_Union[Phi2Rate, str]] = ...) -> None: ...
+    estimator: EstimatorMode
+    eps1: float
+    eps2: float
+    max_sweeps: int
+    probe_batch_size: int
+    offline_clients: OfflineClients
+    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., variant: _Optional[_Union[FedentVariant, str]] = ..., eta_max: _Optional[float] = ..., phi2_rate: _Optional[_Union[Phi2Rate, str]] = ..., estimator: _Optional[_Union[EstimatorMode, str]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., probe_batch_size: _Optional[int] = ..., offline_clients: _Optional[_Union[OfflineClients, str]] = ...) -> None: ...
 
 class ClientScalars(_message.Message):
     __slots__ = ("cid", "a", "b", "num_samples", "theta", "eta_prev")
@@ -109,14 +130,7 @@ class SolveOnlineRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., c: _Optional[float] = ..., clients: _Optional[_Iterable[_Union[ClientScalars, _Mapping]]] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., phi2_init: _Optional[float] = ...) -> None: ...
 
 class SolveOnlineResponse(_message.Message):
-    __slots__ = ("phi2_next", "iterations", "converged", "eta_star", "diagnostics", "report")
-    class EtaStarEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: int
-        value: float
-        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    __slots__ = ("phi2_next", "iterations", "converged", "diagnostics", "report")
     class DiagnosticsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,16 +141,14 @@ class SolveOnlineResponse(_message.Message):
     PHI2_NEXT_FIELD_NUMBER: _ClassVar[int]
     ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     CONVERGED_FIELD_NUMBER: _ClassVar[int]
-    ETA_STAR_FIELD_NUMBER: _ClassVar[int]
     DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     phi2_next: float
     iterations: int
     converged: bool
-    eta_star: _containers.ScalarMap[int, float]
     diagnostics: _containers.ScalarMap[str, float]
     report: _struct_pb2.Struct
-    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., eta_star: _Optional[_Mapping[int, float]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    def __init__(self, phi2_next: _Optional[float] = ..., iterations: _Optional[int] = ..., converged: _Optional[bool] = ..., diagnostics: _Optional[_Mapping[str, float]] = ..., report: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class PutBlobRequest(_message.Message):
     __slots__ = ("chunk",)
@@ -167,15 +179,12 @@ class EstimatorServiceFetchBlobResponse(_message.Message):
     def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class StartOfflineRequest(_message.Message):
-    __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "eps1", "eps2", "max_sweeps", "seed", "batch_size", "wait_workers_s", "schedule", "base_lr")
+    __slots__ = ("run_id", "init_blob", "clients", "rounds", "params", "seed", "batch_size", "wait_workers_s", "schedule", "base_lr")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INIT_BLOB_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
-    EPS1_FIELD_NUMBER: _ClassVar[int]
-    EPS2_FIELD_NUMBER: _ClassVar[int]
-    MAX_SWEEPS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     WAIT_WORKERS_S_FIELD_NUMBER: _ClassVar[int]
@@ -186,15 +195,12 @@ class StartOfflineRequest(_message.Message):
     clients: _containers.RepeatedCompositeFieldContainer[OfflineClient]
     rounds: int
     params: FedEntParams
-    eps1: float
-    eps2: float
-    max_sweeps: int
     seed: int
     batch_size: int
     wait_workers_s: float
     schedule: _containers.RepeatedCompositeFieldContainer[RoundClients]
     base_lr: float
-    def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ..., schedule: _Optional[_Iterable[_Union[RoundClients, _Mapping]]] = ..., base_lr: _Optional[float] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., init_blob: _Optional[str] = ..., clients: _Optional[_Iterable[_Union[OfflineClient, _Mapping]]] = ..., rounds: _Optional[int] = ..., params: _Optional[_Union[FedEntParams, _Mapping]] = ..., seed: _Optional[int] = ..., batch_size: _Optional[int] = ..., wait_workers_s: _Optional[float] = ..., schedule: _Optional[_Iterable[_Union[RoundClients, _Mapping]]] = ..., base_lr: _Optional[float] = ...) -> None: ...
 
 class RoundClients(_message.Message):
     __slots__ = ("cids",)

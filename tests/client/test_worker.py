@@ -13,7 +13,8 @@ import pytest
 from conftest import tiny_config, tiny_inputs
 from finished_runs import make_finished_run
 
-from client.worker import RunOverError, Worker, WorkerError, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import RunOverError, Worker, WorkerError
 from fedent.rng import sample_clients
 from fedent.runlog import read_metrics
 from fedentrpc.v1 import aggregator_pb2 as pb

@@ -60,7 +60,7 @@ def test_healthcheck_reports_unreachable_and_bad_addresses() -> None:
 def test_bad_flags_are_one_line_errors() -> None:
     r = subprocess.run([sys.executable, "-m", "estimator", "--port", "70000", "--insecure"], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip() == "estimator: port must be in [0, 65535], got 70000"
+    assert r.returncode == 2 and r.stderr.strip() == "estimator: port: must be in [0, 65535], got 70000"
 
 
 def test_estimator_requires_tls_or_explicit_insecure() -> None:

@@ -29,6 +29,7 @@ from estimator.settings import EstimatorSettings, SettingsError
 from fedent.meanfield.estimator import OnlinePhi2Estimator
 from fedent.meanfield.fixed_point import solve_fixed_point
 from fedent.meanfield.oracle import TrainerOracle
+from fedent.strategies.options import FedEntOptions
 from fedent.trainer import LocalTrainer
 from fedentrpc import codec, mappers
 from fedentrpc.v1 import estimator_pb2 as est_pb
@@ -55,6 +56,16 @@ def stub(service: EstimatorHandle) -> Iterator[est_grpc.EstimatorServiceStub]:
         yield est_grpc.EstimatorServiceStub(ch)
 
 
+def _first_reading(beta: float = 0.9, variant: str = "exact", **more: Any) -> FedEntOptions:
+    """FedEntOptions for OnlinePhi2Estimator(beta, variant)'s defaults: η* uncapped, the mean field at η*."""
+    return FedEntOptions(**{"beta": beta, "variant": variant, "eta_max": None, "phi2_rate": "star", **more})
+
+
+def _online(rnd: int, opts: FedEntOptions, c: float, thetas: list[float], a: list[float], b: list[float],
+            **more: Any) -> est_pb.SolveOnlineRequest:
+    return mappers.solve_online_request("run", rnd, opts, c=c, thetas=thetas, a=a, b=b, **more)
+
+
 def _round_scalars(seed: int, n: int = 6) -> tuple[float, list[float], list[float], list[float]]:
     """(c, θ, a, b) from real vectors, so the inputs are consistent (Cauchy-Schwarz holds)."""
     g = torch.Generator().manual_seed(seed)
@@ -72,7 +83,7 @@ def _round_scalars(seed: int, n: int = 6) -> tuple[float, list[float], list[floa
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_online_solve_matches_the_core(stub: est_grpc.EstimatorServiceStub, variant: str, seed: int) -> None:
     c, thetas, a, b = _round_scalars(seed)
-    req = mappers.solve_online_request("run", 3, c, thetas, a, b, 0.9, variant)
+    req = _online(3, _first_reading(0.9, variant), c, thetas, a, b)
     reply = stub.SolveOnline(req, timeout=10)
     direct = OnlinePhi2Estimator(0.9, variant).estimate(3, c, thetas, a, b)
     assert reply.phi2_next == direct.phi2_next
@@ -82,8 +93,7 @@ def test_online_solve_matches_the_core(stub: est_grpc.EstimatorServiceStub, vari
     from fedent.meanfield.scalar_fixed_point import solve_online
 
     sol = solve_online(c, thetas, a, b, 0.9, variant)
-    assert [reply.eta_star[i] for i in range(len(a))] == sol.eta_star.tolist()
-    assert reply.converged
+    assert reply.phi2_next == sol.phi2_next and reply.converged
 
 
 @pytest.mark.parametrize("eta_max", [1.0, None])
@@ -93,15 +103,15 @@ def test_online_used_rate_matches_the_core(stub: est_grpc.EstimatorServiceStub, 
     c, thetas, a, b = _round_scalars(5)
     prev = [0.01 * (i + 1) for i in range(len(a))]
     cids = [10 + 3 * i for i in range(len(a))]
-    req = mappers.solve_online_request("run", 2, c, thetas, a, b, 0.9, "exact", gamma=0.9, eta_max=eta_max,
-                                       phi2_rate="used", eta_prev=prev, cids=cids)
+    opts = FedEntOptions(beta=0.9, gamma=0.9, variant="exact", eta_max=eta_max, phi2_rate="used")
+    req = _online(2, opts, c, thetas, a, b, eta_prev=prev, cids=cids)
     reply = stub.SolveOnline(req, timeout=10)
     direct = OnlinePhi2Estimator(0.9, "exact", eta_max=eta_max, phi2_rate="used", gamma=0.9).estimate(
         2, c, thetas, a, b, eta_prev=prev)
     assert reply.phi2_next == direct.phi2_next
     star = OnlinePhi2Estimator(0.9, "exact", eta_max=eta_max, phi2_rate="star").estimate(2, c, thetas, a, b)
     assert reply.phi2_next != star.phi2_next  # the rate matters, so the test can fail
-    assert sorted(reply.eta_star) == cids
+    assert sorted(x.cid for x in req.clients) == cids
     missing = est_pb.SolveOnlineRequest()
     missing.CopyFrom(req)
     missing.clients[1].ClearField("eta_prev")
@@ -115,7 +125,7 @@ def test_remote_adapter_carries_the_options(service: EstimatorHandle) -> None:
 
     c, thetas, a, b = _round_scalars(8)
     opts = FedEntOptions(beta=0.95, gamma=0.8)
-    remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", beta=0.95, variant="exact", timeout_s=10, options=opts)
+    remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", opts, timeout_s=10)
     prev = [0.02] * len(a)
     try:
         got = remote.estimate(0, c, thetas, a, b, cids=list(range(len(a))), eta_prev=prev)
@@ -128,7 +138,7 @@ def test_remote_adapter_carries_the_options(service: EstimatorHandle) -> None:
 
 def test_remote_adapter_equals_in_process_estimator(service: EstimatorHandle) -> None:
     c, thetas, a, b = _round_scalars(7)
-    remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", beta=0.95, variant="exact", timeout_s=10)
+    remote = RemotePhi2Estimator(f"127.0.0.1:{service.port}", _first_reading(0.95), timeout_s=10)
     try:
         got = remote.estimate(0, c, thetas, a, b)
     finally:
@@ -140,8 +150,7 @@ def test_remote_adapter_equals_in_process_estimator(service: EstimatorHandle) ->
 def test_online_theta_from_sample_counts(stub: est_grpc.EstimatorServiceStub) -> None:
     c, _, a, b = _round_scalars(3, n=3)
     sizes = [10, 30, 60]
-    req = est_pb.SolveOnlineRequest(c=c, params=est_pb.FedEntParams(beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT,
-                                                                  phi2_rate=est_pb.PHI2_RATE_STAR),
+    req = est_pb.SolveOnlineRequest(c=c, params=mappers.fedent_options_to_msg(_first_reading()),
                                     clients=[
         est_pb.ClientScalars(cid=i, a=a[i], b=b[i], num_samples=sizes[i]) for i in range(3)])
     want = OnlinePhi2Estimator(0.9).estimate(0, c, [0.1, 0.3, 0.6], a, b)
@@ -158,12 +167,11 @@ def _bad(req: est_pb.SolveOnlineRequest, **changes: float) -> est_pb.SolveOnline
 
 def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub: est_grpc.EstimatorServiceStub) -> None:
     c, thetas, a, b = _round_scalars(4)
-    good = mappers.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
+    good = _online(0, _first_reading(), c, thetas, a, b)
     dup = est_pb.SolveOnlineRequest()
     dup.CopyFrom(good)
     dup.clients[1].cid = dup.clients[0].cid
-    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=est_pb.FedEntParams(
-        beta=0.9, variant=est_pb.FEDENT_VARIANT_EXACT, phi2_rate=est_pb.PHI2_RATE_STAR))
+    no_clients = est_pb.SolveOnlineRequest(c=1.0, params=mappers.fedent_options_to_msg(_first_reading()))
     bad_beta = est_pb.SolveOnlineRequest()
     bad_beta.CopyFrom(good)
     bad_beta.params.beta = 1.5
@@ -199,7 +207,7 @@ def test_bad_online_input_is_invalid_argument_and_the_server_keeps_serving(stub:
 
 def test_mismatched_lengths_are_rejected_before_the_wire() -> None:
     with pytest.raises(codec.WireError, match="one entry per participant"):
-        mappers.solve_online_request("r", 0, 1.0, [0.5, 0.5], [0.1], [0.2, 0.3], 0.9, "exact")
+        mappers.solve_online_request("r", 0, _first_reading(), c=1.0, thetas=[0.5, 0.5], a=[0.1], b=[0.2, 0.3])
 
 
 # ---- health, reflection, blobs --------------------------------------------------------------------
@@ -318,8 +326,10 @@ def _start_offline(stub: est_grpc.EstimatorServiceStub, rounds: int = 3, wait_s:
                    ) -> tuple[est_pb.OfflineJob, list[torch.Tensor]]:
     w0 = [p.detach().clone() for p in tiny_inputs().make_model().parameters()]
     ref = stub.PutBlob(codec.stream_tensors({"params": w0}, est_pb.PutBlobRequest), timeout=10)
-    req = mappers.start_offline_request("run", ref.blob_id, list(sizes), rounds, 0.9, 0.9, "exact", 1e-6, 1e-6,
-                                        4, 1, 4, **revised)
+    in_options = {k: revised.pop(k) for k in ("eta_max", "phi2_rate") if k in revised}
+    opts = _first_reading(0.9, gamma=0.9, eps1=1e-6, eps2=1e-6, max_sweeps=4, **in_options)
+    req = mappers.start_offline_request("run", opts, init_blob=ref.blob_id, sizes=list(sizes), rounds=rounds, seed=1,
+                                        batch_size=4, base_lr=revised.pop("base_lr", 0.0), **revised)
     req.wait_workers_s = wait_s
     job = stub.StartOffline(req, timeout=10).job
     while not mappers.job_finished(job):
@@ -405,17 +415,22 @@ def test_missing_workers_fail_the_job_after_the_wait(stub: est_grpc.EstimatorSer
 def test_bad_offline_requests(stub: est_grpc.EstimatorServiceStub) -> None:
     w0 = [torch.zeros(2)]
     ref = stub.PutBlob(codec.stream_tensors({"params": w0}, est_pb.PutBlobRequest), timeout=10)
+    opts = _first_reading(0.9, gamma=0.9, max_sweeps=2)
+
+    def start(blob: str, sizes: list[int], rounds: int) -> est_pb.StartOfflineRequest:
+        return mappers.start_offline_request("r", opts, init_blob=blob, sizes=sizes, rounds=rounds, seed=0,
+                                             batch_size=0, base_lr=0.0)
+
+    bad_beta = start(ref.blob_id, [1], 2)
+    bad_beta.params.beta = 1.0
+    no_sweeps = start(ref.blob_id, [1], 2)
+    no_sweeps.params.max_sweeps = 0
     cases = {
-        "unknown blob": (mappers.start_offline_request("r", "missing", [1], 2, 0.9, 0.9, "exact", 1e-3, 1e-3, 2, 0, 0),
-                         grpc.StatusCode.NOT_FOUND),
-        "rounds must be >= 1": (mappers.start_offline_request("r", ref.blob_id, [1], 0, 0.9, 0.9, "exact", 1e-3,
-                                                              1e-3, 2, 0, 0), grpc.StatusCode.INVALID_ARGUMENT),
-        "the clients hold no samples": (mappers.start_offline_request("r", ref.blob_id, [0, 0], 2, 0.9, 0.9, "exact",
-                                                                      1e-3, 1e-3, 2, 0, 0),
-                                        grpc.StatusCode.INVALID_ARGUMENT),
-        "params.beta: must be in (0, 1)": (mappers.start_offline_request("r", ref.blob_id, [1], 2, 1.0, 0.9, "exact",
-                                                                        1e-3, 1e-3, 2, 0, 0),
-                                           grpc.StatusCode.INVALID_ARGUMENT),
+        "unknown blob": (start("missing", [1], 2), grpc.StatusCode.NOT_FOUND),
+        "rounds must be >= 1": (start(ref.blob_id, [1], 0), grpc.StatusCode.INVALID_ARGUMENT),
+        "the clients hold no samples": (start(ref.blob_id, [0, 0], 2), grpc.StatusCode.INVALID_ARGUMENT),
+        "params.beta: must be in (0, 1)": (bad_beta, grpc.StatusCode.INVALID_ARGUMENT),
+        "params.max_sweeps: must be >= 1, got 0": (no_sweeps, grpc.StatusCode.INVALID_ARGUMENT),
     }
     for needle, (req, code) in cases.items():
         with pytest.raises(grpc.RpcError) as ei:
@@ -444,7 +459,7 @@ def test_tls_and_tokens_protect_the_service_but_not_health(tmp_path: Path) -> No
                          token_file=pki.tokens_file).validate()
     h = create_estimator_service(EstimatorSettings(port=0, security=sec))
     c, thetas, a, b = _round_scalars(5)
-    req = mappers.solve_online_request("run", 0, c, thetas, a, b, 0.9, "exact")
+    req = _online(0, _first_reading(), c, thetas, a, b)
     try:
         token = read_worker_token(pki.token_files["worker-0"])
         with open_channel(f"localhost:{h.port}", ClientSecurity(ca=pki.ca_cert, token=token)) as ch:

@@ -10,7 +10,10 @@ import yaml
 from fedent.config import (
     AlgorithmConfig,
     ConfigError,
+    DataConfig,
     ExperimentConfig,
+    ModelConfig,
+    TrainConfig,
     apply_overrides,
     config_from_dict,
     load_config,
@@ -178,5 +181,39 @@ def test_every_bad_key_is_reported_at_once() -> None:
 def test_every_out_of_range_value_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"train": {"rounds": 0, "lr": -1.0, "fraction": 2.0}, "model": {"dropout": 1.0}})
-    assert info.value.problems == ["model.dropout: must be in [0, 1)", "train.rounds: must be >= 1",
-                                   "train.fraction: must be in (0, 1]", "train.lr: must be > 0"]
+    assert info.value.problems == ["model.dropout: must be in [0, 1), got 1.0", "train.rounds: must be >= 1, got 0",
+                                   "train.fraction: must be in (0, 1], got 2.0", "train.lr: must be > 0, got -1.0"]
+
+
+# ---- the sections are declared like the strategy options (fedent.config.Declared) -------------------------
+
+
+@pytest.mark.parametrize("section, key, value, why", [
+    (DataConfig, "num_clients", 0, "data.num_clients: must be >= 1, got 0"),
+    (DataConfig, "partition", "random", "data.partition: must be one of iid, pathological, dirichlet, got 'random'"),
+    (DataConfig, "dirichlet_flavour", "row", "data.dirichlet_flavour: must be one of client, class, got 'row'"),
+    (DataConfig, "image_size", 0, "data.image_size: must be >= 1 or null, got 0"),
+    (ModelConfig, "dropout", 1.0, "model.dropout: must be in [0, 1), got 1.0"),
+    (TrainConfig, "fraction", 0.0, "train.fraction: must be in (0, 1], got 0.0"),
+    (TrainConfig, "executor", "threads", "train.executor: must be one of auto, sequential, vectorised, got 'threads'"),
+    (TrainConfig, "device", "tpu", "train.device: must be auto, cpu, cuda or cuda:N"),
+])
+def test_a_section_built_directly_rejects_a_bad_value_naming_it(section: type, key: str, value: object,
+                                                                why: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        section(**{key: value})
+    assert str(e.value) == why
+
+
+@pytest.mark.parametrize("section, name", [(DataConfig, "data"), (ModelConfig, "model"), (TrainConfig, "train")])
+def test_each_section_rejects_an_unknown_key_naming_it(section: type, name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}: unknown key\(s\) bogus; allowed: "):
+        config_from_dict({name: {"bogus": 1}})
+    with pytest.raises(ConfigError, match=rf"^{name}: unknown key\(s\) bogus"):
+        section.from_mapping({"bogus": 1})
+
+
+def test_every_declared_field_has_a_doc() -> None:
+    for cls in (DataConfig, ModelConfig, TrainConfig, *OPTIONS.values()):
+        missing = [k for k, doc in cls.docs().items() if not doc]
+        assert not missing, f"{cls.__name__}: undocumented {missing}"

@@ -392,7 +392,8 @@ def test_secured_aggregator_serves_authenticated_workers_only(pki: CertBundle, t
 
     from conftest import tiny_config, tiny_inputs
 
-    from client.worker import Worker, WorkerError, WorkerSettings
+    from client.settings import WorkerSettings
+    from client.worker import Worker, WorkerError
     from server.app import start_aggregator
     from server.settings import AggregatorSettings
 

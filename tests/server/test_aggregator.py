@@ -19,7 +19,8 @@ from conftest import FakeWorker, tiny_config, tiny_inputs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from client.worker import Worker, WorkerError, WorkerSettings, parse_client_ids
+from client.settings import WorkerSettings
+from client.worker import Worker, WorkerError, parse_client_ids
 from fedent.inputs import RunInputs
 from fedent.params import weighted_sum
 from fedent.runlog import read_json, read_metrics

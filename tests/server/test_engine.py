@@ -12,7 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from client.worker import Worker, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker
 from fedent.config import config_from_dict
 from fedent.runlog import read_json, read_metrics
 from fedentrpc.v1 import aggregator_pb2 as pb

@@ -9,6 +9,7 @@ import pytest
 
 from estimator.solve_round import solve_online_reply
 from fedent.meanfield.estimator import OnlinePhi2Estimator
+from fedent.strategies.options import FedEntOptions
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 from server.estimator_adapter import EstimatorUnavailable, RemotePhi2Estimator
@@ -41,7 +42,8 @@ def _serve(servicer: Flaky) -> tuple[grpc.Server, int]:
 def test_an_unavailable_estimator_is_asked_again_within_the_timeout() -> None:
     flaky = Flaky(drops=2)
     server, port = _serve(flaky)
-    remote = RemotePhi2Estimator(f"127.0.0.1:{port}", beta=0.95, timeout_s=10)
+    first_reading = FedEntOptions(beta=0.95, eta_max=None, phi2_rate="star")  # OnlinePhi2Estimator(0.95)'s
+    remote = RemotePhi2Estimator(f"127.0.0.1:{port}", first_reading, timeout_s=10)
     try:
         got = remote.estimate(0, *SCALARS)
     finally:
@@ -57,7 +59,7 @@ def test_an_unavailable_estimator_is_asked_again_within_the_timeout() -> None:
 ])
 def test_it_gives_up_with_one_line(drops: int, code: grpc.StatusCode, timeout_s: float) -> None:
     server, port = _serve(Flaky(drops, code))
-    remote = RemotePhi2Estimator(f"127.0.0.1:{port}", beta=0.95, timeout_s=timeout_s)
+    remote = RemotePhi2Estimator(f"127.0.0.1:{port}", FedEntOptions(beta=0.95), timeout_s=timeout_s)
     try:
         with pytest.raises(EstimatorUnavailable, match=code.name):
             remote.estimate(0, *SCALARS)

@@ -9,7 +9,8 @@ from typing import Any
 from conftest import tiny_config, tiny_inputs
 from cryptography import x509
 
-from client.worker import Worker, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker
 from fedent.runlog import MetricsLog, metrics_record, read_metrics
 from server.app import start_aggregator
 from server.launcher import Cluster, LaunchSettings

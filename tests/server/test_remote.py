@@ -15,7 +15,8 @@ import torch
 from conftest import tiny_config, tiny_inputs
 from nan_plugin import POISONED
 
-from client.worker import Worker, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
 from fedent.rounds import RoundPolicy

@@ -19,7 +19,8 @@ import pytest
 import torch
 from conftest import FakeWorker, tiny_config, tiny_inputs
 
-from client.worker import Worker, WorkerError, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker, WorkerError
 from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics

@@ -19,7 +19,8 @@ import torch
 from conftest import TinyData, tiny_config
 from torch import nn
 
-from client.worker import Worker, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker
 from fedent.inputs import RunInputs
 from fedent.rng import sample_clients
 from fedent.runlog import read_json, read_metrics

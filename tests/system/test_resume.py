@@ -13,7 +13,8 @@ import torch
 from conftest import tiny_config, tiny_inputs
 from rundirs import digest as _digest
 
-from client.worker import Worker, WorkerSettings
+from client.settings import WorkerSettings
+from client.worker import Worker
 from fedent.checkpoint import list_checkpoints
 from fedent.inputs import RunInputs
 from fedent.rounds.rundir import RunDirError, RunFinished

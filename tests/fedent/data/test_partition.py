@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedent.config import DataConfig
+from fedent.config import ConfigError, DataConfig
 from fedent.data.partition import CLASS_FLAVOUR_RETRIES, Partition, PartitionError, make_partition
 
 SCHEME_CONFIGS = {
@@ -98,8 +98,9 @@ def test_pathological_mnist_shards() -> None:
 def test_pathological_too_many_shards() -> None:
     with pytest.raises(PartitionError, match="cannot fill"):
         make_partition(np.arange(10) % 2, DataConfig(num_clients=6, partition="pathological"), seed=0)
-    with pytest.raises(PartitionError, match="shards_per_client must be >= 1"):
-        make_partition(np.arange(10) % 2, DataConfig(num_clients=2, partition="pathological", shards_per_client=0), 0)
+    # a config with no shards cannot be built: DataConfig declares shards_per_client >= 1
+    with pytest.raises(ConfigError, match=r"data\.shards_per_client: must be >= 1, got 0"):
+        DataConfig(num_clients=2, partition="pathological", shards_per_client=0)
 
 
 @pytest.mark.parametrize("flavour", ["client", "class"])
