@@ -6,6 +6,10 @@ the metrics' ``wall_s`` over rounds 1..T-1 (round 0 pays one-off warm-up costs i
 models are compared too, so a fast but wrong cluster cannot pass.
 
     .venv/bin/python benchmarks/bench_cluster.py --rounds 6 --workers 2
+    .venv/bin/python benchmarks/bench_cluster.py --executor vectorised --device cuda   # GPU workers, vmapped
+
+``--executor`` is ``train.executor``: the simulator runs it, and ``fedent cluster up`` hands it to every
+worker (``python -m client --executor``), so the two sides run the same client code either way.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def workload(args: argparse.Namespace) -> dict[str, object]:
                  "max_test_samples": 500 if args.dataset != "synthetic" else None},
         "model": {"name": "mnist-cnn"},
         "train": {"rounds": args.rounds, "fraction": args.fraction, "local_epochs": args.epochs, "batch_size": 32,
-                  "lr": 0.05, "seed": 0, "device": args.device},
+                  "lr": 0.05, "seed": 0, "device": args.device, "executor": args.executor},
         "algorithm": {"name": args.algorithm},
     }
 
@@ -61,6 +65,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--executor", choices=("auto", "sequential", "vectorised"), default="auto",
+                   help="how the simulator and every worker train a round's clients (train.executor)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the simulator and for each worker (default: torch's default for the "
                         "simulator, cores / workers for each worker); equal threads isolate the protocol overhead")
@@ -92,7 +98,8 @@ def main() -> int:
             float(b.abs().max()) for b in sim.params)
     result = {
         "algorithm": args.algorithm, "clients": args.clients, "fraction": args.fraction, "workers": args.workers,
-        "rounds": args.rounds, "device": args.device, "threads": args.threads or "default",
+        "rounds": args.rounds, "device": args.device, "executor": args.executor,
+        "threads": args.threads or "default",
         "sim_round_s": round(sim_round, 4),
         "cluster_round_s": round(cl_round, 4), "ratio": round(cl_round / sim_round, 3),
         "sim_total_s": round(sim_total, 2), "cluster_total_s": round(cluster_total, 2),

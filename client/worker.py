@@ -12,7 +12,7 @@ vectorised) is the core's ``ClientHost`` (fedent.rounds.host), the one the simul
 is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's clients
 this worker hosts.
 
-Why ~530 lines in one module: the worker is one state machine (register, local or central data, ready, work
+Why ~490 lines in one module: the worker is one state machine (register, local or central data, ready, work
 stream, heartbeats, reconnect) over one channel; its parts are methods of that machine. The Oracle stream
 lives in client.oracle_link, the client half in the core.
 """

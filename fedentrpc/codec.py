@@ -16,7 +16,7 @@ Optional fp16/bf16 casting and zlib compression are transfer settings (``Transfe
 ``WireError`` (a ``ValueError``) with a one-line message; servicers map it to ``INVALID_ARGUMENT``.
 Messages that carry core types are in ``mappers``.
 
-Why ~480 lines in one module: the encoder and the decoder are the two halves of one wire format (header
+Why ~500 lines in one module: the encoder and the decoder are the two halves of one wire format (header
 layout, dtype and wire tables, chunk cut, checksums); together, a change to the format is made and checked
 in one place.
 """

@@ -226,6 +226,9 @@ class Cluster:
                         "--name", f"worker-{_span(ids)}"]
                 if self.settings.device:
                     args += ["--device", self.settings.device]
+                args += ["--executor", self.cfg.train.executor]  # the local cluster trains as the simulator would
+                if self.cfg.train.max_parallel_clients is not None:
+                    args += ["--max-parallel-clients", str(self.cfg.train.max_parallel_clients)]
                 if self.cfg.data.root:
                     args += ["--data-root", str(Path(self.cfg.data.root).absolute())]
                 if self.settings.worker_data:

@@ -2,7 +2,8 @@
 
 For the same config and seed, the global model after a 3-round cluster run (aggregator + estimator
 service where FedEnt uses one + 2 worker processes that load the data themselves) matches
-``fedent.sim.run_simulation`` to 1e-5 relative, for FedAvg, FedEnt and FedDyn.
+``fedent.sim.run_simulation`` to 1e-5 relative, for FedAvg, FedEnt and FedDyn, and for SCAFFOLD on
+vectorised workers against the vectorised simulator.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ CONFIG = """\
 name: e2e
 data: {{name: synthetic, num_clients: 4, partition: iid, synthetic_train: 160, synthetic_test: 60}}
 model: {{name: mnist-cnn}}
-train: {{rounds: 3, fraction: 0.5, local_epochs: 1, batch_size: 20, lr: 0.05, seed: 7, device: cpu}}
+train: {{rounds: 3, fraction: 0.5, local_epochs: 1, batch_size: 20, lr: 0.05, seed: 7, device: cpu,
+         executor: {executor}}}
 algorithm: {{name: {algorithm}}}
 """
 
@@ -35,10 +37,13 @@ def _max_rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return num / den
 
 
-@pytest.mark.parametrize(("algorithm", "workers"), [("fedavg", 2), ("fedent", 2), ("feddyn", 1)])
-def test_cluster_run_equals_simulation(tmp_path: Path, algorithm: str, workers: int) -> None:
+@pytest.mark.parametrize(("algorithm", "workers", "executor"), [
+    ("fedavg", 2, "auto"), ("fedent", 2, "auto"), ("feddyn", 1, "auto"), ("scaffold", 2, "vectorised")])
+def test_cluster_run_equals_simulation(tmp_path: Path, algorithm: str, workers: int, executor: str) -> None:
+    """``train.executor`` reaches every worker (``python -m client --executor``): vectorised workers equal the
+    vectorised simulator, SCAFFOLD's client state persisted in their state directories between rounds."""
     cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(CONFIG.format(algorithm=algorithm))
+    cfg_path.write_text(CONFIG.format(algorithm=algorithm, executor=executor))
     out = tmp_path / "cluster"
     proc = subprocess.run(
         [sys.executable, "-m", "fedent.cli", "cluster", "up", "--config", str(cfg_path), "--workers", str(workers),
@@ -48,6 +53,8 @@ def test_cluster_run_equals_simulation(tmp_path: Path, algorithm: str, workers: 
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert read_json(out / "status.json")["phase"] == "done"
+    if executor != "auto":
+        assert f"with the {executor} executor" in proc.stderr + proc.stdout  # each worker says how it trains
     cluster_model = torch.load(out / "model_final.pt")
     sim = run_simulation(load_config(cfg_path), tmp_path / "sim", progress=False, plots=False)
     assert _max_rel(cluster_model, sim.params) <= 1e-5
