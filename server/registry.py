@@ -18,7 +18,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fedent.rounds.clients import ClientBook
@@ -256,12 +256,16 @@ class WorkerRegistry:
         self.book.update(w.cids, last_heartbeat=w.last_seen)
         return True
 
-    def own(self, worker_id: str, cid: int, identity: str | None = None, action: str = "call") -> WorkerHandle:
+    def own(self, worker_id: str, cids: Iterable[int], identity: str | None = None,
+            action: str = "call") -> WorkerHandle:
+        """The one ownership check of a submission, before anything else is looked at: ``worker_id`` is a live
+        registration (of ``identity``, with authentication) hosting every one of ``cids``."""
         w = self.worker(worker_id, identity, action)
-        if cid not in w.cids and identity is not None:
-            raise self.deny(action, identity, f"client {cid}", f"not hosted by its worker {worker_id}")
-        if cid not in w.cids:
-            raise ClusterError("precondition", f"client {cid} is not hosted by worker {worker_id}")
+        foreign = [c for c in cids if c not in w.cids]
+        if foreign and identity is not None:
+            raise self.deny(action, identity, f"client {foreign[0]}", f"not hosted by its worker {worker_id}")
+        if foreign:
+            raise ClusterError("precondition", f"client {foreign[0]} is not hosted by worker {worker_id}")
         return w
 
     def wait_for_workers(self) -> None:

@@ -155,12 +155,8 @@ class RemoteExecutor:
                       identity: str | None = None) -> None:
         """Record every valid probe of the report; the bad ones are excluded and named in one error."""
         probes = list(probes)
-        if identity is not None:  # who may submit comes before whether a phase is open
-            for p in probes:
-                self.registry.own(worker_id, p.cid, identity, "SubmitProbes")
+        self.registry.own(worker_id, [p.cid for p in probes], identity, "SubmitProbes")  # before any phase check
         col = self._collector("probe")
-        for p in probes:
-            self.registry.own(worker_id, p.cid)
         bad: dict[int, str] = {}
         for p in probes:  # the engine's acceptance rule, asked early so the worker hears why
             why = self.engine.acceptance.probe_problem(p.cid, p)
@@ -180,10 +176,8 @@ class RemoteExecutor:
 
     def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int,
                       identity: str | None = None) -> None:
-        if identity is not None:  # who may submit comes before whether a phase is open
-            self.registry.own(worker_id, update.cid, identity, "SubmitUpdate")
+        w = self.registry.own(worker_id, [update.cid], identity, "SubmitUpdate")  # before any phase check
         col = self._collector("fit")
-        w = self.registry.own(worker_id, update.cid)
         w.bytes_up += wire_bytes
         self.engine.clients.add_bytes(update.cid, wire_bytes)
         why = self.engine.acceptance.update_problem(update.cid, update)  # early: the worker hears why
@@ -194,10 +188,7 @@ class RemoteExecutor:
 
     def report_failure(self, worker_id: str, task_id: int, rnd: int, cid: int, message: str,
                        identity: str | None = None) -> None:
-        w = self.registry.worker(worker_id, identity, "ReportFailure")
-        if identity is not None and cid >= 0 and cid not in w.cids:
-            raise self.registry.deny("ReportFailure", identity, f"client {cid}",
-                                     f"not hosted by its worker {worker_id}")
+        w = self.registry.own(worker_id, [cid] if cid >= 0 else [], identity, "ReportFailure")  # -1: all its clients
         if cid < 0 and not w.ready:  # refused at start (its local data does not fit the model): free its clients
             self.registry.retire(w, "refused", message)
             self.engine.clients.update(w.cids, data_source=f"refused: {message[:200]}")
@@ -215,13 +206,10 @@ class RemoteExecutor:
         """Federated evaluation: each client's (samples, loss, accuracy) on its local test split; a result that
         is not finite, claims more test samples than the client reported or is out of [0, 1] is excluded."""
         results = list(results)
-        if identity is not None:
-            for r in results:
-                self.registry.own(worker_id, r.cid, identity, "SubmitEvaluation")
+        self.registry.own(worker_id, [r.cid for r in results], identity, "SubmitEvaluation")
         col = self._collector("evaluate")
         bad: list[str] = []
         for r in results:
-            self.registry.own(worker_id, r.cid)
             limit = self.registry.reported.get(r.cid, {}).get("num_test_samples") if self.registry.local_data else None
             why = ("not finite" if not (math.isfinite(r.loss) and math.isfinite(r.accuracy)) else
                    "accuracy outside [0, 1]" if not 0.0 <= r.accuracy <= 1.0 else
