@@ -26,6 +26,7 @@ from fedent.strategies.base import (
     ClientState,
     ClientTask,
     ClientUpdate,
+    PayloadSpec,
     Probe,
     RoundPayload,
     train_generator,
@@ -82,6 +83,8 @@ class CountingStrategy(FedAvg):
 
     name = "counting"
     needs_probe = True
+    # what its probe and update carry: the engine rejects anything else, in the simulator as in the cluster
+    payload_spec = PayloadSpec(probe_scalars=("visits_before",), update_scalars=("eta", "eta_star"))
 
     def __init__(self) -> None:
         super().__init__()
