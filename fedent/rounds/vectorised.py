@@ -172,9 +172,10 @@ def make_host(kind: ExecutorName, trainer: LocalTrainer,
               states: ClientStates | None = None, test: TestShards | None = None,
               on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
               conv: str = "direct") -> ClientHost:
-    """The host ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where
-    benchmarks/bench_simulator.py measured the vectorised path slower). A model that vmap cannot train
-    falls back to the sequential host with one line on stderr saying why."""
+    """The host ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where the vectorised
+    host measured 1.35x slower in the simulator and 1.12x in a cluster round: benchmarks/README.md). The
+    simulator and every worker decide alike. A model that vmap cannot train falls back to the sequential
+    host with one line on stderr saying why."""
     want = kind if kind != "auto" else ("vectorised" if trainer.device.type == "cuda" else "sequential")
     if want == "vectorised":
         try:
