@@ -141,3 +141,22 @@ def start(tmp_path: Path) -> Iterator[Any]:
     yield go
     for h in handles:
         h.stop(grace_s=0.5)
+
+
+def run_inthread_workers(h: Any, inputs: RunInputs, groups: list[tuple[int, ...]], timeout_s: float = 60,
+                         **settings: Any) -> list[Any]:
+    """Worker objects on threads, one per client group, dialling aggregator ``h``; returns when its run ends."""
+    import threading
+
+    from client.settings import WorkerSettings
+    from client.worker import Worker
+
+    workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
+                                     connect_timeout_s=10, **settings), inputs=inputs) for g in groups]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    assert h.wait(timeout_s), "the run did not finish"
+    for t in threads:
+        t.join(10)
+    return workers

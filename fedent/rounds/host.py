@@ -160,18 +160,24 @@ class ClientHost:
         out: Gathered[ClientUpdate] = Gathered()
         with self.lock:
             for c in cids:
-                try:
+                def one(c: int = c) -> tuple[ClientUpdate, ClientState]:
                     state = self.state(strategy, c, rnd)
-                    update = strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), state)
-                    self.states.fitted(c, state, rnd)
-                except Exception as e:
-                    self._failed(out, c, "fit", rnd, e)
-                    continue
-                out.results[c] = update
-                self._made(update)
+                    return strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), state), state
+
+                self._keep(out, c, rnd, one)
         return Gathered(out.results, out.failed)
 
-    def _made(self, update: ClientUpdate) -> None:
+    def _keep(self, out: Gathered[ClientUpdate], cid: int, rnd: int,
+              fit: Callable[[], tuple[ClientUpdate, ClientState]]) -> None:
+        """A client's fit ends here: its update kept (and handed to ``on_update`` at once, so an upload can
+        overlap the next client) and its state saved, or its exception recorded as its failure."""
+        try:
+            update, state = fit()
+            self.states.fitted(cid, state, rnd)
+        except Exception as e:
+            self._failed(out, cid, "fit", rnd, e)
+            return
+        out.results[cid] = update
         if self.on_update is not None:
             self.on_update(update)
 

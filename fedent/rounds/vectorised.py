@@ -33,7 +33,7 @@ from fedent.strategies.base import (
     Strategy,
     train_generator,
 )
-from fedent.trainer import LocalTrainer
+from fedent.trainer import LocalTrainer, TrainResult
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
 # Of the device memory free when the first round starts, the share the chunks may use (the rest is
@@ -130,14 +130,11 @@ class VectorisedHost(ClientHost):
                                   plans[c].weight_coef, plans[c].linear) for c in chunk]
                 for c, (params, res) in zip(chunk, self.vtrainer.train(start, runs, self.training.epochs),
                                             strict=True):
-                    try:
-                        update = plans[c].finish(params, res)
-                        self.states.fitted(c, states[c], rnd)
-                    except Exception as e:
-                        self._failed(out, c, "fit", rnd, e)
-                        continue
-                    out.results[c] = update
-                    self._made(update)
+                    def one(c: int = c, params: Params = params, res: TrainResult = res
+                            ) -> tuple[ClientUpdate, ClientState]:
+                        return plans[c].finish(params, res), states[c]
+
+                    self._keep(out, c, rnd, one)
         return Gathered(out.results, out.failed)
 
     def _chunks(self, cids: Sequence[int], point: Sequence[Tensor]) -> list[list[int]]:

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 from matplotlib.lines import Line2D
 from PIL import Image
-from plot_records import RECS
+from plot_records import RECS, edited_phi2_style
 from sim_support import tiny_config, tiny_inputs
 
 from fedent import plot_data, plots
@@ -200,11 +200,5 @@ def test_phi2_lines_are_styled_by_the_style_file_the_dashboard_embeds() -> None:
 
 
 def test_phi2_figure_follows_an_edited_style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    edited = {"series": [
-        {"key": "phi2_actual", "label": "measured", "color": "#123456", "dash": "dotted", "marker": "o"},
-        {"key": "phi2_pred", "label": "guessed", "color": "#abcdef", "dash": "solid", "marker": "s"},
-    ]}
-    path = tmp_path / "phi2_style.json"
-    path.write_text(json.dumps(edited), encoding="utf-8")
-    monkeypatch.setattr(plot_data, "PHI2_STYLE_FILE", path)
+    edited = edited_phi2_style(tmp_path, monkeypatch)
     assert _phi2_lines(_drawn(plots.draw_phi2(_fedent_run(5)))) == _as_drawn(edited["series"])

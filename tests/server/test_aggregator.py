@@ -15,13 +15,12 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import FakeWorker, tiny_config, tiny_inputs
+from conftest import FakeWorker, run_inthread_workers, tiny_config, tiny_inputs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from client.settings import WorkerSettings
 from client.worker import Worker, WorkerError, parse_client_ids
-from fedent.inputs import RunInputs
 from fedent.params import weighted_sum
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
@@ -38,24 +37,12 @@ def _stub(h: AggregatorHandle) -> pb_grpc.AggregatorServiceStub:
     return pb_grpc.AggregatorServiceStub(grpc.insecure_channel(f"127.0.0.1:{h.port}"))
 
 
-def _run_workers(h: AggregatorHandle, inputs: RunInputs, groups: list[tuple[int, ...]]) -> list[Worker]:
-    workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
-                                     connect_timeout_s=10), inputs=inputs) for g in groups]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for t in threads:
-        t.start()
-    assert h.wait(60), "the run did not finish"
-    for t in threads:
-        t.join(10)
-    return workers
-
-
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedent", "feddyn", "scaffold"])
 def test_inthread_cluster_equals_simulation(start: Any, tmp_path: Path, algorithm: str) -> None:
     cfg = tiny_config(algorithm, rounds=3)
     inputs = tiny_inputs()
     h = start(cfg, inputs)
-    _run_workers(h, inputs, [(0, 1), (2, 3)])
+    run_inthread_workers(h, inputs, [(0, 1), (2, 3)])
     assert h.run.error is None
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     got = torch.load(h.run_dir / "model_final.pt")
@@ -72,7 +59,7 @@ def test_model_is_fetched_once_per_round_per_worker(start: Any) -> None:
     cfg = tiny_config("fedavg", rounds=3, fraction=1.0)
     inputs = tiny_inputs()
     h = start(cfg, inputs)
-    _run_workers(h, inputs, [(0, 1, 2, 3)])
+    run_inthread_workers(h, inputs, [(0, 1, 2, 3)])
     blob = codec.encode_tensors({codec.PARAMS_GROUP: [p.detach() for p in inputs.make_model().parameters()]})
     (w,) = h.run.registry.workers.values()
     assert w.bytes_down == 3 * blob.wire_bytes  # 4 clients hosted, yet one download per round
@@ -293,7 +280,7 @@ def test_half_precision_and_zlib_transfer_settings_still_train(start: Any, tmp_p
     cfg = tiny_config("fedavg", rounds=2)
     inputs = tiny_inputs()
     h = start(cfg, inputs, wire_dtype="float16", compression="zlib")
-    _run_workers(h, inputs, [(0, 1, 2, 3)])
+    run_inthread_workers(h, inputs, [(0, 1, 2, 3)])
     assert h.run.error is None
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     got = torch.load(h.run_dir / "model_final.pt")

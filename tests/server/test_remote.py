@@ -6,17 +6,14 @@ same rejections recorded."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_inputs
+from conftest import run_inthread_workers, tiny_config, tiny_inputs
 from nan_plugin import POISONED
 
-from client.settings import WorkerSettings
-from client.worker import Worker
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
 from fedent.rounds import RoundPolicy
@@ -30,15 +27,7 @@ EXECUTORS = ("sequential", "vectorised")
 def _cluster(start: Any, cfg: ExperimentConfig, inputs: RunInputs, executor: str) -> Path:
     """A run on two in-thread workers hosting clients 0-4 and 5-9 with ``--executor executor``."""
     h = start(cfg, inputs)
-    workers = [Worker(WorkerSettings(aggregator=f"127.0.0.1:{h.port}", client_ids=g, device="cpu",
-                                     connect_timeout_s=10, executor=executor), inputs=inputs)  # type: ignore[arg-type]
-               for g in (tuple(range(5)), tuple(range(5, 10)))]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for t in threads:
-        t.start()
-    assert h.wait(90), "the run did not finish"
-    for t in threads:
-        t.join(10)
+    workers = run_inthread_workers(h, inputs, [tuple(range(5)), tuple(range(5, 10))], 90, executor=executor)
     assert h.run.error is None, h.run.error
     assert all(w.host is not None and w.host.kind == executor for w in workers)
     return Path(h.run_dir)

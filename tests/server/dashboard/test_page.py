@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plot_records import edited_phi2_style
 
 from fedent import plot_data
 from server.dashboard import page, views
@@ -106,13 +107,7 @@ def test_the_page_carries_the_phi2_style_of_fedent_plot() -> None:
 
 
 def test_the_page_follows_an_edited_style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    edited = {"series": [
-        {"key": "phi2_actual", "label": "measured </script>", "color": "#123456", "dash": "dotted", "marker": "o"},
-        {"key": "phi2_pred", "label": "guessed", "color": "#abcdef", "dash": "solid", "marker": "s"},
-    ]}
-    path = tmp_path / "phi2_style.json"
-    path.write_text(json.dumps(edited), encoding="utf-8")
-    monkeypatch.setattr(plot_data, "PHI2_STYLE_FILE", path)
+    edited = edited_phi2_style(tmp_path, monkeypatch, "measured </script>")
     body = page.render_index(TEMPLATE, LIVE, now=1010.0, stale_after_s=30.0)
     assert initial_data(body, "phi2-style") == edited and body.count("</script>") == 3
 
