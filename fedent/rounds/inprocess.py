@@ -17,7 +17,7 @@ from torch import Tensor
 from fedent.config import ExecutorName
 from fedent.params import num_elements
 from fedent.rounds.executor import Gathered
-from fedent.rounds.host import ClientHost, ClientTraining
+from fedent.rounds.host import ClientHost, ClientStates, ClientTraining
 from fedent.rounds.retry import retry_order
 from fedent.rounds.vectorised import make_host
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
@@ -94,7 +94,8 @@ class InProcessExecutor:
 
 def make_executor(kind: ExecutorName, trainer: LocalTrainer, client_indices: Sequence[np.ndarray],
                   training: ClientTraining, max_parallel: int | None = None,
-                  conv: str = "direct") -> InProcessExecutor:
-    """The simulator's executor: a host of every client, of the kind ``kind`` names (``make_host``)."""
-    return InProcessExecutor(make_host(kind, trainer, client_indices, training, max_parallel=max_parallel,
-                                       conv=conv))
+                  conv: str = "direct", states: ClientStates | None = None) -> InProcessExecutor:
+    """The simulator's executor: a host of every client, of the kind ``kind`` names (``make_host``); ``states``:
+    where the clients' state lives (default: in memory)."""
+    return InProcessExecutor(make_host(kind, trainer, client_indices, training, states=states,
+                                       max_parallel=max_parallel, conv=conv))
