@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         res = run_simulation(cfg, out / run_id, device=args.device, progress=not args.no_progress,
                              local_eval=args.local_eval, plots=not args.no_plots,
                              policy=RoundPolicy(args.quorum, args.round_retries, args.checkpoint_keep),
-                             resume=resumable)
+                             resume=resumable, banner=True)
     except RunFinished as e:
         print(f"fedent simulate: {e}")
         return 0

@@ -22,9 +22,9 @@ from fedent.params import Params
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.host import ClientStates, ClientTraining
-from fedent.rounds.inprocess import make_executor
+from fedent.rounds.inprocess import InProcessExecutor, make_executor
 from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, plan_run_dir, run_kind
-from fedent.sim.progress import ProgressBar
+from fedent.sim.progress import ProgressBar, format_duration
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
@@ -80,6 +80,19 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
                        dict(inputs.partition_info), policy, on_round=on_round)
 
 
+def start_banner(cfg: ExperimentConfig, inputs: RunInputs, device: torch.device, engine: RoundEngine) -> str:
+    """One line saying what is about to run, printed before round 1 (a long first round is not silent)."""
+    d, tr = cfg.data, cfg.train
+    scheme = str(inputs.partition_info.get("scheme", d.partition))
+    alpha = f" alpha={d.alpha}" if scheme == "dirichlet" else ""
+    host = getattr(engine.executor, "host", None)
+    executor = getattr(host, "kind", tr.executor)
+    return (f"fedent simulate: {d.name} ({len(inputs.data.y_train)} train / {len(inputs.data.y_test)} test), "
+            f"{scheme}{alpha} over {inputs.num_clients} clients, model {cfg.model.name}, {engine.strategy.name}, "
+            f"device {device}, executor {executor}, {tr.rounds} rounds x {tr.local_epochs} local epoch(s), "
+            f"fraction {tr.fraction}; run dir {engine.paths.root}")
+
+
 def run_simulation(
     cfg: ExperimentConfig,
     run_dir: str | Path,
@@ -94,6 +107,7 @@ def run_simulation(
     bar: bool = True,
     policy: RoundPolicy | None = None,
     resume: bool = False,
+    banner: bool = False,
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
@@ -105,6 +119,8 @@ def run_simulation(
     ``resume``: a run directory holding this config's unfinished simulator run is continued from its newest
     checkpoint (needs ``policy.checkpoint_keep``); a finished one raises ``RunFinished``; anything else is
     refused (``RunDirError``) before a file is written. Without it any existing run is refused.
+    ``banner``: a start line (dataset, partition, model, device, executor, rounds) and, once the
+    first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
     """
     cfg = with_device(cfg, device)
     if cfg.data.placement != "central":
@@ -132,12 +148,25 @@ def run_simulation(
     progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
     last_acc: list[float | None] = [None]
 
+    first_round: list[int | None] = [None]
+
     def on_round(rec: dict[str, Any]) -> None:
         if rec["test_acc"] is not None:
             last_acc[0] = rec["test_acc"]
         progress_bar.update(rec["round"] + 1, last_acc[0])
+        if banner and first_round[0] is None:
+            first_round[0] = rec["round"]
+            left = cfg.train.rounds - rec["round"] - 1
+            progress_bar.note(f"round {rec['round'] + 1} took {format_duration(rec['wall_s'])}; estimated "
+                              f"{format_duration(rec['wall_s'] * left)} for the {left} round(s) left", always=True)
+            if progress_bar.enabled:  # the note cleared the bar
+                progress_bar.update(rec["round"] + 1, last_acc[0])
 
     engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
+    if banner:
+        progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
+        if isinstance(engine.executor, InProcessExecutor):
+            engine.executor.on_client = progress_bar.client
     try:
         records = engine.run()
     finally:
