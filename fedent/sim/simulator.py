@@ -157,8 +157,8 @@ def run_simulation(
         if banner and first_round[0] is None:
             first_round[0] = rec["round"]
             left = cfg.train.rounds - rec["round"] - 1
-            progress_bar.note(f"round {rec['round'] + 1} took {format_duration(rec['wall_s'])}; estimated "
-                              f"{format_duration(rec['wall_s'] * left)} for the {left} round(s) left", always=True)
+            progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
+                              f"{format_duration(rec['wall_s'])} each", always=True)
             if progress_bar.enabled:  # the note cleared the bar
                 progress_bar.update(rec["round"] + 1, last_acc[0])
 
