@@ -20,6 +20,7 @@ lives in client.oracle_link, the client half in the core.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -114,6 +115,20 @@ def config_from_register(msg: pb.RegisterResponse, data_root: str | None) -> Exp
     return config_from_dict(raw)
 
 
+def connect_reason(details: str) -> str:
+    """gRPC's connection error, as what a user checks first: the port, the name, or the certificates."""
+    low = details.lower()
+    if "refused" in low:
+        return f"connection refused (is the aggregator running, on that port?) [{details}]"
+    if "dns" in low or "resolv" in low or "not known" in low or "no address" in low:
+        return f"name not resolved (check the host name) [{details}]"
+    if "ssl" in low or "tls" in low or "handshake" in low or "certificate" in low:
+        return f"TLS handshake failed (check --tls-ca and the server certificate's names, or --insecure) [{details}]"
+    if "deadline" in low or "timed out" in low or "timeout" in low:
+        return f"no answer (a firewall, or a wrong address?) [{details}]"
+    return details
+
+
 class Worker:
     """Connects, registers, and serves tasks until the aggregator says the run is over."""
 
@@ -144,12 +159,34 @@ class Worker:
             self.raw_local = read_local(LocalDataSpec.parse(settings.data), settings.client_ids)
 
     # ---- setup ---------------------------------------------------------------------------------
-    def connect(self) -> None:
+    def connect(self, attempt_s: float = 5.0) -> None:
+        """Wait for the aggregator up to ``--connect-timeout``, saying after each failed attempt why it failed
+        (refused, name not resolved, TLS), so a wrong address is not a silent minute."""
+        s = self.settings
+        deadline = time.monotonic() + s.connect_timeout_s
+        reason = "no answer"
+        for attempt in itertools.count(1):
+            left = deadline - time.monotonic()
+            try:
+                grpc.channel_ready_future(self.channel).result(timeout=max(0.05, min(attempt_s, left)))
+                return
+            except grpc.FutureTimeoutError:
+                reason = self.connect_failure()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            log.warning("connecting to the aggregator at %s: attempt %d failed: %s; trying again for %.0fs more "
+                        "(--connect-timeout %.0f)", s.aggregator, attempt, reason, left, s.connect_timeout_s)
+        raise WorkerError(f"cannot reach the aggregator at {s.aggregator} within {s.connect_timeout_s:.0f}s "
+                          f"(--connect-timeout): {reason}")
+
+    def connect_failure(self) -> str:
+        """Why the channel is not ready: one quick call without wait_for_ready, its error classified."""
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=self.settings.connect_timeout_s)
-        except grpc.FutureTimeoutError:
-            raise WorkerError(f"cannot reach the aggregator at {self.settings.aggregator} "
-                              f"within {self.settings.connect_timeout_s:.0f}s") from None
+            self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=""), timeout=2)
+        except grpc.RpcError as e:
+            return connect_reason(e.details() or str(e.code()) if isinstance(e, grpc.Call) else str(e))
+        return "the aggregator answered"
 
     def register(self) -> None:
         s = self.settings

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from fedent.config import ConfigError
+from fedent.signals import Stopped, stop_on_signals, stop_reason
 
 # subcommand -> module providing add_parser(subparsers) and run(args) (and, optionally, a one-line HELP)
 SUBCOMMANDS: dict[str, str] = {
@@ -31,6 +32,9 @@ SUBCOMMANDS: dict[str, str] = {
     "plugins": "fedent.commands.plugins",
 }
 ENTRY_POINT_GROUP = "fedent.commands"
+# Commands that run the round engine in this process: SIGTERM stops them as SIGINT does (fedent.signals), so the
+# run's status.json ends "stopped" with the reason and the run can resume.
+STOP_ON_SIGNALS = frozenset({"simulate", "compare", "reproduce"})
 
 
 def subcommands() -> dict[str, str]:
@@ -100,15 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     parser, mods = build_parser(argv)
     args = parser.parse_args(argv)
     try:
+        if args.command in STOP_ON_SIGNALS:
+            with stop_on_signals():
+                return int(mods[args.command].run(args) or 0)
         return int(mods[args.command].run(args) or 0)
     except ConfigError as e:
         # "--flag: ..." is a command-line mistake; everything else names a config key
         label = "" if str(e).startswith("--") else "config error: "
         print(f"fedent {args.command}: {label}{e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"fedent {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"fedent {args.command}: {stop_reason(e)}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Stopped) else 130
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ METRIC_KEYS = (
     "round", "algorithm", "test_acc", "test_loss", "train_loss", "clients", "num_clients",
     "wall_s", "elapsed_s", "fedent", "diagnostics",
 )
-PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "done", "failed")
+PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "done", "failed", "stopped")
 STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "rounds", "started_at", "updated_at", "state")
 CLIENT_KEYS = (
     "cid", "worker", "state", "device", "samples", "participation", "bytes", "eta", "eta_star", "last_heartbeat",

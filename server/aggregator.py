@@ -183,7 +183,8 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     try:
         port = bind(server, f"{settings.host}:{settings.port}", sec)
     except (ValueError, RuntimeError):
-        raise OSError(f"cannot bind the aggregator to {settings.host}:{settings.port}") from None
+        raise OSError(f"cannot bind the aggregator to {settings.host}:{settings.port} (--port): in use, or not an "
+                      "address of this machine") from None
     server.start()
     return server, port
 

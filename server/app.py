@@ -7,6 +7,8 @@ Used by ``python -m server`` (a standalone aggregator, e.g. in a container) and 
 from __future__ import annotations
 
 import logging
+import shutil
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -107,6 +109,25 @@ def start_dashboard(run_dir: Path, host: str, port: int, token: str | None = Non
     return handle, handle.url
 
 
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """Raise OSError naming the port and the flag that chose it when something already listens there (gRPC
+    itself would say only "[Errno 98]" or a C-core line). Port 0 (any free port) always passes."""
+    if port == 0:
+        return
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise OSError(f"cannot listen on {host}:{port} ({flag}): {e.strerror}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise OSError(f"port {port} on {host} is in use ({e.strerror}): stop what holds it, or choose another "
+                          f"port with {flag}") from None
+
+
 def start_aggregator(
     cfg: ExperimentConfig,
     settings: AggregatorSettings,
@@ -134,35 +155,48 @@ def start_aggregator(
     :class:`RunFinished` (report it, exit 0), another kind of run, another config or checkpoints none of
     which is intact raise ``RunDirError``; ``fresh`` moves an existing run aside first.
     """
+    check_port_free(settings.host, settings.port, "--port")  # before the run directory is made: a used port
+    if dashboard:  # leaves nothing behind, and the message names the port and its flag
+        check_port_free(dashboard_host, dashboard_port, "--dashboard-port")
     plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
     if plan.action == "finished":
         raise RunFinished(plan.detail)
     if plan.moved_to is not None:
         log.warning("moved the previous run to %s (--fresh)", plan.moved_to)
+    created = not Path(run_dir).exists()
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
-    key = runlog.run_key(paths, runlog.run_instance(paths, create=plan.action == "new"))
-    device = resolve_device(cfg.train.device)
-    inputs = inputs or load_inputs(cfg)
-    if inputs.num_clients != cfg.data.num_clients:
-        raise ValueError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
-                         f"{cfg.data.num_clients}")
-    strategy = build_cluster_strategy(cfg, settings, key, estimator_security)
-    if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
-        from server.offline_runner import service_offline_runner
+    started: list[grpc.Server] = []
+    try:
+        key = runlog.run_key(paths, runlog.run_instance(paths, create=plan.action == "new"))
+        device = resolve_device(cfg.train.device)
+        inputs = inputs or load_inputs(cfg)
+        if inputs.num_clients != cfg.data.num_clients:
+            raise ValueError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
+                             f"{cfg.data.num_clients}")
+        strategy = build_cluster_strategy(cfg, settings, key, estimator_security)
+        if uses_fedent_estimator(cfg) == "offline" and offline is None and settings.estimator:
+            from server.offline_runner import service_offline_runner
 
-        offline = service_offline_runner(settings.estimator, cfg, key, security=estimator_security)
+            offline = service_offline_runner(settings.estimator, cfg, key, security=estimator_security)
 
-    def rebuild(estimator: Any) -> Strategy:
-        return build_strategy(cfg.algorithm, estimator=estimator)
+        def rebuild(estimator: Any) -> Strategy:
+            return build_strategy(cfg.algorithm, estimator=estimator)
 
-    run = ClusterRun(cfg, settings, paths, inputs, strategy, device, worker_config(cfg),
-                     offline=offline, rebuild_strategy=rebuild, on_round=on_round, run_key=key)
-    server, port = create_aggregator_server(settings, run, security)
-    dash, url = (start_dashboard(paths.root, dashboard_host, dashboard_port, dashboard_token) if dashboard
-                 else (None, None))
-    thread = threading.Thread(target=run.run, name="rounds", daemon=True)
-    thread.start()
-    return AggregatorHandle(run, server, port, thread, dash, url)
+        run = ClusterRun(cfg, settings, paths, inputs, strategy, device, worker_config(cfg),
+                         offline=offline, rebuild_strategy=rebuild, on_round=on_round, run_key=key)
+        server, port = create_aggregator_server(settings, run, security)
+        started.append(server)
+        dash, url = (start_dashboard(paths.root, dashboard_host, dashboard_port, dashboard_token) if dashboard
+                     else (None, None))
+        thread = threading.Thread(target=run.run, name="rounds", daemon=True)
+        thread.start()
+        return AggregatorHandle(run, server, port, thread, dash, url)
+    except BaseException:
+        for s in started:
+            s.stop(0)
+        if created:  # a run that never started leaves no stub directory
+            shutil.rmtree(paths.root, ignore_errors=True)
+        raise
 
 
 def save_port(path: str | Path, port: int) -> None:

@@ -9,5 +9,8 @@ WORKERS=${WORKERS:-2}
 ids=aggregator
 i=0
 while [ "$i" -lt "$WORKERS" ]; do ids="$ids,worker-$i"; i=$((i + 1)); done
-exec fedent certs --out "$OUT" --hosts "fedent-aggregator,fedent-estimator,localhost,127.0.0.1${EXTRA_HOSTS:+,$EXTRA_HOSTS}" \
+# the repository's venv when there is one (no activated venv needed), else fedent on PATH
+FEDENT=$(dirname "$0")/../../.venv/bin/fedent
+[ -x "$FEDENT" ] || FEDENT=fedent
+exec "$FEDENT" certs --out "$OUT" --hosts "fedent-aggregator,fedent-estimator,localhost,127.0.0.1${EXTRA_HOSTS:+,$EXTRA_HOSTS}" \
   --workers "$ids" --dashboard-token --if-missing

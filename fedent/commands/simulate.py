@@ -9,6 +9,7 @@ from pathlib import Path
 from fedent.commands.errors import check_device, input_error_types, one_line, set_threads
 from fedent.config import EXECUTORS, ConfigError, load_config
 from fedent.runlog import new_run_id
+from fedent.signals import Stopped, stop_reason
 
 HELP = "run one experiment in-process (the simulator)"
 
@@ -26,7 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--max-parallel-clients", type=int, default=None, metavar="N",
                    help="vectorised executor: at most N clients per step (default: from free device memory)")
     p.add_argument("--out", default=None, help="directory for run directories (default: out_dir of the config)")
-    p.add_argument("--run-id", default=None, help="name of the run directory (default: name-algorithm-seed-time)")
+    p.add_argument("--run-id", default=None,
+                   help="name of the run directory (default: name-algorithm-seed-time); an unfinished run of the same "
+                        "config there is resumed from its last checkpoint, a finished one is reported")
     p.add_argument("--local-eval", type=int, default=None, metavar="K",
                    help="evaluate K uploaded local models per eval round (deviation analysis)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
@@ -37,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--round-retries", type=int, default=0, metavar="N",
                    help="a round that missed its quorum: -1 skips it, N >= 0 retries it with fresh clients N "
                         "times before the run fails (default 0)")
+    p.add_argument("--checkpoint-keep", type=int, default=2, metavar="K",
+                   help="checkpoints kept in RUN_DIR/checkpoint/, one written after every round, so a run stopped by "
+                        "SIGTERM/SIGINT or killed resumes on the same --out/--run-id (default 2; 0: none, no resume)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
@@ -51,6 +57,7 @@ def executor_overrides(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from fedent.rounds import RoundPolicy
+    from fedent.rounds.rundir import RunFinished
     from fedent.sim.simulator import SimulationError, run_simulation
 
     cfg = load_config(args.config, [*args.overrides, *executor_overrides(args)])
@@ -61,15 +68,27 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--quorum: must be in [0, 1], got {args.quorum}")
     if args.round_retries < -1:
         raise ConfigError(f"--round-retries: must be >= -1, got {args.round_retries}")
+    if args.checkpoint_keep < 0:
+        raise ConfigError(f"--checkpoint-keep: must be >= 0, got {args.checkpoint_keep}")
     set_threads(args.threads)
     out = Path(args.out if args.out is not None else cfg.out_dir)
     run_id = args.run_id or new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
-    if (out / run_id / "metrics.jsonl").exists():
+    resumable = args.checkpoint_keep > 0
+    if not resumable and (out / run_id / "metrics.jsonl").exists():
         raise ConfigError(f"--run-id: {out / run_id} already holds a run; choose another --run-id or --out")
     try:
         res = run_simulation(cfg, out / run_id, device=args.device, progress=not args.no_progress,
                              local_eval=args.local_eval, plots=not args.no_plots,
-                             policy=RoundPolicy(args.quorum, args.round_retries))
+                             policy=RoundPolicy(args.quorum, args.round_retries, args.checkpoint_keep),
+                             resume=resumable, banner=True)
+    except RunFinished as e:
+        print(f"fedent simulate: {e}")
+        return 0
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM (fedent.signals): status.json says stopped, and why
+        again = "" if args.run_id else f" --run-id {run_id}"
+        hint = f"; the same command{again} resumes it" if resumable else ""
+        print(f"fedent simulate: {stop_reason(e)} ({out / run_id}){hint}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Stopped) else 130
     except SimulationError as e:
         print(f"fedent simulate: run failed: {one_line(e)} (see {out / run_id}/status.json)", file=sys.stderr)
         return 1

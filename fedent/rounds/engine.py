@@ -29,6 +29,7 @@ from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
+from fedent.signals import stop_reason
 from fedent.strategies.base import ClientUpdate, Probe, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
@@ -261,7 +262,8 @@ class RoundEngine:
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
-        """The whole run; status.json ends ``done`` or ``failed`` (with the error), and errors propagate."""
+        """The whole run; status.json ends ``done``, ``failed`` (with the error) or ``stopped`` (a KeyboardInterrupt:
+        Ctrl-C or SIGTERM, with the reason; resumable from the last checkpoint), and errors propagate."""
         self.write_start_files()
         try:
             self.executor.start()
@@ -279,9 +281,17 @@ class RoundEngine:
         except runlog.ReplacedRunError:  # the directory is another run's now: write nothing more into it
             self.metrics.close()
             raise
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where fedent.signals.stop_on_signals is on
+            self.metrics.close()
+            reason = stop_reason(e)
+            try:
+                self.status("stopped", self.round, reason=reason, rounds_completed=len(self.records))
+            finally:
+                self.executor.finish(False, f"run {reason}")
+            raise
         except BaseException as e:
             self.metrics.close()
-            error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
             try:
                 self.status("failed", self.round, error=error)
             finally:

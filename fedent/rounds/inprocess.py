@@ -8,7 +8,7 @@ host's oracle, and retries drawn from the same stream as the cluster's (``fedent
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from torch import Tensor
 from fedent.config import ExecutorName
 from fedent.params import num_elements
 from fedent.rounds.executor import Gathered
-from fedent.rounds.host import ClientHost, ClientTraining
+from fedent.rounds.host import ClientHost, ClientStates, ClientTraining
 from fedent.rounds.retry import retry_order
 from fedent.rounds.vectorised import make_host
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
@@ -45,6 +45,8 @@ class InProcessExecutor:
         self.host = host
         self.engine: RoundEngine | None = None
         host.on_update = self.note_upload
+        self.on_client: Callable[[int, int], None] | None = None  # (clients done, total) within a fit: progress
+        self._fit = [0, 0]
 
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
@@ -76,6 +78,7 @@ class InProcessExecutor:
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
+        self._fit = [0, len(cids)]
         return self.host.fit(rnd, cids, global_params, strategy, payload)
 
     def note_upload(self, update: ClientUpdate) -> None:
@@ -83,6 +86,9 @@ class InProcessExecutor:
         if self.engine is not None:
             self.engine.clients.add_bytes(update.cid, update_bytes(update))
             self.engine.clients.update([update.cid], last_heartbeat=time.time())
+        self._fit[0] += 1
+        if self.on_client is not None:
+            self.on_client(min(self._fit[0], self._fit[1]), self._fit[1])
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         """Every client is live here: the first ``k`` of the cluster's retry stream."""
@@ -94,7 +100,8 @@ class InProcessExecutor:
 
 def make_executor(kind: ExecutorName, trainer: LocalTrainer, client_indices: Sequence[np.ndarray],
                   training: ClientTraining, max_parallel: int | None = None,
-                  conv: str = "direct") -> InProcessExecutor:
-    """The simulator's executor: a host of every client, of the kind ``kind`` names (``make_host``)."""
-    return InProcessExecutor(make_host(kind, trainer, client_indices, training, max_parallel=max_parallel,
-                                       conv=conv))
+                  conv: str = "direct", states: ClientStates | None = None) -> InProcessExecutor:
+    """The simulator's executor: a host of every client, of the kind ``kind`` names (``make_host``); ``states``:
+    where the clients' state lives (default: in memory)."""
+    return InProcessExecutor(make_host(kind, trainer, client_indices, training, states=states,
+                                       max_parallel=max_parallel, conv=conv))

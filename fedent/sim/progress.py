@@ -42,7 +42,7 @@ class ProgressBar:
     """
 
     def __init__(self, total: int, label: str = "", stream: TextIO | None = None, enabled: bool = True,
-                 width: int = 24, lines: TextIO | None = None, bar: bool = True) -> None:
+                 width: int = 24, lines: TextIO | None = None, bar: bool = True, client_every_s: float = 10.0) -> None:
         self.total = max(int(total), 1)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
@@ -53,6 +53,9 @@ class ProgressBar:
         self.width = width
         self._start = time.perf_counter()
         self._drawn = False
+        self._done = 0  # rounds done so far (the bar's position while a round runs)
+        self.client_every_s = client_every_s  # off a terminal: at most one in-round line this often
+        self._last_line = self._start
 
     def plain_line(self, done: int, acc: float | None, elapsed: float) -> str:
         """One round's line where there is no terminal: no control characters, complete by itself."""
@@ -72,7 +75,41 @@ class ProgressBar:
         prefix = f"{self.label} " if self.label else ""
         return f"{prefix}[{bar}] round {done}/{self.total} {acc_txt} {eta_txt}"
 
+    def note(self, text: str, always: bool = False) -> None:
+        """A line of its own (the start banner, the first estimate): on stdout, above the bar on a terminal;
+        ``always``: also with progress off."""
+        if not (self.enabled or self.plain or always):
+            return
+        if self.enabled and self._drawn:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self._drawn = False
+        self.lines.write(text + "\n")
+        self.lines.flush()
+
+    def client(self, done: int, total: int) -> None:
+        """Progress inside the round in progress: ``clients done/total``. On a terminal the bar shows it; elsewhere
+        a plain line, at most one per ``client_every_s`` (a long round is not silent, a short one not noisy)."""
+        now = time.perf_counter()
+        current = min(self._done + 1, self.total)
+        if self.plain:
+            if now - self._last_line >= self.client_every_s:
+                prefix = f"{self.label}: " if self.label else ""
+                self.lines.write(f"{prefix}round {current}/{self.total}: clients {done}/{total} "
+                                 f"elapsed {format_duration(now - self._start)}\n")
+                self.lines.flush()
+                self._last_line = now
+            return
+        if not self.enabled:
+            return
+        text = self.line(self._done, None, now - self._start) + f" | round {current}: clients {done}/{total}"
+        self.stream.write("\r\x1b[2K" + text)
+        self.stream.flush()
+        self._drawn = True
+
     def update(self, done: int, acc: float | None = None) -> None:
+        self._done = done
+        self._last_line = time.perf_counter()
         if self.plain:
             self.lines.write(self.plain_line(done, acc, time.perf_counter() - self._start) + "\n")
             self.lines.flush()

@@ -6,6 +6,7 @@ simulation; this module only assembles the inputs, checks the run directory and 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,10 +21,10 @@ from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator, central_federated
-from fedent.rounds.host import ClientTraining
-from fedent.rounds.inprocess import make_executor
-from fedent.rounds.rundir import has_run, run_kind
-from fedent.sim.progress import ProgressBar
+from fedent.rounds.host import ClientStates, ClientTraining
+from fedent.rounds.inprocess import InProcessExecutor, make_executor
+from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, plan_run_dir, run_kind
+from fedent.sim.progress import ProgressBar, format_duration
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
@@ -54,12 +55,22 @@ class SimResult:
 def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInputs, device: torch.device,
                  strategy: Strategy, local_eval: int, on_round: Callable[[dict[str, Any]], None] | None = None,
                  policy: RoundPolicy | None = None) -> RoundEngine:
-    """The round engine over the in-process executor: one trainer trains every client and evaluates."""
+    """The round engine over the in-process executor: one trainer trains every client and evaluates.
+
+    When the run checkpoints (``policy.checkpoint_keep``) a strategy's per-client state (FedDyn λ, SCAFFOLD c_i,
+    FedEnt η) is kept on disk under ``client_state/``, as a worker keeps it, so a resumed round gets the state
+    the client had before it."""
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
+    states = None
+    if policy is not None and policy.checkpoint_keep > 0 and strategy.keeps_client_state:
+        from fedent.client_store import ClientStateStore
+
+        states = ClientStates(ClientStateStore(paths.root / "client_state", keep=policy.checkpoint_keep + 1),
+                              trainer.device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
-                             tr.max_parallel_clients, tr.conv)
+                             tr.max_parallel_clients, tr.conv, states=states)
     federated = None
     if tr.evaluation == "federated":
         federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
@@ -67,6 +78,19 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy, on_round=on_round)
+
+
+def start_banner(cfg: ExperimentConfig, inputs: RunInputs, device: torch.device, engine: RoundEngine) -> str:
+    """One line saying what is about to run, printed before round 1 (a long first round is not silent)."""
+    d, tr = cfg.data, cfg.train
+    scheme = str(inputs.partition_info.get("scheme", d.partition))
+    alpha = f" alpha={d.alpha}" if scheme == "dirichlet" else ""
+    host = getattr(engine.executor, "host", None)
+    executor = getattr(host, "kind", tr.executor)
+    return (f"fedent simulate: {d.name} ({len(inputs.data.y_train)} train / {len(inputs.data.y_test)} test), "
+            f"{scheme}{alpha} over {inputs.num_clients} clients, model {cfg.model.name}, {engine.strategy.name}, "
+            f"device {device}, executor {executor}, {tr.rounds} rounds x {tr.local_epochs} local epoch(s), "
+            f"fraction {tr.fraction}; run dir {engine.paths.root}")
 
 
 def run_simulation(
@@ -82,6 +106,8 @@ def run_simulation(
     label: str = "",
     bar: bool = True,
     policy: RoundPolicy | None = None,
+    resume: bool = False,
+    banner: bool = False,
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
@@ -90,6 +116,11 @@ def run_simulation(
     on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
     ``policy``: how a round copes with failed or rejected clients (default: every participant must be
     accepted, no retry, so a rejected upload ends the run; the cluster's is its aggregator's settings).
+    ``resume``: a run directory holding this config's unfinished simulator run is continued from its newest
+    checkpoint (needs ``policy.checkpoint_keep``); a finished one raises ``RunFinished``; anything else is
+    refused (``RunDirError``) before a file is written. Without it any existing run is refused.
+    ``banner``: a start line (dataset, partition, model, device, executor, rounds) and, once the
+    first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
     """
     cfg = with_device(cfg, device)
     if cfg.data.placement != "central":
@@ -105,18 +136,37 @@ def run_simulation(
         strategy = build_strategy(cfg.algorithm)
     k = getattr(cfg.train, "local_eval", 0) if local_eval is None else local_eval
     if has_run(Path(run_dir)):  # any run's files, not only a logged round: never write into a cluster run
-        kind = run_kind(runlog.RunPaths(Path(run_dir))) or "started"
-        raise SimulationError(f"{run_dir} already holds a {kind} run; choose another run directory")
+        if not resume or policy is None or policy.checkpoint_keep <= 0:
+            kind = run_kind(runlog.RunPaths(Path(run_dir))) or "started"
+            raise SimulationError(f"{run_dir} already holds a {kind} run; choose another run directory")
+        plan = plan_run_dir(run_dir, cfg, SIMULATOR)  # refuses another kind of run, another config, ...
+        if plan.action == "finished":
+            raise RunFinished(plan.detail)
+        if plan.action == "resume":
+            print(f"fedent: resuming {run_dir} {plan.detail}", file=sys.stderr, flush=True)
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
     last_acc: list[float | None] = [None]
+
+    first_round: list[int | None] = [None]
 
     def on_round(rec: dict[str, Any]) -> None:
         if rec["test_acc"] is not None:
             last_acc[0] = rec["test_acc"]
         progress_bar.update(rec["round"] + 1, last_acc[0])
+        if banner and first_round[0] is None:
+            first_round[0] = rec["round"]
+            left = cfg.train.rounds - rec["round"] - 1
+            progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
+                              f"{format_duration(rec['wall_s'])} each", always=True)
+            if progress_bar.enabled:  # the note cleared the bar
+                progress_bar.update(rec["round"] + 1, last_acc[0])
 
     engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
+    if banner:
+        progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
+        if isinstance(engine.executor, InProcessExecutor):
+            engine.executor.on_client = progress_bar.client
     try:
         records = engine.run()
     finally:

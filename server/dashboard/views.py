@@ -31,7 +31,7 @@ ACTIVE_PHASES = ("starting", "estimating", "training", "aggregating", "evaluatin
 DOWN_STATES = ("failed", "lost", "dead", "error", "disconnected", "evicted")
 UNATTACHED_STATES = ("waiting", "pending", "unassigned")
 # Client health once the run is over, by the run's phase (a client that is down stays down).
-ENDED_HEALTH = {"done": "finished", "failed": "stopped"}
+ENDED_HEALTH = {"done": "finished", "failed": "stopped", "stopped": "stopped"}
 HEALTHS = ("ok", "stale", "down", "unknown", "finished", "stopped")
 REDACTED = "***"
 # Wider than fedent.runlog's writer-side list: the dashboard also hides any key that names key material.
@@ -88,20 +88,20 @@ def build_status(snap: Snapshot, now: float) -> StatusOut:
     started, updated = timestamp(st.get("started_at")), timestamp(st.get("updated_at"))
     elapsed: float | None = None
     if started is not None:
-        end = updated if phase in ("done", "failed") and updated is not None else now
+        end = updated if phase in ("done", "failed", "stopped") and updated is not None else now
         elapsed = max(0.0, end - started)
     elif rows and rows[-1].elapsed_s is not None:
         elapsed = rows[-1].elapsed_s
     eta: float | None = None
     if phase == "done":
         eta = 0.0
-    elif phase != "failed" and rounds is not None:
+    elif phase not in ("failed", "stopped") and rounds is not None:
         durations = _round_durations(rows)
         if durations:
             eta = max(0, rounds - completed) * (sum(durations) / len(durations))
     progress = min(1.0, completed / rounds) if rounds else (1.0 if phase == "done" else 0.0)
     state = mapping(st.get("state"))
-    error = text(state.get("error")) if phase == "failed" else None
+    error = text(state.get("error")) if phase == "failed" else text(state.get("reason")) if phase == "stopped" else None
     train, data = mapping(cfg.get("train")), mapping(cfg.get("data"))
     return StatusOut(
         run_id=text(st.get("run_id")) or snap.run_id, algorithm=algorithm, phase=phase, round=cur, rounds=rounds,

@@ -27,19 +27,21 @@ def example_commands() -> list[list[str]]:
     block = re.search(r"```bash\n(.*?)```", (EXAMPLE / "README.md").read_text(encoding="utf-8"), re.S)
     assert block, "examples/digits/README.md has no bash block"
     lines = block.group(1).replace("\\\n", " ").splitlines()
-    return [shlex.split(line, comments=True) for line in lines if line.strip()]
+    cmds = [shlex.split(line, comments=True) for line in lines if line.strip()]
+    assert cmds[0] == ["export", "PYTHONPATH=$PWD/examples/digits"], cmds[0]  # set here as the test's env
+    return cmds[1:]
 
 
 def test_the_example_runs_in_the_simulator_and_on_worker_local_files(tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLE)]), "PYTHONUNBUFFERED": "1"}
     cmds = example_commands()
-    assert [c[:2] for c in cmds] == [["python", "-m"], [".venv/bin/fedent", "simulate"],
+    assert [c[:2] for c in cmds] == [[".venv/bin/python", "-m"], [".venv/bin/fedent", "simulate"],
                                      [".venv/bin/fedent", "cluster"]]
     for argv in cmds:
         if argv[0] == ".venv/bin/fedent":
             argv = [sys.executable, "-m", "fedent.cli", *argv[1:], *SMALL]
-        elif argv[0] == "python":
+        elif argv[0] == ".venv/bin/python":
             argv = [sys.executable, *argv[1:]]
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, f"{argv}: {proc.stderr[-2000:]}"

@@ -52,16 +52,16 @@ def localize(argv: list[str], ports: dict[str, str]) -> list[str]:
         text = re.sub(rf"\b{old}\b", new, text)
     text = text.replace("SERVER_NAME", "localhost").replace("SERVER_IP", "127.0.0.1").replace("cuda:0", "cpu")
     argv = shlex.split(text)
-    if argv[0] == "fedent":
+    if argv[0] == ".venv/bin/fedent":
         return [sys.executable, "-m", "fedent.cli", *argv[1:]]
-    assert argv[0] == "python", argv
+    assert argv[0] == ".venv/bin/python", argv
     return [sys.executable, *argv[1:]]
 
 
 def test_the_block_is_what_the_test_expects() -> None:
     cmds = block_commands((ROOT / "README.md").read_text())
-    kinds = [(c[0] if c[0] == "fedent" else c[2], bg) for c, bg in cmds]
-    assert kinds == [("fedent", False), ("estimator", True), ("server", True), ("client", False),
+    kinds = [(c[0] if c[0] == ".venv/bin/fedent" else c[2], bg) for c, bg in cmds]
+    assert kinds == [(".venv/bin/fedent", False), ("estimator", True), ("server", True), ("client", False),
                      ("client", False)]
 
 
@@ -74,7 +74,7 @@ def test_readme_multi_machine_block_runs_as_written(tmp_path: Path) -> None:
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     try:
         for i, (argv, _background) in enumerate(block_commands((ROOT / "README.md").read_text())):
-            name = "certs" if argv[0] == "fedent" else argv[2]
+            name = "certs" if argv[0] == ".venv/bin/fedent" else argv[2]
             argv = localize(argv, ports)
             if name == "server":
                 argv += ["--set", "train.rounds=1"]

@@ -1,0 +1,91 @@
+"""``fedent simulate`` stopped by SIGTERM (a batch system's timeout, ``kill``, SLURM, Kubernetes) or SIGINT, then
+started again with the same command (issue 27): a real subprocess, signalled after its second logged round.
+
+The stopped run's status.json says ``stopped`` with the signal (not a phase of a live round, which the dashboard
+showed as running forever); the same command resumes it from its last checkpoint; the final model equals an
+uninterrupted run's (FedDyn, so the clients' λ state must survive the stop too) and every round is logged once.
+A finished run started again is reported, not retrained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from datafiles import write_mnist_like
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM_COPY = Path("/usr/share/datasets/fashion-mnist")
+ROUNDS = 10
+
+
+def _argv(tmp_path: Path, run_id: str) -> list[str]:
+    data = []
+    if not (SYSTEM_COPY / "train-labels-idx1-ubyte.gz").exists():
+        root = tmp_path / "data"
+        if not root.exists():
+            write_mnist_like(root / "fashion-mnist", n_train=2000, n_test=300)
+        data = ["--set", f"data.root={root}"]
+    return [sys.executable, "-m", "fedent.cli", "simulate", "--config", str(ROOT / "configs" / "demo.yaml"),
+            "--set", f"train.rounds={ROUNDS}", "--set", "data.max_train_samples=600",
+            "--set", "data.max_test_samples=200", "--set", "algorithm.name=feddyn", *data,
+            "--out", str(tmp_path / "runs"), "--run-id", run_id, "--no-plots", "--no-progress", "--threads", "1"]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                OMP_NUM_THREADS="1")
+
+
+def _rounds(run_dir: Path) -> list[int]:
+    return [json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_simulation_ends_stopped_and_resumes_to_the_uninterrupted_model(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    run_dir = tmp_path / "runs" / "stopped"
+    proc = subprocess.Popen(_argv(tmp_path, "stopped"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "metrics.jsonl").exists() and len(_rounds(run_dir)) >= 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (proc.returncode, err[-3000:])
+    assert f"stopped by {sig.name}" in err and "the same command resumes it" in err, err
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["phase"] == "stopped" and status["state"]["reason"] == f"stopped by {sig.name}", status
+    done = len(_rounds(run_dir))
+    assert 2 <= done < ROUNDS, "the signal came after the run finished: make its rounds slower"
+
+    resumed = subprocess.run(_argv(tmp_path, "stopped"), env=_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr and "from the checkpoint of round" in resumed.stderr, resumed.stderr
+    assert _rounds(run_dir) == list(range(ROUNDS)), "every round logged once"
+    assert json.loads((run_dir / "status.json").read_text())["phase"] == "done"
+
+    ref = subprocess.run(_argv(tmp_path, "ref"), env=_env(), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    banner = ref.stdout.splitlines()[0]  # off a terminal: the start banner, then the first round's estimate
+    for word in ("fashion-mnist", "dirichlet", "20 clients", "mnist-cnn", "feddyn", "device cpu", "executor",
+                 f"{ROUNDS} rounds"):
+        assert word in banner, (word, banner)
+    assert any(line.startswith("estimated ") and "more round(s) at" in line for line in ref.stdout.splitlines())
+    a = torch.load(run_dir / "model_final.pt")
+    b = torch.load(tmp_path / "runs" / "ref" / "model_final.pt")
+    scale = max(float(y.abs().max()) for y in b)
+    assert max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)) <= 1e-5 * scale
+
+    again = subprocess.run(_argv(tmp_path, "stopped"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "finished" in again.stdout and "nothing to do" in again.stdout, again
+    assert _rounds(run_dir) == list(range(ROUNDS))
