@@ -19,6 +19,7 @@ Why ~590 lines in one module: every config section and the option machinery shar
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -318,8 +319,8 @@ class StrategyOptions(Declared):
         unknown = sorted(set(raw) - set(names))
         if unknown:
             allowed = ", ".join(sorted(names)) or "(none)"
-            raise ConfigError(f"{prefix}: unknown key(s) {', '.join(unknown)} for {cls.algorithm or cls.__name__}; "
-                              f"allowed: {allowed}")
+            raise ConfigError(f"{prefix}: unknown key(s) {', '.join(unknown)} for {cls.algorithm or cls.__name__}"
+                              f"{did_you_mean(unknown, names)}; allowed: {allowed}")
         try:
             return cls(**raw)
         except OptionError as e:
@@ -490,11 +491,24 @@ def dataclass_from_mapping(cls: Any, raw: Mapping[str, Any] | None, prefix: str,
     c = _Collect()
     if unknown:
         where = f"{prefix}: unknown key(s)" if prefix else f"unknown {cls.__name__} key(s)"
-        c.problems.append(f"{where} {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+        c.problems.append(f"{where} {', '.join(unknown)}{did_you_mean(unknown, names)}; "
+                          f"allowed: {', '.join(sorted(names))}")
     kwargs = {k: c.run(_coerce, v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items() if k in names}
     if c.problems:  # every unknown key and bad type at once
         raise error_type(problems=c.problems)
     return cls(**kwargs)
+
+
+def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
+    """`` (did you mean X?)``, or ``(did you mean a -> A, b -> B?)`` for several, naming the close allowed key
+    (difflib) of each misspelt one; '' when none is close."""
+    choices, keys = sorted(allowed), list(unknown)
+    close = {k: m[0] for k in keys if (m := difflib.get_close_matches(str(k), choices, n=1, cutoff=0.75))}
+    if not close:
+        return ""
+    if len(keys) == 1:
+        return f" (did you mean {close[keys[0]]}?)"
+    return f" (did you mean {', '.join(f'{k} -> {v}' for k, v in close.items())}?)"
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
@@ -504,7 +518,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     unknown = sorted(set(raw) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
-        raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}; allowed: {listed}")
+        raise ConfigError(f"config: unknown top-level key(s) {', '.join(unknown)}{did_you_mean(unknown, allowed)}; "
+                          f"allowed: {listed}")
     c = _Collect()  # every section is checked, and all their problems reported together
     data = c.run(dataclass_from_mapping, DataConfig, raw.get("data"), "data")
     model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
@@ -572,10 +587,16 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{p}{yaml_position(e)}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def yaml_position(e: yaml.YAMLError) -> str:
+    """``:line:column`` (1-based) of a YAML error that knows where it happened, else ''."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
 
 
 def with_device(cfg: ExperimentConfig, device: str | None) -> ExperimentConfig:

@@ -20,7 +20,7 @@ def test_bad_config_unknown_key_and_bad_set_exit_2_one_line(tmp_path: Path) -> N
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: {rounds: 2\n")
     cases = [
-        (["--config", str(broken)], "config error: " + str(broken) + ": not valid YAML"),
+        (["--config", str(broken)], "config error: " + str(broken) + ":2:1: not valid YAML"),  # line:column
         (["--config", str(cfg), "--set", "train.bogus=1"], "config error: train: unknown key(s) bogus"),
         (["--config", str(cfg), "--set", "train.rounds"], "--set 'train.rounds': expected key=value"),  # a flag
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,30 @@ def test_every_declared_field_has_a_doc() -> None:
     for cls in (DataConfig, ModelConfig, TrainConfig, *OPTIONS.values()):
         missing = [k for k, doc in cls.docs().items() if not doc]
         assert not missing, f"{cls.__name__}: undocumented {missing}"
+
+
+def test_misspelt_keys_get_a_did_you_mean_and_far_ones_none(tmp_path: Path) -> None:
+    from fedent.config import did_you_mean, load_config
+
+    assert did_you_mean(["trian"], ["train", "data"]) == " (did you mean train?)"
+    assert did_you_mean(["lrr", "round", "xyzzy"], ["lr", "rounds", "seed"]) == \
+        " (did you mean lrr -> lr, round -> rounds?)"
+    assert did_you_mean(["xyzzy"], ["lr", "rounds"]) == ""
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text("name: x\ntrain: {round: 2}\nalgorithm: {name: fedent, betta: 0.5}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert "train: unknown key(s) round (did you mean rounds?)" in str(e.value)
+    assert "algorithm: unknown key(s) betta for fedent (did you mean beta?)" in str(e.value)
+    cfg.write_text("trian: {rounds: 2}\n")
+    with pytest.raises(ConfigError, match=r"unknown top-level key\(s\) trian \(did you mean train\?\)"):
+        load_config(cfg)
+
+
+def test_a_yaml_error_names_its_line_and_column(tmp_path: Path) -> None:
+    from fedent.config import load_config
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("name: x\ntrain: {rounds: 2\n  lr: [0.1\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(cfg))}:\d+:\d+: not valid YAML"):
+        load_config(cfg)
