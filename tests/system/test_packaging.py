@@ -119,3 +119,13 @@ def test_the_core_data_files_are_package_data() -> None:
         parts = f.split("/")
         assert any(len(g.split("/")) == len(parts) and all(map(fnmatch.fnmatchcase, parts, g.split("/")))
                    for g in globs), f
+
+
+def test_licence_metadata_and_a_bounded_protobuf() -> None:
+    """The wheel says its licence (the LICENSE file's, Apache-2.0) and keeps protobuf below the next major
+    version, which generated code of this major refuses at import."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    assert project["license-files"] == ["LICENSE"]
+    (protobuf,) = [d for d in project["dependencies"] if d.split(">")[0].split("<")[0].strip() == "protobuf"]
+    assert "<8" in protobuf.replace(" ", "")
