@@ -40,9 +40,9 @@ class RunSummary:
 class AlgorithmSummary:
     algorithm: str
     runs: int
-    final: tuple[float, float] | None  # (mean, std) over seeds that finished
-    best: tuple[float, float] | None
-    reach: tuple[float, float] | None  # over seeds that reached the target
+    final: tuple[float, float | None] | None  # (mean, std) over seeds that finished; std None for one
+    best: tuple[float, float | None] | None
+    reach: tuple[float, float | None] | None  # over seeds that reached the target
     reached: int
     failed: int
 
@@ -68,11 +68,12 @@ def rounds_to_target(records: Records, target: float | None) -> int | None:
     return None
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float] | None:
+def _mean_std(values: Sequence[float]) -> tuple[float, float | None] | None:
+    """Mean and sample std; the std is None for one value (one seed has no spread to report, not a zero one)."""
     if not values:
         return None
     arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else None
 
 
 def summarize(runs: Sequence[RunSummary], algorithms: Sequence[str]) -> list[AlgorithmSummary]:
@@ -92,8 +93,10 @@ def summarize(runs: Sequence[RunSummary], algorithms: Sequence[str]) -> list[Alg
     return out
 
 
-def _pct(ms: tuple[float, float] | None) -> str:
-    return "—" if ms is None else f"{100 * ms[0]:.2f} ± {100 * ms[1]:.2f}"
+def _pct(ms: tuple[float, float | None] | None) -> str:
+    if ms is None:
+        return "—"
+    return f"{100 * ms[0]:.2f} (n=1)" if ms[1] is None else f"{100 * ms[0]:.2f} ± {100 * ms[1]:.2f}"
 
 
 def _reach(s: AlgorithmSummary, target: float | None) -> str:
@@ -102,11 +105,12 @@ def _reach(s: AlgorithmSummary, target: float | None) -> str:
     if s.reach is None:
         return f"not reached (0/{s.runs})"
     mean, std = s.reach
-    return f"{mean:.1f} ± {std:.1f} ({s.reached}/{s.runs})"
+    spread = "" if std is None else f" ± {std:.1f}"
+    return f"{mean:.1f}{spread} ({s.reached}/{s.runs})"
 
 
 def markdown_table(summaries: Sequence[AlgorithmSummary], target: float | None) -> str:
-    """The comparison table: accuracies in percent, mean ± sample std over seeds."""
+    """The comparison table: accuracies in percent, mean ± sample std over seeds (``(n=1)`` for one seed)."""
     tgt = f"{100 * target:.1f}%" if target is not None else "target (unset)"
     lines = [
         f"| algorithm | final accuracy (%) | best accuracy (%) | rounds to {tgt} | failed runs |",
@@ -242,8 +246,8 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
         lines += [f"![{p.stem}]({p.relative_to(out)})" for p in result.figures if p.suffix in (".png", ".svg")]
     runlog.atomic_write_text(out / "compare.md", "\n".join(lines) + "\n")
 
-    def ms(v: tuple[float, float] | None) -> dict[str, float] | None:
-        return None if v is None or any(math.isnan(x) for x in v) else {"mean": v[0], "std": v[1]}
+    def ms(v: tuple[float, float | None] | None) -> dict[str, float | None] | None:
+        return None if v is None or any(x is not None and math.isnan(x) for x in v) else {"mean": v[0], "std": v[1]}
 
     runlog.atomic_write_json(out / "summary.json", {
         "config": cfg.to_dict(), "seeds": list(seeds), "target": result.target,

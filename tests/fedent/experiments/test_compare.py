@@ -56,10 +56,13 @@ def test_rounds_to_target_and_summary_stats() -> None:
     runs = [RunSummary("a", 0, p, 0.5, 0.6, 3, 1.0), RunSummary("a", 1, p, 0.7, 0.8, None, 1.0),
             RunSummary("b", 0, p, None, None, None, None, error="diverged")]
     a, b = summarize(runs, ["a", "b"])
-    assert a.final == pytest.approx((0.6, 0.1414213562)) and a.reach == (3.0, 0.0) and a.reached == 1
+    assert a.final == pytest.approx((0.6, 0.1414213562)) and a.reach == (3.0, None) and a.reached == 1
     assert b == AlgorithmSummary("b", 1, None, None, None, 0, 1)
     table = markdown_table([a, b], 0.75)
-    assert "| a | 60.00 ± 14.14 | 70.00 ± 14.14 | 3.0 ± 0.0 (1/2) | 0 |" in table
+    assert "| a | 60.00 ± 14.14 | 70.00 ± 14.14 | 3.0 (1/2) | 0 |" in table  # one seed reached: no ± 0.0
+    one = summarize(runs[:1], ["a"])[0]  # a single seed has no spread: the table says n=1, never "± 0.00"
+    assert one.final == (0.5, None)
+    assert "| a | 50.00 (n=1) | 60.00 (n=1) | 3.0 (1/1) | 0 |" in markdown_table([one], 0.75)
     assert "| b | — | — | not reached (0/1) | 1 |" in table
 
 
