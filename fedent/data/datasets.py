@@ -2,7 +2,8 @@
 
 Where the files come from, in order (docs/data.md):
 
-1. ``cfg.root``, which must exist when given (unless ``cfg.download`` may create it): torchvision's layout
+1. ``cfg.root``, which must exist and not be empty when given (unless ``cfg.download`` may fill it; a root
+   holding only other datasets falls back to 2. with one line on stderr): torchvision's layout
    (``ROOT/FashionMNIST/raw/...``, ``ROOT/cifar-10-batches-py/``) or a flat
    directory holding the raw files (``*-ubyte[.gz]``, the CIFAR batches);
 2. an OS-packaged copy, ``<system_dir>/<dataset-name>/`` (Debian's ``dataset-fashion-mnist`` installs
@@ -19,6 +20,7 @@ lookup order above; the readers are private steps of ``find_raw`` (``fedent.data
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +269,10 @@ def find_raw(spec: DatasetSpec, root: Path | None, download: bool, system_dirs: 
     if root is not None and not root.is_dir() and not download:
         # an explicit root that is not there is a mistake to report, not a reason to read another copy
         raise DatasetNotFoundError(f"data.root / --data-root {root}: no such directory (dataset {spec.name!r})")
+    if root is not None and not download and not any(root.iterdir()):
+        # nor is an empty one (a mount that failed, a copy not made yet): reading the OS copy would hide it
+        raise DatasetNotFoundError(f"data.root / --data-root {root} is empty (dataset {spec.name!r}), so no "
+                                   f"other copy is read instead; " + _not_found(spec, root, system_dirs, download))
     if root is not None:
         if _tv_layout_present(spec, root):
             arrays, source = _read_torchvision(spec, root, download=False), f"root:{root} (torchvision layout)"
@@ -279,6 +285,9 @@ def find_raw(spec: DatasetSpec, root: Path | None, download: bool, system_dirs: 
             hit = _search_dir(spec, Path(sd) / spec.name) if (Path(sd) / spec.name).is_dir() else None
             if hit is not None:
                 arrays, source = hit[0], f"system:{hit[1]}"
+                if root is not None:  # a root shared by other datasets: said, not silent
+                    print(f"data.root {root} holds no {spec.name} files; reading the OS copy {hit[1]}",
+                          file=sys.stderr)
                 break
     if arrays is None and download:
         target = root if root is not None else DEFAULT_DOWNLOAD_ROOT

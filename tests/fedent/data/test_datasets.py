@@ -187,11 +187,22 @@ def test_root_wins_over_system_dir(tmp_path: Path) -> None:
     assert ds.num_train == 70 and ds.source.startswith("root:")
 
 
-def test_missing_root_files_fall_back_to_system_dir(tmp_path: Path) -> None:
-    (tmp_path / "root").mkdir()
+def test_missing_root_files_fall_back_to_system_dir_and_say_so(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A root holding other datasets (not this one) falls back to the OS copy, with one line saying so."""
+    write_mnist_like(tmp_path / "root" / "other-dataset", n_train=10)
     write_mnist_like(tmp_path / "sys" / "mnist", n_train=50)
     ds = load_dataset(_cfg("mnist", tmp_path / "root"), system_dirs=[tmp_path / "sys"])
     assert ds.num_train == 50 and ds.source.startswith("system:")
+    assert f"data.root {tmp_path / 'root'} holds no mnist files; reading the OS copy" in capsys.readouterr().err
+
+
+def test_an_empty_root_is_an_error_not_a_fallback(tmp_path: Path) -> None:
+    """An existing but empty data.root (a mount that failed) must not silently read the OS copy instead."""
+    (tmp_path / "root").mkdir()
+    write_mnist_like(tmp_path / "sys" / "mnist", n_train=50)
+    with pytest.raises(DatasetNotFoundError, match=r"data.root / --data-root .*root is empty \(dataset 'mnist'\)"):
+        load_dataset(_cfg("mnist", tmp_path / "root"), system_dirs=[tmp_path / "sys"])
 
 
 def test_missing_root_directory_is_an_error_not_a_fallback(tmp_path: Path) -> None:
