@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fedent.meanfield.lr import implicit_rhs, solve_eta, upper_bound
 
+MAX_NEWTON = 20
 BETAS = st.sampled_from([0.5, 0.9, 0.99, 0.999])
 
 
@@ -44,6 +45,9 @@ def test_exact_root_is_the_smallest_in_bracket(s: tuple[float, float, float, flo
     sol = solve_eta(a, b, c, th, phi, beta)
     eta, bound = float(sol.eta_star[0]), float(sol.bound[0])
     assert not sol.guarded[0]
+    # Newton from the monotone side converges in a few steps (bisection to rtol 1e-12 needs ~40)
+    assert sol.iterations <= MAX_NEWTON, sol.iterations
+    assert sol.iterations <= sol.evaluations <= sol.iterations + 1  # one client: one F per step (+ F(B))
     assert math.isfinite(eta) and 0.0 <= eta <= bound
     h = float(_h(np.array(eta), a, b, c, th, phi, beta)) if eta > 0 else 0.0
     if 0 < eta < bound:  # interior: the implicit equation η = h(η) holds to 1e-9 relative in η
@@ -89,6 +93,11 @@ def test_vectorised_equals_one_by_one_and_is_fast() -> None:
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.05, f"10k clients took {elapsed * 1e3:.1f} ms"
     assert 0 < np.count_nonzero(sol.eta_star) < n
+    # the cost, as the solver reports it: a few vectorised Newton sweeps (bisection would need ~40, a missing
+    # convergence test max_iter = 100), and about 3 evaluations of F per client that needed a solve
+    solved = int(np.count_nonzero(sol.eta_star))
+    assert 3 <= sol.iterations <= 8, sol.iterations
+    assert solved <= sol.evaluations <= 4 * solved, (sol.evaluations, solved)
     for i in rng.choice(n, 25, replace=False):
         one = solve_eta(a[i], b[i], c, th[i], phi, 0.99)
         assert one.eta_star[0] == pytest.approx(sol.eta_star[i], rel=1e-12, abs=0)
