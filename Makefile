@@ -13,7 +13,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 BUF_INPUT ?= .
 
-.PHONY: setup data browser run test lint proto proto-check proto-lint buf simulate cluster bench reproduce clean \
+.PHONY: setup data browser run test mutation lint proto proto-check proto-lint buf simulate cluster bench reproduce clean \
 	docker-base compose-check
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,13 @@ proto-lint: $(BUF_STAMP)
 
 test: data browser $(STAMP) lint proto-check
 	$(BIN)/pytest -q
+
+# Mutation testing of the core (not part of `make test`; long): mutmut over each module with its own tests,
+# a seeded sample per module, resumable (.mutation/), scores into tests/MUTATION.md. MUTATION_ARGS, e.g.
+# "--module codec --sample 150 --budget 1800".
+MUTATION_ARGS ?= --sample 150
+mutation: $(STAMP)
+	nice -n 19 $(BIN)/python tools/mutation.py $(MUTATION_ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. $(PROTO_SRC)

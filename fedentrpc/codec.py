@@ -366,8 +366,14 @@ class TensorAssembler:
         h = self.header
         if h is None:
             raise WireError("empty tensor stream")
-        if self._count != h.num_chunks or self._received != h.wire_bytes:
-            raise WireError(f"tensor stream truncated: {self._received} of {h.wire_bytes} bytes")
+        if self._count != h.num_chunks:
+            raise WireError(f"tensor stream truncated: {self._count} of {h.num_chunks} chunks, "
+                            f"{self._received} of {h.wire_bytes} bytes")
+        if self._received != h.wire_bytes:
+            # every chunk came but they carried too few bytes: the rest of the buffer (recycled from an earlier
+            # stream) would be decoded as if it had been sent
+            raise WireError(f"tensor stream short: its {h.num_chunks} chunks carried {self._received} of the "
+                            f"header's {h.wire_bytes} bytes")
         return h
 
     def verify(self) -> pb.TensorListHeader:

@@ -42,12 +42,15 @@ class OnlineFixedPoint:
     bracket: tuple[float, float]
     residual: float  # |F(φ2')| / φ2'
     bracketed: bool  # False only in the degenerate case where no sign change was found
+    expansions: int = 0  # doublings/halvings of the bracket search from c
+    refinements: int = 0  # regula falsi (Illinois) steps inside the bracket
 
     @property
     def guards(self) -> int:
         return int(np.count_nonzero(self.guarded))
 
     def to_dict(self) -> dict[str, float | int | bool | list[float]]:
+        """The round's report (``iterations``: G evaluations; ``expansions``/``refinements``: the steps)."""
         return {
             "phi2_next": self.phi2_next,
             "iterations": self.iterations,
@@ -55,6 +58,8 @@ class OnlineFixedPoint:
             "residual": self.residual,
             "bracketed": self.bracketed,
             "guards": self.guards,
+            "expansions": self.expansions,
+            "refinements": self.refinements,
         }
 
 
@@ -115,8 +120,8 @@ def solve_online(
             cache[phi] = (phi - g, sol, rate)
         return cache[phi][0]
 
-    lo, hi, bracketed = _bracket(residual, float(c))
-    phi = _illinois(residual, lo, hi, rtol, max_iter) if bracketed else lo
+    lo, hi, bracketed, expansions = _bracket(residual, float(c))
+    phi, refinements = _illinois(residual, lo, hi, rtol, max_iter) if bracketed else (lo, 0)
     f, sol, rate = cache[phi]
     return OnlineFixedPoint(
         phi2_next=phi,
@@ -127,41 +132,49 @@ def solve_online(
         bracket=(lo, hi),
         residual=abs(f) / phi,
         bracketed=bracketed,
+        expansions=expansions,
+        refinements=refinements,
     )
 
 
-def _bracket(residual: Callable[[float], float], start: float) -> tuple[float, float, bool]:
-    """[lo, hi] with F(lo) ≤ 0 ≤ F(hi), found by doubling/halving from ``start`` in F's direction."""
+def _bracket(residual: Callable[[float], float], start: float) -> tuple[float, float, bool, int]:
+    """[lo, hi] with F(lo) ≤ 0 ≤ F(hi), found by doubling/halving from ``start`` in F's direction; and the
+    number of doublings/halvings it took."""
     f0 = residual(start)
     if f0 == 0.0:
-        return start, start, True
+        return start, start, True, 0
     x = start
-    for _ in range(_MAX_EXPANSIONS):
+    for k in range(1, _MAX_EXPANSIONS + 1):
         y = x * 2.0 if f0 < 0 else x * 0.5
         fy = residual(y)
         if (fy >= 0) if f0 < 0 else (fy <= 0):
-            return (x, y, True) if f0 < 0 else (y, x, True)
+            return (x, y, True, k) if f0 < 0 else (y, x, True, k)
         x = y
-    return x, x, False
+    return x, x, False, _MAX_EXPANSIONS
 
 
-def _illinois(residual: Callable[[float], float], lo: float, hi: float, rtol: float, max_iter: int) -> float:
-    """Regula falsi with the Illinois fix and a bisection fallback; returns the best end point."""
+def _illinois(
+    residual: Callable[[float], float], lo: float, hi: float, rtol: float, max_iter: int
+) -> tuple[float, int]:
+    """Regula falsi with the Illinois fix and a bisection fallback; returns the best end point and the number
+    of steps taken."""
     f_lo, f_hi = residual(lo), residual(hi)
     if f_lo == 0.0:
-        return lo
+        return lo, 0
     if f_hi == 0.0 or lo == hi:
-        return hi
+        return hi, 0
     side = 0
+    steps = 0
     for _ in range(max_iter):
         if hi - lo <= rtol * hi:
             break
+        steps += 1
         x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
         if not (lo < x < hi):
             x = 0.5 * (lo + hi)
         fx = residual(x)
         if fx == 0.0:
-            return x
+            return x, steps
         if fx < 0:
             lo, f_lo = x, fx
             if side == -1:
@@ -172,4 +185,4 @@ def _illinois(residual: Callable[[float], float], lo: float, hi: float, rtol: fl
             if side == 1:
                 f_lo *= 0.5
             side = 1
-    return lo if abs(residual(lo)) <= abs(residual(hi)) else hi
+    return (lo if abs(residual(lo)) <= abs(residual(hi)) else hi), steps

@@ -3,6 +3,8 @@ checksums, and clear errors on bad input (corrupt, truncated, reordered, oversiz
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -219,12 +221,57 @@ def test_a_header_claiming_too_many_bytes_fails_before_allocating() -> None:
         decode_tensors(chunks, max_bytes=2**63)
 
 
-def test_a_zlib_bomb_is_stopped_at_the_headers_raw_size() -> None:
-    enc = encode_tensors({"params": [torch.zeros(1000)]}, TransferSpec(compression="zlib"))
+def test_a_zlib_bomb_is_stopped_at_the_headers_raw_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is on the memory, not just the message: the decompressor is never allowed to produce more than
+    the header's raw size + 1 bytes (a 4 GB bomb must not be inflated before it is refused)."""
+    enc = encode_tensors({"params": [torch.zeros(100_000)]}, TransferSpec(compression="zlib"))
     chunks = [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
-    chunks[0].header.raw_bytes = 400  # the payload inflates to 4000 bytes
+    chunks[0].header.raw_bytes = 400  # the payload inflates to 400,000 bytes
+    produced: list[int] = []
+    real = zlib.decompressobj
+
+    class Measured:
+        def __init__(self) -> None:
+            self._d = real()
+
+        def decompress(self, data: object, *args: int) -> bytes:
+            out = self._d.decompress(data, *args)
+            produced.append(len(out))
+            return out
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._d, name)
+
+    monkeypatch.setattr(codec.zlib, "decompressobj", Measured)
     with pytest.raises(WireError, match="inflates past the header's 400 bytes"):
         decode_tensors(chunks)
+    assert produced and sum(produced) <= 401, produced
+
+
+def test_every_chunk_but_too_few_bytes_is_rejected_not_padded_with_stale_bytes() -> None:
+    """A stream whose chunks all arrive but carry fewer bytes than the header says is refused: the receive
+    buffer is sized from the header and may be recycled, so the missing tail would be an earlier stream's."""
+    big = {"p": [torch.arange(2**19, dtype=torch.float32)]}  # 2 MiB: its buffer comes from the receive pool
+    spec = TransferSpec(chunk_bytes=2**20)
+    first = decode_tensors(encode_tensors(big, spec))
+    assert torch.equal(first["p"][0], big["p"][0])
+    del first  # its buffer goes back to the pool, holding the old bytes
+    short = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(big, spec)]
+    short[-1].data = short[-1].data[: len(short[-1].data) // 2]
+    short[-1].checksum = codec.checksum(codec.DEFAULT_CHECKSUM, short[-1].data)
+    with pytest.raises(WireError, match=r"tensor stream short: its 2 chunks carried 1572864 of the header's "
+                                        r"2097152 bytes"):
+        decode_tensors(short)
+    # and the converse: every byte, but in fewer chunks than the header announced
+    fewer = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors(big, spec)]
+    fewer[0].header.num_chunks = 3
+    with pytest.raises(WireError, match="tensor stream truncated: 2 of 3 chunks, 2097152 of 2097152 bytes"):
+        decode_tensors(fewer)
+    asm = codec.TensorAssembler(keep_payload=False)  # the verify-only path refuses it too
+    for c in short:
+        asm.add(c)
+    with pytest.raises(WireError, match="tensor stream short"):
+        asm.verify()
 
 
 def test_stream_tensors_fails_on_bad_input_before_the_first_chunk_and_equals_encode() -> None:

@@ -44,6 +44,21 @@ def clear_or_ok(fn: Callable[[], Any]) -> Any:
         return None
 
 
+def as_header_says(out: codec.Bundle, chunks: list[pb.TensorChunk]) -> None:
+    """A decoded bundle is exactly what its stream's header declares: the groups (names, order, counts), each
+    tensor's dtype and shape, and the payload's size."""
+    h = chunks[0].header
+    assert list(out) == [g.name for g in h.groups]
+    assert [len(out[g.name]) for g in h.groups] == [g.count for g in h.groups]
+    tensors = [t for ts in out.values() for t in ts]
+    assert [(codec.DTYPES[t.dtype], list(t.shape)) for t in tensors] == [(s.dtype, list(s.shape)) for s in h.tensors]
+    assert sum(len(c.data) for c in chunks) == h.wire_bytes and len(chunks) == h.num_chunks
+    wire = codec._WIRE_TORCH.get(h.wire_dtype)
+    sent = [wire if wire is not None and t.is_floating_point() else t.dtype for t in tensors]
+    assert sum(t.numel() * torch.empty((), dtype=d).element_size() for t, d in zip(tensors, sent, strict=True)) \
+        == h.raw_bytes
+
+
 def parsed(cls: type[Message], data: bytes) -> Any:
     try:
         return cls.FromString(data)
@@ -65,14 +80,20 @@ def _valid_chunks(chunk_bytes: int = 24, compression: str = "none") -> list[pb.T
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
 def test_random_bytes_as_tensor_chunks(blobs: list[bytes]) -> None:
     chunks = [c for c in (parsed(pb.TensorChunk, b) for b in blobs) if c is not None]
-    clear_or_ok(lambda: codec.decode_tensors(chunks))
+    if (out := clear_or_ok(lambda: codec.decode_tensors(chunks))) is not None:
+        as_header_says(out, chunks)
 
 
 @FUZZ
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
 def test_random_bytes_as_update_parts(blobs: list[bytes]) -> None:
     parts = [p for p in (parsed(agg_pb.SubmitUpdateRequest, b) for b in blobs) if p is not None]
-    clear_or_ok(lambda: mappers.update_from_parts(parts))
+    if (got := clear_or_ok(lambda: mappers.update_from_parts(parts))) is not None:
+        h, u = parts[0].header, got.update
+        assert (u.cid, u.num_samples, got.meta.round) == (h.cid, h.num_samples, h.round) and u.num_samples >= 0
+        chunks = [p.chunk for p in parts[1:]]
+        if [g.name for g in chunks[0].header.groups][:1] == [codec.PARAMS_GROUP]:
+            as_header_says({codec.PARAMS_GROUP: u.params, **u.tensors}, chunks)
 
 
 @FUZZ
@@ -126,7 +147,17 @@ def mutated_stream(draw: st.DrawFn) -> list[bytes]:
 @given(mutated_stream())
 def test_mutated_tensor_streams(raw_chunks: list[bytes]) -> None:
     chunks = [c for c in (parsed(pb.TensorChunk, r) for r in raw_chunks) if c is not None]
-    clear_or_ok(lambda: codec.decode_tensors(chunks))
+    out = clear_or_ok(lambda: codec.decode_tensors(chunks))
+    if out is None:
+        return
+    as_header_says(out, chunks)
+    # what the checksums protect: a mutated stream that still decodes to the original layout decodes to the
+    # original values (never to other bytes)
+    original = codec.decode_tensors(_valid_chunks())
+    same_layout = list(out) == list(original) and all(
+        [(t.dtype, t.shape) for t in out[k]] == [(t.dtype, t.shape) for t in original[k]] for k in out)
+    if same_layout:
+        assert all(torch.equal(x, y) for k in out for x, y in zip(out[k], original[k], strict=True))
 
 
 @FUZZ
@@ -182,7 +213,14 @@ def random_stream(draw: st.DrawFn) -> list[pb.TensorChunk]:
 @FUZZ
 @given(random_stream())
 def test_random_headers_and_payloads(chunks: list[pb.TensorChunk]) -> None:
-    clear_or_ok(lambda: codec.decode_tensors(chunks))
+    if (out := clear_or_ok(lambda: codec.decode_tensors(chunks))) is not None:
+        as_header_says(out, chunks)
+        h = chunks[0].header
+        payload = b"".join(c.data for c in chunks)
+        raw = zlib.decompress(payload) if h.compression == pb.COMPRESSION_ZLIB else payload
+        if h.wire_dtype == pb.WIRE_DTYPE_NATIVE and not any(t.dtype == torch.bool for ts in out.values() for t in ts):
+            assert b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for ts in out.values()
+                            for t in ts) == raw  # the tensors are the payload's bytes, in order
 
 
 JSON_LIKE = st.recursive(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from conftest import tiny_config, tiny_inputs
 from torch import Tensor
 
@@ -34,6 +35,7 @@ class Dropping(InProcessExecutor):
         self.down = set(down)
         self.asked: list[list[int]] = []
         self.finished: list[tuple[bool, str]] = []
+        self.excluded: list[set[int]] = []  # the ``exclude`` of each replacements call
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
@@ -42,6 +44,7 @@ class Dropping(InProcessExecutor):
         return Gathered(got.results, {c: "deadline" for c in cids if c in self.down})
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
+        self.excluded.append(set(exclude))
         return sorted(c for c in self.host.hosted if c not in self.down)[:k]
 
     def finish(self, ok: bool, reason: str) -> None:
@@ -70,7 +73,13 @@ def test_a_full_quorum_run_writes_every_file(tmp_path: Path) -> None:
     e = engine(tmp_path)
     records = e.run()
     assert [r["round"] for r in records] == [0, 1] and records == runlog.read_metrics(e.paths.metrics)
-    assert status(e)["phase"] == "done" and e.paths.model.exists() and e.paths.config.exists()
+    assert status(e)["phase"] == "done"
+    # the files hold the run, not just exist: model_final.pt is the final global model, config.yaml the config
+    final = torch.load(e.paths.model, weights_only=True)
+    assert isinstance(final, list) and len(final) == len(e.global_params)
+    assert all(torch.equal(a, b) for a, b in zip(final, e.global_params, strict=True))
+    assert yaml.safe_load(e.paths.config.read_text()) == runlog.jsonable(e.cfg.to_dict())
+    assert json.loads(e.paths.partition.read_text()) == runlog.jsonable(e.partition_info)
     rows = runlog.read_clients(e.paths.clients)
     assert sum(r["participation"] for r in rows) == sum(r["num_clients"] for r in records)
     assert all(r["worker"] == "simulator" for r in rows)
@@ -85,6 +94,14 @@ def test_a_missed_quorum_is_retried_with_replacements(tmp_path: Path) -> None:
     for rec in records:
         assert set(rec["clients"]).isdisjoint({0, 1})  # the round ran with live clients
     retried = [r for r in records if "retried" in r["diagnostics"]]
+    # each retry excludes every client that failed in the round's earlier tries (read from failed_clients)
+    expected = []
+    for r in retried:
+        failed: set[int] = set()
+        for tried in r["diagnostics"]["retried"]:
+            failed |= {c for c in tried["clients"] if c in {0, 1}}
+            expected.append(set(failed))
+    assert ex.excluded == expected and all(expected)
     assert retried and all(re.fullmatch(r"\d/\d updates accepted; client [01]: deadline.*",
                                              r["diagnostics"]["retried"][0]["why"])
                            for r in retried)
@@ -104,6 +121,11 @@ def test_a_skipped_round_keeps_the_model_and_the_run_goes_on(tmp_path: Path) -> 
     w0 = [p.clone() for p in e.global_params]
     records = e.run()
     assert all("skipped" in r["diagnostics"] for r in records)
+    # who failed and why, under the documented key (clients.json reads the same key)
+    assert all(r["diagnostics"]["failed_clients"] == {str(c): "deadline" for c in r["clients"]} for r in records)
+    rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
+    last = records[-1]
+    assert all(rows[c]["last_failure"] == f"round {last['round']}: deadline" for c in last["clients"])
     assert all(r["train_loss"] is None for r in records)
     assert all(torch.equal(a, b) for a, b in zip(e.global_params, w0, strict=True))
     assert status(e)["phase"] == "done"

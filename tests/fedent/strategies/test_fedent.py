@@ -195,3 +195,31 @@ def test_options_are_validated_through_the_registry() -> None:
                 {"probe_batch_size": 0}, {"gamma": 2}):
         with pytest.raises(ConfigError):
             build_strategy(AlgorithmConfig("fedent", bad))
+
+
+def test_offline_prepare_passes_every_option_to_algorithm_1() -> None:
+    """prepare() is Algorithm 1 called with the strategy's options and the run's base rate: its φ2 equals a
+    hand-built solve_fixed_point call, and each of eta_max, phi2_rate, gamma and base_lr changes it (so an
+    option dropped from the call, falling back to solve_fixed_point's default, is caught)."""
+    from fedent.meanfield.fixed_point import solve_fixed_point
+
+    trainer, indices, w = _setup()
+    sizes = [int(i.numel()) for i in indices]
+    schedule = [[1, 4], [2, 3], [0, 5]]
+    # every value differs from solve_fixed_point's default (eta_max None, star, gamma 0.99, base_lr 0.01)
+    opts = dict(estimator="offline", max_sweeps=3, beta=0.99, gamma=0.5, phi2_rate="used", eta_max=0.02,
+                eps1=1e-9, eps2=1e-9)
+
+    def offline(base_lr: float = LR, **change: object) -> list[float]:
+        strategy = FedEnt(FedEntOptions(**{**opts, **change}))  # type: ignore[arg-type]
+        strategy.set_run_plan(schedule, base_lr)
+        return strategy.prepare(TrainerOracle(trainer, indices, SEED, 8), w, sizes, rounds=3)["phi2"]
+
+    got = offline()
+    total = float(sum(sizes))
+    ref = solve_fixed_point(TrainerOracle(trainer, indices, SEED, 8), w, list(range(N_CLIENTS)),
+                            [n / total for n in sizes], 3, 0.99, "exact", 1e-9, 1e-9, 3, schedule=schedule,
+                            eta_max=0.02, phi2_rate="used", gamma=0.5, base_lr=LR)
+    assert got == [float(v) for v in ref.phi2]
+    for changed in (offline(eta_max=None), offline(phi2_rate="star"), offline(gamma=0.99), offline(base_lr=0.01)):
+        assert changed[0] == got[0] and changed[1:] != got[1:]

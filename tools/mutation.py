@@ -1,0 +1,192 @@
+"""Mutation testing of the core (``make mutation``; not part of ``make test``): mutmut 3.8, one module at a time,
+each against its own targeted tests, on a seeded sample of its mutants; resumable; scores -> tests/MUTATION.md.
+
+Per module, a work directory ``.mutation/<slug>/`` (git-ignored) holds a pyproject.toml (the repo's pytest
+settings plus a ``[tool.mutmut]`` section naming the one file to mutate and its tests) and links to the
+packages; mutmut copies them into ``.mutation/<slug>/mutants/`` and keeps every verdict there. The driver
+
+1. lets mutmut generate the module's mutants and map tests to functions (``mutmut run`` with a pattern that
+   names no mutant: the targeted tests run once, clean);
+2. draws a sample of ``--sample`` mutant names with ``random.Random(--seed)`` (all of them when fewer);
+3. runs the sampled mutants that have no verdict yet (``mutmut run NAME...``), in batches, so an interrupted
+   run resumes where it stopped;
+4. writes the counts (killed, survived, timeout, no tests, equivalent) to ``.mutation/<slug>/summary.json``
+   and the table in tests/MUTATION.md. Survivors judged equivalent are listed, with the reason, in
+   ``EQUIVALENT`` below (by mutant name) and counted apart.
+
+Usage: python tools/mutation.py [--module SLUG ...] [--sample N] [--seed S] [--budget SECONDS] [--report-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+REPORT = ROOT / "tests" / "MUTATION.md"
+PACKAGES = ("fedent", "fedentrpc", "server", "client", "estimator")
+
+# slug: (file to mutate, its targeted tests)
+MODULES: dict[str, tuple[str, list[str]]] = {
+    "lr": ("fedent/meanfield/lr.py", ["tests/fedent/meanfield/test_lr.py",
+                                      "tests/fedent/meanfield/test_scalar_fixed_point.py"]),
+    "scalar_fixed_point": ("fedent/meanfield/scalar_fixed_point.py",
+                           ["tests/fedent/meanfield/test_scalar_fixed_point.py"]),
+    "fixed_point": ("fedent/meanfield/fixed_point.py", ["tests/fedent/meanfield/test_fixed_point.py"]),
+    "strategy_fedent": ("fedent/strategies/fedent.py", ["tests/fedent/strategies/test_fedent.py"]),
+    "validation": ("fedent/strategies/validation.py", ["tests/fedent/strategies/test_validation.py"]),
+    "acceptance": ("fedent/rounds/acceptance.py", ["tests/fedent/rounds/test_engine.py",
+                                                   "tests/fedent/strategies/test_validation.py"]),
+    "codec": ("fedentrpc/codec.py", ["tests/fedentrpc/test_codec.py", "tests/fedentrpc/test_mappers.py"]),
+    "engine": ("fedent/rounds/engine.py", ["tests/fedent/rounds/test_engine.py"]),
+}
+
+# Survivors read and judged equivalent (no test can tell them from the original), with the reason.
+EQUIVALENT: dict[str, str] = {}
+
+NO_MATCH = "zz_no_such_mutant_*"  # a pattern naming no mutant: generation and test mapping only
+
+
+def _pyproject(target: str, tests: list[str]) -> str:
+    base = (ROOT / "pyproject.toml").read_text()
+    # the repo's own settings, then mutmut's: mutate one file of the copied packages, run only its tests
+    return base + (
+        "\n[tool.mutmut]\n"
+        f"source_paths = {json.dumps(['fedent', 'fedentrpc'])}\n"
+        f"only_mutate = {json.dumps([target])}\n"
+        f"also_copy = {json.dumps(['server', 'client', 'estimator', 'fedentrpc', 'fedent'])}\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutmut_compat", "-x", "-q"]\n'
+        "use_git_change_detection = false\n"
+        # torch (and grpc) are not fork-safe: a worker forked from the process that ran the tests hangs
+        'process_isolation = "forkserver"\n'
+        'forkserver_warmup = "none"\n'
+    )
+
+
+def _workdir(slug: str) -> Path:
+    target, tests = MODULES[slug]
+    d = WORK / slug
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "pyproject.toml").write_text(_pyproject(target, tests))
+    for name in (*PACKAGES, "tests"):
+        link = d / name
+        if not link.exists():
+            link.symlink_to(ROOT / name)
+    return d
+
+
+def _mutmut(d: Path, *args: str, timeout: float) -> int:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"),  # mutmut_compat, the pytest plugin
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = ["nice", "-n", "19", str(mutmut), "run", "--max-children", "2", *args]
+    try:
+        return subprocess.run(cmd, cwd=d, env=env, timeout=timeout, stdout=subprocess.DEVNULL).returncode
+    except subprocess.TimeoutExpired:
+        return -1
+
+
+def _verdicts(d: Path, target: str) -> dict[str, int | None]:
+    meta = d / "mutants" / (target + ".meta")
+    if not meta.exists():
+        return {}
+    data = json.loads(meta.read_text())
+    return dict(data.get("exit_code_by_key", {}))
+
+
+# mutmut's exit codes (mutmut/stats.py, status_by_exit_code); anything else is "suspicious"
+_STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+           -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault",
+           37: "caught by type check"}
+
+
+def _status(code: int | None) -> str:
+    return "not checked" if code is None else _STATUS.get(code, "suspicious")
+
+
+def measure(slug: str, sample: int, seed: int, deadline: float) -> dict[str, object]:
+    target, tests = MODULES[slug]
+    d = _workdir(slug)
+    if not _verdicts(d, target):
+        _mutmut(d, NO_MATCH, timeout=max(60.0, deadline - time.time()))
+    names = sorted(_verdicts(d, target))
+    chosen = sorted(random.Random(seed).sample(names, min(sample, len(names))))
+    batch = 10
+    while time.time() < deadline:
+        todo = [n for n in chosen if _verdicts(d, target).get(n) is None]
+        if not todo:
+            break
+        _mutmut(d, *todo[:batch], timeout=max(30.0, deadline - time.time()))
+    got = _verdicts(d, target)
+    counts: dict[str, int] = {}
+    survivors, equivalent = [], []
+    for n in chosen:
+        st = _status(got.get(n))
+        if st == "survived" and n in EQUIVALENT:
+            st = "equivalent"
+            equivalent.append(n)
+        elif st == "survived":
+            survivors.append(n)
+        counts[st] = counts.get(st, 0) + 1
+    summary = {"module": target, "tests": tests, "mutants": len(names), "sample": len(chosen), "seed": seed,
+               "counts": counts, "survivors": survivors, "equivalent": equivalent}
+    (d / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def report() -> None:
+    rows = []
+    for slug in MODULES:
+        p = WORK / slug / "summary.json"
+        if p.exists():
+            rows.append(json.loads(p.read_text()))
+    lines = ["| module | mutants | sampled | checked | killed | survived | equivalent | timeout | no tests | "
+             "score (killed / checked non-equivalent) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["counts"]
+        killed, surv, eq = c.get("killed", 0), c.get("survived", 0), c.get("equivalent", 0)
+        timeout = c.get("timeout", 0) + c.get("segfault", 0)
+        checked = r["sample"] - c.get("not checked", 0)
+        killed_all = killed + timeout  # a timeout is a detected mutant (the tests did not pass)
+        denom = checked - eq - c.get("no tests", 0)
+        score = f"{100 * killed_all / denom:.0f}%" if denom else "-"
+        lines.append(f"| `{r['module']}` | {r['mutants']} | {r['sample']} | {checked} | {killed} | {surv} | {eq} | "
+                     f"{timeout} | {c.get('no tests', 0)} | {score} |")
+    text = REPORT.read_text() if REPORT.exists() else ""
+    start, end = "<!-- mutation:table -->", "<!-- /mutation:table -->"
+    table = "\n".join(lines)
+    if start in text and end in text:
+        text = text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end):]
+    else:
+        text += f"\n{start}\n{table}\n{end}\n"
+    REPORT.write_text(text)
+    for r in rows:
+        if r["survivors"]:
+            print(f"{r['module']}: survivors {' '.join(r['survivors'])}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--module", action="append", choices=sorted(MODULES))
+    ap.add_argument("--sample", type=int, default=150)
+    ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds per module (resume to go on)")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    if not args.report_only:
+        for slug in args.module or list(MODULES):
+            s = measure(slug, args.sample, args.seed, time.time() + args.budget)
+            print(json.dumps({k: s[k] for k in ("module", "mutants", "sample", "counts")}))
+    report()
+
+
+if __name__ == "__main__":
+    main()
