@@ -271,8 +271,8 @@ def find_raw(spec: DatasetSpec, root: Path | None, download: bool, system_dirs: 
         raise DatasetNotFoundError(f"data.root / --data-root {root}: no such directory (dataset {spec.name!r})")
     if root is not None and not download and not any(root.iterdir()):
         # nor is an empty one (a mount that failed, a copy not made yet): reading the OS copy would hide it
-        raise DatasetNotFoundError(f"data.root / --data-root {root} is empty (dataset {spec.name!r}), so no "
-                                   f"other copy is read instead; " + _not_found(spec, root, system_dirs, download))
+        raise DatasetNotFoundError(_not_found(spec, root, system_dirs, download) + f" [data.root / --data-root {root} "
+                                   "is empty, so no other copy is read instead]")
     if root is not None:
         if _tv_layout_present(spec, root):
             arrays, source = _read_torchvision(spec, root, download=False), f"root:{root} (torchvision layout)"

@@ -94,7 +94,7 @@ def test_sigterm_stops_the_cluster_and_its_children(tmp_path: Path) -> None:
     import time
 
     cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(CONFIG.format(algorithm="fedavg").replace("rounds: 3", "rounds: 500"))
+    cfg_path.write_text(CONFIG.format(algorithm="fedavg", executor="auto").replace("rounds: 3", "rounds: 500"))
     out = tmp_path / "cluster"
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedent.cli", "cluster", "up", "--config", str(cfg_path), "--workers", "2",

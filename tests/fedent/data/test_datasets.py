@@ -201,7 +201,8 @@ def test_an_empty_root_is_an_error_not_a_fallback(tmp_path: Path) -> None:
     """An existing but empty data.root (a mount that failed) must not silently read the OS copy instead."""
     (tmp_path / "root").mkdir()
     write_mnist_like(tmp_path / "sys" / "mnist", n_train=50)
-    with pytest.raises(DatasetNotFoundError, match=r"data.root / --data-root .*root is empty \(dataset 'mnist'\)"):
+    with pytest.raises(DatasetNotFoundError,
+                       match=r"dataset 'mnist' not found.*\[data.root / --data-root .*root is empty, so no other copy"):
         load_dataset(_cfg("mnist", tmp_path / "root"), system_dirs=[tmp_path / "sys"])
 
 
