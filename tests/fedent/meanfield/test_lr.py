@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fedent.meanfield.lr import implicit_rhs, solve_eta, upper_bound
 
-MAX_NEWTON = 20
+MAX_NEWTON = 60  # adversarial draws: a root ~1e-18 under a bound ~20 took 35 (no convergence test: 100)
 BETAS = st.sampled_from([0.5, 0.9, 0.99, 0.999])
 
 
@@ -45,7 +45,7 @@ def test_exact_root_is_the_smallest_in_bracket(s: tuple[float, float, float, flo
     sol = solve_eta(a, b, c, th, phi, beta)
     eta, bound = float(sol.eta_star[0]), float(sol.bound[0])
     assert not sol.guarded[0]
-    # Newton from the monotone side converges in a few steps (bisection to rtol 1e-12 needs ~40)
+    # Newton from the monotone side converges in a few steps; tiny roots take more (the 10k batch: <= 8)
     assert sol.iterations <= MAX_NEWTON, sol.iterations
     assert sol.iterations <= sol.evaluations <= sol.iterations + 1  # one client: one F per step (+ F(B))
     assert math.isfinite(eta) and 0.0 <= eta <= bound
