@@ -32,16 +32,18 @@ class Acceptance:
                  sizes: Callable[[], Sequence[int]]) -> None:
         self.strategy, self.global_params, self.sizes = strategy, global_params, sizes
 
-    def _expected(self, cid: int) -> int | None:
-        sizes = self.sizes()
-        return int(sizes[cid]) if 0 <= cid < len(sizes) else None
+    def _stranger(self, cid: int) -> str | None:
+        n = len(self.sizes())
+        return None if 0 <= cid < n else f"{REJECTED}client {cid} is not one of this run's {n} clients"
 
     def probe_problem(self, cid: int, probe: Probe) -> str | None:
         """Why ``probe`` (gathered for client ``cid``) is rejected, or None."""
         if probe.cid != cid:
             return f"{REJECTED}probe of client {probe.cid} gathered for client {cid}"
+        if (why := self._stranger(cid)) is not None:
+            return why
         try:
-            check_probe(self.strategy(), probe, self._expected(cid))
+            check_probe(self.strategy(), probe, int(self.sizes()[cid]))
         except StrategyError as e:
             return f"{REJECTED}{e}"
         return None
@@ -50,8 +52,10 @@ class Acceptance:
         """Why ``update`` (gathered for client ``cid``) is rejected, or None."""
         if update.cid != cid:
             return f"{REJECTED}update of client {update.cid} gathered for client {cid}"
+        if (why := self._stranger(cid)) is not None:
+            return why
         try:
-            check_update(self.strategy(), update, self.global_params(), self._expected(cid))
+            check_update(self.strategy(), update, self.global_params(), int(self.sizes()[cid]))
         except StrategyError as e:
             return f"{REJECTED}{e}"
         return None
