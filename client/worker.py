@@ -12,9 +12,9 @@ vectorised) is the core's ``ClientHost`` (fedent.rounds.host), the one the simul
 is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's clients
 this worker hosts.
 
-Why ~490 lines in one module: the worker is one state machine (register, local or central data, ready, work
-stream, heartbeats, reconnect) over one channel; its parts are methods of that machine. The Oracle stream
-lives in client.oracle_link, the client half in the core.
+Why ~530 lines in one module: the worker is one state machine (connect with its failure reasons, register,
+local or central data, ready, work stream, heartbeats, reconnect) over one channel; its parts are methods of
+that machine. The Oracle stream lives in client.oracle_link, the client half in the core.
 """
 
 from __future__ import annotations
