@@ -10,6 +10,7 @@ gRPC status codes. No gRPC here.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +68,7 @@ class ClusterRun:
         self.registry.done = lambda: self.engine.phase == "done"
 
     @property
-    def finished(self) -> Any:
+    def finished(self) -> threading.Event:
         """Set when the run is over, whatever the outcome (``error`` says why it failed)."""
         return self.registry.finished
 

@@ -32,33 +32,26 @@ class Acceptance:
                  sizes: Callable[[], Sequence[int]]) -> None:
         self.strategy, self.global_params, self.sizes = strategy, global_params, sizes
 
-    def _stranger(self, cid: int) -> str | None:
-        n = len(self.sizes())
-        return None if 0 <= cid < n else f"{REJECTED}client {cid} is not one of this run's {n} clients"
+    def _problem(self, what: str, cid: int, upload: Probe | ClientUpdate, check: Callable[[int], None]) -> str | None:
+        """Why ``upload`` (gathered for client ``cid``) is rejected, or None: it must be that client's, the client
+        one of the run's, and ``check`` (given the client's sample count) must raise no ``StrategyError``."""
+        if upload.cid != cid:
+            return f"{REJECTED}{what} of client {upload.cid} gathered for client {cid}"
+        sizes = self.sizes()
+        if not 0 <= cid < len(sizes):
+            return f"{REJECTED}client {cid} is not one of this run's {len(sizes)} clients"
+        try:
+            check(int(sizes[cid]))
+        except StrategyError as e:
+            return f"{REJECTED}{e}"
+        return None
 
     def probe_problem(self, cid: int, probe: Probe) -> str | None:
-        """Why ``probe`` (gathered for client ``cid``) is rejected, or None."""
-        if probe.cid != cid:
-            return f"{REJECTED}probe of client {probe.cid} gathered for client {cid}"
-        if (why := self._stranger(cid)) is not None:
-            return why
-        try:
-            check_probe(self.strategy(), probe, int(self.sizes()[cid]))
-        except StrategyError as e:
-            return f"{REJECTED}{e}"
-        return None
+        return self._problem("probe", cid, probe, lambda n: check_probe(self.strategy(), probe, n))
 
     def update_problem(self, cid: int, update: ClientUpdate) -> str | None:
-        """Why ``update`` (gathered for client ``cid``) is rejected, or None."""
-        if update.cid != cid:
-            return f"{REJECTED}update of client {update.cid} gathered for client {cid}"
-        if (why := self._stranger(cid)) is not None:
-            return why
-        try:
-            check_update(self.strategy(), update, self.global_params(), int(self.sizes()[cid]))
-        except StrategyError as e:
-            return f"{REJECTED}{e}"
-        return None
+        return self._problem("update", cid, update,
+                             lambda n: check_update(self.strategy(), update, self.global_params(), n))
 
     def screen(self, got: Gathered[T], problem: Callable[[int, T], str | None]) -> Gathered[T]:
         """``got`` with every rejected result moved to ``failed`` (with its reason)."""
