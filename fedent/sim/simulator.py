@@ -20,6 +20,7 @@ from fedent.config import ExperimentConfig, with_device
 from fedent.distributed import World
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
+from fedent.perf import apply_host, apply_trainer, batched_federated
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
 from fedent.rounds.distributed import RANKS_DIR, DistributedExecutor, distributed_engine_parts
 from fedent.rounds.evaluation import Evaluator, central_federated
@@ -65,6 +66,7 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
+    apply_trainer(tr.perf, trainer)  # train.perf's levers (fedent.perf); all off by default
     states = None
     if policy is not None and policy.checkpoint_keep > 0 and strategy.keeps_client_state:
         from fedent.client_store import ClientStateStore
@@ -73,14 +75,15 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
                               trainer.device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
                              tr.max_parallel_clients, tr.conv, states=states)
+    apply_host(tr.perf, executor.host)
     if world is not None and world.distributed:
         executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval)
         return RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
                            dict(inputs.partition_info), policy, on_round=on_round)
     federated = None
     if tr.evaluation == "federated":
-        federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
-                                      tr.eval_batch_size)
+        make = batched_federated if tr.perf.eval_batched else central_federated
+        federated = make(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed, tr.eval_batch_size)
     evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy, on_round=on_round)
