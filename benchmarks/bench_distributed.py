@@ -7,7 +7,8 @@ Each side is a real ``fedent simulate`` command (P = 1: one process, ``--threads
 rank ``--threads T``), so process start-up, the all-gathers of the updates and rank 0's files all count. A round's
 time is metrics.jsonl's ``wall_s``; round 0 (warm-up) and the last round (evaluation) are not timed. The sides
 alternate ``--repeats`` times; medians are reported, with the largest |difference| between the final models
-(the runs must agree within 1e-5).
+(the runs must agree within 1e-5), and the share of rank 0's run time spent in the all-gathers (status.json's
+``gather_s``: moving the updates, and waiting for the slower rank).
 
     python benchmarks/bench_distributed.py                      # P = 1 vs P = 2 on the CPU
     python benchmarks/bench_distributed.py --procs 1,2,4 --device cuda   # on a machine with several GPUs
@@ -40,7 +41,8 @@ def config(path: Path, clients: int, samples: int, rounds: int, device: str) -> 
     return path
 
 
-def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int) -> tuple[list[float], list[torch.Tensor]]:
+def run(cfg: Path, out: Path, run_id: str, procs: int,
+        threads: int) -> tuple[list[float], list[torch.Tensor], float]:
     cmd = [sys.executable, "-m", "fedent", "simulate", "--config", str(cfg), "--out", str(out), "--run-id", run_id,
            "--threads", str(threads), "--no-plots", "--no-progress", "--checkpoint-keep", "0"]
     if procs > 1:
@@ -49,7 +51,9 @@ def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int) -> tuple[li
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
     recs = [json.loads(ln) for ln in (out / run_id / "metrics.jsonl").read_text().splitlines()]
-    return [r["wall_s"] for r in recs[1:-1]], torch.load(out / run_id / "model_final.pt")
+    state = json.loads((out / run_id / "status.json").read_text())["state"]
+    gather_share = float(state.get("gather_s", 0.0)) / max(sum(r["wall_s"] for r in recs), 1e-9)
+    return [r["wall_s"] for r in recs[1:-1]], torch.load(out / run_id / "model_final.pt"), gather_share
 
 
 def main() -> int:
@@ -69,23 +73,28 @@ def main() -> int:
         cfg = config(out / "c.yaml", args.clients, args.samples, args.rounds, args.device)
         times: dict[int, list[float]] = {p: [] for p in counts}
         models: dict[int, list[torch.Tensor]] = {}
+        gathers: dict[int, list[float]] = {p: [] for p in counts}
         for rep in range(args.repeats):
             for p in counts:
-                t, models[p] = run(cfg, out, f"p{p}-r{rep}", p, args.threads)
+                t, models[p], g = run(cfg, out, f"p{p}-r{rep}", p, args.threads)
                 times[p] += t
+                gathers[p].append(g)
                 print(f"repeat {rep}: P={p} rounds {', '.join(f'{x:.2f}' for x in t)} s", flush=True)
     base = statistics.median(times[counts[0]])
     rows = []
     print(f"\n{args.clients} clients x {args.samples} samples, MNIST-CNN, {args.device}, {args.threads} thread(s) "
           f"per process, {torch.get_num_threads()} here")
-    print(f"| P | round (s, median) | speed-up | speed-up / P | max abs diff vs P={counts[0]} |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print(f"| P | round (s, median) | speed-up | speed-up / P | rank 0 in all-gathers | max abs diff vs P={counts[0]} "
+          "|")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for p in counts:
         med = statistics.median(times[p])
         diff = max(float((a - b).abs().max()) for a, b in zip(models[counts[0]], models[p], strict=True))
+        share = statistics.median(gathers[p])
         rows.append({"procs": p, "round_s": med, "speedup": base / med, "efficiency": base / med / p * counts[0],
-                     "max_abs_diff": diff})
-        print(f"| {p} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} | {diff:.1e} |")
+                     "gather_share": share, "max_abs_diff": diff})
+        print(f"| {p} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} | {100 * share:.0f}% | "
+              f"{diff:.1e} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -50,10 +50,9 @@ guarded() {  # guarded NAME LIMIT_S CMD...: step(), unless it could end after DE
   step "$@"
 }
 
-sim() {  # sim RUN_ID ARGS...: one Table IV twin run on $DEVICE, vectorised
-  local id=$1; shift
-  "${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set train.rounds="$ROUNDS" --executor vectorised \
-    --device "$DEVICE" --no-plots --no-progress --out "$OUT/runs" --run-id "$id" "$@"
+sim() {  # sim RUN_ID: SIM=the command of one Table IV twin run on $DEVICE, vectorised (timeout needs a program)
+  SIM=("${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set train.rounds="$ROUNDS" --executor vectorised
+       --device "$DEVICE" --no-plots --no-progress --out "$OUT/runs" --run-id "$1")
 }
 
 section_env() {
@@ -90,9 +89,12 @@ section_levers() {
 }
 
 section_table4() {
-  guarded table4-fedavg 90 sim table4-fedavg --set algorithm.name=fedavg
-  guarded table4-fedent 120 sim table4-fedent --set algorithm.name=fedent
-  guarded table4-fedavg-bf16 90 sim table4-fedavg-bf16 --set algorithm.name=fedavg --set train.perf.autocast=bf16
+  sim table4-fedavg
+  guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg
+  sim table4-fedent
+  guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent
+  sim table4-fedavg-bf16
+  guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16
   tail -n 1 "$OUT"/table4-*.log
 }
 
@@ -140,7 +142,8 @@ section_legacy() {
   : >"$OUT/per-algorithm.log"
   local algo
   for algo in fedavg fedprox feddyn scaffold fedadam fedcos fednorm fedent; do
-    guarded "five-$algo" 60 sim "five-$algo-vectorised" --set algorithm.name=$algo --set train.rounds=5
+    sim "five-$algo-vectorised"
+    guarded "five-$algo" 60 "${SIM[@]}" --set algorithm.name=$algo --set train.rounds=5
     [ -f "$OUT/five-$algo.log" ] && tail -1 "$OUT/five-$algo.log" >>"$OUT/per-algorithm.log"
   done
 }

@@ -95,6 +95,7 @@ class DistributedExecutor:
         self.engine: RoundEngine | None = None
         self.on_client: Callable[[int, int], None] | None = None
         self._first_round: int | None = None
+        self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
 
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
@@ -103,7 +104,15 @@ class DistributedExecutor:
             engine.clients.update([c], worker=f"simulator rank {self.world.owner(c)}/{self.world.size}")
 
     def status_fields(self) -> dict[str, Any]:
-        return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend}
+        return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend,
+                "gather_s": round(self.gather_s, 3)}
+
+    def _merge(self, local: Gathered[T]) -> Gathered[T]:
+        t0 = time.perf_counter()
+        try:
+            return merge(self.world, local)
+        finally:
+            self.gather_s += time.perf_counter() - t0
 
     def start(self) -> None:
         """Every rank holds its clients already."""
@@ -126,7 +135,7 @@ class DistributedExecutor:
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
-        return merge(self.world, self.inner.probe(rnd, self.world.mine(cids), global_params, strategy))
+        return self._merge(self.inner.probe(rnd, self.world.mine(cids), global_params, strategy))
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
@@ -134,7 +143,7 @@ class DistributedExecutor:
         cpu, device = torch.device("cpu"), self.host.trainer.device
         travelling: Gathered[ClientUpdate] = Gathered({c: update_to(u, cpu) for c, u in local.results.items()},
                                                       local.failed)
-        every = merge(self.world, travelling)
+        every = self._merge(travelling)
         every.results = {c: update_to(u, device) for c, u in every.results.items()}
         if self.engine is not None:
             now = time.time()
