@@ -50,8 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "SIGTERM/SIGINT or killed resumes on the same --out/--run-id (default 2; 0: none, no resume)")
     p.add_argument("--procs", type=int, default=None, metavar="P",
                    help="split each round's clients over P processes on this machine (gloo on the CPU, NCCL on "
-                        "GPUs; the same model as one process); torchrun --nproc-per-node P -m fedent simulate ... "
-                        "does the same across machines")
+                        "GPUs; the same model as one process at the same threads per process); torchrun "
+                        "--nproc-per-node P -m fedent simulate ... does the same across machines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
@@ -165,7 +165,8 @@ def _simulate(args: argparse.Namespace, cfg: ExperimentConfig, out: Path, run_id
                              policy=RoundPolicy(args.quorum, args.round_retries, args.checkpoint_keep),
                              resume=resumable, banner=True, world=world)
     except RunFinished as e:
-        print(f"fedent simulate: {e}")
+        if world.leader:  # rank r > 0 found its .ranks/r copy finished too: one line is enough
+            print(f"fedent simulate: {e}")
         return 0
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (fedent.signals): status.json says stopped, and why
         again = "" if args.run_id else f" --run-id {run_id}"
