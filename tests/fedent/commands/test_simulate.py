@@ -33,7 +33,8 @@ def test_procs_2_equals_one_process(tmp_path: Path) -> None:
     cfg = write_tiny_config_file(tmp_path / "c.yaml", rounds=1)
     common = [sys.executable, "-m", "fedent", "simulate", "--config", str(cfg), "--out", str(tmp_path),
               "--no-plots", "--no-progress"]
-    two = subprocess.run([*common, "--run-id", "two", "--procs", "2"], capture_output=True, text=True, timeout=300)
+    two = subprocess.run([*common, "--run-id", "two", "--procs", "2", "--threads", "1"], capture_output=True, text=True,
+                         timeout=300)
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("final test accuracy") == 1  # only rank 0 reports
     one = subprocess.run([*common, "--run-id", "one", "--threads", "1"], capture_output=True, text=True, timeout=300)
