@@ -231,6 +231,22 @@ Evaluation = Literal["server", "federated"]
 
 
 @dataclass(frozen=True)
+class PerfOptions(Declared):
+    """``train.perf``: speed levers of the simulator's trainer (issue 28), each off by default; applied by
+    ``fedent.perf`` and checked on the CPU against the default (tests/fedent/test_perf.py states each tolerance)."""
+
+    key_prefix = "train.perf"
+
+    cudnn_benchmark: bool = option(False, "cuDNN autotuning (torch.backends.cudnn.benchmark); no effect on the CPU")
+    channels_last: bool = option(False, "the model and the image data in channels-last memory format")
+    autocast: Literal["off", "bf16"] = option("off", "bf16: forward passes under bfloat16 autocast, weights and "
+                                                     "updates stay float32 (master weights); not exact")
+    compile: bool = option(False, "torch.compile the vectorised executor's vmapped step (a one-off compile per run)")
+    eval_batched: bool = option(False, "federated evaluation of every client's split in one batched pass on the "
+                                       "device instead of one pass per client")
+
+
+@dataclass(frozen=True)
 class TrainConfig(Declared):
     key_prefix = "train"
 
@@ -258,8 +274,16 @@ class TrainConfig(Declared):
                                              "later, ~1e-3 relative per step. No effect on the CPU")
     conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + "
                                       "one batched matmul per layer); the same function, results agree to ~1e-6")
+    perf: PerfOptions = field(default_factory=PerfOptions, metadata={"doc": "speed levers (PerfOptions)"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.perf, Mapping):  # from YAML: a mapping, built (and checked) as train.perf
+            object.__setattr__(self, "perf", PerfOptions.from_mapping(self.perf))
+        super().__post_init__()
 
     def checks(self) -> Iterable[tuple[str, str]]:
+        if not isinstance(self.perf, PerfOptions):
+            yield "perf", f"expected a mapping, got {self.perf!r}"
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             yield "device", "must be auto, cpu, cuda or cuda:N"
 

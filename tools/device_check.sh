@@ -1,43 +1,163 @@
 #!/usr/bin/env bash
 # The GPU check, run on a lent GPU machine (the device tool) from the repository root, after
-# tools/device_prepare.sh here; carry .devdeps and data/fashion-mnist. Everything goes to $OUT:
-#   env.txt             the card, its driver, python and torch versions
-#   gpu-tests.log       tests/fedent/rounds/test_vectorised.py on CUDA (every strategy: vectorised = sequential, 1e-5)
-#   bench.log           benchmarks/bench_simulator.py --device cuda: bare loop, sequential and vectorised executors
-#   full-fedavg.log     the Table IV Fashion-MNIST twin (configs/fmnist-mnist-pathological.yaml), FedAvg, 50 rounds,
-#                       vectorised, timed end to end (issue 16's goal: <= 60 s on one H100)
-#   per-algorithm.log   5 rounds of every algorithm at the same setting, vectorised, and FedAvg sequential (s/round)
-#   runs/               the run directories (metrics.jsonl, status.json)
-# Each step has its own time limit so that one slow step cannot eat the whole device call.
+# tools/device_prepare.sh here; carry .devdeps and data/fashion-mnist. Everything goes to $OUT.
+#
+# The checks come in sections (SECTIONS, space-separated, run in the order given); the default is issue 28's
+# first device call, and the second call is SECTIONS="pipeline distributed transfer". A section's steps each
+# have their own time limit, and a step that would end after DEADLINE_S (from this script's start) is skipped
+# with a line saying so, so one device call (600 s) always returns what it measured.
+#   env          env.txt: the card, its driver, python and torch versions
+#   profile      profile.md/.json: benchmarks/profile_step.py, 20 clients, float32 (kernels, share, memory, gaps)
+#   levers       levers.log: profile_step.py with each train.perf lever on, against it off (client steps/s)
+#   table4       the Table IV Fashion-MNIST twin (configs/fmnist-mnist-pathological.yaml), 50 rounds, vectorised,
+#                FedAvg and FedEnt, timed end to end (issue 28's goal: FedAvg <= 8 s), and FedAvg under bf16
+#                autocast (its final accuracy against float32's: the lever's accuracy check on a full run)
+#   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
+#   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
+#                the card; its measured client steps/s (goal: >= 15,000)
+#   distributed  distributed-cpu.log: benchmarks/bench_distributed.py on the host's CPU cores, P = 1, 2, 4, 8
+#                (goal: >= 0.8 P); distributed-cuda.log: P = 1, 2 sharing the one GPU
+#   transfer     transfer.log: benchmarks/bench_transfer.py (generated gRPC path vs bare gRPC on the 16 cores;
+#                skipped with a message where the device's python has no grpc)
+#   legacy       issue 16's checks: the CUDA tests of the vectorised executor, bench_simulator.py, 5 rounds of
+#                every algorithm (per-algorithm.log)
+# Dry run on a machine without a GPU: DEVICE=cpu QUICK=1 (tiny sizes, CPU device) exercises every step's command.
 set -u
+# shellcheck source=tools/device_lib.sh
 source "$(dirname "$0")/device_lib.sh"
+SECTIONS=${SECTIONS:-env profile levers table4 step}
+DEADLINE_S=${DEADLINE_S:-570}
+DEVICE=${DEVICE:-cuda}
+QUICK=${QUICK:-}
+PIPELINE_S=${PIPELINE_S:-150}
 mkdir -p "$OUT/runs"
 CFG=configs/fmnist-mnist-pathological.yaml
 DATA=(--set data.root=data/fashion-mnist)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "$PY" -c \
-  'import sys, torch, numpy; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0)); print("numpy", numpy.__version__)'
-} >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-step gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
-  tests/fedent/rounds/test_vectorised.py -k "cuda or falls_back or without_a_plan"
-step bench 150 "$PY" benchmarks/bench_simulator.py --device cuda --data-root data/fashion-mnist \
-  --executors sequential,vectorised --algorithms fedavg,fedent --rounds 3 --repeats 2
-step full-fedavg 150 "${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set algorithm.name=fedavg \
-  --executor vectorised --device cuda --no-plots --no-progress --out "$OUT/runs" --run-id full-fedavg-vectorised
-: >"$OUT/per-algorithm.log"
-for algo in fedavg fedprox feddyn scaffold fedadam fedcos fednorm fedent; do
-  step "five-$algo" 60 "${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set algorithm.name=$algo \
-    --set train.rounds=5 --executor vectorised --device cuda --no-plots --no-progress --out "$OUT/runs" \
-    --run-id "five-$algo-vectorised"
-  tail -1 "$OUT/five-$algo.log" >>"$OUT/per-algorithm.log"
+if [ -n "$QUICK" ]; then  # a smoke test of this script: tiny sizes, every command still runs
+  CLIENTS=4 SAMPLES=64 CALLS=1 ROUNDS=1 STEP_ARGS=(--clients 4 --samples 64 --repeats 1)
+  DIST_ARGS=(--clients 8 --samples 16 --rounds 3) SIZES_MB=4 PIPE_SEEDS=0 PIPE_ROUNDS=(--rounds 1)
+else
+  CLIENTS=20 SAMPLES=600 CALLS=3 ROUNDS=50 STEP_ARGS=(--clients "20,60" --repeats 3)
+  DIST_ARGS=(--clients 100 --samples 60 --rounds 4) SIZES_MB=16,256,1024 PIPE_SEEDS=0 PIPE_ROUNDS=()
+fi
+
+guarded() {  # guarded NAME LIMIT_S CMD...: step(), unless it could end after DEADLINE_S
+  local name=$1 limit=$2
+  if [ $((SECONDS + limit)) -gt "$DEADLINE_S" ]; then
+    echo "$name skipped: needs up to ${limit}s, $((DEADLINE_S - SECONDS))s left before DEADLINE_S" | tee -a "$STEPS_LOG"
+    return 0
+  fi
+  step "$@"
+}
+
+sim() {  # sim RUN_ID: SIM=the command of one Table IV twin run on $DEVICE, vectorised (timeout needs a program)
+  SIM=("${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set train.rounds="$ROUNDS" --executor vectorised
+       --device "$DEVICE" --no-plots --no-progress --out "$OUT/runs" --run-id "$1")
+}
+
+section_env() {
+  { if command -v nvidia-smi >/dev/null 2>&1; then
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    else
+      echo "no nvidia-smi on this machine"
+    fi
+    nproc
+    "$PY" -c 'import sys, torch, numpy; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"); print("numpy", numpy.__version__)'
+  } >"$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+}
+
+section_profile() {
+  guarded profile 120 "$PY" benchmarks/profile_step.py --device "$DEVICE" --clients "$CLIENTS" --samples "$SAMPLES" \
+    --calls "$CALLS" --out "$OUT/profile.md"
+}
+
+section_levers() {
+  : >"$OUT/levers.log"
+  local lever
+  for lever in none cudnn_benchmark channels_last autocast_bf16 compile; do
+    local perf=$lever limit=60
+    [ "$lever" = none ] && perf=""
+    [ "$lever" = compile ] && limit=150
+    guarded "lever-$lever" "$limit" "$PY" benchmarks/profile_step.py --device "$DEVICE" --clients "$CLIENTS" \
+      --samples "$SAMPLES" --calls "$CALLS" --top 5 --perf "$perf" --out "$OUT/lever-$lever.md"
+    if [ -f "$OUT/lever-$lever.md" ]; then
+      echo "$lever: $(head -1 "$OUT/lever-$lever.md")" >>"$OUT/levers.log"
+    fi
+  done
+  cat "$OUT/levers.log"
+}
+
+section_table4() {
+  sim table4-fedavg
+  guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg
+  sim table4-fedent
+  guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent
+  sim table4-fedavg-bf16
+  guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16
+  tail -n 1 "$OUT"/table4-*.log
+}
+
+section_step() {
+  guarded step 150 "$PY" benchmarks/bench_vectorised_step.py --device "$DEVICE" "${STEP_ARGS[@]}"
+}
+
+section_pipeline() {
+  guarded pipeline $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile full --seeds "$PIPE_SEEDS" \
+    "${PIPE_ROUNDS[@]}" --set data.root=data/fashion-mnist --set train.device="$DEVICE" \
+    --set train.executor=vectorised --set train.precision=tf32 --workers 6 --gpus auto \
+    --budget-s "$PIPELINE_S" --steps-per-s 3000 --out "$OUT/pipeline"
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print("pipeline measured_steps_per_s",
+    c.get("measured_steps_per_s"))' "$OUT/pipeline/command.json" 2>&1 | tee -a "$OUT/pipeline.log"
+}
+
+section_distributed() {
+  local cpus
+  cpus=$(nproc)
+  local procs=1,2,4,8
+  [ "$cpus" -lt 8 ] && procs=1,2
+  guarded distributed-cpu 240 "$PY" benchmarks/bench_distributed.py --device cpu --procs "$procs" \
+    "${DIST_ARGS[@]}" --json "$OUT/distributed-cpu.json"
+  if [ "$DEVICE" = cuda ]; then
+    guarded distributed-cuda 120 "$PY" benchmarks/bench_distributed.py --device cuda --procs 1,2 "${DIST_ARGS[@]}" \
+      --json "$OUT/distributed-cuda.json"
+  fi
+}
+
+section_transfer() {
+  if "$PY" -c 'import grpc' >/dev/null 2>&1; then
+    guarded transfer 180 "$PY" benchmarks/bench_transfer.py --sizes-mb "$SIZES_MB" --repeat 3 \
+      --json "$OUT/transfer.json"
+  else
+    echo "transfer skipped: the device's python has no grpc (carry a grpcio wheel matching its python to run" \
+      "benchmarks/bench_transfer.py)" | tee -a "$STEPS_LOG" "$OUT/transfer.log"
+  fi
+}
+
+section_legacy() {
+  guarded gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
+    tests/fedent/rounds/test_vectorised.py -k "cuda or falls_back or without_a_plan"
+  guarded bench 150 "$PY" benchmarks/bench_simulator.py --device "$DEVICE" --data-root data/fashion-mnist \
+    --executors sequential,vectorised --algorithms fedavg,fedent --rounds 3 --repeats 2
+  : >"$OUT/per-algorithm.log"
+  local algo
+  for algo in fedavg fedprox feddyn scaffold fedadam fedcos fednorm fedent; do
+    sim "five-$algo-vectorised"
+    guarded "five-$algo" 60 "${SIM[@]}" --set algorithm.name=$algo --set train.rounds=5
+    [ -f "$OUT/five-$algo.log" ] && tail -1 "$OUT/five-$algo.log" >>"$OUT/per-algorithm.log"
+  done
+}
+
+for section in $SECTIONS; do
+  case $section in
+    env | profile | levers | table4 | step | pipeline | distributed | transfer | legacy) "section_$section" ;;
+    *) echo "unknown section $section (known: env profile levers table4 step pipeline distributed transfer legacy)" \
+         | tee -a "$STEPS_LOG" ;;
+  esac
 done
-step five-fedavg-sequential 120 "${FEDENT[@]}" simulate --config "$CFG" "${DATA[@]}" --set algorithm.name=fedavg \
-  --set train.rounds=5 --executor sequential --device cuda --no-plots --no-progress --out "$OUT/runs" \
-  --run-id five-fedavg-sequential
-tail -1 "$OUT/five-fedavg-sequential.log" >>"$OUT/per-algorithm.log"
-cat "$STEPS_LOG" "$OUT/per-algorithm.log"
-tail -n 12 "$OUT/bench.log" "$OUT/gpu-tests.log" "$OUT/full-fedavg.log"
+cat "$STEPS_LOG"
 # The device tool brings back at most 8 files: everything (model files aside) in one archive, beside the summary.
 tar czf /tmp/device-check.tgz -C "$OUT" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' .
-find "$OUT" -mindepth 1 -maxdepth 1 ! -name steps.log ! -name env.txt ! -name bench.log -exec rm -rf {} +
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name steps.log ! -name env.txt ! -name profile.md ! -name levers.log \
+  -exec rm -rf {} +
 mv /tmp/device-check.tgz "$OUT/"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: FEDENT, PY and step are used by the scripts that source it
 # Sourced by tools/device_check.sh and tools/device_study.sh (on a lent GPU machine, from the repository root):
 # the paths, the fedent command without an installed package, and a time-limited, logged step.
 OUT=${OUT:-$PWD/device-out}

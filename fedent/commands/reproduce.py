@@ -12,13 +12,19 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedent import runlog
 from fedent.commands.errors import input_error_types, one_line
 from fedent.config import ConfigError
+
+if TYPE_CHECKING:
+    from fedent.experiments.budget import TimeBudget
+    from fedent.experiments.plan import Plan
+    from fedent.experiments.reproduce import RunOutcome
 
 HELP = "run the paper's experiments and write the results report"
 
@@ -49,6 +55,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "recorded in each run's config.yaml")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--gpus", default="auto", metavar="auto|none|ID[,ID]",
+                   help="GPUs the pool's workers are spread over, one per worker, round-robin (default auto: every "
+                        "visible one, from CUDA_VISIBLE_DEVICES or the driver)")
+    p.add_argument("--scheduler", default="pool", choices=["pool", "slurm", "submitit-local", "ray"],
+                   help="who runs the runs: this command's process pool (default), a Slurm job array per wave "
+                        "through submitit, submitit's local processes, or Ray; resuming is the same")
+    p.add_argument("--scheduler-dir", default=None, metavar="DIR",
+                   help="submitit's job files and logs (default OUT/scheduler)")
+    p.add_argument("--slurm-partition", default=None, help="--scheduler slurm: the partition")
+    p.add_argument("--gpus-per-run", type=float, default=0, metavar="G",
+                   help="--scheduler slurm/ray: GPUs each run asks for (default 0)")
+    p.add_argument("--timeout-min", type=int, default=240, help="--scheduler slurm: a run's time limit (minutes)")
+    p.add_argument("--ray-address", default=None, help="--scheduler ray: an existing cluster (default: a local one)")
     p.add_argument("--config-dir", default="configs", help="where the settings' YAML files are (default configs)")
     p.add_argument("--report-only", action="store_true", help="do not train; report the runs already there")
     p.add_argument("--dry-run", action="store_true",
@@ -93,12 +112,38 @@ def git_commit() -> str:
     return commit + (" (fedent/ has uncommitted changes)" if dirty.stdout.strip() else "")
 
 
+def outcomes(args: argparse.Namespace, plan: Plan, out: Path, budget: TimeBudget | None) -> Iterator[RunOutcome]:
+    """The plan's outcomes from this command's pool (on ``--gpus``) or from ``--scheduler``'s."""
+    from fedent.experiments.placement import parse_gpus
+    from fedent.experiments.reproduce import run_plan
+    from fedent.experiments.schedulers import RayBackend, SubmititBackend, run_external, submitit_executor
+
+    if args.scheduler == "pool":
+        yield from run_plan(plan, args.workers, args.threads, budget=budget, gpus=parse_gpus(args.gpus))
+        return
+    if budget is not None:
+        raise ConfigError("--budget-s works with the process pool only; a scheduler has its own limits "
+                          "(--timeout-min)")
+    if args.scheduler == "ray":
+        backend = RayBackend(args.ray_address, args.gpus_per_run, float(args.threads))
+        try:
+            yield from run_external(plan, backend)
+        finally:
+            backend.close()
+        return
+    folder = Path(args.scheduler_dir) if args.scheduler_dir else out / "scheduler"
+    ex = submitit_executor(args.scheduler, folder, partition=args.slurm_partition,
+                           gpus_per_run=int(args.gpus_per_run), cpus_per_run=args.threads,
+                           timeout_min=args.timeout_min, parallel=args.workers)
+    yield from run_external(plan, SubmititBackend(ex))
+
+
 def run(args: argparse.Namespace) -> int:
     from fedent.experiments.budget import TimeBudget
     from fedent.experiments.compare import parse_list
     from fedent.experiments.plan import build_plan, client_steps, trim_plan, validate_plan_configs
     from fedent.experiments.profiles import get_profile
-    from fedent.experiments.reproduce import is_complete, run_plan
+    from fedent.experiments.reproduce import is_complete
     from fedent.experiments.reproduce_report import publish, write_report
 
     profile = get_profile(args.profile, args.paper_datasets)
@@ -153,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.threads} thread(s), out {out}", flush=True)
         not_run: dict[str, str] = {}
         try:
-            for i, o in enumerate(run_plan(plan, args.workers, args.threads, budget=budget), start=1):
+            for i, o in enumerate(outcomes(args, plan, out, budget), start=1):
                 acc = "—" if o.final_acc is None else f"{o.final_acc:.4f}"
                 extra = f" {o.error}" if o.error else ""
                 if o.status == "not run":

@@ -117,7 +117,11 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
     return RunOutcome(spec.key, "done", time.perf_counter() - t0, res.final_acc)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> None:
+    """A pool worker's start: its GPU (``fedent.experiments.placement``: round-robin over ``gpus``), threads."""
+    from fedent.experiments.placement import take_slot
+
+    take_slot(counter, gpus)
     import torch
 
     torch.set_num_threads(threads)
@@ -182,14 +186,15 @@ class Admission(Protocol):
 
 
 def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsFor | None = None,
-             budget: Admission | None = None) -> Iterator[RunOutcome]:
+             budget: Admission | None = None, gpus: Sequence[str] = ()) -> Iterator[RunOutcome]:
     """Execute the plan's runs in order, yielding outcomes as runs finish.
 
     ``workers`` > 1 uses a process pool (spawned, each with ``threads`` torch threads): on a small CPU box
     independent runs in separate processes beat one process with more threads (see docs/results.md).
     ``budget``: a run starts only when it admits it; a run it never admits ends as ``not run`` with the reason
     (with a pool, a refused run waits and is asked again as slots free up, so a faster measured rate can
-    still admit it).
+    still admit it). ``gpus``: device ids the pool's workers are spread over, one each, round-robin (a single
+    worker trains where the process already is).
     """
     if workers < 1 or threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
@@ -214,7 +219,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         raise ConfigError("injected inputs need workers=1 (they are not sent to worker processes)")
     ctx = get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, ctx.Value("i", 0), tuple(gpus))) as pool:
         # a run waits for the runs it replays (``after``); the others are submitted in plan order, and with a
         # budget only as workers free up (so that it decides with the latest rate)
         waiting = list(plan.runs)

@@ -17,9 +17,12 @@ import torch
 
 from fedent import runlog
 from fedent.config import ExperimentConfig, with_device
+from fedent.distributed import World
 from fedent.inputs import RunInputs, load_inputs
 from fedent.params import Params
+from fedent.perf import apply_host, apply_trainer, batched_federated
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
+from fedent.rounds.distributed import RANKS_DIR, DistributedExecutor, distributed_engine_parts
 from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.host import ClientStates, ClientTraining
 from fedent.rounds.inprocess import InProcessExecutor, make_executor
@@ -54,15 +57,16 @@ class SimResult:
 
 def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInputs, device: torch.device,
                  strategy: Strategy, local_eval: int, on_round: Callable[[dict[str, Any]], None] | None = None,
-                 policy: RoundPolicy | None = None) -> RoundEngine:
+                 policy: RoundPolicy | None = None, world: World | None = None) -> RoundEngine:
     """The round engine over the in-process executor: one trainer trains every client and evaluates.
 
     When the run checkpoints (``policy.checkpoint_keep``) a strategy's per-client state (FedDyn λ, SCAFFOLD c_i,
     FedEnt η) is kept on disk under ``client_state/``, as a worker keeps it, so a resumed round gets the state
-    the client had before it."""
+    the client had before it. ``world``: one of P processes sharing the run (``fedent.rounds.distributed``)."""
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
+    apply_trainer(tr.perf, trainer)  # train.perf's levers (fedent.perf); all off by default
     states = None
     if policy is not None and policy.checkpoint_keep > 0 and strategy.keeps_client_state:
         from fedent.client_store import ClientStateStore
@@ -71,10 +75,15 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
                               trainer.device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
                              tr.max_parallel_clients, tr.conv, states=states)
+    apply_host(tr.perf, executor.host)
+    if world is not None and world.distributed:
+        executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval)
+        return RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
+                           dict(inputs.partition_info), policy, on_round=on_round)
     federated = None
     if tr.evaluation == "federated":
-        federated = central_federated(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
-                                      tr.eval_batch_size)
+        make = batched_federated if tr.perf.eval_batched else central_federated
+        federated = make(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed, tr.eval_batch_size)
     evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy, on_round=on_round)
@@ -93,40 +102,10 @@ def start_banner(cfg: ExperimentConfig, inputs: RunInputs, device: torch.device,
             f"fraction {tr.fraction}; run dir {engine.paths.root}")
 
 
-def run_simulation(
-    cfg: ExperimentConfig,
-    run_dir: str | Path,
-    device: str | None = None,
-    progress: bool = True,
-    *,
-    inputs: RunInputs | None = None,
-    strategy: Strategy | None = None,
-    local_eval: int | None = None,
-    plots: bool = True,
-    label: str = "",
-    bar: bool = True,
-    policy: RoundPolicy | None = None,
-    resume: bool = False,
-    banner: bool = False,
-) -> SimResult:
-    """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
-
-    ``inputs`` (data, partition, model factory) defaults to the configured dataset; a comparison passes
-    the same inputs to every algorithm. ``local_eval`` overrides ``train.local_eval``. ``progress``: a bar
-    on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
-    ``policy``: how a round copes with failed or rejected clients (default: every participant must be
-    accepted, no retry, so a rejected upload ends the run; the cluster's is its aggregator's settings).
-    ``resume``: a run directory holding this config's unfinished simulator run is continued from its newest
-    checkpoint (needs ``policy.checkpoint_keep``); a finished one raises ``RunFinished``; anything else is
-    refused (``RunDirError``) before a file is written. Without it any existing run is refused.
-    ``banner``: a start line (dataset, partition, model, device, executor, rounds) and, once the
-    first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
-    """
-    cfg = with_device(cfg, device)
-    if cfg.data.placement != "central":
-        raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
-                              "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
-    dev = resolve_device(cfg.train.device)
+def _checked(cfg: ExperimentConfig, run_dir: str | Path, inputs: RunInputs | None, strategy: Strategy | None,
+             local_eval: int | None, policy: RoundPolicy | None,
+             resume: bool) -> tuple[RunInputs, Strategy, int]:
+    """run_simulation's checks before any file is written: the inputs, strategy and local-eval count to use."""
     if inputs is None:
         inputs = load_inputs(cfg)
     if inputs.num_clients != cfg.data.num_clients:
@@ -144,6 +123,58 @@ def run_simulation(
             raise RunFinished(plan.detail)
         if plan.action == "resume":
             print(f"fedent: resuming {run_dir} {plan.detail}", file=sys.stderr, flush=True)
+    return inputs, strategy, int(k)
+
+
+def run_simulation(
+    cfg: ExperimentConfig,
+    run_dir: str | Path,
+    device: str | None = None,
+    progress: bool = True,
+    *,
+    inputs: RunInputs | None = None,
+    strategy: Strategy | None = None,
+    local_eval: int | None = None,
+    plots: bool = True,
+    label: str = "",
+    bar: bool = True,
+    policy: RoundPolicy | None = None,
+    resume: bool = False,
+    banner: bool = False,
+    world: World | None = None,
+) -> SimResult:
+    """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
+
+    ``inputs`` (data, partition, model factory) defaults to the configured dataset; a comparison passes
+    the same inputs to every algorithm. ``local_eval`` overrides ``train.local_eval``. ``progress``: a bar
+    on a terminal, else one line per round on stdout; ``bar=False`` keeps only the lines (see ProgressBar).
+    ``policy``: how a round copes with failed or rejected clients (default: every participant must be
+    accepted, no retry, so a rejected upload ends the run; the cluster's is its aggregator's settings).
+    ``resume``: a run directory holding this config's unfinished simulator run is continued from its newest
+    checkpoint (needs ``policy.checkpoint_keep``); a finished one raises ``RunFinished``; anything else is
+    refused (``RunDirError``) before a file is written. Without it any existing run is refused.
+    ``banner``: a start line (dataset, partition, model, device, executor, rounds) and, once the
+    first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
+    ``world``: this process is one of P running the run together (``fedent.rounds.distributed``); rank 0 writes
+    ``run_dir``, prints and plots, rank r > 0 keeps its engine's files under ``run_dir/.ranks/r``.
+    """
+    cfg = with_device(cfg, device)
+    if world is not None and world.distributed and not world.leader:
+        run_dir = Path(run_dir) / RANKS_DIR / str(world.rank)
+        progress = plots = banner = False
+    if cfg.data.placement != "central":
+        raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
+                              "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
+    dev = resolve_device(cfg.train.device)
+    try:
+        inputs, strategy, k = _checked(cfg, run_dir, inputs, strategy, local_eval, policy, resume)
+    except Exception as e:
+        if world is None or not world.distributed:
+            raise
+        world.agree(e)
+        raise  # agree re-raised it already
+    if world is not None:
+        world.agree(None)
     paths = runlog.create_run_dir(run_dir, exist_ok=True)
     progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
     last_acc: list[float | None] = [None]
@@ -162,10 +193,10 @@ def run_simulation(
             if progress_bar.enabled:  # the note cleared the bar
                 progress_bar.update(rec["round"] + 1, last_acc[0])
 
-    engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
+    engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world)
     if banner:
         progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
-        if isinstance(engine.executor, InProcessExecutor):
+        if isinstance(engine.executor, InProcessExecutor | DistributedExecutor):
             engine.executor.on_client = progress_bar.client
     try:
         records = engine.run()

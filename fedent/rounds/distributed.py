@@ -1,0 +1,217 @@
+"""The multi-process executor: P processes run the same round engine, each training its share of every round.
+
+Every rank holds the whole run (the same config, data, strategy and seeded streams), so every rank's engine
+samples the same participants and builds the same payload. ``DistributedExecutor`` wraps the rank's
+in-process executor: of each phase's clients it runs only those it owns (``World.owner``: cid mod P, fixed
+for the run, so a client's state never moves), then all-gathers the results so every rank hands the engine
+the same sorted ``Gathered`` and aggregates the same updates: P processes reproduce one (a client's
+training depends only on its own seeded stream). Algorithm 1's oracle is split the same way
+(``DistributedOracle``), and so is evaluation (``DistributedEvaluator``: each rank scores a slice of the
+test set, or its own clients' local splits, and the sums are gathered).
+
+Only rank 0 writes the run directory the user asked for; the simulator points the other ranks' engines at
+``<run>/.ranks/<r>/`` (their checkpoints and client state, so a multi-process run resumes too).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedent.distributed import World, WorldError
+from fedent.meanfield.fixed_point import gradients_at
+from fedent.meanfield.oracle import TrainerOracle
+from fedent.params import Params
+from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
+from fedent.rounds.executor import Gathered
+from fedent.rounds.inprocess import InProcessExecutor, update_bytes
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
+from fedent.trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from fedent.config import ExperimentConfig
+    from fedent.inputs import RunInputs
+    from fedent.rounds.engine import RoundEngine
+
+T = TypeVar("T")
+RANKS_DIR = ".ranks"  # <run>/.ranks/<r>/: the engine files of rank r > 0
+
+
+def _moved(params: Sequence[Tensor], device: torch.device) -> Params:
+    return [p.detach().to(device) for p in params]
+
+
+def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
+    """The update with its tensors on ``device`` (the CPU to travel between ranks, the run's device after)."""
+    return ClientUpdate(update.cid, _moved(update.params, device), update.num_samples, update.train_loss,
+                        {k: _moved(v, device) for k, v in update.tensors.items()}, dict(update.scalars))
+
+
+def merge(world: World, local: Gathered[T]) -> Gathered[T]:
+    """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank."""
+    out: Gathered[T] = Gathered()
+    for part in world.all_gather((local.results, local.failed)):
+        out.results.update(part[0])
+        out.failed.update(part[1])
+    return Gathered(out.results, out.failed)
+
+
+class DistributedOracle:
+    """Algorithm 1's gradient oracle over P ranks: each rank computes its own clients' gradients (batched
+    where its host's oracle is), and all-gathers them, so every rank's fixed point sees every gradient."""
+
+    def __init__(self, inner: TrainerOracle, world: World, device: torch.device) -> None:
+        self.inner, self.world, self.device = inner, world, device
+
+    def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
+        owner = self.world.owner(cid)
+        got = self.inner.gradient(t, cid, point) if owner == self.world.rank else None
+        g = self.world.broadcast(None if got is None else _moved(got, torch.device("cpu")), src=owner)
+        assert g is not None
+        return _moved(g, self.device)
+
+    def gradients(self, t: int, cids: Sequence[int], point: Sequence[Tensor]) -> list[Params]:
+        mine = self.world.mine(cids)
+        local = dict(zip(mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)),
+                         strict=True))
+        every: dict[int, Params] = {}
+        for part in self.world.all_gather(local):
+            every.update(part)
+        return [_moved(every[int(c)], self.device) for c in cids]
+
+
+class DistributedExecutor:
+    """The rank's in-process executor, asked only about the clients this rank owns; results all-gathered."""
+
+    def __init__(self, inner: InProcessExecutor, world: World) -> None:
+        self.inner, self.world = inner, world
+        self.host = inner.host
+        self.host.on_update = None  # uploads are booked after the gather, for every client, on every rank
+        self.engine: RoundEngine | None = None
+        self.on_client: Callable[[int, int], None] | None = None
+        self._first_round: int | None = None
+        self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
+
+    def bind(self, engine: RoundEngine) -> None:
+        self.engine = engine
+        self.inner.bind(engine)
+        for c in self.host.hosted:
+            engine.clients.update([c], worker=f"simulator rank {self.world.owner(c)}/{self.world.size}")
+
+    def status_fields(self) -> dict[str, Any]:
+        return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend,
+                "gather_s": round(self.gather_s, 3)}
+
+    def _merge(self, local: Gathered[T]) -> Gathered[T]:
+        t0 = time.perf_counter()
+        try:
+            return merge(self.world, local)
+        finally:
+            self.gather_s += time.perf_counter() - t0
+
+    def start(self) -> None:
+        """Every rank holds its clients already."""
+
+    def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
+                rounds: int) -> tuple[Strategy, dict[str, Any]]:
+        with self.host.lock:
+            oracle = DistributedOracle(self.host.oracle(), self.world, self.host.trainer.device)
+            return strategy, dict(strategy.prepare(oracle, global_params, sizes, rounds) or {})
+
+    def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
+        """The first round this process runs is every rank's (a resume that found different checkpoints on
+        different ranks, e.g. after a kill between two ranks' saves, would train different models)."""
+        if self._first_round is None:
+            self._first_round = rnd
+            firsts = self.world.all_gather(rnd)
+            if len(set(firsts)) != 1:
+                raise WorldError(f"the ranks would start at different rounds {firsts} (their checkpoints differ); "
+                                 "remove the run directory's newest checkpoint or start a new run")
+
+    def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
+              strategy: Strategy) -> Gathered[Probe]:
+        return self._merge(self.inner.probe(rnd, self.world.mine(cids), global_params, strategy))
+
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        local = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
+        cpu, device = torch.device("cpu"), self.host.trainer.device
+        travelling: Gathered[ClientUpdate] = Gathered({c: update_to(u, cpu) for c, u in local.results.items()},
+                                                      local.failed)
+        every = self._merge(travelling)
+        every.results = {c: update_to(u, device) for c, u in every.results.items()}
+        if self.engine is not None:
+            now = time.time()
+            for u in every.results.values():
+                self.engine.clients.add_bytes(u.cid, update_bytes(u))
+                self.engine.clients.update([u.cid], last_heartbeat=now)
+        if self.on_client is not None:
+            self.on_client(len(cids), len(cids))
+        return every
+
+    def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
+        return self.inner.replacements(rnd, attempt, k, exclude)
+
+    def finish(self, ok: bool, reason: str) -> None:
+        self.inner.finish(ok, reason)
+
+
+def _slice(n: int, world: World) -> slice:
+    """Rank ``world.rank``'s contiguous share of ``n`` test samples."""
+    bounds = np.linspace(0, n, world.size + 1).round().astype(int)
+    return slice(int(bounds[world.rank]), int(bounds[world.rank + 1]))
+
+
+class DistributedEvaluator(Evaluator):
+    """Server-side evaluation split over the ranks: each scores a contiguous slice of the test set and the
+    sample-weighted sums are gathered (the loss agrees with one process to float64 rounding, the accuracy
+    exactly)."""
+
+    def __init__(self, world: World, trainer: LocalTrainer, x_test: Tensor, y_test: Tensor, batch_size: int,
+                 seed: int, local_models: int = 0, federated: FederatedEval | None = None) -> None:
+        super().__init__(trainer, x_test, y_test, batch_size, seed, local_models, federated)
+        self.world = world
+
+    def evaluate(self, params: Sequence[Tensor]) -> tuple[float, float]:
+        part = _slice(int(self.y_test.shape[0]), self.world)
+        x, y = self.x_test[part], self.y_test[part]
+        n = int(y.shape[0])
+        loss, acc = (0.0, 0.0)
+        if n:
+            self.trainer.load(params)
+            loss, acc = self.trainer.evaluate(x, y, self.batch_size)
+        sums = self.world.all_gather((loss * n, round(acc * n), n))
+        total = sum(s[2] for s in sums)
+        return sum(s[0] for s in sums) / max(total, 1), sum(s[1] for s in sums) / max(total, 1)
+
+
+def distributed_federated(world: World, trainer: LocalTrainer, x_test: Tensor, y_test: Tensor, num_clients: int,
+                          seed: int, batch_size: int) -> FederatedEval:
+    """Federated evaluation over the ranks: each rank evaluates its own clients' local splits (the same
+    ``test_shards`` as one process) and the per-client results are gathered."""
+    shards = dict(enumerate(test_shards(int(y_test.shape[0]), num_clients, seed)))
+    x, y = x_test.to(trainer.device), y_test.to(trainer.device)
+
+    def run(rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
+        mine = world.mine(range(num_clients))
+        return merge(world, Gathered(evaluate_shards(trainer, x, y, shards, mine, params, batch_size)))
+
+    return run
+
+
+def distributed_engine_parts(world: World, executor: InProcessExecutor, cfg: ExperimentConfig, inputs: RunInputs,
+                             trainer: LocalTrainer, local_eval: int) -> tuple[DistributedExecutor, Evaluator]:
+    """The simulator's executor and evaluator for one rank of a multi-process run."""
+    tr, data = cfg.train, inputs.data
+    federated = None
+    if tr.evaluation == "federated":
+        federated = distributed_federated(world, trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
+                                          tr.eval_batch_size)
+    evaluator = DistributedEvaluator(world, trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed,
+                                     local_eval, federated)
+    return DistributedExecutor(executor, world), evaluator
