@@ -21,7 +21,7 @@ from torch import Tensor
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs, load_inputs
-from fedent.rounds.rundir import CLUSTER, RunFinished, plan_run_dir
+from fedent.rounds.rundir import CLUSTER, RunDirLock, RunFinished, lock_run_dir, plan_run_dir
 from fedent.strategies.base import Strategy
 from fedent.strategies.options import FedEntOptions
 from fedent.strategies.registry import build_strategy
@@ -69,6 +69,7 @@ class AggregatorHandle:
     thread: threading.Thread
     dashboard: Any = None
     dashboard_url: str | None = None
+    lock: RunDirLock | None = None  # this process owns the run directory until stop (rounds.rundir)
 
     @property
     def run_dir(self) -> Path:
@@ -92,6 +93,9 @@ class AggregatorHandle:
         self.server.stop(grace_s).wait(grace_s + 1)
         if self.dashboard is not None:
             self.dashboard.stop()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def start_dashboard(run_dir: Path, host: str, port: int, token: str | None = None) -> tuple[Any, str | None]:
@@ -158,8 +162,14 @@ def start_aggregator(
     check_port_free(settings.host, settings.port, "--port")  # before the run directory is made: a used port
     if dashboard:  # leaves nothing behind, and the message names the port and its flag
         check_port_free(dashboard_host, dashboard_port, "--dashboard-port")
-    plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
+    lock = lock_run_dir(run_dir)  # before any decision: a second owner (or --fresh on a live run) is refused
+    try:
+        plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
+    except BaseException:
+        lock.release()
+        raise
     if plan.action == "finished":
+        lock.release()
         raise RunFinished(plan.detail)
     if plan.moved_to is not None:
         log.warning("moved the previous run to %s (--fresh)", plan.moved_to)
@@ -190,12 +200,13 @@ def start_aggregator(
                      else (None, None))
         thread = threading.Thread(target=run.run, name="rounds", daemon=True)
         thread.start()
-        return AggregatorHandle(run, server, port, thread, dash, url)
+        return AggregatorHandle(run, server, port, thread, dash, url, lock)
     except BaseException:
         for s in started:
             s.stop(0)
         if created:  # a run that never started leaves no stub directory
             shutil.rmtree(paths.root, ignore_errors=True)
+        lock.release()
         raise
 
 

@@ -23,7 +23,7 @@ from fedent.rounds import RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.host import ClientStates, ClientTraining
 from fedent.rounds.inprocess import InProcessExecutor, make_executor
-from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, plan_run_dir, run_kind
+from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, lock_run_dir, plan_run_dir, run_kind
 from fedent.sim.progress import ProgressBar, format_duration
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -122,60 +122,64 @@ def run_simulation(
     ``banner``: a start line (dataset, partition, model, device, executor, rounds) and, once the
     first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
     """
-    cfg = with_device(cfg, device)
-    if cfg.data.placement != "central":
-        raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
-                              "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
-    dev = resolve_device(cfg.train.device)
-    if inputs is None:
-        inputs = load_inputs(cfg)
-    if inputs.num_clients != cfg.data.num_clients:
-        raise SimulationError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
-                              f"{cfg.data.num_clients}")
-    if strategy is None:
-        strategy = build_strategy(cfg.algorithm)
-    k = getattr(cfg.train, "local_eval", 0) if local_eval is None else local_eval
-    if has_run(Path(run_dir)):  # any run's files, not only a logged round: never write into a cluster run
-        if not resume or policy is None or policy.checkpoint_keep <= 0:
-            kind = run_kind(runlog.RunPaths(Path(run_dir))) or "started"
-            raise SimulationError(f"{run_dir} already holds a {kind} run; choose another run directory")
-        plan = plan_run_dir(run_dir, cfg, SIMULATOR)  # refuses another kind of run, another config, ...
-        if plan.action == "finished":
-            raise RunFinished(plan.detail)
-        if plan.action == "resume":
-            print(f"fedent: resuming {run_dir} {plan.detail}", file=sys.stderr, flush=True)
-    paths = runlog.create_run_dir(run_dir, exist_ok=True)
-    progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
-    last_acc: list[float | None] = [None]
-
-    first_round: list[int | None] = [None]
-
-    def on_round(rec: dict[str, Any]) -> None:
-        if rec["test_acc"] is not None:
-            last_acc[0] = rec["test_acc"]
-        progress_bar.update(rec["round"] + 1, last_acc[0])
-        if banner and first_round[0] is None:
-            first_round[0] = rec["round"]
-            left = cfg.train.rounds - rec["round"] - 1
-            progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
-                              f"{format_duration(rec['wall_s'])} each", always=True)
-            if progress_bar.enabled:  # the note cleared the bar
-                progress_bar.update(rec["round"] + 1, last_acc[0])
-
-    engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
-    if banner:
-        progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
-        if isinstance(engine.executor, InProcessExecutor):
-            engine.executor.on_client = progress_bar.client
+    lock = lock_run_dir(run_dir)  # one owner at a time: refused while another process runs here
     try:
-        records = engine.run()
-    finally:
-        progress_bar.close()
-    params = [p.detach().cpu() for p in engine.global_params]
-    result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
-                       time.perf_counter() - engine.t_start)
-    if plots:
-        from fedent.plots import plot_run
+        cfg = with_device(cfg, device)
+        if cfg.data.placement != "central":
+            raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
+                                  "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
+        dev = resolve_device(cfg.train.device)
+        if inputs is None:
+            inputs = load_inputs(cfg)
+        if inputs.num_clients != cfg.data.num_clients:
+            raise SimulationError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
+                                  f"{cfg.data.num_clients}")
+        if strategy is None:
+            strategy = build_strategy(cfg.algorithm)
+        k = getattr(cfg.train, "local_eval", 0) if local_eval is None else local_eval
+        if has_run(Path(run_dir)):  # any run's files, not only a logged round: never write into a cluster run
+            if not resume or policy is None or policy.checkpoint_keep <= 0:
+                kind = run_kind(runlog.RunPaths(Path(run_dir))) or "started"
+                raise SimulationError(f"{run_dir} already holds a {kind} run; choose another run directory")
+            plan = plan_run_dir(run_dir, cfg, SIMULATOR)  # refuses another kind of run, another config, ...
+            if plan.action == "finished":
+                raise RunFinished(plan.detail)
+            if plan.action == "resume":
+                print(f"fedent: resuming {run_dir} {plan.detail}", file=sys.stderr, flush=True)
+        paths = runlog.create_run_dir(run_dir, exist_ok=True)
+        progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
+        last_acc: list[float | None] = [None]
 
-        plot_run(paths.root)
-    return result
+        first_round: list[int | None] = [None]
+
+        def on_round(rec: dict[str, Any]) -> None:
+            if rec["test_acc"] is not None:
+                last_acc[0] = rec["test_acc"]
+            progress_bar.update(rec["round"] + 1, last_acc[0])
+            if banner and first_round[0] is None:
+                first_round[0] = rec["round"]
+                left = cfg.train.rounds - rec["round"] - 1
+                progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
+                                  f"{format_duration(rec['wall_s'])} each", always=True)
+                if progress_bar.enabled:  # the note cleared the bar
+                    progress_bar.update(rec["round"] + 1, last_acc[0])
+
+        engine = build_engine(cfg, paths, inputs, dev, strategy, int(k), on_round, policy)
+        if banner:
+            progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
+            if isinstance(engine.executor, InProcessExecutor):
+                engine.executor.on_client = progress_bar.client
+        try:
+            records = engine.run()
+        finally:
+            progress_bar.close()
+        params = [p.detach().cpu() for p in engine.global_params]
+        result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
+                           time.perf_counter() - engine.t_start)
+        if plots:
+            from fedent.plots import plot_run
+
+            plot_run(paths.root)
+        return result
+    finally:
+        lock.release()
