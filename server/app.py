@@ -26,6 +26,7 @@ from fedent.strategies.base import Strategy
 from fedent.strategies.options import FedEntOptions
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import resolve_device
+from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tls import open_channel
 from server.aggregator import create_aggregator_server
@@ -159,6 +160,9 @@ def start_aggregator(
     :class:`RunFinished` (report it, exit 0), another kind of run, another config or checkpoints none of
     which is intact raise ``RunDirError``; ``fresh`` moves an existing run aside first.
     """
+    if settings.clients_file and not (security is not None and security.authenticates):
+        raise SecurityConfigError("--clients-file: binding clients to worker identities needs worker "
+                                  "authentication (--token-file or mutual TLS)")
     check_port_free(settings.host, settings.port, "--port")  # before the run directory is made: a used port
     if dashboard:  # leaves nothing behind, and the message names the port and its flag
         check_port_free(dashboard_host, dashboard_port, "--dashboard-port")
