@@ -5,12 +5,18 @@ Why here and not in each registry: the three lookups share the rules (import pat
 missing module, attribute or wrong signature is one ``PluginError`` line naming the config key) and must run
 *before* any data loads, when the config is built. The built-in names never reach this module's resolver.
 The interfaces (exact signatures) are documented in docs/extending.md.
+
+Only objects of the right kind are accepted (issue 25): a model or dataset is a Python function defined in a
+module outside the standard library (``builtins:print`` or ``subprocess:call`` accept any arguments, so a
+signature check alone would pass them), a strategy a ``Strategy`` subclass. A plug-in module that escapes at
+import (``sys.exit``, any other ``BaseException`` but a Ctrl-C) is one config error, never a silent exit.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -63,13 +69,26 @@ def _import(kind: Kind, ref: str) -> Any:
     except ModuleNotFoundError as e:
         raise PluginError(f"{key}: cannot import module {module!r} ({e}); is it installed or on PYTHONPATH?") \
             from None
-    except Exception as e:  # the plug-in's own import-time error, still one line
-        raise PluginError(f"{key}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 (the plug-in's own import-time error or sys.exit: one line)
+        raise PluginError(f"{key}: importing {module!r} failed: {_escape(e)}") from None
     for part in attr.split("."):
-        if not hasattr(obj, part):
+        try:
+            found, obj = hasattr(obj, part), getattr(obj, part, None)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 (a module __getattr__ or property that escapes)
+            raise PluginError(f"{key}: {ref!r}: reading {part!r} failed: {_escape(e)}") from None
+        if not found:
             raise PluginError(f"{key}: module {module!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
     return obj
+
+
+def _escape(e: BaseException) -> str:
+    """``SystemExit: 3`` (one line) for whatever a plug-in raised."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def resolve(kind: Kind, name: str) -> Any:
@@ -84,9 +103,11 @@ def resolve(kind: Kind, name: str) -> Any:
                               "(or an import path 'package.module:attribute')")
         try:
             obj = ep.load()
-        except Exception as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 (sys.exit at import included: one config error)
             raise PluginError(f"{KEYS[kind]}: entry point {name!r} ({ep.value}) does not load: "
-                              f"{type(e).__name__}: {e}") from None
+                              f"{_escape(e)}") from None
         where = f"{name} ({ep.value})"
     CHECKS[kind](obj, where)
     return obj
@@ -97,6 +118,11 @@ def _check_callable(obj: Any, where: str, kind: Kind, args: tuple[str, ...]) -> 
     if not callable(obj) or isinstance(obj, type):
         raise PluginError(f"{key}: {where} is not a function (got {type(obj).__name__}); "
                           f"expected {_signature_text(args)}")
+    home = _plugin_module(obj)
+    if not inspect.isfunction(obj) or home is None:
+        raise PluginError(f"{key}: {where} is not a function defined in a plug-in module (got "
+                          f"{type(obj).__name__} from {getattr(obj, '__module__', None) or '?'}); expected "
+                          f"{_signature_text(args)} in a module of yours")
     try:
         inspect.signature(obj).bind(*args)
     except TypeError:
@@ -104,6 +130,25 @@ def _check_callable(obj: Any, where: str, kind: Kind, args: tuple[str, ...]) -> 
             from None
     except ValueError:  # builtins without a signature: accept, the call will tell
         return
+
+
+def _plugin_module(obj: Any) -> str | None:
+    """The module that defines ``obj`` when it is an importable module outside the standard library (and
+    builtins), else None: what a model, dataset or strategy plug-in must come from."""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str) or not module:
+        return None
+    top = module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "__main__":
+        return None
+    if module not in sys.modules:
+        try:
+            importlib.import_module(module)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: BLE001 (not importable: not a plug-in module)
+            return None
+    return module
 
 
 def _signature(obj: Any) -> str:
@@ -132,6 +177,8 @@ def check_strategy(obj: Any, where: str) -> None:
     key = KEYS["strategies"]
     if not (isinstance(obj, type) and issubclass(obj, Strategy)):
         raise PluginError(f"{key}: {where} is not a fedent.strategies.base.Strategy subclass")
+    if _plugin_module(obj) is None:
+        raise PluginError(f"{key}: {where} is not defined in an importable module ({obj.__module__!r})")
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
         raise PluginError(f"{key}: {where} leaves abstract method(s) {missing} unimplemented")

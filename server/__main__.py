@@ -54,6 +54,9 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
     p.add_argument("--token", default="", help="registration token workers must present")
     p.add_argument("--estimator", default="", help="HOST:PORT of the estimator service (FedEnt)")
+    p.add_argument("--clients-file", default="", help="client map {worker identity: client ids} (YAML/JSON): only "
+                   "the mapped identity may host a client, here and at the estimator (needs --token-file or "
+                   "mutual TLS); default: the first identity to register a client hosts it while it is live")
 
 
 def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
@@ -61,7 +64,7 @@ def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSet
                               quorum=args.quorum, register_timeout_s=args.register_timeout,
                               wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator,
                               heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
-                              round_retries=args.round_retries)
+                              round_retries=args.round_retries, clients_file=args.clients_file)
 
 
 def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str,

@@ -21,11 +21,12 @@ from torch import Tensor
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs, load_inputs
-from fedent.rounds.rundir import CLUSTER, RunFinished, plan_run_dir
+from fedent.rounds.rundir import CLUSTER, RunDirLock, RunFinished, lock_run_dir, plan_run_dir
 from fedent.strategies.base import Strategy
 from fedent.strategies.options import FedEntOptions
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import resolve_device
+from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tls import open_channel
 from server.aggregator import create_aggregator_server
@@ -69,6 +70,7 @@ class AggregatorHandle:
     thread: threading.Thread
     dashboard: Any = None
     dashboard_url: str | None = None
+    lock: RunDirLock | None = None  # this process owns the run directory until stop (rounds.rundir)
 
     @property
     def run_dir(self) -> Path:
@@ -92,6 +94,9 @@ class AggregatorHandle:
         self.server.stop(grace_s).wait(grace_s + 1)
         if self.dashboard is not None:
             self.dashboard.stop()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def start_dashboard(run_dir: Path, host: str, port: int, token: str | None = None) -> tuple[Any, str | None]:
@@ -155,11 +160,20 @@ def start_aggregator(
     :class:`RunFinished` (report it, exit 0), another kind of run, another config or checkpoints none of
     which is intact raise ``RunDirError``; ``fresh`` moves an existing run aside first.
     """
+    if settings.clients_file and not (security is not None and security.authenticates):
+        raise SecurityConfigError("--clients-file: binding clients to worker identities needs worker "
+                                  "authentication (--token-file or mutual TLS)")
     check_port_free(settings.host, settings.port, "--port")  # before the run directory is made: a used port
     if dashboard:  # leaves nothing behind, and the message names the port and its flag
         check_port_free(dashboard_host, dashboard_port, "--dashboard-port")
-    plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
+    lock = lock_run_dir(run_dir)  # before any decision: a second owner (or --fresh on a live run) is refused
+    try:
+        plan = plan_run_dir(run_dir, cfg, CLUSTER, fresh)
+    except BaseException:
+        lock.release()
+        raise
     if plan.action == "finished":
+        lock.release()
         raise RunFinished(plan.detail)
     if plan.moved_to is not None:
         log.warning("moved the previous run to %s (--fresh)", plan.moved_to)
@@ -190,12 +204,13 @@ def start_aggregator(
                      else (None, None))
         thread = threading.Thread(target=run.run, name="rounds", daemon=True)
         thread.start()
-        return AggregatorHandle(run, server, port, thread, dash, url)
+        return AggregatorHandle(run, server, port, thread, dash, url, lock)
     except BaseException:
         for s in started:
             s.stop(0)
         if created:  # a run that never started leaves no stub directory
             shutil.rmtree(paths.root, ignore_errors=True)
+        lock.release()
         raise
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
-from fedent.rounds.rundir import CLUSTER, RunFinished, plan_run_dir
+from fedent.rounds.rundir import CLUSTER, RunDirLock, RunFinished, lock_run_dir, plan_run_dir
 from fedentrpc import lifeline
 from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tokens import read_worker_token
@@ -122,6 +122,7 @@ class Cluster:
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     pki: CertBundle | None = None
     _lifeline: tuple[int, int] | None = None  # (read end passed to every child, write end held until stop)
+    _lock: RunDirLock | None = None  # this launcher owns the run directory (rounds.rundir) until stop
     moved_to: Path | None = None  # where --fresh moved the previous run
 
     def __post_init__(self) -> None:
@@ -199,8 +200,14 @@ class Cluster:
     def start(self, agg_settings: AggregatorSettings | None = None) -> None:
         """Check the run directory (before the PKI or anything else is written to it), then start every
         process. A finished run raises :class:`RunFinished`; a refused directory ``RunDirError``."""
-        plan = plan_run_dir(self.run_dir, self.cfg, CLUSTER, self.settings.fresh)
+        self._lock = lock_run_dir(self.run_dir)  # a second launcher or aggregator here is refused in one line
+        try:
+            plan = plan_run_dir(self.run_dir, self.cfg, CLUSTER, self.settings.fresh)
+        except BaseException:
+            self._release_lock()
+            raise
         if plan.action == "finished":
+            self._release_lock()
             raise RunFinished(plan.detail)
         self.moved_to = plan.moved_to
         self._tmp = tempfile.TemporaryDirectory(prefix="fedent-cluster-")
@@ -308,6 +315,12 @@ class Cluster:
             for fd in self._lifeline:
                 os.close(fd)
             self._lifeline = None
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def default_run_dir(cfg: ExperimentConfig, out: str | None) -> Path:

@@ -3,8 +3,11 @@
 Register, Ready (with the worker-local data it reports), the Work stream's attach and detach, heartbeats
 and their expiry: every change happens under one lock and wakes whoever waits on ``changed`` (the engine
 waiting for its workers, a retry waiting for live clients). One ownership check (``own``) answers every
-submission: with authentication a worker acts only for itself and its own clients. A worker that goes away
-tells the remote executor (``on_gone``), which fails its clients in the phase waiting on them. No gRPC here.
+submission: with authentication a worker acts only for itself and its own clients. With a client map
+(``settings.clients_file``, fedentrpc.security.client_map) a client may only ever be registered by the
+identity mapped to it; without one, by the first identity to register it while that worker is live.
+A worker that goes away tells the remote executor (``on_gone``), which fails its clients in the phase
+waiting on them. No gRPC here.
 
 Why ~400 lines in one module: register, ready, heartbeats and retirement read and write the same three
 tables (workers, owners, reported client data) under one lock; apart they would need that lock shared.
@@ -23,6 +26,7 @@ from typing import Any
 
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.retry import retry_order
+from fedentrpc.security.client_map import load_client_map
 from server.settings import AggregatorSettings
 from server.work import ClusterError, Registration, Task, WorkerHandle
 
@@ -51,6 +55,9 @@ class WorkerRegistry:
         self.error: str | None = None
         self.on_gone: Callable[[WorkerHandle, str], None] = lambda w, why: None  # the executor fails its tasks
         self.on_waiting: Callable[[int, int], None] = lambda hosted, total: None  # status while waiting
+        # cid -> the only identity that may host it (the aggregator's client map), None: first come
+        self.client_map: dict[int, str] | None = (load_client_map(settings.clients_file, len(sizes))
+                                                  if settings.clients_file else None)
         self.done: Callable[[], bool] = lambda: False  # the rounds are over (clients show finished, not gone)
 
     def bind(self, book: ClientBook, stop: threading.Event) -> None:
@@ -102,6 +109,7 @@ class WorkerRegistry:
         bad = [c for c in wanted if not 0 <= c < len(self.sizes)]
         if bad:
             raise ClusterError("invalid", f"client ids {bad[:5]} out of range [0, {len(self.sizes)})")
+        self._check_map(wanted, identity)
         with self.lock:
             live = sum(1 for w in self.workers.values() if not w.gone)
             if live + RPC_THREADS_SPARE >= self.settings.max_workers:
@@ -127,6 +135,36 @@ class WorkerRegistry:
         self.book.write()
         return Registration(wid, self.run_key, self.worker_config, self.md5, self.settings.transfer(),
                             self.settings.heartbeat_s)
+
+    def _check_map(self, wanted: Sequence[int], identity: str | None) -> None:
+        """With a client map, every wanted client must be mapped to the caller's identity (PERMISSION_DENIED)."""
+        if self.client_map is None:
+            return
+        if identity is None:
+            raise self.deny("Register", "?", f"clients {list(wanted)[:5]}", "the aggregator's client map needs "
+                            "worker authentication (tokens or mutual TLS) to tell whose clients these are")
+        foreign: dict[str, list[int]] = {}
+        for c in wanted:
+            if self.client_map[c] != identity:
+                foreign.setdefault(self.client_map[c], []).append(c)
+        if foreign:
+            owner, cids = next(iter(foreign.items()))
+            raise self.deny("Register", identity, f"clients {cids[:5]}", f"clients {cids[:5]} are mapped to {owner} "
+                            "by the aggregator's client map")
+
+    def bound_identities(self) -> dict[int, str]:
+        """cid -> the worker identity bound to it: the client map when there is one, else the identity of the
+        live worker that registered it (clients without an authenticated host are left out). The estimator
+        gets this with the offline job, so an Oracle stream only receives its own clients' gradient tasks."""
+        if self.client_map is not None:
+            return dict(self.client_map)
+        with self.lock:
+            out: dict[int, str] = {}
+            for cid, wid in self.owner.items():
+                w = self.workers[wid]
+                if w.identity is not None and not w.gone:
+                    out[cid] = w.identity
+            return out
 
     def worker(self, worker_id: str, identity: str | None = None, action: str = "call") -> WorkerHandle:
         """The live registration ``worker_id``; with an ``identity``, only if that identity registered it."""

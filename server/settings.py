@@ -45,6 +45,9 @@ class AggregatorSettings(Declared):
     max_workers: int = option(128, "gRPC thread pool; every connected worker's Work stream holds one thread", ge=8)
     stop_workers_when_done: bool = option(True, "send the workers Shutdown when the run ends")
     checkpoint_keep: int = option(2, "checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints", ge=0)
+    clients_file: str = option("", "client map {worker identity: client ids} (YAML/JSON): only the mapped identity "
+                                   "may host a client (needs worker authentication); empty = the first identity "
+                                   "to register a client hosts it while it is live")
 
     def checks(self) -> Iterable[tuple[str, str]]:
         try:  # the declarations above mirror TransferSpec's; this catches the two drifting apart

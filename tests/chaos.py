@@ -62,7 +62,8 @@ class RunResult:
     rounds: int
     kills: int
     wall_s: float
-    relative_error: float  # final model vs the simulation
+    relative_error: float | None  # final model vs the simulation (None: no final model)
+    failure: str = ""  # the check that failed (the run still counts in the report)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class ChaosReport:
     seed: int
     kills: list[Kill] = field(default_factory=list)
     runs: list[RunResult] = field(default_factory=list)
+    crash: str = ""  # what stopped the harness before it finished (the report is written all the same)
 
     def summary(self) -> dict[str, Any]:
         rec = [k.recover_s for k in self.kills]
@@ -79,12 +81,15 @@ class ChaosReport:
         return {
             "seed": self.seed, "kills": len(self.kills), "recoveries": len(rec), "by_process": by_victim,
             "recover_s": {"median": statistics.median(rec), "max": max(rec), "min": min(rec)} if rec else {},
-            "runs": len(self.runs), "runs_equal_to_simulation": sum(r.relative_error <= 1e-5 for r in self.runs),
-            "max_relative_error": max((r.relative_error for r in self.runs), default=None),
+            "runs": len(self.runs),
+            "runs_equal_to_simulation": sum(not r.failure and r.relative_error is not None
+                                            and r.relative_error <= 1e-5 for r in self.runs),
+            "max_relative_error": max((r.relative_error for r in self.runs if r.relative_error is not None),
+                                      default=None),
         }
 
     def to_json(self) -> str:
-        return json.dumps({"summary": self.summary(), "kills": [asdict(k) for k in self.kills],
+        return json.dumps({"summary": self.summary(), "crash": self.crash, "kills": [asdict(k) for k in self.kills],
                            "runs": [asdict(r) for r in self.runs]}, indent=1)
 
 
@@ -170,12 +175,14 @@ def _pause(run: ChaosRun, seconds: float) -> bool:
 
 
 def chaos(workdir: Path, kills: int, seed: int, rounds: int = 12, max_wait_s: float = 3.0,
-          min_runs: int = 2, workers: int = 2, recover_timeout_s: float = 180.0, log: Any = None) -> ChaosReport:
+          min_runs: int = 2, workers: int = 2, recover_timeout_s: float = 180.0, log: Any = None,
+          report: ChaosReport | None = None) -> ChaosReport:
     """Runs (FedEnt, SCAFFOLD, FedEnt, ...) until ``kills`` kills have landed in unfinished runs and at least
     ``min_runs`` runs were made; each run gets an even share of the kills still to do. ``workers``: 1 or 2
-    worker processes per run (1 starts faster where cores are few)."""
+    worker processes per run (1 starts faster where cores are few). ``report`` (filled in as it goes) stays
+    with the caller when the harness itself fails, so what happened until then can still be written."""
     rng = random.Random(seed)
-    report = ChaosReport(seed)
+    report = ChaosReport(seed) if report is None else report
     references: dict[str, list[torch.Tensor]] = {}
     index = 0
     while len(report.kills) < kills or index < min_runs:
@@ -217,8 +224,14 @@ def _one_run(run: ChaosRun, budget: int, rng: random.Random, max_wait_s: float, 
             print(f"kill {len(report.kills)}: run {index} ({algorithm}) {victim} after {wait:.2f}s at "
                   f"{before} rounds logged; recovered in {kill.recover_s:.1f}s", file=log, flush=True)
     P.wait_for(run.done, f"run {index} to finish", recover_timeout_s)
-    P.check_equals_simulation(run.out, references[algorithm], rounds)
-    assert read_json(run.out / "status.json")["phase"] == "done"
-    assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(rounds))
-    err = P.relative_error(torch.load(run.out / "model_final.pt"), references[algorithm])
-    return RunResult(index, algorithm, rounds, done_kills, round(time.monotonic() - t0, 2), err)
+    err: float | None = None
+    failure = ""
+    try:  # a failed check is a result in the report, not a crash before it is written
+        err = P.relative_error(torch.load(run.out / "model_final.pt"), references[algorithm])
+        assert read_json(run.out / "status.json")["phase"] == "done", "status.json: phase is not done"
+        assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(rounds)), \
+            "metrics.jsonl does not log every round once"
+        P.check_equals_simulation(run.out, references[algorithm], rounds)
+    except (AssertionError, OSError, RuntimeError, ValueError, KeyError) as e:
+        failure = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}" if str(e) else type(e).__name__
+    return RunResult(index, algorithm, rounds, done_kills, round(time.monotonic() - t0, 2), err, failure)

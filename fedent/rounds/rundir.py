@@ -14,12 +14,25 @@ those is one read-only decision taken here, first:
 
 A run that logged at most round 0 and has no checkpoint file is what a crash before the first checkpoint
 leaves behind; it starts again at round 0 (the engine cuts metrics.jsonl), which is the same computation.
+
+One owner at a time (issue 25: a second aggregator on a live directory flipped its finished run to
+``failed``; ``--fresh`` moved a live run away from its aggregator). :func:`lock_run_dir` takes the lock file
+``.<name>.lock`` beside the directory (beside, so ``--fresh`` can move the run aside while holding it) before
+any decision: it records the owner's pid, host and command, and holds an exclusive ``flock`` on it, which the
+kernel drops however the owner dies. A second owner is refused in one line naming the first; a lock file that
+no live process holds (its owner was killed) is taken over with a note. Re-entrant within one process: the
+local launcher and its in-process aggregator are one owner.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +148,106 @@ def no_intact_checkpoint(paths: runlog.RunPaths, damaged: list[str]) -> RunDirEr
     return RunDirError(f"{paths.checkpoint} holds {len(damaged)} checkpoint(s) and none is intact "
                        f"({'; '.join(damaged)}); refusing to start again from round 0 over a run that got further. "
                        f"Pass --fresh to move it to {paths.root.name}.old-<time> and start over")
+
+
+@dataclass(eq=False)
+class RunDirLock:
+    """This process's hold on a run directory (see :func:`lock_run_dir`); ``release`` once per acquisition."""
+
+    path: Path
+    fd: int
+    note: str = ""  # the stale owner this process took over from, if any
+    count: int = field(default=1, repr=False)
+
+    def release(self) -> None:
+        with _HELD_LOCK:
+            self.count -= 1
+            if self.count > 0 or self.fd < 0:
+                return
+            _HELD.pop(self.path, None)
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                    self.path.unlink()
+            except OSError:
+                pass
+            os.close(self.fd)  # drops the flock
+            self.fd = -1
+
+
+_HELD: dict[Path, RunDirLock] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def lock_path(root: str | Path) -> Path:
+    r = Path(root).absolute()
+    return r.with_name(f".{r.name}.lock")
+
+
+def _owner_text(info: dict[str, Any]) -> str:
+    since = info.get("started")
+    when = time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) \
+        else ""
+    return f"pid {info.get('pid', '?')} on {info.get('host', '?')}{when}"
+
+
+def _read_owner(fd: int) -> dict[str, Any]:
+    try:
+        raw = os.pread(fd, 4096, 0).decode(errors="replace")
+        info = json.loads(raw) if raw.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the pid and host in the file are the only evidence
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def lock_run_dir(root: str | Path) -> RunDirLock:
+    """Own ``root`` for this process (see the module docstring); raises :class:`RunDirError` (one line) while
+    another live process owns it. The caller releases it when its run is over (process exit releases it too)."""
+    path = lock_path(root)
+    with _HELD_LOCK:
+        held = _HELD.get(path)
+        if held is not None:
+            held.count += 1
+            return held
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not _try_flock(fd):
+                owner = _read_owner(fd)
+                os.close(fd)
+                raise RunDirError(f"{Path(root)} is in use by {_owner_text(owner)} ({path}); stop that process "
+                                  "first, or choose another run directory")
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a file its previous owner unlinked while this process opened it
+                break
+            os.close(fd)
+        previous = _read_owner(fd)
+        note = ""
+        if previous:
+            note = (f"took over the stale lock of {Path(root)} from {_owner_text(previous)}: that process "
+                    "holds it no more (it was killed or crashed)")
+            print(f"fedent: {note}", file=sys.stderr, flush=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+              "command": " ".join(sys.argv)[:500]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        lock = RunDirLock(path, fd, note)
+        _HELD[path] = lock
+        return lock
 
 
 def plan_run_dir(root: str | Path, cfg: ExperimentConfig, kind: str, fresh: bool = False) -> RunDirPlan:

@@ -26,7 +26,7 @@ from fedent.rounds.distributed import RANKS_DIR, DistributedExecutor, distribute
 from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.host import ClientStates, ClientTraining
 from fedent.rounds.inprocess import InProcessExecutor, make_executor
-from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, plan_run_dir, run_kind
+from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, lock_run_dir, plan_run_dir, run_kind
 from fedent.sim.progress import ProgressBar, format_duration
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -126,6 +126,7 @@ def _checked(cfg: ExperimentConfig, run_dir: str | Path, inputs: RunInputs | Non
     return inputs, strategy, int(k)
 
 
+>>>>>>> guard
 def run_simulation(
     cfg: ExperimentConfig,
     run_dir: str | Path,
@@ -142,6 +143,7 @@ def run_simulation(
     resume: bool = False,
     banner: bool = False,
     world: World | None = None,
+>>>>>>> guard
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
@@ -162,51 +164,55 @@ def run_simulation(
     if world is not None and world.distributed and not world.leader:
         run_dir = Path(run_dir) / RANKS_DIR / str(world.rank)
         progress = plots = banner = False
-    if cfg.data.placement != "central":
-        raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
-                              "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
-    dev = resolve_device(cfg.train.device)
+    lock = lock_run_dir(run_dir)  # one owner at a time: refused while another process runs here
     try:
-        inputs, strategy, k = _checked(cfg, run_dir, inputs, strategy, local_eval, policy, resume)
-    except Exception as e:
-        if world is None or not world.distributed:
-            raise
-        world.agree(e)
-        raise  # agree re-raised it already
-    if world is not None:
-        world.agree(None)
-    paths = runlog.create_run_dir(run_dir, exist_ok=True)
-    progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
-    last_acc: list[float | None] = [None]
+        if cfg.data.placement != "central":
+            raise SimulationError("data.placement: workers keeps each client's data on its worker; the simulator reads "
+                                  "the dataset centrally: use --set data.placement=central (or fedent cluster up)")
+        dev = resolve_device(cfg.train.device)
+        try:
+            inputs, strategy, k = _checked(cfg, run_dir, inputs, strategy, local_eval, policy, resume)
+        except Exception as e:
+            if world is None or not world.distributed:
+                raise
+            world.agree(e)
+            raise  # agree re-raised it already
+        if world is not None:
+            world.agree(None)
+        paths = runlog.create_run_dir(run_dir, exist_ok=True)
+        progress_bar = ProgressBar(cfg.train.rounds, label=label, enabled=progress, bar=bar)
+        last_acc: list[float | None] = [None]
 
-    first_round: list[int | None] = [None]
+        first_round: list[int | None] = [None]
 
-    def on_round(rec: dict[str, Any]) -> None:
-        if rec["test_acc"] is not None:
-            last_acc[0] = rec["test_acc"]
-        progress_bar.update(rec["round"] + 1, last_acc[0])
-        if banner and first_round[0] is None:
-            first_round[0] = rec["round"]
-            left = cfg.train.rounds - rec["round"] - 1
-            progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
-                              f"{format_duration(rec['wall_s'])} each", always=True)
-            if progress_bar.enabled:  # the note cleared the bar
-                progress_bar.update(rec["round"] + 1, last_acc[0])
+        def on_round(rec: dict[str, Any]) -> None:
+            if rec["test_acc"] is not None:
+                last_acc[0] = rec["test_acc"]
+            progress_bar.update(rec["round"] + 1, last_acc[0])
+            if banner and first_round[0] is None:
+                first_round[0] = rec["round"]
+                left = cfg.train.rounds - rec["round"] - 1
+                progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
+                                  f"{format_duration(rec['wall_s'])} each", always=True)
+                if progress_bar.enabled:  # the note cleared the bar
+                    progress_bar.update(rec["round"] + 1, last_acc[0])
 
-    engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world)
-    if banner:
-        progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
-        if isinstance(engine.executor, InProcessExecutor | DistributedExecutor):
-            engine.executor.on_client = progress_bar.client
-    try:
-        records = engine.run()
+        engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world)
+        if banner:
+            progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
+            if isinstance(engine.executor, InProcessExecutor | DistributedExecutor):
+                engine.executor.on_client = progress_bar.client
+        try:
+            records = engine.run()
+        finally:
+            progress_bar.close()
+        params = [p.detach().cpu() for p in engine.global_params]
+        result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
+                           time.perf_counter() - engine.t_start)
+        if plots:
+            from fedent.plots import plot_run
+
+            plot_run(paths.root)
+        return result
     finally:
-        progress_bar.close()
-    params = [p.detach().cpu() for p in engine.global_params]
-    result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
-                       time.perf_counter() - engine.t_start)
-    if plots:
-        from fedent.plots import plot_run
-
-        plot_run(paths.root)
-    return result
+        lock.release()

@@ -215,12 +215,14 @@ class StartOfflineResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[OfflineJob, _Mapping]] = ...) -> None: ...
 
 class OfflineClient(_message.Message):
-    __slots__ = ("cid", "num_samples")
+    __slots__ = ("cid", "num_samples", "owner")
     CID_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     cid: int
     num_samples: int
-    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class GetOfflineRequest(_message.Message):
     __slots__ = ("job_id", "wait_s")

@@ -152,3 +152,50 @@ def test_worker_placement_needs_the_model_input_without_a_dataset(plugin_pkg: Pa
     cfg = config_from_dict(_cfg(data={**data, "num_classes": 3, "in_channels": 1, "image_size": 4},
                                 train={"evaluation": "federated"}))
     assert cfg.data.placement == "workers" and cfg.train.evaluation == "federated"
+
+
+@pytest.mark.parametrize(("section", "needle"), [
+    ({"model": {"name": "builtins:print"}}, "model.name: builtins:print is not a function defined in a plug-in"),
+    ({"data": {"name": "subprocess:call"}}, "data.name: subprocess:call is not a function defined in a plug-in"),
+    ({"model": {"name": "os:system"}}, "model.name: os:system is not a function defined in a plug-in"),
+    ({"algorithm": {"name": "builtins:object"}}, "is not a fedent.strategies.base.Strategy subclass"),
+])
+def test_standard_library_and_builtin_callables_are_not_plugins(plugin_pkg: Path, section: dict[str, object],
+                                                                needle: str) -> None:
+    """``builtins:print`` and ``subprocess:call`` accept any arguments, so a signature check alone passes them:
+    only a function defined in an importable module outside the standard library is a model or dataset."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(_cfg(**section))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ("import sys\nsys.exit(3)\n", "importing 'escapes' failed: SystemExit: 3"),
+    ("raise SystemExit\n", "importing 'escapes' failed: SystemExit"),
+    ("class Escape(BaseException):\n    pass\nraise Escape('out')\n", "importing 'escapes' failed: Escape: out"),
+    ("raise GeneratorExit('gen')\n", "importing 'escapes' failed: GeneratorExit: gen"),
+])
+def test_import_time_escapes_are_one_config_error(plugin_pkg: Path, body: str, needle: str) -> None:
+    """A plug-in module that calls sys.exit (or raises another BaseException) at import must not end the
+    process silently: it is one config error naming the key."""
+    (plugin_pkg / "escapes.py").write_text(body)
+    try:
+        with pytest.raises(ConfigError) as e:
+            config_from_dict(_cfg(model={"name": "escapes:build"}))
+    finally:
+        sys.modules.pop("escapes", None)
+    assert str(e.value).startswith("model.name: ") and needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_entry_point_that_exits_at_load_is_one_config_error(plugin_pkg: Path) -> None:
+    (plugin_pkg / "exitplug.py").write_text("import sys\nsys.exit('bye')\n")
+    dist = plugin_pkg / "exitplug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: exitplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[fedent.models]\nexits = exitplug:build\n")
+    try:
+        with pytest.raises(ConfigError) as e:
+            config_from_dict(_cfg(model={"name": "exits"}))
+    finally:
+        sys.modules.pop("exitplug", None)
+    assert "model.name: entry point 'exits' (exitplug:build) does not load: SystemExit: bye" in str(e.value)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +117,70 @@ def test_the_kind_comes_from_status_json_or_the_checkpoints(tmp_path: Path) -> N
     assert run_kind(bare) is None and plan_run_dir(bare.root, cfg, CLUSTER).action == "new"
     bare.checkpoint.mkdir()
     assert run_kind(bare) == CLUSTER
+
+
+# ---- the run-directory lock (issue 25: a second owner flipped a live run to failed; --fresh moved it away) ----
+
+_HOLDER = ("import sys\nfrom fedent.rounds.rundir import lock_run_dir\nlock_run_dir(sys.argv[1])\n"
+           "print('held', flush=True)\nsys.stdin.read()\n")
+
+
+def _hold(root: Path) -> subprocess.Popen[str]:
+    """Another process that owns ``root`` (until its stdin closes or it is killed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_live_run_directory_refuses_a_second_owner_simulate_aggregator_and_fresh(tmp_path: Path) -> None:
+    from fedent.rounds.rundir import lock_run_dir
+    from fedent.sim.simulator import run_simulation
+    from server.app import start_aggregator
+    from server.settings import AggregatorSettings
+
+    cfg = tiny_config(rounds=5)
+    root = tmp_path / "run"
+    _cluster_run(root, cfg, rounds_logged=2, checkpoints=(1,))
+    before = _digest(root)
+    holder = _hold(root)
+    try:
+        with pytest.raises(RunDirError) as err:
+            lock_run_dir(root)
+        msg = str(err.value)
+        assert "\n" not in msg and f"pid {holder.pid} on {socket.gethostname()}" in msg and str(root) in msg
+        with pytest.raises(RunDirError, match=f"in use by pid {holder.pid}"):
+            start_aggregator(cfg, AggregatorSettings(), root, fresh=True)  # --fresh on a live run: refused
+        with pytest.raises(RunDirError, match=f"in use by pid {holder.pid}"):
+            start_aggregator(cfg, AggregatorSettings(), root)
+        with pytest.raises(RunDirError, match=f"in use by pid {holder.pid}"):
+            run_simulation(cfg, root, progress=False, plots=False)
+        assert root.is_dir() and not list(tmp_path.glob("run.old-*")) and _digest(root) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died without letting go: its lock is stale and taken over, with a note naming it
+    lock = lock_run_dir(root)
+    try:
+        assert f"pid {holder.pid}" in lock.note and "stale" in lock.note
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    finally:
+        lock.release()
+    assert not lock.path.exists()
+
+
+def test_the_lock_is_reentrant_in_its_process_and_released_by_the_last_holder(tmp_path: Path) -> None:
+    from fedent.rounds.rundir import lock_run_dir
+
+    root = tmp_path / "run"
+    a = lock_run_dir(root)
+    b = lock_run_dir(root)  # the launcher and its in-process aggregator: one owner
+    assert a is b and a.note == ""
+    info = json.loads(a.path.read_text())
+    assert info["pid"] == os.getpid() and info["host"] == socket.gethostname() and not root.exists()
+    b.release()
+    assert a.path.exists()
+    a.release()
+    assert not a.path.exists()
