@@ -63,12 +63,6 @@ def line_style(i: int) -> dict[str, Any]:
             "linestyle": _LINESTYLES[(i + i // len(_MARKERS)) % len(_LINESTYLES)]}
 
 
-def cli_round(logged: int) -> int:
-    """metrics.jsonl counts rounds from 0; the CLI's progress prints "round k/R" once round k-1 is logged.
-    Figures use the CLI's count: x = 1..R, the number of rounds completed."""
-    return int(logged) + 1
-
-
 ROUND_LABEL = "round"
 
 
@@ -78,12 +72,12 @@ def _plot_curve(ax: Axes, xs: Sequence[int], ys: Any, i: int, label: str,
     n = len(xs)
     every = max(1, -(-n // 8))
     # markers at most ~10 per curve, shifted per curve so overlapping curves still show each marker
-    ax.plot([cli_round(x) for x in xs], ys, label=label, ms=4, lw=1.3, markevery=(i % every, every),
+    ax.plot([int(x) for x in xs], ys, label=label, ms=4, lw=1.3, markevery=(i % every, every),
             **(line_style(i) if look is None else look))
 
 
 def _band(ax: Axes, xs: Sequence[int], mean: Any, std: Any, i: int) -> None:
-    ax.fill_between([cli_round(x) for x in xs], mean - std, mean + std, alpha=0.15, color=f"C{i % 10}", lw=0)
+    ax.fill_between([int(x) for x in xs], mean - std, mean + std, alpha=0.15, color=f"C{i % 10}", lw=0)
 
 
 def _band_handle(what: str) -> Patch:
@@ -210,7 +204,7 @@ def draw_eta(records: Records, title: str = "FedEnt per-client learning rate η_
     norm: Normalize = LogNorm(lo, hi) if lo > 0 and hi / lo > 10 else Normalize(lo, hi if hi > lo else lo + 1e-12)
     ax.set_facecolor("0.88")
     img = ax.imshow(np.ma.masked_invalid(m), aspect="auto", interpolation="nearest", cmap="viridis", norm=norm,
-                    extent=(cli_round(rounds[0]) - 0.5, cli_round(rounds[-1]) + 0.5, len(clients) - 0.5, -0.5))
+                    extent=(int(rounds[0]) - 0.5, int(rounds[-1]) + 0.5, len(clients) - 0.5, -0.5))
     fig.colorbar(img, ax=ax, label="η_i(t)" + (" (log scale)" if isinstance(norm, LogNorm) else ""))
     _round_axis(ax)
     ax.set_ylabel("client (grey: not sampled that round)")
@@ -226,7 +220,7 @@ def _short_axis(ax: Axes, xs: Sequence[int], ys: Sequence[float], name: str) -> 
     (the uploads' entropy is ≈ −log n every round), plot the scaled deviation from a reference rounded to
     the variation's precision, and name the reference and the scale in the axis label instead."""
     v = np.asarray(ys, dtype=float)
-    x = [cli_round(r) for r in xs]
+    x = [int(r) for r in xs]
     scale = float(np.max(np.abs(v))) if len(v) else 0.0
     span = float(v.max() - v.min()) if len(v) else 0.0
     if scale > 0 and span < 1e-2 * scale:

@@ -90,7 +90,8 @@ def round_log_line(rec: dict[str, Any], rounds: int) -> str:
     acc_s = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
     loss_s = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
-    return (f"round {int(rec.get('round', -1)) + 1}/{rounds} done: test acc {acc_s}, train loss {loss_s}, "
+    rnd = runlog.round_of(rec) if "round" in rec else 0
+    return (f"round {rnd}/{rounds} done: test acc {acc_s}, train loss {loss_s}, "
             f"{rec.get('num_clients', '?')} clients, {wall_s}")
 
 

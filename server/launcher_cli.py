@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedent import runlog
 from fedent.config import load_config
 
 HELP = "run the aggregator, estimator, workers and dashboard locally"
@@ -148,7 +149,7 @@ def round_line(rec: dict[str, Any], rounds: int | None) -> str:
     wall = rec.get("wall_s")
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
     clients = rec.get("num_clients", "?")
-    head = f"fedent cluster: round {int(rec.get('round', -1)) + 1}{total}"
+    head = f"fedent cluster: round {runlog.round_of(rec) if 'round' in rec else 0}{total}"
     return f"{head}: {acc_s}, {loss_s}, {clients} clients, {wall_s}"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import procs as P
 import torch
 
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 
 ALGORITHMS = ("fedent", "scaffold")
@@ -219,6 +220,6 @@ def _one_run(run: ChaosRun, budget: int, rng: random.Random, max_wait_s: float, 
     P.wait_for(run.done, f"run {index} to finish", recover_timeout_s)
     P.check_equals_simulation(run.out, references[algorithm], rounds)
     assert read_json(run.out / "status.json")["phase"] == "done"
-    assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(rounds))
-    err = P.relative_error(torch.load(run.out / "model_final.pt"), references[algorithm])
+    assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(1, rounds + 1))
+    err = P.relative_error(load_model_file(run.out / "model_final.pt").params, references[algorithm])
     return RunResult(index, algorithm, rounds, done_kills, round(time.monotonic() - t0, 2), err)

@@ -64,7 +64,7 @@ def rounds_to_target(records: Records, target: float | None) -> int | None:
     for r in records:
         acc = r.get("test_acc")
         if acc is not None and acc >= target:
-            return int(r["round"]) + 1
+            return runlog.round_of(r)
     return None
 
 
@@ -125,7 +125,7 @@ def sampling_identical(records_by_run: Mapping[tuple[str, int], Records]) -> boo
     """True when, for every seed, all algorithms logged the same participants in every round they share."""
     by_seed: dict[int, list[dict[int, list[int]]]] = {}
     for (_, seed), recs in records_by_run.items():
-        by_seed.setdefault(seed, []).append({int(r["round"]): list(r["clients"]) for r in recs})
+        by_seed.setdefault(seed, []).append({runlog.round_of(r): list(r["clients"]) for r in recs})
     for runs in by_seed.values():
         for other in runs[1:]:
             common = set(runs[0]) & set(other)

@@ -43,9 +43,9 @@ class RunOutcome:
 # ---- running ---------------------------------------------------------------------------------------------
 
 def is_complete(run_dir: Path, rounds: int) -> bool:
-    """A run counts as done when its metrics.jsonl holds every round 0..rounds-1 (resume skips it)."""
+    """A run counts as done when its metrics.jsonl holds every round 1..rounds (resume skips it)."""
     recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
-    return sorted(int(r.get("round", -1)) for r in recs) == list(range(rounds))
+    return sorted(int(r.get("round", -1)) for r in recs) == list(range(1, rounds + 1))
 
 
 def diverged(run_dir: Path) -> str | None:

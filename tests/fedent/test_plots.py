@@ -155,7 +155,7 @@ def test_eta_with_many_clients_is_a_heatmap_one_row_per_client() -> None:
     traj = plot_data.eta_trajectories(recs)
     cid = sorted(traj)[3]
     xs, ys = traj[cid]
-    assert [float(arr[3, x]) for x in xs] == pytest.approx(ys)
+    assert [float(arr[3, x - 1]) for x in xs] == pytest.approx(ys)
     assert int(np.ma.count_masked(arr)) == 20 * 12 - sum(len(v[0]) for v in traj.values())  # grey = not sampled
     assert len(fig.axes) == 2 and "η_i(t)" in fig.axes[1].get_ylabel()  # colour bar
     assert images[0].get_extent()[:2] == [0.5, 12.5]  # columns are rounds 1..12

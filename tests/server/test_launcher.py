@@ -75,7 +75,7 @@ def test_a_resumed_launch_reports_the_new_rounds_not_the_cut_ones(tmp_path: Path
         timer.join()
         cluster.aggregator.stop(grace_s=0.5)
     new = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["round"] for r in new] == [0, 1, 2] and new[2]["test_acc"] != 0.0123
+    assert [r["round"] for r in new] == [1, 2, 3] and new[2]["test_acc"] != 0.0123
     last = [ln for ln in lines if ln.startswith("fedent cluster: round 3/3")]
     assert last == [round_line(new[2], 3)], lines
     assert f"final test accuracy {new[2]['test_acc']:.4f}" in finished_line(cluster.aggregator.run.engine.records,

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fedent.config import load_config
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
@@ -55,7 +56,7 @@ def test_cluster_run_equals_simulation(tmp_path: Path, algorithm: str, workers: 
     assert read_json(out / "status.json")["phase"] == "done"
     if executor != "auto":
         assert f"with the {executor} executor" in proc.stderr + proc.stdout  # each worker says how it trains
-    cluster_model = torch.load(out / "model_final.pt")
+    cluster_model = load_model_file(out / "model_final.pt").params
     sim = run_simulation(load_config(cfg_path), tmp_path / "sim", progress=False, plots=False)
     assert _max_rel(cluster_model, sim.params) <= 1e-5
     recs = read_metrics(out / "metrics.jsonl")

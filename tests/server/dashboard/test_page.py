@@ -49,8 +49,8 @@ def initial_data(body: str, block: str = "initial-data") -> Any:
 STYLE_FILE = Path(plot_data.__file__).parent / "phi2_style.json"  # the one the plot test checks fedent plot against
 
 
-LIVE = snap(status={"run_id": "live-run", "algorithm": "fedent", "phase": "training", "round": 2, "rounds": 10,
-                    "started_at": 1000.0, "updated_at": 1004.0},
+LIVE = snap(status={"run_id": "live-run", "algorithm": "fedent", "phase": "training", "round": 3, "round_base": 1,
+                    "rounds": 10, "started_at": 1000.0, "updated_at": 1004.0},
             rounds=views.round_rows([rec(0), rec(1)]),
             clients={"clients": [{"cid": 0, "state": "training", "last_heartbeat": 1009.0, "bytes": 5},
                                  {"cid": 1, "state": "training", "last_heartbeat": 1009.0}]},
@@ -64,7 +64,7 @@ def test_the_page_carries_the_header_numbers_as_text() -> None:
                                          "last-acc", "progress-text")}
     assert got == {"run-id": "live-run", "algorithm": "fedent", "round": "2", "rounds": "10", "phase": "training",
                    "elapsed": "10 s", "eta": "16 s", "last-acc": "35.0%",
-                   "progress-text": "2 / 10 rounds · 20% · round 2 training"}
+                   "progress-text": "2 / 10 rounds · 20% · round 3 training"}  # rounds 1, 2 done
     assert 'data-phase="training"' in body and 'aria-valuenow="20"' in body
 
 
