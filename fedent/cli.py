@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "reproduce": "fedent.commands.reproduce",
     "tensorboard": "fedent.commands.tensorboard",
     "plugins": "fedent.commands.plugins",
+    "new": "fedent.commands.new",
 }
 ENTRY_POINT_GROUP = "fedent.commands"
 # Commands that run the round engine in this process: SIGTERM stops them as SIGINT does (fedent.signals), so the

@@ -129,3 +129,34 @@ def test_licence_metadata_and_a_bounded_protobuf() -> None:
     assert project["license-files"] == ["LICENSE"]
     (protobuf,) = [d for d in project["dependencies"] if d.split(">")[0].split("<")[0].strip() == "protobuf"]
     assert "<8" in protobuf.replace(" ", "")
+
+
+@pytest.mark.slow
+def test_an_installed_fedent_has_its_configs_and_makes_a_project_that_runs(tmp_path: Path) -> None:
+    """From the wheel, in a directory with no repository: --config demo finds the packaged config, and
+    `fedent new proj` + `fedent simulate --config config.yaml` in proj trains with the project's plug-ins."""
+    import os
+    import subprocess
+
+    if not Path("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz").exists():
+        pytest.skip("needs dataset-fashion-mnist (make data)")
+    venv = _installed_venv(tmp_path)
+    fedent = str(venv / "bin" / "fedent")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    small = ["--set", "train.rounds=1", "--set", "data.max_train_samples=600", "--set", "data.max_test_samples=200",
+             "--no-plots", "--no-progress", "--device", "cpu"]
+    res = subprocess.run([fedent, "simulate", "--config", "demo", *small], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list((elsewhere / "runs").glob("demo-*/model_final.pt"))) == 1
+    res = subprocess.run([fedent, "new", "proj"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    proj = elsewhere / "proj"
+    res = subprocess.run([fedent, "simulate", "--config", "config.yaml", *small], cwd=proj, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run,) = (proj / "runs").iterdir()
+    assert '"algorithm":"my-fedavg"' in (run / "metrics.jsonl").read_text()
