@@ -275,8 +275,9 @@ class Cluster:
         report()
         return agg.ok
 
-    def stop(self) -> None:
-        """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard."""
+    def stop(self, signame: str | None = None) -> None:
+        """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard.
+        ``signame``: this process got that signal, so a run still going ends ``stopped`` (not ``failed``)."""
         procs = [*self.workers, *([self.estimator] if self.estimator is not None else [])]
         if self.aggregator is not None and self.aggregator.run.finished.is_set():
             # the run is over and the workers got Shutdown: let them exit by themselves first
@@ -287,7 +288,7 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     break
         if self.aggregator is not None:
-            self.aggregator.request_stop()  # before its peers go away, so no round waits on a dead service
+            self.aggregator.request_stop(signame)  # before its peers go away, so no round waits on a dead service
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -299,7 +300,7 @@ class Cluster:
                 p.kill()
                 p.wait()
         if self.aggregator is not None:
-            self.aggregator.stop()
+            self.aggregator.stop(signame=signame)
             self.aggregator = None
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -12,6 +12,7 @@ from typing import Any
 
 from fedent import runlog
 from fedent.config import load_config
+from fedent.signals import Stopped, stop_reason
 
 HELP = "run the aggregator, estimator, workers and dashboard locally"
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = Cluster(cfg, default_run_dir(cfg, args.out), launch)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise Stopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)  # also when started in the background, where SIGINT is inherited ignored
@@ -132,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"fedent cluster: the dashboard stopped with the cluster; to browse this run: "
                   f"fedent dashboard {handle.run_dir}", flush=True)
         return 0 if ok else 1
-    except KeyboardInterrupt:
-        print("fedent cluster: stopping", file=sys.stderr)
+    except KeyboardInterrupt as e:  # the run's status.json ends "stopped" with the reason, as simulate's does
+        signame = e.signame if isinstance(e, Stopped) else "SIGINT"
+        print(f"fedent cluster: stopping ({stop_reason(e)})", file=sys.stderr)
+        cluster.stop(signame)
         return 130
     finally:
         cluster.stop()

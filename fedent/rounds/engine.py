@@ -27,7 +27,7 @@ from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
-from fedent.signals import stop_reason
+from fedent.signals import Stopped, stop_reason
 from fedent.strategies.base import ClientUpdate, Probe, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
@@ -109,6 +109,9 @@ class RoundEngine:
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.stop = threading.Event()
+        # set with ``stop`` by a service that got SIGTERM or SIGINT: the run then ends "stopped" (with the
+        # reason), as a simulation interrupted in its own thread does, not "failed"
+        self.stop_signal: str | None = None
         self.phase = "starting"
         self.round: int | None = None
         self.started_at = time.time()
@@ -161,6 +164,8 @@ class RoundEngine:
 
     def check_stop(self) -> None:
         if self.stop.is_set():
+            if self.stop_signal is not None:
+                raise Stopped(self.stop_signal)
             raise RunError("stopped")
 
     # ---- before round 0 ------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_a_resumed_launch_reports_the_new_rounds_not_the_cut_ones(tmp_path: Path
         t.start()
     assert first.wait(60)
     first.stop(grace_s=0.5)
-    MetricsLog(run_dir / "metrics.jsonl").append(metrics_record(round=2, algorithm="fedavg", test_acc=0.0123))
+    MetricsLog(run_dir / "metrics.jsonl").append(metrics_record(round=3, algorithm="fedavg", test_acc=0.0123))
 
     cluster = Cluster(cfg, run_dir, LaunchSettings(workers=2, dashboard=False, secure=False))
     cluster.aggregator = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)

@@ -284,3 +284,26 @@ def test_the_payload_spec_is_checked_in_process_too(tmp_path: Path) -> None:
                                        r"of client \d has unknown scalars \['undeclared'\]"):
         e.run()
     assert "has unknown scalars ['undeclared']" in status(e)["state"]["error"]
+
+
+def test_a_stop_from_a_signalled_service_ends_stopped_not_failed(tmp_path: Path) -> None:
+    """The aggregator got SIGTERM: it sets stop_signal with stop, and the run ends "stopped" with the reason (a
+    checkpointed run resumes), as an interrupted simulation does; a plain stop (no signal) still fails it."""
+    from fedent.signals import Stopped
+
+    e = engine(tmp_path, rounds=3)
+
+    def signalled(rec: dict[str, Any]) -> None:
+        e.stop_signal = "SIGTERM"
+        e.stop.set()
+
+    e.on_round = signalled
+    with pytest.raises(Stopped):
+        e.run()
+    st = status(e)
+    assert (st["phase"], st["state"]["reason"], st["round"]) == ("stopped", "stopped by SIGTERM", 1)
+    plain = engine(tmp_path / "plain", rounds=3)
+    plain.on_round = lambda rec: plain.stop.set()
+    with pytest.raises(RunError, match="stopped"):
+        plain.run()
+    assert status(plain)["phase"] == "failed"
