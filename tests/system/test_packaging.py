@@ -26,8 +26,33 @@ def _deps() -> tuple[dict[str, str], dict[str, str]]:
     return parse(project["dependencies"]), parse(project["optional-dependencies"]["dev"])
 
 
-def test_lower_bounds_are_what_the_generated_code_requires() -> None:
+def _extra(name: str) -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = {}
+    for item in project["optional-dependencies"][name]:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*(?:>=|==)\s*([0-9.]+)", item)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_extras_split_the_core_from_the_services_and_dev_keeps_everything() -> None:
+    """The core (the simulator) installs without grpc, protobuf, fastapi; [cluster] and [dashboard] bring the
+    services' dependencies and [dev] (what make setup installs) takes both, so make run/test are unchanged."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime, _ = _deps()
+    assert not {"grpcio", "protobuf", "fastapi", "uvicorn", "pydantic", "cryptography"} & set(runtime)
+    assert {"torch", "numpy", "pyyaml", "matplotlib"} <= set(runtime)
+    cluster = set(_extra("cluster"))
+    assert {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "cryptography"} <= cluster
+    assert {"fastapi", "uvicorn", "pydantic"} <= set(_extra("dashboard"))
+    assert "fedent[cluster,dashboard]" in project["optional-dependencies"]["dev"]
+    assert "'.[dev]'" in (ROOT / "Makefile").read_text()
+    assert 'install ".[cluster,dashboard]"' in (ROOT / "Dockerfile").read_text()
+
+
+def test_lower_bounds_are_what_the_generated_code_requires() -> None:
+    runtime = _extra("cluster")
     grpc_stub = (ROOT / "fedentrpc" / "v1" / "aggregator_pb2_grpc.py").read_text()
     grpc_needed = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", grpc_stub)
     assert grpc_needed is not None
@@ -127,7 +152,8 @@ def test_licence_metadata_and_a_bounded_protobuf() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and "Apache License" in (ROOT / "LICENSE").read_text()[:200]
     assert project["license-files"] == ["LICENSE"]
-    (protobuf,) = [d for d in project["dependencies"] if d.split(">")[0].split("<")[0].strip() == "protobuf"]
+    (protobuf,) = [d for d in project["optional-dependencies"]["cluster"]
+                   if d.split(">")[0].split("<")[0].strip() == "protobuf"]
     assert "<8" in protobuf.replace(" ", "")
 
 
