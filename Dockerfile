@@ -53,7 +53,7 @@ COPY server ./server
 COPY client ./client
 COPY estimator ./estimator
 COPY configs ./configs
-RUN /tmp/build/pip.sh install . \
+RUN /tmp/build/pip.sh install ".[cluster,dashboard]" \
     && rm -rf /tmp/build
 
 RUN useradd --create-home --uid 10001 fedent \

@@ -28,18 +28,26 @@ setup: $(STAMP)
 # one line with the exact command, and the target stops. The browser test skips without Chromium.
 DATA_DIR ?= /usr/share/datasets/fashion-mnist
 CHROMIUM ?= /usr/bin/chromium
+# Off Debian: the four Fashion-MNIST idx .gz files in any directory, then make run DATA_DIR=that/directory
+# (run and simulate then pass it as data.root).
+DATA_ELSEWHERE := put Fashion-MNIST's four idx .gz files (train/t10k images and labels) in a directory and run: \
+	make run DATA_DIR=/that/directory
 data:
-	@tools/ensure_system_deps.sh $(DATA_DIR) dataset-fashion-mnist "the offline Fashion-MNIST copy"
+	@tools/ensure_system_deps.sh $(DATA_DIR) dataset-fashion-mnist "the offline Fashion-MNIST copy" \
+		"$(DATA_ELSEWHERE)"
 
 browser:
-	@tools/ensure_system_deps.sh --optional $(CHROMIUM) chromium "Chromium (dashboard browser test)"
+	@tools/ensure_system_deps.sh --optional $(CHROMIUM) chromium "Chromium (dashboard browser test)" \
+		"install Chromium with your system's package manager (the browser test runs $(CHROMIUM))"
 
 # The main job: always the most complete thing that exists (the local cluster on the demo config).
+# a DATA_DIR other than the OS copy is the dataset's data.root
+DATA_ROOT_ARG = $(if $(filter-out /usr/share/datasets/fashion-mnist,$(DATA_DIR)),--set data.root=$(DATA_DIR))
 run: data $(STAMP)
-	$(BIN)/fedent cluster up --config $(CONFIG) --workers 2 --exit-when-done
+	$(BIN)/fedent cluster up --config $(CONFIG) --workers 2 --exit-when-done $(DATA_ROOT_ARG)
 
 simulate: data $(STAMP)
-	$(BIN)/fedent simulate --config $(CONFIG)
+	$(BIN)/fedent simulate --config $(CONFIG) $(DATA_ROOT_ARG)
 
 lint: $(STAMP) proto-lint
 	$(BIN)/ruff check fedent fedentrpc server client estimator tests benchmarks tools

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fedent.config import config_from_dict  # noqa: E402
+from fedent.model_file import load_model_file  # noqa: E402
 from fedent.runlog import read_metrics  # noqa: E402
 from fedent.sim.simulator import run_simulation  # noqa: E402
 from server.launcher import Cluster, LaunchSettings  # noqa: E402
@@ -93,7 +94,7 @@ def main() -> int:
             cluster.stop()
         cluster_total = time.perf_counter() - t0
         sim_round, cl_round = median_round(Path(tmp) / "sim"), median_round(run_dir)
-        got = torch.load(run_dir / "model_final.pt")
+        got = load_model_file(run_dir / "model_final.pt").params
         rel = max(float((a - b).abs().max()) for a, b in zip(got, sim.params, strict=True)) / max(
             float(b.abs().max()) for b in sim.params)
     result = {

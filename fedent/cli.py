@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tensorboard": "fedent.commands.tensorboard",
     "plugins": "fedent.commands.plugins",
     "data": "fedent.commands.data",
+    "new": "fedent.commands.new",
 }
 ENTRY_POINT_GROUP = "fedent.commands"
 # Commands that run the round engine in this process: SIGTERM stops them as SIGINT does (fedent.signals), so the
@@ -57,12 +58,25 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def _load(modname: str) -> ModuleType | None:
-    """The subcommand's module, or None when it (or the package providing it) is not installed."""
+# Top-level modules of the optional extras (pyproject.toml): a subcommand that needs a missing one is not offered,
+# and naming it says which extra to install instead of a traceback.
+EXTRA_OF = {"grpc": "cluster", "grpc_health": "cluster", "grpc_reflection": "cluster", "google": "cluster",
+            "cryptography": "cluster", "fastapi": "dashboard", "uvicorn": "dashboard", "pydantic": "dashboard",
+            "starlette": "dashboard"}
+MISSING: dict[str, str] = {}  # subcommand -> the extra it needs, filled by _load
+
+
+def _load(modname: str, name: str = "") -> ModuleType | None:
+    """The subcommand's module, or None when it (or the package providing it) is not installed, or when it needs
+    an extra that is not (``MISSING`` then names the extra)."""
     try:
         return importlib.import_module(modname)
     except ModuleNotFoundError as e:
         if e.name and modname.startswith(e.name):
+            return None
+        extra = EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is not None:
+            MISSING[name or modname] = extra
             return None
         raise
 
@@ -88,27 +102,49 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str
     loaded: dict[str, ModuleType] = {}
     core = list(SUBCOMMANDS)
     for name in sorted(commands, key=lambda n: (core.index(n) if n in core else len(core), n)):
-        mod = _load(commands[name])
+        mod = _load(commands[name], name)
         if mod is None:
             continue  # not built yet / not installed
-        loaded[name] = mod
         summary = getattr(mod, "HELP", None)
         if name == chosen or summary is None:
-            mod.add_parser(sub)
+            try:
+                mod.add_parser(sub)  # a service's parser may import its extra's modules here
+            except ModuleNotFoundError as e:
+                extra = EXTRA_OF.get((e.name or "").split(".")[0])
+                if extra is None:
+                    raise
+                MISSING[name] = extra
+                continue
+            loaded[name] = mod
         else:
+            loaded[name] = mod
             sub.add_parser(name, help=summary, add_help=False)
     return parser, loaded
+
+
+def _needs_extra(command: str, extra: str) -> int:
+    print(f"fedent {command}: needs the [{extra}] extra, which is not installed: pip install 'fedent[{extra}]' "
+          f"(or .venv/bin/pip install -e '.[{extra}]' in the repository)", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, mods = build_parser(argv)
+    wanted = _chosen(argv, list(subcommands()))
+    if wanted is not None and wanted not in mods and wanted in MISSING:
+        return _needs_extra(wanted, MISSING[wanted])
     args = parser.parse_args(argv)
     try:
         if args.command in STOP_ON_SIGNALS:
             with stop_on_signals():
                 return int(mods[args.command].run(args) or 0)
         return int(mods[args.command].run(args) or 0)
+    except ModuleNotFoundError as e:  # a service's module imports its extra only when it runs
+        extra = EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        return _needs_extra(args.command, extra)
     except ConfigError as e:
         # "--flag: ..." is a command-line mistake; everything else names a config key
         label = "" if str(e).startswith("--") else "config error: "

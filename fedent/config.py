@@ -604,10 +604,16 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load, override and validate (the algorithm's options become its typed Options here, once)."""
+    """Load, override and validate (the algorithm's options become its typed Options here, once).
+
+    ``path`` is a file, or the name of a config shipped with the package (``demo``, ``mnist-iid.yaml``: the
+    repository's configs/, package data), so an installed fedent without the repository has them too."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        p = packaged_config(str(path)) or p
+    if not p.is_file():
+        known = ", ".join(packaged_config_names()[:8])
+        raise ConfigError(f"config file not found: {p} (or name a packaged config: {known}, ...)")
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
@@ -615,6 +621,25 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def packaged_config_names() -> list[str]:
+    """The configs shipped inside the package (fedent/configs, the repository's configs/), by name."""
+    from importlib import resources
+
+    d = resources.files("fedent").joinpath("configs")
+    return sorted(f.name[:-5] for f in d.iterdir() if f.name.endswith(".yaml")) if d.is_dir() else []
+
+
+def packaged_config(name: str) -> Path | None:
+    """The packaged config called ``name`` (with or without .yaml, or configs/NAME.yaml), else None."""
+    from importlib import resources
+
+    stem = name[len("configs/"):] if name.startswith("configs/") else name
+    stem = stem[:-5] if stem.endswith(".yaml") else stem
+    if not stem or "/" in stem or stem not in packaged_config_names():
+        return None
+    return Path(str(resources.files("fedent").joinpath("configs", stem + ".yaml")))
 
 
 def yaml_position(e: yaml.YAMLError) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from fedent import runlog
+
 Records = Sequence[Mapping[str, Any]]
 
 PHI2_STYLE_FILE = Path(__file__).with_name("phi2_style.json")  # package data (pyproject.toml)
@@ -32,7 +34,7 @@ def series(records: Records, key: str) -> tuple[list[int], list[float]]:
     for r in records:
         v = r.get(key)
         if v is not None:
-            xs.append(int(r["round"]))
+            xs.append(runlog.round_of(r))
             ys.append(float(v))
     return xs, ys
 
@@ -46,7 +48,7 @@ def eta_trajectories(records: Records) -> dict[int, tuple[list[int], list[float]
             if row.get("eta") is None:
                 continue
             xs, ys = out.setdefault(int(row["client"]), ([], []))
-            xs.append(int(r["round"]))
+            xs.append(runlog.round_of(r))
             ys.append(float(row["eta"]))
     return out
 
@@ -59,7 +61,7 @@ def phi2_series(records: Records) -> dict[str, tuple[list[int], list[float]]]:
         for r in records:
             v = (r.get("fedent") or {}).get(key)
             if v is not None:
-                xs.append(int(r["round"]))
+                xs.append(runlog.round_of(r))
                 ys.append(float(v))
         if xs:
             out[key] = (xs, ys)
@@ -113,7 +115,7 @@ def local_accuracies(records: Records) -> list[tuple[int, list[float]]]:
     for r in records:
         accs = (r.get("diagnostics") or {}).get("local_acc")
         if accs:
-            out.append((int(r["round"]), [float(a) for a in accs]))
+            out.append((runlog.round_of(r), [float(a) for a in accs]))
     return out
 
 

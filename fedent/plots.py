@@ -7,6 +7,11 @@ and rounds counted as the CLI prints them (1..R). The figures follow the paper: 
 algorithm (Figs. ex_mnist..ex_cifar100), FedEnt's per-client learning rates (Eq. eta_deacy), the mean-field
 prediction of φ2 against the actual value (Definition 2), and the accuracy spread of uploaded local models
 (Fig. client_dev). What they are drawn from is read out of the records by ``fedent.plot_data``.
+``FigureStyle(paper=True)`` (``fedent plot --style paper``) makes one-column figures: 3.4 in (or ``width``),
+7 pt text, panels stacked, the legend below the axes; the uploads' entropy is drawn as its deviation from −log n.
+
+Why ~440 lines in one module: every figure shares the style, legend, round-axis and saving helpers above
+them, and each figure is a short function; splitting per figure would export those private helpers.
 """
 
 from __future__ import annotations
@@ -39,13 +44,19 @@ MAX_ETA_LINES = 8  # more clients than this: the η figure is a heatmap (one row
 
 @dataclass(frozen=True)
 class FigureStyle:
-    """How figures are written: file formats (one file per format, same stem), resolution, titles or not."""
+    """How figures are written: file formats (one file per format, same stem), resolution, titles or not;
+    ``width`` (inches) sets every figure's width; ``paper``: one-column figures (``PAPER_WIDTH`` unless
+    ``width`` says otherwise) with 7 pt text, panels stacked and the legend below the axes."""
 
     formats: tuple[str, ...] = ("png",)
     dpi: int = 300
     titles: bool = True
+    width: float | None = None
+    paper: bool = False
 
     def __post_init__(self) -> None:
+        if self.width is not None and not 1.0 <= self.width <= 20.0:
+            raise ValueError(f"width: {self.width} inches; expected 1 to 20 (one column: 3.3-3.5)")
         bad = [f for f in self.formats if f not in FORMATS]
         if bad or not self.formats:
             raise ValueError(f"formats: {', '.join(bad) or '(none)'}; choose from {', '.join(FORMATS)}")
@@ -54,6 +65,26 @@ class FigureStyle:
 
 
 DEFAULT_STYLE = FigureStyle()
+PAPER_WIDTH = 3.4  # inches: one column of a two-column paper (3.3-3.5 in)
+PAPER_RC: dict[str, Any] = {"font.size": 7, "axes.titlesize": 7, "axes.labelsize": 7, "xtick.labelsize": 6,
+                            "ytick.labelsize": 6, "legend.fontsize": 6, "lines.markersize": 3, "lines.linewidth": 1.0}
+
+
+def _figure(style: FigureStyle, size: tuple[float, float], panels: int = 1) -> Figure:
+    """A figure of the default ``size`` (panels side by side), or ``style``'s width: the height scaled with
+    it, and under ``paper`` each panel 0.7 x the width tall, the panels stacked."""
+    w, h = size
+    if style.paper:
+        width = style.width or PAPER_WIDTH
+        return Figure(figsize=(width, 0.7 * width * panels + 0.35), layout="constrained")
+    if style.width is not None:
+        return Figure(figsize=(style.width, h * style.width / w), layout="constrained")
+    return Figure(figsize=size, layout="constrained")
+
+
+def _panel(fig: Figure, style: FigureStyle, panels: int, i: int) -> Axes:
+    """The i-th (1-based) of ``panels`` axes: side by side, or stacked for a paper column."""
+    return fig.add_subplot(panels, 1, i) if style.paper else fig.add_subplot(1, panels, i)
 
 
 def line_style(i: int) -> dict[str, Any]:
@@ -61,12 +92,6 @@ def line_style(i: int) -> dict[str, Any]:
     so curves stay apart in greyscale and where they lie on top of each other (FedProx over FedAvg)."""
     return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)],
             "linestyle": _LINESTYLES[(i + i // len(_MARKERS)) % len(_LINESTYLES)]}
-
-
-def cli_round(logged: int) -> int:
-    """metrics.jsonl counts rounds from 0; the CLI's progress prints "round k/R" once round k-1 is logged.
-    Figures use the CLI's count: x = 1..R, the number of rounds completed."""
-    return int(logged) + 1
 
 
 ROUND_LABEL = "round"
@@ -78,23 +103,28 @@ def _plot_curve(ax: Axes, xs: Sequence[int], ys: Any, i: int, label: str,
     n = len(xs)
     every = max(1, -(-n // 8))
     # markers at most ~10 per curve, shifted per curve so overlapping curves still show each marker
-    ax.plot([cli_round(x) for x in xs], ys, label=label, ms=4, lw=1.3, markevery=(i % every, every),
+    ax.plot([int(x) for x in xs], ys, label=label, ms=4, lw=1.3, markevery=(i % every, every),
             **(line_style(i) if look is None else look))
 
 
 def _band(ax: Axes, xs: Sequence[int], mean: Any, std: Any, i: int) -> None:
-    ax.fill_between([cli_round(x) for x in xs], mean - std, mean + std, alpha=0.15, color=f"C{i % 10}", lw=0)
+    ax.fill_between([int(x) for x in xs], mean - std, mean + std, alpha=0.15, color=f"C{i % 10}", lw=0)
 
 
 def _band_handle(what: str) -> Patch:
     return Patch(facecolor="0.5", alpha=0.3, label=f"shaded: ±1 sd {what}")
 
 
-def _legend(fig: Figure, handles: Sequence[Any] | None = None) -> None:
-    """One legend for the figure, outside the axes on the right (centred, clear of the title), never over data."""
+def _legend(fig: Figure, handles: Sequence[Any] | None = None, style: FigureStyle = DEFAULT_STYLE) -> None:
+    """One legend for the figure, outside the axes, never over data: on the right (centred, clear of the
+    title), or for a paper column below the axes in two columns, where it does not narrow the plot."""
     if handles is None:
         handles = [h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]]
-    if handles:
+    if not handles:
+        return
+    if style.paper:
+        fig.legend(handles=list(handles), loc="outside lower center", ncols=min(2, len(handles)), frameon=False)
+    else:
         fig.legend(handles=list(handles), loc="outside right center", fontsize=8, frameon=False)
 
 
@@ -104,8 +134,8 @@ def _title(obj: Axes | Figure, text: str, style: FigureStyle) -> None:
     if isinstance(obj, Figure):
         # wrapped to the figure's width (about 13 characters an inch at this size), so a long title never runs
         # under the legend
-        width = max(30, int(obj.get_figwidth() * 13))
-        obj.suptitle(textwrap.fill(text, width), fontsize=11)
+        width = max(30, int(obj.get_figwidth() * (15 if style.paper else 13)))
+        obj.suptitle(textwrap.fill(text, width), fontsize=8 if style.paper else 11)
     else:
         obj.set_title(text)
 
@@ -124,13 +154,16 @@ def save(fig: Figure, path: str | Path, style: FigureStyle = DEFAULT_STYLE) -> l
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
+    sized = style.paper or style.width is not None
     out = []
     for fmt in style.formats:
         p = base.with_suffix(f".{fmt}")
         # fixed metadata (no creation date) so regenerated figures only differ when their content does
         meta: dict[str, Any] = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}.get(fmt, {})
         with rc_context({"pdf.fonttype": 42}):  # TrueType in PDFs: Type 3 fonts are refused by some publishers
-            fig.savefig(p, dpi=style.dpi, bbox_inches="tight", metadata=meta)
+            # a width asked for is the file's width (constrained layout fits the content into it); otherwise
+            # trimmed to what is drawn
+            fig.savefig(p, dpi=style.dpi, bbox_inches=None if sized else "tight", metadata=meta)
         out.append(p)
     return out
 
@@ -146,7 +179,7 @@ def _seeds_text(runs_per_group: Sequence[int]) -> str:
 def draw_curves(groups: Mapping[str, Sequence[Records]], key: str, ylabel: str, title: str = "",
                 style: FigureStyle = DEFAULT_STYLE) -> Figure | None:
     """One metric per round, mean over seeds per group, ±1 sd band where a group has several seeds."""
-    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    fig = _figure(style, (6.5, 4))
     ax = fig.add_subplot()
     drawn, banded = False, []
     for i, (name, runs) in enumerate(groups.items()):
@@ -165,7 +198,7 @@ def draw_curves(groups: Mapping[str, Sequence[Records]], key: str, ylabel: str, 
     _title(ax, title, style)
     ax.grid(alpha=0.3)
     handles = ax.get_legend_handles_labels()[0]
-    _legend(fig, handles + ([_band_handle(_seeds_text(banded))] if banded else []))
+    _legend(fig, handles + ([_band_handle(_seeds_text(banded))] if banded else []), style)
     return fig
 
 
@@ -191,7 +224,7 @@ def draw_eta(records: Records, title: str = "FedEnt per-client learning rate η_
         return None
     full_title = f"{title} ({len(traj)} clients)"
     if len(traj) <= MAX_ETA_LINES:
-        fig = Figure(figsize=(6.5, 4), layout="constrained")
+        fig = _figure(style, (6.5, 4))
         ax = fig.add_subplot()
         for i, cid in enumerate(sorted(traj)):
             xs, ys = traj[cid]
@@ -200,17 +233,17 @@ def draw_eta(records: Records, title: str = "FedEnt per-client learning rate η_
         ax.set_ylabel("η_i(t) (rounds the client took part in)")
         ax.grid(alpha=0.3)
         _title(ax, full_title, style)
-        _legend(fig)
+        _legend(fig, style=style)
         return fig
     clients, rounds, m = _eta_matrix(traj)
-    fig = Figure(figsize=(6.5, min(9.0, 2.0 + 0.1 * len(clients))), layout="constrained")
+    fig = _figure(style, (6.5, min(9.0, 2.0 + 0.1 * len(clients))))
     ax = fig.add_subplot()
     vals = m[~np.isnan(m)]
     lo, hi = float(vals.min()), float(vals.max())
     norm: Normalize = LogNorm(lo, hi) if lo > 0 and hi / lo > 10 else Normalize(lo, hi if hi > lo else lo + 1e-12)
     ax.set_facecolor("0.88")
     img = ax.imshow(np.ma.masked_invalid(m), aspect="auto", interpolation="nearest", cmap="viridis", norm=norm,
-                    extent=(cli_round(rounds[0]) - 0.5, cli_round(rounds[-1]) + 0.5, len(clients) - 0.5, -0.5))
+                    extent=(int(rounds[0]) - 0.5, int(rounds[-1]) + 0.5, len(clients) - 0.5, -0.5))
     fig.colorbar(img, ax=ax, label="η_i(t)" + (" (log scale)" if isinstance(norm, LogNorm) else ""))
     _round_axis(ax)
     ax.set_ylabel("client (grey: not sampled that round)")
@@ -226,7 +259,7 @@ def _short_axis(ax: Axes, xs: Sequence[int], ys: Sequence[float], name: str) -> 
     (the uploads' entropy is ≈ −log n every round), plot the scaled deviation from a reference rounded to
     the variation's precision, and name the reference and the scale in the axis label instead."""
     v = np.asarray(ys, dtype=float)
-    x = [cli_round(r) for r in xs]
+    x = [int(r) for r in xs]
     scale = float(np.max(np.abs(v))) if len(v) else 0.0
     span = float(v.max() - v.min()) if len(v) else 0.0
     if scale > 0 and span < 1e-2 * scale:
@@ -248,12 +281,32 @@ def _short_axis(ax: Axes, xs: Sequence[int], ys: Sequence[float], name: str) -> 
     ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
 
 
+ENTROPY_LABEL = "entropy − (−log n)"
+
+
+def _entropy_axis(ax: Axes, records: Records, xs: Sequence[int], ys: Sequence[float]) -> None:
+    """The uploads' entropy Σ p_i log p_i is −log n (n uploads) up to tiny terms, so it is drawn as its
+    deviation from −log n, with a plain label and a power-of-ten scale; without the round's n (a log that
+    lacks num_clients) the value itself, with short ticks (``_short_axis``)."""
+    n_of = {runlog.round_of(r): int(r.get("num_clients") or len(r.get("clients") or [])) for r in records}
+    if not xs or any(n_of.get(int(x), 0) < 1 for x in xs):
+        _short_axis(ax, xs, ys, "Σ p_i log p_i")
+        return
+    dev = np.asarray([float(y) + float(np.log(n_of[int(x)])) for x, y in zip(xs, ys, strict=True)])
+    top = float(np.max(np.abs(dev)))
+    exp = int(np.floor(np.log10(top))) if top > 0 else 0
+    exp = 0 if -2 <= exp <= 2 else exp
+    ax.plot([int(x) for x in xs], dev / 10.0**exp, marker="o", ms=3, color="C2")
+    ax.set_ylabel(ENTROPY_LABEL + (f" [×1e{exp}]" if exp else ""))
+    ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
+
+
 def draw_phi2(records: Records, style: FigureStyle = DEFAULT_STYLE) -> Figure | None:
     ser = phi2_series(records)
     if "phi2_pred" not in ser and "phi2_actual" not in ser:
         return None
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    fig = _figure(style, (10, 4), panels=2)
+    ax, ax2 = _panel(fig, style, 2, 1), _panel(fig, style, 2, 2)
     for i, st in enumerate(phi2_style()):  # fedent/phi2_style.json: the dashboard's φ2 chart reads the same file
         if st.key in ser:
             xs, ys = ser[st.key]
@@ -264,19 +317,19 @@ def draw_phi2(records: Records, style: FigureStyle = DEFAULT_STYLE) -> Figure | 
     _title(ax, "mean-field estimate vs actual", style)
     ax.grid(alpha=0.3)
     if "entropy" in ser:
-        _short_axis(ax2, *ser["entropy"], "Σ p_i log p_i")
+        _entropy_axis(ax2, records, *ser["entropy"])
     _round_axis(ax2)
     _title(ax2, "entropy of the uploads", style)
     ax2.grid(alpha=0.3)
-    _legend(fig)
+    _legend(fig, style=style)
     return fig
 
 
 def draw_local_spread(groups: Mapping[str, Sequence[Records]], style: FigureStyle = DEFAULT_STYLE) -> Figure | None:
     """Paper Fig. client_dev: mean ± sd of local-model test accuracy per round, and the pooled spread."""
     pooled: dict[str, list[float]] = {}
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    fig = _figure(style, (10, 4), panels=2)
+    ax, ax2 = _panel(fig, style, 2, 1), _panel(fig, style, 2, 2)
     for i, (name, runs) in enumerate(groups.items()):
         by_round: dict[int, list[float]] = {}
         for recs in runs:
@@ -302,15 +355,15 @@ def draw_local_spread(groups: Mapping[str, Sequence[Records]], style: FigureStyl
     ax2.set_ylabel("local model test accuracy (all rounds)")
     _title(ax2, "spread (deviation analysis)", style)
     ax2.grid(alpha=0.3)
-    _legend(fig, ax.get_legend_handles_labels()[0] + [_band_handle("over the uploaded local models")])
+    _legend(fig, ax.get_legend_handles_labels()[0] + [_band_handle("over the uploaded local models")], style)
     return fig
 
 
 def draw_acc_loss(groups: Mapping[str, Sequence[Records]], title: str = "",
                   style: FigureStyle = DEFAULT_STYLE) -> Figure | None:
     """Test accuracy and training loss side by side, mean ± sd over seeds (paper Figs. ex_mnist..)."""
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    axes = (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2))
+    fig = _figure(style, (11, 4), panels=2)
+    axes = (_panel(fig, style, 2, 1), _panel(fig, style, 2, 2))
     drawn, banded = False, []
     for i, (name, runs) in enumerate(groups.items()):
         for ax, key in zip(axes, ("test_acc", "train_loss"), strict=True):
@@ -331,7 +384,7 @@ def draw_acc_loss(groups: Mapping[str, Sequence[Records]], title: str = "",
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}  # one per group
-    _legend(fig, list(handles.values()) + ([_band_handle(_seeds_text(banded))] if banded else []))
+    _legend(fig, list(handles.values()) + ([_band_handle(_seeds_text(banded))] if banded else []), style)
     _title(fig, title, style)
     return fig
 
@@ -362,7 +415,11 @@ def plot_acc_loss(groups: Mapping[str, Sequence[Records]], path: str | Path, tit
 def plot_groups(groups: Mapping[str, Sequence[Records]], out_dir: str | Path, title: str = "",
                 style: FigureStyle = DEFAULT_STYLE) -> list[Path]:
     """All figures for named groups of runs (a group = one algorithm over seeds), each in every format."""
-    out = Path(out_dir)
+    with rc_context(PAPER_RC if style.paper else None):  # type: ignore[arg-type]  # text sizes are fixed when the artists are made
+        return _plot_groups(groups, Path(out_dir), title, style)
+
+
+def _plot_groups(groups: Mapping[str, Sequence[Records]], out: Path, title: str, style: FigureStyle) -> list[Path]:
     suffix = f" — {title}" if title else ""
     made: list[Path] = []
     for key, ylabel, name, stem in (("test_acc", "test accuracy", "global model accuracy", "accuracy"),

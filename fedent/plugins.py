@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Literal
 
 from fedent.config import ConfigError
@@ -65,7 +67,7 @@ def _import(kind: Kind, ref: str) -> Any:
     if not module or not attr:
         raise PluginError(f"{key}: {ref!r} is not an import path; expected 'package.module:attribute'")
     try:
-        obj: Any = importlib.import_module(module)
+        obj: Any = _import_module(module)
     except ModuleNotFoundError as e:
         raise PluginError(f"{key}: cannot import module {module!r} ({e}); is it installed or on PYTHONPATH?") \
             from None
@@ -89,6 +91,22 @@ def _escape(e: BaseException) -> str:
     """``SystemExit: 3`` (one line) for whatever a plug-in raised."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _import_module(module: str) -> Any:
+    """``module``, also from the current directory when it is not on sys.path (as ``python -m`` has it): a
+    console script such as ``fedent`` does not put it there, and a project made by ``fedent new`` keeps its
+    plug-ins beside its config. Only a module not found otherwise is looked for there."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        top = module.split(".")[0]
+        cwd = os.getcwd()
+        if e.name != top or cwd in sys.path or "" in sys.path or not (
+                Path(cwd, top + ".py").is_file() or Path(cwd, top, "__init__.py").is_file()):
+            raise
+        sys.path.append(cwd)  # after everything installed: a local file never shadows a package
+        return importlib.import_module(module)
 
 
 def resolve(kind: Kind, name: str) -> Any:

@@ -5,6 +5,11 @@ so nothing here knows who is writing. Live files (status.json, clients.json) are
 (temp file, fsync, rename) so a reader polling them never sees half a file; metrics.jsonl is append-only
 and its reader skips a torn last line, which is what a crash mid-write leaves behind.
 
+Rounds are numbered 1..R everywhere a round number appears (metrics.jsonl, status.json, estimator.json,
+the CLI, the API, the dashboard, plots and reports): "round k" is the k-th round, and once it is logged k
+rounds are complete. Files written so carry ``"round_base": 1``; run directories from before (rounds logged
+0..R-1, no marker) are read through ``read_metrics`` / ``one_based`` and come out numbered the same way.
+
 Times (``started_at``, ``updated_at``, ``last_heartbeat``) are Unix epoch seconds (float, UTC).
 clients.json holds ``{"clients": [row, ...], "updated_at": t}`` with rows from ``client_row``;
 estimator.json holds ``{"algorithm", "report", "trajectory": [{round, phi2_pred, phi2_actual, entropy, guards}]}``.
@@ -28,15 +33,18 @@ import yaml
 
 # Keys of one metrics.jsonl line; always present, null when not measured that round (docs/architecture.md).
 METRIC_KEYS = (
-    "round", "algorithm", "test_acc", "test_loss", "train_loss", "clients", "num_clients",
+    "round", "round_base", "algorithm", "test_acc", "test_loss", "train_loss", "clients", "num_clients",
     "wall_s", "elapsed_s", "fedent", "diagnostics",
 )
 PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "done", "failed", "stopped")
-STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "rounds", "started_at", "updated_at", "state")
+STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "round_base", "rounds", "started_at", "updated_at", "state")
 CLIENT_KEYS = (
     "cid", "worker", "state", "device", "samples", "participation", "bytes", "eta", "eta_star", "last_heartbeat",
     "data_source", "label_counts", "last_failure",
 )
+# The base of every round number this package writes (see the module docstring); a record or file without
+# the marker is from before and counted from 0.
+ROUND_BASE = 1
 # Config keys whose values never reach disk (cluster configs may carry tokens or key passwords).
 _SECRET_KEY = re.compile(r"(secret|password|passwd|token|private_key|api_key)", re.IGNORECASE)
 REDACTED = "***"
@@ -266,6 +274,7 @@ def metrics_record(**values: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown metrics key(s): {', '.join(unknown)}")
     rec: dict[str, Any] = {k: values.get(k) for k in METRIC_KEYS}
+    rec["round_base"] = ROUND_BASE
     if rec["diagnostics"] is None:
         rec["diagnostics"] = {}
     return rec
@@ -328,7 +337,25 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(rec, dict):
-            out.append(rec)
+            out.append(one_based(rec))
+    return out
+
+
+def round_of(rec: Mapping[str, Any]) -> int:
+    """The record's round, 1..R, whichever numbering wrote it (for records handed over in memory)."""
+    return int(one_based(dict(rec))["round"])
+
+
+def one_based(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` (a metrics line, status.json, a trajectory point) with its ``round`` counted 1..R: a record
+    from before the marker (rounds 0..R-1) is shifted by one and marked; a marked one is returned as it is."""
+    if rec.get("round_base") == ROUND_BASE:
+        return rec
+    r = rec.get("round")
+    out = dict(rec)
+    if isinstance(r, int) and not isinstance(r, bool):
+        out["round"] = r + 1
+    out["round_base"] = ROUND_BASE
     return out
 
 
@@ -352,6 +379,7 @@ def status_record(
         "algorithm": algorithm,
         "phase": phase,
         "round": round,
+        "round_base": ROUND_BASE,
         "rounds": int(rounds),
         "started_at": float(started_at),
         "updated_at": float(time.time() if updated_at is None else updated_at),

@@ -41,7 +41,7 @@ def _finite(v: Any) -> float | None:
 def scalars(records: Records) -> Iterator[tuple[str, int, float]]:
     """(tag, step, value) of every scalar the export writes, in log order (pure; the test compares with it)."""
     for r in records:
-        step = int(r["round"]) + 1  # the CLI's "round k/R" (fedent.plots.cli_round)
+        step = runlog.round_of(r)  # 1..R, as everywhere (fedent.runlog)
         for key, tag in TOP_LEVEL.items():
             v = _finite(r.get(key))
             if v is not None:
@@ -85,7 +85,7 @@ def export(run_dir: str | Path, out_dir: str | Path | None = None) -> Path | Non
     for old in out.glob(EVENT_GLOB):
         old.unlink()
     t0 = _start_time(paths)
-    elapsed = {int(r["round"]) + 1: _finite(r.get("elapsed_s")) for r in records}
+    elapsed = {runlog.round_of(r): _finite(r.get("elapsed_s")) for r in records}
     writer = SummaryWriter(log_dir=str(out))
     try:
         for tag, step, value in scalars(records):

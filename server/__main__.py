@@ -15,6 +15,7 @@ from fedent import runlog
 from fedent.config import ConfigError, load_config
 from fedent.data import DatasetError
 from fedent.rounds.rundir import RunFinished
+from fedent.signals import Stopped, stop_reason
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import (
     ClientSecurity,
@@ -93,7 +94,8 @@ def round_log_line(rec: dict[str, Any], rounds: int) -> str:
     acc_s = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
     loss_s = f"{loss:.4f}" if isinstance(loss, (int, float)) else "-"
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
-    return (f"round {int(rec.get('round', -1)) + 1}/{rounds} done: test acc {acc_s}, train loss {loss_s}, "
+    rnd = runlog.round_of(rec) if "round" in rec else 0
+    return (f"round {rnd}/{rounds} done: test acc {acc_s}, train loss {loss_s}, "
             f"{rec.get('num_clients', '?')} clients, {wall_s}")
 
 
@@ -160,14 +162,15 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise Stopped("SIGTERM")
 
     signal.signal(signal.SIGTERM, on_term)
     try:
         handle.wait()
-    except KeyboardInterrupt:
-        print("aggregator: interrupted", file=sys.stderr)
-        handle.stop()
+    except KeyboardInterrupt as e:  # status.json ends "stopped" with the reason (a checkpointed run resumes)
+        signame = e.signame if isinstance(e, Stopped) else "SIGINT"
+        print(f"aggregator: interrupted ({stop_reason(e)})", file=sys.stderr)
+        handle.stop(signame=signame)
         return 130
     if handle.run.error:
         handle.stop()

@@ -84,12 +84,13 @@ class AggregatorHandle:
     def ok(self) -> bool:
         return self.run.finished.is_set() and self.run.error is None
 
-    def request_stop(self) -> None:
-        """Ask the round loop to end now (it wakes from any wait); does not block."""
-        self.run.stop()
+    def request_stop(self, signame: str | None = None) -> None:
+        """Ask the round loop to end now (it wakes from any wait); does not block. ``signame`` (SIGTERM,
+        SIGINT): the process was signalled, so the run ends ``stopped`` with that reason, not ``failed``."""
+        self.run.stop(signame)
 
-    def stop(self, grace_s: float = 2.0) -> None:
-        self.request_stop()
+    def stop(self, grace_s: float = 2.0, signame: str | None = None) -> None:
+        self.request_stop(signame)
         self.thread.join(grace_s + 5)
         self.server.stop(grace_s).wait(grace_s + 1)
         if self.dashboard is not None:

@@ -22,6 +22,7 @@ from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
 from fedent.rounds import RoundEngine, RoundPolicy
 from fedent.rounds.evaluation import Evaluator
+from fedent.signals import stop_reason
 from fedent.strategies.base import Strategy
 from fedent.trainer import LocalTrainer
 from server.registry import WorkerRegistry
@@ -66,6 +67,7 @@ class ClusterRun:
         self.registry.on_waiting = lambda hosted, total: self.engine.status("starting", None, clients_hosted=hosted,
                                                                             clients=total)
         self.registry.done = lambda: self.engine.phase == "done"
+        self.stopped: str | None = None  # "stopped by SIGTERM" when stop(signame) ended the run
 
     @property
     def finished(self) -> threading.Event:
@@ -81,13 +83,19 @@ class ClusterRun:
         error = None
         try:
             self.engine.run()
+        except KeyboardInterrupt as e:  # stop(signame): the engine wrote status.json "stopped" with the reason
+            self.stopped = stop_reason(e)
+            error = self.stopped
         except Exception as e:  # the engine wrote status.json "failed" and released the workers
             error = f"{type(e).__name__}: {e}"
         finally:
             self.registry.close(error)
 
-    def stop(self) -> None:
-        """End the run now: the round loop wakes from any wait (a phase, the workers, a retry) and fails."""
+    def stop(self, signame: str | None = None) -> None:
+        """End the run now: the round loop wakes from any wait (a phase, the workers, a retry) and fails, or,
+        with ``signame`` (the aggregator got SIGTERM / SIGINT), ends ``stopped`` with that reason."""
+        if signame is not None:
+            self.engine.stop_signal = signame
         self.engine.stop.set()
         self.remote.wake()
         with self.registry.changed:

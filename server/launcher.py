@@ -5,6 +5,9 @@ service and N workers are child processes. Every service binds port 0 and report
 is passed on to the processes that dial it, so nothing collides with a fixed port. SIGINT/SIGTERM
 terminate the children (then kill them after a grace period). When the launcher dies without stopping
 them (SIGKILL, a crash), each child sees its lifeline pipe close and stops itself (fedentrpc.lifeline).
+The children's output comes through a pipe, a whole line at a time with the child's name in front
+(``[worker-0] ...``), on this process's stderr: it no longer splits or interleaves with ``fedent cluster``'s
+own lines on stdout.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +100,21 @@ def _child_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+_OUTPUT_LOCK = threading.Lock()  # one line at a time on stderr, whichever child it came from
+
+
+def prefix_lines(stream: Any, name: str, out: Any = None) -> None:
+    """Copy a child's output (a binary pipe) to ``out`` (default: this process's stderr) a whole line at a time,
+    each as ``[name] line``; a last line without a newline is finished. Returns at end of stream."""
+    for raw in iter(stream.readline, b""):
+        text = raw.decode("utf-8", errors="replace").rstrip("\n")
+        with _OUTPUT_LOCK:
+            dest = out if out is not None else sys.stderr
+            dest.write(f"[{name}] {text}\n")
+            dest.flush()
+    stream.close()
+
+
 def wait_port_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> int:
     """Block until ``proc`` writes its bound port to ``path`` (the child binds port 0 itself)."""
     deadline = time.monotonic() + timeout_s
@@ -171,11 +190,12 @@ class Cluster:
                 "--token-file", str(self.pki.token_files[identity])]
 
     # ---- start -------------------------------------------------------------------------------
-    def _spawn(self, args: list[str], threads: int | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], threads: int | None = None, name: str = "child") -> subprocess.Popen[bytes]:
         """A child with the lifeline's read end: it stops itself once this process is gone (the kernel closes
         the write end however this process dies). os.pipe() descriptors are not inheritable, so no other
-        child (nor one of these) holds the write end."""
-        out = subprocess.DEVNULL if self.settings.quiet_children else None
+        child (nor one of these) holds the write end. Its stdout and stderr are one pipe, copied line by line
+        as ``[name] line`` (``prefix_lines``)."""
+        out: int = subprocess.DEVNULL if self.settings.quiet_children else subprocess.PIPE
         env = _child_env(threads)
         pass_fds: tuple[int, ...] = ()
         if os.name == "posix":
@@ -183,8 +203,12 @@ class Cluster:
                 self._lifeline = os.pipe()
             env[lifeline.ENV] = str(self._lifeline[0])
             pass_fds = (self._lifeline[0],)
-        return subprocess.Popen([sys.executable, *args], env=env, cwd=str(REPO_ROOT), stdout=out, stderr=out,
-                                pass_fds=pass_fds)
+        proc = subprocess.Popen([sys.executable, *args], env=env, cwd=str(REPO_ROOT), stdout=out,
+                                stderr=subprocess.STDOUT if out == subprocess.PIPE else out, pass_fds=pass_fds)
+        if proc.stdout is not None:
+            threading.Thread(target=prefix_lines, args=(proc.stdout, name), daemon=True,
+                             name=f"output-{name}").start()
+        return proc
 
     def start_estimator(self) -> str:
         """`python -m estimator` on a free port; '' (in-process fallback) when the service is not installed."""
@@ -193,7 +217,8 @@ class Cluster:
         assert self._tmp is not None
         port_file = Path(self._tmp.name) / "estimator.port"
         self.estimator = self._spawn(["-m", "estimator", "--host", "127.0.0.1", "--port", "0",
-                                      "--port-file", str(port_file), *self.server_security_args()])
+                                      "--port-file", str(port_file), *self.server_security_args()],
+                                     name="estimator")
         port = wait_port_file(port_file, self.estimator, self.settings.start_timeout_s, "the estimator service")
         return f"127.0.0.1:{port}"
 
@@ -246,7 +271,8 @@ class Cluster:
                     args += ["--token", agg_settings.token]
                 args += self.client_security_args(f"worker-{i}")
                 args += ["--state-dir", str(self.run_dir / "worker-state" / f"worker-{i}")]  # resume
-                self.workers.append(self._spawn(args, threads=max(1, (os.cpu_count() or 1) // len(groups))))
+                self.workers.append(self._spawn(args, threads=max(1, (os.cpu_count() or 1) // len(groups)),
+                                                name=f"worker-{i}"))
         except BaseException:
             self.stop()
             raise
@@ -282,8 +308,9 @@ class Cluster:
         report()
         return agg.ok
 
-    def stop(self) -> None:
-        """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard."""
+    def stop(self, signame: str | None = None) -> None:
+        """Terminate children, wait up to the grace period, then kill; stop the aggregator and dashboard.
+        ``signame``: this process got that signal, so a run still going ends ``stopped`` (not ``failed``)."""
         procs = [*self.workers, *([self.estimator] if self.estimator is not None else [])]
         if self.aggregator is not None and self.aggregator.run.finished.is_set():
             # the run is over and the workers got Shutdown: let them exit by themselves first
@@ -294,7 +321,7 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     break
         if self.aggregator is not None:
-            self.aggregator.request_stop()  # before its peers go away, so no round waits on a dead service
+            self.aggregator.request_stop(signame)  # before its peers go away, so no round waits on a dead service
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -306,7 +333,7 @@ class Cluster:
                 p.kill()
                 p.wait()
         if self.aggregator is not None:
-            self.aggregator.stop()
+            self.aggregator.stop(signame=signame)
             self.aggregator = None
         if self._tmp is not None:
             self._tmp.cleanup()

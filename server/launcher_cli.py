@@ -10,7 +10,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fedent import runlog
 from fedent.config import load_config
+from fedent.signals import Stopped, stop_reason
 
 HELP = "run the aggregator, estimator, workers and dashboard locally"
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = Cluster(cfg, default_run_dir(cfg, args.out), launch)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise Stopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)  # also when started in the background, where SIGINT is inherited ignored
@@ -131,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"fedent cluster: the dashboard stopped with the cluster; to browse this run: "
                   f"fedent dashboard {handle.run_dir}", flush=True)
         return 0 if ok else 1
-    except KeyboardInterrupt:
-        print("fedent cluster: stopping", file=sys.stderr)
+    except KeyboardInterrupt as e:  # the run's status.json ends "stopped" with the reason, as simulate's does
+        signame = e.signame if isinstance(e, Stopped) else "SIGINT"
+        print(f"fedent cluster: stopping ({stop_reason(e)})", file=sys.stderr)
+        cluster.stop(signame)
         return 130
     finally:
         cluster.stop()
@@ -148,7 +152,7 @@ def round_line(rec: dict[str, Any], rounds: int | None) -> str:
     wall = rec.get("wall_s")
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "-"
     clients = rec.get("num_clients", "?")
-    head = f"fedent cluster: round {int(rec.get('round', -1)) + 1}{total}"
+    head = f"fedent cluster: round {runlog.round_of(rec) if 'round' in rec else 0}{total}"
     return f"{head}: {acc_s}, {loss_s}, {clients} clients, {wall_s}"
 
 

@@ -271,5 +271,6 @@ class RemoteExecutor:
         col.wait(time.monotonic() + self.settings.round_deadline_s, self.engine.stop)
         self.collector = None
         if self.engine.stop.is_set():
+            self.engine.check_stop()  # Stopped (status "stopped") when the aggregator was signalled
             raise RuntimeError("stopped")
         return dict(sorted(col.results.items()))

@@ -27,6 +27,7 @@ from typing import Any
 import procs as P
 import torch
 
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 
 ALGORITHMS = ("fedent", "scaffold")
@@ -227,9 +228,9 @@ def _one_run(run: ChaosRun, budget: int, rng: random.Random, max_wait_s: float, 
     err: float | None = None
     failure = ""
     try:  # a failed check is a result in the report, not a crash before it is written
-        err = P.relative_error(torch.load(run.out / "model_final.pt"), references[algorithm])
+        err = P.relative_error(load_model_file(run.out / "model_final.pt").params, references[algorithm])
         assert read_json(run.out / "status.json")["phase"] == "done", "status.json: phase is not done"
-        assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(rounds)), \
+        assert [r["round"] for r in read_metrics(run.out / "metrics.jsonl")] == list(range(1, rounds + 1)), \
             "metrics.jsonl does not log every round once"
         P.check_equals_simulation(run.out, references[algorithm], rounds)
     except (AssertionError, OSError, RuntimeError, ValueError, KeyError) as e:

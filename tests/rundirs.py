@@ -20,10 +20,10 @@ def cluster_run_dir(root: Path, cfg: ExperimentConfig, rounds_logged: int, check
     paths = runlog.create_run_dir(root, exist_ok=True)
     runlog.write_config(paths.config, cfg.to_dict())
     runlog.atomic_write_json(paths.status, runlog.status_record(
-        root.name, cfg.algorithm.name, phase, rounds_logged - 1, cfg.train.rounds, 0.0, {"mode": CLUSTER}))
+        root.name, cfg.algorithm.name, phase, rounds_logged or None, cfg.train.rounds, 0.0, {"mode": CLUSTER}))
     log = runlog.MetricsLog(paths.metrics)
-    for r in range(rounds_logged):
-        log.append(runlog.metrics_record(round=r, algorithm=cfg.algorithm.name, test_acc=0.5 + r / 100))
+    for r in range(1, rounds_logged + 1):  # rounds 1..R (fedent.runlog); checkpoints keep the loop's index
+        log.append(runlog.metrics_record(round=r, algorithm=cfg.algorithm.name, test_acc=0.5 + (r - 1) / 100))
     for r in checkpoints:
         save_checkpoint(paths.checkpoint, Checkpoint(round=r, global_params=[torch.zeros(2)],
                                                      config_fingerprint=config_fingerprint(cfg), seed=0), keep=5)

@@ -205,8 +205,8 @@ class Check:
         metrics = [json.loads(x) for x in self.read_file(f"{run}/metrics.jsonl").decode().splitlines() if x.strip()]
         (self.out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
         rounds = [m.get("round") for m in metrics]
-        if rounds != list(range(self.rounds)):
-            raise CheckFailed(f"metrics.jsonl has rounds {rounds}, expected 0..{self.rounds - 1}")
+        if rounds != list(range(1, self.rounds + 1)):
+            raise CheckFailed(f"metrics.jsonl has rounds {rounds}, expected 1..{self.rounds}")
         if metrics[-1].get("test_acc") is None:
             raise CheckFailed("the last round has no test accuracy")
         log(f"metrics.jsonl: {len(metrics)} rounds, final test acc {metrics[-1]['test_acc']:.4f}")

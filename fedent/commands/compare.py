@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     check_device(cfg, args.device)
     set_threads(args.threads)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"compare-{cfg.name}"
-    if (out / "runs").exists() and any((out / "runs").iterdir()):
-        raise ConfigError(f"--out: {out} already holds a comparison; choose another --out")
+    if (out / "runs").exists() and any((out / "runs").iterdir()):  # an interrupted comparison: continue it
+        print(f"fedent compare: continuing the comparison in {out} (finished runs are kept, an interrupted one "
+              "resumes)", file=sys.stderr)
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
                              device=args.device, progress=not args.no_progress, local_eval=args.local_eval)

@@ -70,7 +70,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-train-samples", type=int, default=None, help="seeded subsample of the train set first")
     p.add_argument("--synthetic-train", type=int, default=None, help="train size of the synthetic dataset")
     p.add_argument("--out", required=True, help="where to write the partition JSON")
-    p.add_argument("--heatmap", default=None, help="also write the clients x classes label heatmap PNG here")
+    p.add_argument("--heatmap", default=None, help="also write the clients x classes label heatmap here")
+    p.add_argument("--formats", default="png", metavar="png,pdf,svg",
+                   help="the heatmap's file formats, comma-separated: one file per format (default: png)")
+    p.add_argument("--dpi", type=int, default=300, help="the heatmap's raster resolution (default: 300)")
     p.add_argument("--write-clients", metavar="DIR", default=None,
                    help="also write DIR/client-<cid>/train.npz + test.npz, the files a worker reads with --data DIR")
 
@@ -181,7 +184,13 @@ def run(args: argparse.Namespace) -> int:
             title = f"{ds.name} {part.scheme}" + (
                 f" (alpha={cfg.alpha}, {cfg.dirichlet_flavour})" if part.scheme == "dirichlet" else ""
             )
-            plot_label_heatmap(part.label_counts(labels), Path(args.heatmap), title=title)
+            fmts = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in args.formats.split(",") if f.strip()))
+            try:
+                heatmaps = plot_label_heatmap(part.label_counts(labels), Path(args.heatmap), title=title,
+                                              formats=fmts, dpi=args.dpi)
+            except ValueError as e:
+                raise ConfigError(f"--formats/--dpi: {e}") from None
+            args.heatmap = ", ".join(str(h) for h in heatmaps)
         written = write_clients(Path(args.write_clients), ds, part.client_indices, seed) if args.write_clients else 0
     except (DatasetError, PartitionError, ConfigError, OSError) as e:
         msg = " ".join(str(e).split())

@@ -30,6 +30,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--formats", type=_formats, default=("png",), metavar="png,pdf,svg",
                    help="file formats, comma-separated: one file per figure and format (default: png)")
     p.add_argument("--dpi", type=int, default=300, help="resolution of raster output (default: 300)")
+    p.add_argument("--width", type=float, default=None, metavar="INCHES",
+                   help="figure width in inches (one column of a paper: 3.3-3.5; default: 6.5-11 by figure)")
+    p.add_argument("--style", choices=("default", "paper"), default="default",
+                   help="paper: one-column figures (3.4 in unless --width), 7 pt text, panels stacked, legend "
+                        "below the axes")
     p.add_argument("--no-title", dest="titles", action="store_false",
                    help="no titles on the figures (a paper's caption says it)")
 
@@ -40,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dpi <= 0:
         raise ConfigError("--dpi: must be > 0")
-    style = FigureStyle(formats=tuple(args.formats), dpi=args.dpi, titles=args.titles)
+    if args.width is not None and not 1.0 <= args.width <= 20.0:
+        raise ConfigError(f"--width: {args.width} inches; expected 1 to 20 (one column of a paper: 3.3-3.5)")
+    style = FigureStyle(formats=tuple(args.formats), dpi=args.dpi, titles=args.titles, width=args.width,
+                        paper=args.style == "paper")
     dirs = [Path(r) for r in args.runs]
     for d in dirs:
         if not runlog.RunPaths(d).metrics.is_file():

@@ -19,7 +19,13 @@ import numpy as np
 from fedent import runlog
 from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
 from fedent.inputs import RunInputs, load_inputs
+from fedent.rounds.engine import RoundPolicy
+from fedent.rounds.rundir import RunFinished
 from fedent.sim.simulator import SimulationError, run_simulation
+
+# Every run checkpoints each round, so an interrupted comparison started again on the same --out continues:
+# finished runs are read back, the interrupted one resumes from its last round, the rest run.
+RESUMABLE = RoundPolicy(checkpoint_keep=2)
 
 Records = Sequence[Mapping[str, Any]]
 
@@ -64,7 +70,7 @@ def rounds_to_target(records: Records, target: float | None) -> int | None:
     for r in records:
         acc = r.get("test_acc")
         if acc is not None and acc >= target:
-            return int(r["round"]) + 1
+            return runlog.round_of(r)
     return None
 
 
@@ -125,7 +131,7 @@ def sampling_identical(records_by_run: Mapping[tuple[str, int], Records]) -> boo
     """True when, for every seed, all algorithms logged the same participants in every round they share."""
     by_seed: dict[int, list[dict[int, list[int]]]] = {}
     for (_, seed), recs in records_by_run.items():
-        by_seed.setdefault(seed, []).append({int(r["round"]): list(r["clients"]) for r in recs})
+        by_seed.setdefault(seed, []).append({runlog.round_of(r): list(r["clients"]) for r in recs})
     for runs in by_seed.values():
         for other in runs[1:]:
             common = set(runs[0]) & set(other)
@@ -170,7 +176,10 @@ def run_comparison(
     local_eval: int | None = None,
     inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
 ) -> ComparisonResult:
-    """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures."""
+    """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
+
+    Started again on the same ``out_dir`` (after Ctrl-C, SIGTERM, a crash) it continues where it stopped: a
+    finished run is read back, not run again, and an interrupted one resumes from its last checkpoint."""
     out = Path(out_dir)
     specs = {a: algorithm_config(a, cfg, algo_overrides) for a in algorithms}  # fail before any training
     unknown = sorted({o.partition(".")[0] for o in algo_overrides} - set(algorithms))
@@ -191,7 +200,16 @@ def run_comparison(
             try:
                 label = f"run {len(runs) + 1}/{total} {algo} s{seed}"
                 res = run_simulation(cfg_a, run_dir, device=device, progress=progress, inputs=inputs,
-                                     local_eval=local_eval, label=label, plots=False)
+                                     local_eval=local_eval, label=label, plots=False, policy=RESUMABLE,
+                                     resume=True)
+            except RunFinished:  # done before the interruption: its log is the result
+                recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
+                records[(algo, int(seed))] = recs
+                accs = [float(r["test_acc"]) for r in recs if r.get("test_acc") is not None]
+                wall = recs[-1].get("elapsed_s") if recs else None
+                runs.append(RunSummary(algo, int(seed), run_dir, runlog.final_accuracy(recs), max(accs, default=None),
+                                       rounds_to_target(recs, target), float(wall) if wall is not None else None))
+                continue
             except SimulationError as e:
                 recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
                 records[(algo, int(seed))] = recs

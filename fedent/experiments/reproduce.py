@@ -43,9 +43,9 @@ class RunOutcome:
 # ---- running ---------------------------------------------------------------------------------------------
 
 def is_complete(run_dir: Path, rounds: int) -> bool:
-    """A run counts as done when its metrics.jsonl holds every round 0..rounds-1 (resume skips it)."""
+    """A run counts as done when its metrics.jsonl holds every round 1..rounds (resume skips it)."""
     recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
-    return sorted(int(r.get("round", -1)) for r in recs) == list(range(rounds))
+    return sorted(int(r.get("round", -1)) for r in recs) == list(range(1, rounds + 1))
 
 
 def diverged(run_dir: Path) -> str | None:
@@ -90,10 +90,15 @@ InputsFor = Callable[[ExperimentConfig], RunInputs]
 
 
 def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool = True) -> RunOutcome:
-    """Run one spec into its run dir (a partial dir from an interrupted run is cleared first).
+    """Run one spec into its run dir. Every run checkpoints each round, so a partial dir that an interrupted
+    reproduce left with this spec's config resumes from its last checkpoint; one of another config, or one that
+    cannot be resumed (no checkpoint: written before checkpoints, or killed in its first round), is cleared and
+    run from the start.
 
     ``progress``: one line per round on stdout when it is not a terminal (on a terminal, the per-run lines
     of ``fedent reproduce`` are enough)."""
+    from fedent.rounds.engine import RoundPolicy
+    from fedent.rounds.rundir import SIMULATOR, RunDirError, RunFinished, plan_run_dir
     from fedent.sim.simulator import SimulationError, run_simulation
 
     t0 = time.perf_counter()
@@ -102,19 +107,36 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
         return RunOutcome(spec.key, "skipped", 0.0, runlog.final_accuracy(recs))
     if (blew := diverged(spec.run_dir)) is not None and same_config(spec.run_dir, spec.config):
         return RunOutcome(spec.key, "diverged", 0.0, None, f"(before) {blew}")
-    if spec.run_dir.exists():
-        shutil.rmtree(spec.run_dir)
     cfg = config_from_dict(spec.config)
+    resume = False
+    if spec.run_dir.exists() and same_config(spec.run_dir, spec.config) and _log_covers_checkpoints(spec.run_dir):
+        try:
+            resume = plan_run_dir(spec.run_dir, cfg, SIMULATOR).action == "resume"
+        except (RunDirError, RunFinished):
+            resume = False
+    if spec.run_dir.exists() and not resume:
+        shutil.rmtree(spec.run_dir)
     inputs = inputs_for(cfg) if inputs_for is not None else _cached_inputs(_inputs_key(spec.config))
     try:
         # no bar (parallel runs would draw over each other); a line per round where there is no terminal
         res = run_simulation(cfg, spec.run_dir, progress=progress, bar=False, inputs=inputs, plots=False,
-                             label=spec.key)
+                             label=spec.key, policy=RoundPolicy(checkpoint_keep=2), resume=resume)
     except (SimulationError, StrategyError, ValueError, RuntimeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         status = "diverged" if diverged(spec.run_dir) is not None else "failed"  # an outcome, not an error
         return RunOutcome(spec.key, status, time.perf_counter() - t0, None, f"{type(e).__name__}: {msg}")
     return RunOutcome(spec.key, "done", time.perf_counter() - t0, res.final_acc)
+
+
+def _log_covers_checkpoints(run_dir: Path) -> bool:
+    """metrics.jsonl holds rounds 1..m without a gap and every checkpoint is of a round it logged: what an
+    interruption leaves (a log cut or edited behind its checkpoints is not resumed, it is run again)."""
+    from fedent.checkpoint import list_checkpoints
+
+    paths = runlog.RunPaths(run_dir)
+    logged = [r.get("round") for r in runlog.read_metrics(paths.metrics)]
+    found = list_checkpoints(paths.checkpoint)
+    return bool(found) and logged == list(range(1, len(logged) + 1)) and max(r for r, _ in found) < len(logged)
 
 
 def _init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> None:

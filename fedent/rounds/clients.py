@@ -57,7 +57,7 @@ class ClientBook:
                 u = taken.get(row["cid"])
                 why = failed.get(row["cid"])
                 if why is not None:
-                    row["last_failure"] = f"round {rnd}: {why}"[:300]
+                    row["last_failure"] = f"round {rnd + 1}: {why}"[:300]
                 if u is None:
                     if why is not None and why.startswith(REJECTED):
                         row["state"] = "rejected"
@@ -69,5 +69,5 @@ class ClientBook:
                 row["bytes"] = (row["bytes"] or 0) + download_bytes
                 row["eta"] = u.scalars.get("eta", row["eta"])
                 row["eta_star"] = u.scalars.get("eta_star", row["eta_star"])
-                row["last_round"] = rnd
+                row["last_round"] = rnd + 1  # 1..R, as every round number written (runlog)
         self.write()

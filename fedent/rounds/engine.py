@@ -9,7 +9,6 @@ clients.json and estimator.json. A round that misses its quorum is retried with 
 
 from __future__ import annotations
 
-import io
 import itertools
 import math
 import threading
@@ -18,9 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from fedent import runlog
+from fedent import model_file, runlog
+from fedent.checkpoint import config_fingerprint
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
 from fedent.rng import sample_clients
@@ -29,7 +27,7 @@ from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
-from fedent.signals import stop_reason
+from fedent.signals import Stopped, stop_reason
 from fedent.strategies.base import ClientUpdate, Probe, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
@@ -111,6 +109,9 @@ class RoundEngine:
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.stop = threading.Event()
+        # set with ``stop`` by a service that got SIGTERM or SIGINT: the run then ends "stopped" (with the
+        # reason), as a simulation interrupted in its own thread does, not "failed"
+        self.stop_signal: str | None = None
         self.phase = "starting"
         self.round: int | None = None
         self.started_at = time.time()
@@ -119,9 +120,11 @@ class RoundEngine:
 
     # ---- run files ---------------------------------------------------------------------------------
     def status(self, phase: str, rnd: int | None, **state: Any) -> None:
+        """status.json; ``rnd`` is the loop's index (0..R-1), written as the round number 1..R (runlog)."""
         self.phase, self.round = phase, rnd
         runlog.atomic_write_json(self.paths.status, runlog.status_record(
-            self.paths.run_id, self.strategy.name, phase, rnd, self.rounds, self.started_at,
+            self.paths.run_id, self.strategy.name, phase, None if rnd is None else rnd + 1, self.rounds,
+            self.started_at,
             {"device": str(self.device), "evaluation": self.evaluator.mode, **self.executor.status_fields(),
              **state}))
         if self.on_phase is not None:
@@ -131,6 +134,7 @@ class RoundEngine:
         """estimator.json: Algorithm 1's report (offline) and the per-round φ2 trajectory."""
         runlog.atomic_write_json(self.paths.estimator, {"algorithm": self.strategy.name,
                                                         "report": self.estimator_report,
+                                                        "round_base": runlog.ROUND_BASE,
                                                         "trajectory": self.trajectory})
 
     def write_start_files(self) -> None:
@@ -140,11 +144,12 @@ class RoundEngine:
         self.status("starting", None)
 
     def save_model(self) -> None:
-        """model_final.pt written atomically (temp file + os.replace): a crash mid-write never leaves a torn
-        model beside a status.json that says done."""
-        buf = io.BytesIO()
-        torch.save([p.detach().cpu() for p in self.global_params], buf)
-        runlog.atomic_write_bytes(self.paths.model, buf.getvalue())
+        """model_final.pt (fedent.model_file: a state_dict with the model's name and the config's hash) written
+        atomically (temp file + os.replace): a crash mid-write never leaves a torn model beside a status.json
+        that says done."""
+        names = [n for n, _ in self.evaluator.trainer.model.named_parameters()]
+        runlog.atomic_write_bytes(self.paths.model, model_file.model_bytes(
+            self.global_params, names, self.cfg.model.name, config_fingerprint(self.cfg)))
 
     def adopt_client_data(self, sizes: Sequence[int], info: dict[str, Any]) -> None:
         """Clients whose data lives on the workers: their reported sample counts become the run's (θ_i and every
@@ -159,6 +164,8 @@ class RoundEngine:
 
     def check_stop(self) -> None:
         if self.stop.is_set():
+            if self.stop_signal is not None:
+                raise Stopped(self.stop_signal)
             raise RunError("stopped")
 
     # ---- before round 0 ------------------------------------------------------------------------------
@@ -219,7 +226,7 @@ class RoundEngine:
             failed_before.update(int(c) for c in skipped.get("failed_clients", {}))
             retries.append({"clients": participants, "why": skipped["skipped"]})
             if attempt >= self.policy.retries:
-                raise RunError(f"round {rnd} missed its quorum in {attempt + 1} attempt(s), last: "
+                raise RunError(f"round {rnd + 1} missed its quorum in {attempt + 1} attempt(s), last: "
                                f"{skipped['skipped']}")
             participants = self.executor.replacements(rnd, attempt + 1, len(participants), failed_before)
         if retries:
@@ -235,7 +242,7 @@ class RoundEngine:
             self.status("aggregating", rnd)
             result = self.strategy.aggregate(rnd, self.global_params, updates)
             if not all_finite(result.params):
-                raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
+                raise RunError(f"the global model is not finite after round {rnd + 1} ({self.strategy.name}); "
                                "lower train.lr")
             self.global_params = list(result.params)
             diagnostics = {**result.diagnostics, **diagnostics}
@@ -248,7 +255,7 @@ class RoundEngine:
             diagnostics.update(evaluated)
         now = time.perf_counter()
         rec = runlog.metrics_record(
-            round=rnd, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
+            round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
             train_loss=weighted_train_loss(updates), clients=participants, num_clients=len(participants),
             wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
         self.metrics.append(rec)
@@ -256,7 +263,7 @@ class RoundEngine:
         self.clients.record_round(rnd, updates, self.model_bytes,
                                   {int(c): str(w) for c, w in diagnostics.get("failed_clients", {}).items()})
         if isinstance(fedent_diag, dict):
-            self.trajectory.append({"round": rnd, **{k: fedent_diag.get(k) for k in TRAJECTORY_KEYS}})
+            self.trajectory.append({"round": rnd + 1, **{k: fedent_diag.get(k) for k in TRAJECTORY_KEYS}})
             self.write_estimator()
         return rec
 

@@ -135,9 +135,9 @@ class ClientHost:
         from fedent.client_store import ClientStoreError
 
         if isinstance(e, ClientStoreError):  # a known condition (a damaged state file): one line
-            log.error("client %d failed its %s in round %d: %s", cid, step, rnd, e)
+            log.error("client %d failed its %s in round %d: %s", cid, step, rnd + 1, e)
         else:
-            log.exception("client %d failed its %s in round %d", cid, step, rnd)
+            log.exception("client %d failed its %s in round %d", cid, step, rnd + 1)
         out.failed[cid] = f"{step} failed: {type(e).__name__}: {e}"[:500]
 
     # ---- the three client steps --------------------------------------------------------------------------

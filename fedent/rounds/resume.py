@@ -55,16 +55,18 @@ def save(run: RoundEngine, rnd: int, keep: int = 3) -> None:
         config_fingerprint=config_fingerprint(run.cfg),
         seed=int(run.seed),
         server_state=run.strategy.server_state(),
-        estimator={"trajectory": json.loads(json.dumps(runlog.jsonable(run.trajectory)))},
+        estimator={"trajectory": json.loads(json.dumps(runlog.jsonable(run.trajectory))),
+                   "round_base": runlog.ROUND_BASE},
         clients={"rows": json.loads(json.dumps(runlog.jsonable(rows)))},
         extra={"elapsed_s": time.perf_counter() - run.t_start, "run_id": run.paths.run_id},
     ), keep=keep)
 
 
 def _keep_rounds(run: RoundEngine, last: int) -> None:
-    """Cut metrics.jsonl back to rounds <= ``last``: the rounds after it are run, and logged, again."""
+    """Cut metrics.jsonl back to the loop's rounds <= ``last`` (logged as 1..last+1): the rounds after it are
+    run, and logged, again. The lines kept are rewritten numbered as runlog writes them now."""
     kept = [r for r in runlog.read_metrics(run.paths.metrics) if isinstance(r.get("round"), int)
-            and r["round"] <= last]
+            and r["round"] <= last + 1]
     if kept or run.paths.metrics.exists():
         runlog.atomic_write_text(run.paths.metrics, "".join(
             json.dumps(runlog.jsonable(r), allow_nan=False, separators=(",", ":")) + "\n" for r in kept))
@@ -88,13 +90,15 @@ def resume(run: RoundEngine) -> int:
     if ckpt.seed != run.seed:
         raise ValueError(f"checkpoint seed {ckpt.seed} differs from the run's {run.seed}")
     if ckpt.next_round > run.rounds:
-        raise ValueError(f"checkpoint is past round {ckpt.round} but the run has {run.rounds} rounds")
+        raise ValueError(f"checkpoint is past round {ckpt.round + 1} but the run has {run.rounds} rounds")
     shapes = [tuple(p.shape) for p in run.global_params]
     if [tuple(p.shape) for p in ckpt.global_params] != shapes:
         raise ValueError("checkpoint model shapes differ from the configured model")
     run.global_params = [p.to(run.device) for p in ckpt.global_params]
     run.strategy.load_server_state(_to_device(ckpt.server_state, run.device))
     run.trajectory = list(ckpt.estimator.get("trajectory", []))
+    if ckpt.estimator.get("round_base") != runlog.ROUND_BASE:  # a checkpoint from before: points counted 0..
+        run.trajectory = [runlog.one_based(p) if isinstance(p, dict) else p for p in run.trajectory]
     saved = {int(r["cid"]): r for r in ckpt.clients.get("rows", []) if isinstance(r, dict) and "cid" in r}
     with run.clients.lock:
         for row in run.clients.rows:
@@ -107,6 +111,7 @@ def resume(run: RoundEngine) -> int:
         old = runlog.read_json(run.paths.estimator, default={})
         report = old.get("report", {}) if isinstance(old, dict) else {}
         runlog.atomic_write_json(run.paths.estimator, {"algorithm": run.strategy.name, "report": report,
+                                                       "round_base": runlog.ROUND_BASE,
                                                        "trajectory": run.trajectory})
-    log.info("resumed %s from the checkpoint of round %d", run.paths.run_id, ckpt.round)
+    log.info("resumed %s from the checkpoint of round %d", run.paths.run_id, ckpt.round + 1)
     return ckpt.next_round

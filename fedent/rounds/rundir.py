@@ -264,11 +264,11 @@ def plan_run_dir(root: str | Path, cfg: ExperimentConfig, kind: str, fresh: bool
         return RunDirPlan("finished", summary)
     rnd, damaged = _newest_intact(paths, cfg)
     if rnd is not None:
-        return RunDirPlan("resume", f"from the checkpoint of round {rnd}")
+        return RunDirPlan("resume", f"from the checkpoint of round {rnd + 1}")
     if damaged:
         raise no_intact_checkpoint(paths, damaged)
     logged = sorted({r["round"] for r in runlog.read_metrics(paths.metrics) if isinstance(r.get("round"), int)})
-    if any(r > 0 for r in logged):
+    if any(r > 1 for r in logged):  # 1-based (runlog): more than the first round
         raise RunDirError(f"{paths.root} logged rounds up to {logged[-1]} but has no checkpoint to resume from; "
                           f"pass --fresh to move it to {paths.root.name}.old-<time> and start over")
     return RunDirPlan("new")

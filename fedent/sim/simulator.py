@@ -126,7 +126,6 @@ def _checked(cfg: ExperimentConfig, run_dir: str | Path, inputs: RunInputs | Non
     return inputs, strategy, int(k)
 
 
->>>>>>> guard
 def run_simulation(
     cfg: ExperimentConfig,
     run_dir: str | Path,
@@ -143,7 +142,6 @@ def run_simulation(
     resume: bool = False,
     banner: bool = False,
     world: World | None = None,
->>>>>>> guard
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
@@ -188,14 +186,14 @@ def run_simulation(
         def on_round(rec: dict[str, Any]) -> None:
             if rec["test_acc"] is not None:
                 last_acc[0] = rec["test_acc"]
-            progress_bar.update(rec["round"] + 1, last_acc[0])
+            progress_bar.update(rec["round"], last_acc[0])
             if banner and first_round[0] is None:
                 first_round[0] = rec["round"]
-                left = cfg.train.rounds - rec["round"] - 1
+                left = cfg.train.rounds - rec["round"]
                 progress_bar.note(f"estimated {format_duration(rec['wall_s'] * left)} to go: {left} more round(s) at "
                                   f"{format_duration(rec['wall_s'])} each", always=True)
                 if progress_bar.enabled:  # the note cleared the bar
-                    progress_bar.update(rec["round"] + 1, last_acc[0])
+                    progress_bar.update(rec["round"], last_acc[0])
 
         engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world)
         if banner:

@@ -27,25 +27,26 @@ from fedent.strategies.options import FedAvgOptions
 
 
 def logged_rates(path: str | Path) -> dict[int, dict[int, float]]:
-    """round -> client -> η_i(t) from a FedEnt run's metrics.jsonl (its per-client ``fedent.clients`` records)."""
+    """round index (the loop's t = 0..R-1, logged as round t+1) -> client -> η_i(t) from a FedEnt run's
+    metrics.jsonl (its per-client ``fedent.clients`` records)."""
     out: dict[int, dict[int, float]] = {}
     for rec in runlog.read_metrics(path):
         fd = rec.get("fedent") or {}
         clients = fd.get("clients") or []
         if clients:
-            out[int(rec["round"])] = {int(c["client"]): float(c["eta"]) for c in clients}
+            out[int(rec["round"]) - 1] = {int(c["client"]): float(c["eta"]) for c in clients}
     if not out:
         raise StrategyError(f"replay_rates: {path} holds no FedEnt per-client rates (fedent.clients[].eta)")
     return out
 
 
 def round_means(path: str | Path) -> dict[int, float]:
-    """round -> Σθ_i η_i(t) over the round's participants, from the same log."""
+    """round index t -> Σθ_i η_i(t) over the round's participants, from the same log."""
     out: dict[int, float] = {}
     for rec in runlog.read_metrics(path):
         clients = (rec.get("fedent") or {}).get("clients") or []
         if clients:
-            out[int(rec["round"])] = float(sum(float(c["theta"]) * float(c["eta"]) for c in clients))
+            out[int(rec["round"]) - 1] = float(sum(float(c["theta"]) * float(c["eta"]) for c in clients))
     return out
 
 
@@ -67,14 +68,14 @@ class FedAvg(LocalSGDStrategy):
             if self._means is None:
                 self._means = round_means(path)
             if task.round not in self._means:
-                raise StrategyError(f"replay_rates: {path} has no rates for round {task.round}")
+                raise StrategyError(f"replay_rates: {path} has no rates for round {task.round + 1}")
             return self._means[task.round]
         if self._rates is None:
             self._rates = logged_rates(path)
         try:
             return self._rates[task.round][task.cid]
         except KeyError:
-            raise StrategyError(f"replay_rates: {path} has no rate for client {task.cid} in round {task.round} "
+            raise StrategyError(f"replay_rates: {path} has no rate for client {task.cid} in round {task.round + 1} "
                                 "(replay a run with the same seed, clients and sampling)") from None
 
     def aggregate(

@@ -19,7 +19,7 @@ class StatusOut(BaseModel):
     run_id: str
     algorithm: str | None = None
     phase: str = Field(description="starting, estimating, training, aggregating, evaluating, done, failed or unknown")
-    round: int | None = Field(None, description="round in progress (0-based), as status.json says")
+    round: int | None = Field(None, description="round in progress, 1..R as everywhere (the last round once done)")
     rounds: int | None = Field(None, description="configured number of rounds")
     rounds_completed: int = Field(0, description="lines in metrics.jsonl")
     progress: float = Field(0.0, description="rounds_completed / rounds, in [0, 1]")

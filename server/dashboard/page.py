@@ -84,7 +84,7 @@ def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str,
     s = status
     pct = _pct_text(_pct_of(s.progress))
     rounds = "?" if s.rounds is None else str(s.rounds)
-    in_flight = s.round is not None and s.round >= s.rounds_completed and s.phase not in ("done", "failed", "stopped")
+    in_flight = s.round is not None and s.round > s.rounds_completed and s.phase not in ("done", "failed", "stopped")
     working = f" · round {s.round} {s.phase}" if in_flight else ""
     return {
         "run_id": s.run_id, "algorithm": s.algorithm or DASH, "rounds_done": str(s.rounds_completed),

@@ -84,7 +84,7 @@ def render(status: StatusOut, rounds: list[RoundOut], clients: ClientsOut, estim
           float(status.rounds_completed))
     w.one("fedent_rounds_configured", "gauge", "Rounds the run is configured for.",
           None if status.rounds is None else float(status.rounds))
-    w.one("fedent_current_round", "gauge", "Round in progress (0-based).",
+    w.one("fedent_current_round", "gauge", "Round in progress (1..R, as everywhere).",
           None if status.round is None else float(status.round))
     w.one("fedent_elapsed_seconds", "gauge", "Seconds since the run started.", status.elapsed_s)
     w.one("fedent_eta_seconds", "gauge", "Estimated seconds until the run finishes.", status.eta_s)

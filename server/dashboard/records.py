@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from fedent.runlog import jsonable
+from fedent.runlog import jsonable, one_based
 from server.dashboard.models import FedentClientDiag, FedentRound, RoundOut
 
 
@@ -94,7 +94,9 @@ def _fedent_round(raw: Any) -> FedentRound | None:
 
 
 def round_row(rec: Mapping[str, Any]) -> RoundOut | None:
-    """One metrics.jsonl record as a typed row (None when it has no usable round number)."""
+    """One metrics.jsonl record as a typed row (None when it has no usable round number); rounds 1..R, a line
+    from before the numbering was fixed is shifted (fedent.runlog.one_based)."""
+    rec = one_based(dict(rec))
     r = integer(rec.get("round"))
     if r is None:
         return None

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fedent.runlog import PHASES, redact
+from fedent.runlog import PHASES, ROUND_BASE, one_based, redact
 from server.dashboard.models import (
     ClientOut,
     ClientsOut,
@@ -75,7 +75,7 @@ def build_phase(snap: Snapshot) -> str:
 
 
 def build_status(snap: Snapshot, now: float) -> StatusOut:
-    st = mapping(snap.status)
+    st = one_based(dict(mapping(snap.status)))  # round 1..R, also for a status.json from before the marker
     cfg = mapping(snap.config)
     rows = snap.rounds
     completed = len(rows)
@@ -230,11 +230,12 @@ def build_estimator(snap: Snapshot) -> EstimatorOut:
     est = mapping(snap.estimator)
     points: dict[int, TrajectoryPoint] = {}
     traj = est.get("trajectory")
+    shift = 0 if est.get("round_base") == ROUND_BASE else 1  # an estimator.json from before: rounds from 0
     if isinstance(traj, list):
         for i, p in enumerate(traj):
             p = mapping(p)
             r = integer(_pick(p, "round", "t"))
-            r = i if r is None else r
+            r = i + shift if r is None else r + shift
             points[r] = TrajectoryPoint(
                 round=r, phi2_pred=num(_pick(p, "phi2_pred", "predicted", "phi2")),
                 phi2_actual=num(_pick(p, "phi2_actual", "actual")), entropy=num(p.get("entropy")),
@@ -252,7 +253,7 @@ def build_estimator(snap: Snapshot) -> EstimatorOut:
             entropy=f.entropy if f.entropy is not None else old.entropy,
             guards=f.guards if f.guards is not None else old.guards,
         )
-    report = free_json({k: v for k, v in est.items() if k != "trajectory"})
+    report = free_json({k: v for k, v in est.items() if k not in ("trajectory", "round_base")})
     inner = report.pop("report", None)
     if isinstance(inner, dict):
         report = {**report, **inner}

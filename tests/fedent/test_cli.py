@@ -156,3 +156,29 @@ def test_progress_is_a_plain_line_per_round_without_a_terminal(tmp_path: Path) -
     heads = [ln.split(" acc")[0] for ln in out.splitlines() if ln.startswith("run ")]
     assert heads == ["run 1/2 fedavg s0: round 1/2", "run 1/2 fedavg s0: round 2/2",
                      "run 2/2 fedprox s0: round 1/2", "run 2/2 fedprox s0: round 2/2"], out
+
+
+def test_a_service_command_without_its_extra_names_the_extra(tmp_path: Path) -> None:
+    """Installed as the core only (no grpc, no fastapi), fedent still runs its own commands, and cluster /
+    dashboard say which extra to install instead of a traceback."""
+    block = ("import sys\n"
+             "class Block:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] in ('grpc', 'fastapi'):\n"
+             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+             "sys.meta_path.insert(0, Block())\n"
+             "from fedent.cli import main\n"
+             "sys.exit(main(sys.argv[1:]))\n")
+    script = tmp_path / "core_only.py"
+    script.write_text(block)
+
+    def fedent(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+
+    res = fedent("cluster", "up", "--config", "demo")
+    assert res.returncode == 2 and "needs the [cluster] extra" in res.stderr and "Traceback" not in res.stderr
+    res = fedent("dashboard", "runs/x")
+    assert res.returncode == 2 and "pip install 'fedent[dashboard]'" in res.stderr, res.stderr
+    res = fedent("plugins", "--kind", "models")
+    assert res.returncode == 0 and "mnist-cnn" in res.stdout

@@ -245,3 +245,19 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path: Path) -> None:
     cfg.write_text("name: x\ntrain: {rounds: 2\n  lr: [0.1\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(cfg))}:\d+:\d+: not valid YAML"):
         load_config(cfg)
+
+
+def test_a_packaged_config_is_found_by_name_outside_the_repository(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example configs are package data (importlib.resources): from a directory without configs/,
+    --config demo, demo.yaml and configs/demo.yaml load the shipped file; an unknown name lists some."""
+    from fedent.config import load_config, packaged_config, packaged_config_names
+
+    monkeypatch.chdir(tmp_path)
+    assert {"demo", "mnist-iid"} <= set(packaged_config_names())
+    for name in ("demo", "demo.yaml", "configs/demo.yaml"):
+        cfg = load_config(name)
+        assert cfg.name == "demo" and cfg.train.rounds == 5
+    assert packaged_config("nope") is None and packaged_config("../demo") is None
+    with pytest.raises(ConfigError, match=r"config file not found: nope \(or name a packaged config: .*demo"):
+        load_config("nope")

@@ -155,7 +155,7 @@ def test_eta_with_many_clients_is_a_heatmap_one_row_per_client() -> None:
     traj = plot_data.eta_trajectories(recs)
     cid = sorted(traj)[3]
     xs, ys = traj[cid]
-    assert [float(arr[3, x]) for x in xs] == pytest.approx(ys)
+    assert [float(arr[3, x - 1]) for x in xs] == pytest.approx(ys)
     assert int(np.ma.count_masked(arr)) == 20 * 12 - sum(len(v[0]) for v in traj.values())  # grey = not sampled
     assert len(fig.axes) == 2 and "η_i(t)" in fig.axes[1].get_ylabel()  # colour bar
     assert images[0].get_extent()[:2] == [0.5, 12.5]  # columns are rounds 1..12
@@ -202,3 +202,17 @@ def test_phi2_lines_are_styled_by_the_style_file_the_dashboard_embeds() -> None:
 def test_phi2_figure_follows_an_edited_style_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     edited = edited_phi2_style(tmp_path, monkeypatch)
     assert _phi2_lines(_drawn(plots.draw_phi2(_fedent_run(5)))) == _as_drawn(edited["series"])
+
+
+def test_entropy_is_drawn_as_its_deviation_from_minus_log_n_with_a_plain_label() -> None:
+    """With the round's upload count n logged, the panel shows Σ p_i log p_i + log n (0: uniform) scaled by a
+    power of ten named in a plain label, not 'Σ p_i log p_i − (−1.7917595) [×1e-7]'."""
+    recs = _fedent_run(20, per_round=6)
+    for r in recs:
+        r["num_clients"] = 6
+    ax = _drawn(plots.draw_phi2(recs)).axes[1]
+    assert ax.get_ylabel() == "entropy − (−log n) [×1e-7]"
+    (line,) = ax.get_lines()
+    want = [(r["fedent"]["entropy"] + np.log(6)) * 1e7 for r in recs]
+    assert list(line.get_ydata()) == pytest.approx(want, rel=1e-6)
+    assert list(line.get_xdata()) == list(range(1, 13))

@@ -199,3 +199,19 @@ def test_an_entry_point_that_exits_at_load_is_one_config_error(plugin_pkg: Path)
     finally:
         sys.modules.pop("exitplug", None)
     assert "model.name: entry point 'exits' (exitplug:build) does not load: SystemExit: bye" in str(e.value)
+
+
+def test_an_import_path_is_found_in_the_current_directory_after_the_installed_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console script (fedent) has no current directory on sys.path; a project's plug-in beside its config
+    (fedent new) is found there anyway, appended last so it never shadows an installed module."""
+    (tmp_path / "cwd_only_model.py").write_text("def build(num_classes, in_channels, image_size, dropout):\n"
+                                                "    import torch\n    return torch.nn.Linear(1, num_classes)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_only_model", raising=False)
+    obj = plugins.resolve("models", "cwd_only_model:build")
+    assert obj.__module__ == "cwd_only_model" and sys.path[-1] == str(tmp_path)
+    with pytest.raises(plugins.PluginError, match="cannot import module 'not_here_at_all'"):
+        plugins.resolve("models", "not_here_at_all:build")
+    sys.modules.pop("cwd_only_model", None)

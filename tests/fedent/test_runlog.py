@@ -150,3 +150,19 @@ def test_a_damaged_run_instance_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a run instance"):
         runlog.run_instance(paths, create=True)
     assert paths.instance.read_text() == "../../etc\n"  # not overwritten
+
+
+def test_rounds_are_numbered_1_to_r_and_an_old_log_reads_the_same(tmp_path: Path) -> None:
+    """One numbering (issue 27): a written line says round 1 for the first round and carries the marker; a
+    line from before the marker (rounds 0..R-1) reads as the same round; marked lines are left alone."""
+    new = runlog.metrics_record(round=1, algorithm="fedavg")
+    assert (new["round"], new["round_base"]) == (1, runlog.ROUND_BASE) == (1, 1)
+    old = tmp_path / "old.jsonl"
+    old.write_text('{"round": 0, "test_acc": 0.5}\n{"round": 1, "test_acc": 0.6}\n')
+    assert [(r["round"], r["round_base"]) for r in runlog.read_metrics(old)] == [(1, 1), (2, 1)]
+    cur = tmp_path / "new.jsonl"
+    cur.write_text('{"round": 1, "round_base": 1}\n{"round": 2, "round_base": 1}\n')
+    assert [r["round"] for r in runlog.read_metrics(cur)] == [1, 2]
+    assert runlog.round_of({"round": 4}) == 5 and runlog.round_of({"round": 4, "round_base": 1}) == 4
+    status = runlog.status_record("r", "fedavg", "training", 3, 5, 0.0)
+    assert (status["round"], status["round_base"]) == (3, 1)

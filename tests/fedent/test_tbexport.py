@@ -29,7 +29,7 @@ def expected(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]
 
     def put(tag: str, r: dict[str, Any], v: Any) -> None:
         if v is not None:
-            want.setdefault(tag, []).append((r["round"] + 1, float(v)))
+            want.setdefault(tag, []).append((r["round"], float(v)))
 
     for r in records:
         put("accuracy/test", r, r["test_acc"])

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from client.settings import WorkerSettings
 from client.worker import Worker, WorkerError, parse_client_ids
+from fedent.model_file import load_model_file
 from fedent.params import weighted_sum
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
@@ -45,7 +46,7 @@ def test_inthread_cluster_equals_simulation(start: Any, tmp_path: Path, algorith
     run_inthread_workers(h, inputs, [(0, 1), (2, 3)])
     assert h.run.error is None
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-    got = torch.load(h.run_dir / "model_final.pt")
+    got = load_model_file(h.run_dir / "model_final.pt").params
     for a, b in zip(got, sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     recs = read_metrics(h.run_dir / "metrics.jsonl")
@@ -177,7 +178,7 @@ def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
     (rec,) = read_metrics(h.run_dir / "metrics.jsonl")
     # 1 of 4 valid updates is below the quorum (2): the round is skipped and the model kept
     assert "skipped" in rec["diagnostics"] and set(rec["diagnostics"]["failed_clients"]) == {"0", "1", "2"}
-    final = torch.load(h.run_dir / "model_final.pt")
+    final = load_model_file(h.run_dir / "model_final.pt").params
     assert all(torch.equal(a, b) for a, b in zip(final, w, strict=True))
 
 
@@ -195,7 +196,7 @@ def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
     for c, params in ups.items():
         fake.upload(fit, c, params)
     assert h.wait(20) and h.run.error is None
-    final = torch.load(h.run_dir / "model_final.pt")
+    final = load_model_file(h.run_dir / "model_final.pt").params
     expect = weighted_sum([ups[1], ups[2], ups[3]], [1 / 3] * 3)
     assert all(torch.allclose(a, b) for a, b in zip(final, expect, strict=True))
 
@@ -283,7 +284,7 @@ def test_half_precision_and_zlib_transfer_settings_still_train(start: Any, tmp_p
     run_inthread_workers(h, inputs, [(0, 1, 2, 3)])
     assert h.run.error is None
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-    got = torch.load(h.run_dir / "model_final.pt")
+    got = load_model_file(h.run_dir / "model_final.pt").params
     assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, sim.params, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(got, sim.params, strict=True))  # it really was lossy
 
@@ -316,7 +317,7 @@ def test_fedent_through_the_estimator_service_equals_simulation(tmp_path: Path, 
         finally:
             h.stop(grace_s=0.5)
         sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-        got = torch.load(h.run_dir / "model_final.pt")
+        got = load_model_file(h.run_dir / "model_final.pt").params
         for a, b in zip(got, sim.params, strict=True):
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
         rec = read_metrics(h.run_dir / "metrics.jsonl")[0]

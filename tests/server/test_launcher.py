@@ -61,7 +61,7 @@ def test_a_resumed_launch_reports_the_new_rounds_not_the_cut_ones(tmp_path: Path
         t.start()
     assert first.wait(60)
     first.stop(grace_s=0.5)
-    MetricsLog(run_dir / "metrics.jsonl").append(metrics_record(round=2, algorithm="fedavg", test_acc=0.0123))
+    MetricsLog(run_dir / "metrics.jsonl").append(metrics_record(round=3, algorithm="fedavg", test_acc=0.0123))
 
     cluster = Cluster(cfg, run_dir, LaunchSettings(workers=2, dashboard=False, secure=False))
     cluster.aggregator = start_aggregator(cfg, SETTINGS, run_dir, inputs=inputs)
@@ -75,8 +75,34 @@ def test_a_resumed_launch_reports_the_new_rounds_not_the_cut_ones(tmp_path: Path
         timer.join()
         cluster.aggregator.stop(grace_s=0.5)
     new = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["round"] for r in new] == [0, 1, 2] and new[2]["test_acc"] != 0.0123
+    assert [r["round"] for r in new] == [1, 2, 3] and new[2]["test_acc"] != 0.0123
     last = [ln for ln in lines if ln.startswith("fedent cluster: round 3/3")]
     assert last == [round_line(new[2], 3)], lines
     assert f"final test accuracy {new[2]['test_acc']:.4f}" in finished_line(cluster.aggregator.run.engine.records,
                                                                             run_dir / "model_final.pt")
+
+
+
+def test_children_output_comes_a_whole_line_at_a_time_with_their_name(tmp_path: Path,
+                                                                       capsys: Any) -> None:
+    """fedent cluster up's children used to write straight to the terminal, splitting and interleaving with its
+    own lines; now each line of theirs (stdout and stderr alike) arrives whole, as ``[name] line``, on stderr."""
+    import io
+
+    from server.launcher import prefix_lines
+
+    got = io.StringIO()
+    prefix_lines(io.BytesIO(b"first\nsecond half-"), "worker-1", got)
+    assert got.getvalue() == "[worker-1] first\n[worker-1] second half-\n"
+
+    cluster = Cluster(tiny_config(), tmp_path / "run", LaunchSettings(workers=1, dashboard=False, secure=False))
+    code = "import sys; print('to stdout', flush=True); print('to stderr', file=sys.stderr, flush=True)"
+    proc = cluster._spawn(["-c", code], name="worker-0")
+    assert proc.stdout is not None and proc.stderr is None  # one pipe, read by the copying thread
+    assert proc.wait(timeout=60) == 0
+    for t in threading.enumerate():
+        if t.name == "output-worker-0":
+            t.join(10)
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["[worker-0] to stdout", "[worker-0] to stderr"]
+    assert captured.out == ""

@@ -16,6 +16,7 @@ from nan_plugin import POISONED
 
 from fedent.config import ExperimentConfig
 from fedent.inputs import RunInputs
+from fedent.model_file import load_model_file
 from fedent.rounds import RoundPolicy
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
@@ -46,7 +47,7 @@ def test_workers_of_either_executor_equal_that_simulator(start: Any, tmp_path: P
     inputs = tiny_inputs(10)
     run_dir = _cluster(start, cfg, inputs, executor)
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-    _same_model(torch.load(run_dir / "model_final.pt"), sim.params)
+    _same_model(load_model_file(run_dir / "model_final.pt").params, sim.params)
     assert [r["clients"] for r in read_metrics(run_dir / "metrics.jsonl")] == [r["clients"] for r in sim.records]
 
 
@@ -60,7 +61,7 @@ def test_nan_uploads_are_rejected_alike_in_the_simulator_and_the_cluster(start: 
     run_dir = _cluster(start, cfg, inputs, executor)
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False,
                          policy=RoundPolicy(quorum=0.5, retries=-1))
-    got = torch.load(run_dir / "model_final.pt")
+    got = load_model_file(run_dir / "model_final.pt").params
     assert all(bool(torch.isfinite(p).all()) for p in got)
     _same_model(got, sim.params)
     recs = read_metrics(run_dir / "metrics.jsonl")

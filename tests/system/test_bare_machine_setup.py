@@ -70,3 +70,31 @@ def test_make_run_stops_before_any_work_when_data_is_missing(tmp_path: Path) -> 
 def test_ci_installs_through_the_same_targets() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make data browser" in ci and "make test" in ci
+
+
+def test_off_debian_the_line_says_what_to_do_there_not_apt(tmp_path: Path) -> None:
+    """No apt-get (macOS, Fedora, ...): the one line names the other way instead of an apt command."""
+    missing = tmp_path / "fashion-mnist"
+    r = _run([str(missing), "dataset-fashion-mnist", "the copy", "put the files in DIR"],
+             FEDENT_APT_GET="/nonexistent/apt-get", **NO_RIGHTS)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"missing the copy ({missing}); not a Debian/Ubuntu system (no /nonexistent/apt-get): put the files in DIR"]
+    r = _run(["--optional", str(missing), "chromium", "Chromium", "use your package manager"],
+             FEDENT_APT_GET="/nonexistent/apt-get", **NO_RIGHTS)
+    assert r.returncode == 0 and "no /nonexistent/apt-get): use your package manager" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_off_debian_points_at_data_dir_and_passes_it_as_data_root(tmp_path: Path) -> None:
+    missing = tmp_path / "fm"
+    env = {**os.environ, **NO_RIGHTS, "FEDENT_APT_GET": "/nonexistent/apt-get"}
+    r = subprocess.run(["make", "-s", "data", f"DATA_DIR={missing}"], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=60)
+    assert r.returncode != 0 and "not a Debian/Ubuntu system" in r.stderr
+    assert "make run DATA_DIR=/that/directory" in r.stderr and "apt-get install" not in r.stderr
+    for target in ("run", "simulate"):
+        r = subprocess.run(["make", "-s", "-n", target, f"DATA_DIR={tmp_path}"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        assert f"--set data.root={tmp_path}" in r.stdout.splitlines()[-1], r.stdout
+    r = subprocess.run(["make", "-s", "-n", "run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "data.root" not in r.stdout  # the OS copy: nothing to pass

@@ -352,7 +352,9 @@ def test_dockerfile_installs_the_dataset_and_the_pinned_project() -> None:
     assert set(pins) == {"torch", "torchvision"}
     for pin in pins.values():
         assert f'"{pin}"' in runs or f" {pin} " in f" {runs} ", f"the image must install {pin} (pyproject's pin)"
-    assert re.search(r"pip(\.sh)? install (\S+ )*\.(\s|$)", runs), "the project itself must be installed"
+    project = re.search(r"pip(\.sh)? install (\S+ )*\"?\.(\[[a-z,]+\])?\"?(\s|$)", runs)
+    assert project, "the project itself must be installed"
+    assert set((project.group(3) or "[]")[1:-1].split(",")) >= {"cluster", "dashboard"}, "the services' extras too"
     users = [args for instr, args in DOCKERFILE if instr == "USER"]
     assert users and users[-1] not in ("root", "0")
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_the_example_runs_in_the_simulator_and_on_worker_local_files(tmp_path: P
     assert sorted(p.name for p in clients.iterdir()) == [*(f"client-{c}" for c in range(6)), "server_test.npz"]
     sim_dir = next((tmp_path / "digits-sim").glob("**/model_final.pt")).parent
     cluster = tmp_path / "digits-cluster"
-    a, b = torch.load(cluster / "model_final.pt"), torch.load(sim_dir / "model_final.pt")
+    a, b = load_model_file(cluster / "model_final.pt").params, load_model_file(sim_dir / "model_final.pt").params
     rel = max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)) / max(float(y.abs().max()) for y in b)
     assert rel <= 1e-5
     recs = read_metrics(cluster / "metrics.jsonl")

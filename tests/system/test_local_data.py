@@ -20,6 +20,7 @@ import torch
 from fedent.config import load_config
 from fedent.data.local import export_partition
 from fedent.inputs import load_inputs
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
@@ -62,7 +63,7 @@ def test_cluster_on_worker_files_equals_simulation(tmp_path: Path, algorithm: st
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sim = run_simulation(load_config(cfg_path), tmp_path / "sim", progress=False, plots=False)
-    assert _max_rel(torch.load(out / "model_final.pt"), sim.params) <= 1e-5
+    assert _max_rel(load_model_file(out / "model_final.pt").params, sim.params) <= 1e-5
     recs = read_metrics(out / "metrics.jsonl")
     assert [r["clients"] for r in recs] == [r["clients"] for r in sim.records]
     assert recs[-1]["test_acc"] == pytest.approx(sim.records[-1]["test_acc"], abs=1e-9)

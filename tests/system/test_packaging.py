@@ -26,8 +26,33 @@ def _deps() -> tuple[dict[str, str], dict[str, str]]:
     return parse(project["dependencies"]), parse(project["optional-dependencies"]["dev"])
 
 
-def test_lower_bounds_are_what_the_generated_code_requires() -> None:
+def _extra(name: str) -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = {}
+    for item in project["optional-dependencies"][name]:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*(?:>=|==)\s*([0-9.]+)", item)
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_extras_split_the_core_from_the_services_and_dev_keeps_everything() -> None:
+    """The core (the simulator) installs without grpc, protobuf, fastapi; [cluster] and [dashboard] bring the
+    services' dependencies and [dev] (what make setup installs) takes both, so make run/test are unchanged."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime, _ = _deps()
+    assert not {"grpcio", "protobuf", "fastapi", "uvicorn", "pydantic", "cryptography"} & set(runtime)
+    assert {"torch", "numpy", "pyyaml", "matplotlib"} <= set(runtime)
+    cluster = set(_extra("cluster"))
+    assert {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "cryptography"} <= cluster
+    assert {"fastapi", "uvicorn", "pydantic"} <= set(_extra("dashboard"))
+    assert "fedent[cluster,dashboard]" in project["optional-dependencies"]["dev"]
+    assert "'.[dev]'" in (ROOT / "Makefile").read_text()
+    assert 'install ".[cluster,dashboard]"' in (ROOT / "Dockerfile").read_text()
+
+
+def test_lower_bounds_are_what_the_generated_code_requires() -> None:
+    runtime = _extra("cluster")
     grpc_stub = (ROOT / "fedentrpc" / "v1" / "aggregator_pb2_grpc.py").read_text()
     grpc_needed = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", grpc_stub)
     assert grpc_needed is not None
@@ -127,5 +152,37 @@ def test_licence_metadata_and_a_bounded_protobuf() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and "Apache License" in (ROOT / "LICENSE").read_text()[:200]
     assert project["license-files"] == ["LICENSE"]
-    (protobuf,) = [d for d in project["dependencies"] if d.split(">")[0].split("<")[0].strip() == "protobuf"]
+    (protobuf,) = [d for d in project["optional-dependencies"]["cluster"]
+                   if d.split(">")[0].split("<")[0].strip() == "protobuf"]
     assert "<8" in protobuf.replace(" ", "")
+
+
+@pytest.mark.slow
+def test_an_installed_fedent_has_its_configs_and_makes_a_project_that_runs(tmp_path: Path) -> None:
+    """From the wheel, in a directory with no repository: --config demo finds the packaged config, and
+    `fedent new proj` + `fedent simulate --config config.yaml` in proj trains with the project's plug-ins."""
+    import os
+    import subprocess
+
+    if not Path("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz").exists():
+        pytest.skip("needs dataset-fashion-mnist (make data)")
+    venv = _installed_venv(tmp_path)
+    fedent = str(venv / "bin" / "fedent")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    small = ["--set", "train.rounds=1", "--set", "data.max_train_samples=600", "--set", "data.max_test_samples=200",
+             "--no-plots", "--no-progress", "--device", "cpu"]
+    res = subprocess.run([fedent, "simulate", "--config", "demo", *small], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list((elsewhere / "runs").glob("demo-*/model_final.pt"))) == 1
+    res = subprocess.run([fedent, "new", "proj"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    proj = elsewhere / "proj"
+    res = subprocess.run([fedent, "simulate", "--config", "config.yaml", *small], cwd=proj, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run,) = (proj / "runs").iterdir()
+    assert '"algorithm":"my-fedavg"' in (run / "metrics.jsonl").read_text()

@@ -17,6 +17,7 @@ from client.settings import WorkerSettings
 from client.worker import Worker
 from fedent.checkpoint import list_checkpoints
 from fedent.inputs import RunInputs
+from fedent.model_file import load_model_file
 from fedent.rounds.rundir import RunDirError, RunFinished
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
@@ -78,11 +79,11 @@ def test_crash_after_workers_fitted_then_resume_equals_simulation(tmp_path: Path
     second = _run(cfg, inputs, run_dir, state_dir)
     assert second.run.error is None, second.run.error
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-    got = torch.load(run_dir / "model_final.pt")
+    got = load_model_file(run_dir / "model_final.pt").params
     for a, b in zip(got, sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     recs = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["round"] for r in recs] == [0, 1, 2]  # nothing logged twice
+    assert [r["round"] for r in recs] == [1, 2, 3]  # nothing logged twice
     assert [r["clients"] for r in recs] == [r["clients"] for r in sim.records]
     assert [r for r, _ in list_checkpoints(run_dir / "checkpoint")] == [2, 1]
 
@@ -153,9 +154,9 @@ def test_every_checkpoint_corrupt_is_refused_and_fresh_starts_over_equal_to_simu
     old = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert len(old) == 1 and _digest(old[0]) == before
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
-    for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
+    for a, b in zip(load_model_file(run_dir / "model_final.pt").params, sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
-    assert [r["round"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert [r["round"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_fresh_keys_standalone_workers_state_apart_from_the_old_runs(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_fresh_keys_standalone_workers_state_apart_from_the_old_runs(tmp_path: P
     assert fresh.run.error is None, fresh.run.error
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     assert [r["clients"] for r in sim.records][:2] == [[1, 3], [0, 1]]  # client 0's first fit: round 1
-    for a, b in zip(torch.load(run_dir / "model_final.pt"), sim.params, strict=True):
+    for a, b in zip(load_model_file(run_dir / "model_final.pt").params, sim.params, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     keys = sorted(p.name for p in (state_dir / "w0").iterdir())
     assert len(keys) == 2 and all(k.startswith("run.") for k in keys), keys  # one per run, both "<id>.<instance>"

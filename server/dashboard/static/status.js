@@ -5,7 +5,8 @@ import { $, showError } from "./dom.js";
 import { fmtDuration, fmtPct } from "./format.js";
 import { state } from "./state.js";
 
-const PHASES = ["starting", "estimating", "training", "aggregating", "evaluating", "done"];
+const PHASES = ["starting", "estimating", "training", "aggregating", "evaluating", "done", "stopped", "failed"];
+const ENDED = ["done", "stopped", "failed"];
 
 export function renderStatus() {
   const s = state.status;
@@ -32,9 +33,10 @@ export function renderStatus() {
   for (const li of document.querySelectorAll("#phases li")) {
     const i = PHASES.indexOf(li.dataset.phase);
     li.classList.toggle("current", i === cur);
-    li.classList.toggle("past", cur >= 0 && i < cur);
+    li.classList.toggle("past", cur >= 0 && i < cur && !ENDED.includes(li.dataset.phase));
   }
-  const inFlight = s.round !== null && s.round >= s.rounds_completed && s.phase !== "done" && s.phase !== "failed";
+  // rounds are 1..R everywhere (fedent.runlog): round k is in flight while k-1 rounds are complete
+  const inFlight = s.round !== null && s.round > s.rounds_completed && !ENDED.includes(s.phase);
   const working = inFlight ? ` · round ${s.round} ${s.phase}` : "";
   $("#progress-text").textContent = `${s.rounds_completed} / ${s.rounds ?? "?"} rounds · ${pct}%${working}`;
   if (s.phase === "failed") showError("Run failed" + (s.error ? ": " + s.error : "."));

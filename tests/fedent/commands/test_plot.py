@@ -31,3 +31,47 @@ def test_bad_formats_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as e:
             main(["plot", str(tmp_path), "--formats", bad])
         assert e.value.code == 2 and "choose from png,pdf,svg" in capsys.readouterr().err
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    import struct
+
+    w, h = struct.unpack(">II", path.read_bytes()[16:24])  # the IHDR chunk
+    return int(w), int(h)
+
+
+def test_width_and_paper_style_make_one_column_figures(tmp_path: Path) -> None:
+    """--style paper: exactly 3.4 in wide at the given dpi, the two panels stacked, the legend below the axes;
+    --width sets any figure's width exactly; without either the figures keep their size."""
+    from plot_records import RECS as FEDENT_RECS
+
+    from fedent import plots
+    from fedent.plots import FigureStyle
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(RECS)
+    paper = tmp_path / "paper"
+    assert main(["plot", str(run), "--out", str(paper), "--style", "paper", "--dpi", "100"]) == 0
+    w, h = _png_size(paper / "accuracy.png")
+    assert w == 340 and h > 200, (w, h)  # 3.4 in at 100 dpi
+    wide = tmp_path / "wide"
+    assert main(["plot", str(run), "--out", str(wide), "--width", "5", "--dpi", "100"]) == 0
+    assert _png_size(wide / "accuracy.png")[0] == 500
+    default = tmp_path / "default"
+    assert main(["plot", str(run), "--out", str(default), "--dpi", "100"]) == 0
+    assert _png_size(default / "accuracy.png")[0] > 600  # 6.5 in unless told
+    fig = plots.draw_phi2(FEDENT_RECS, FigureStyle(paper=True))
+    assert fig is not None and tuple(fig.get_size_inches())[0] == plots.PAPER_WIDTH
+    (a, b) = fig.axes[:2]
+    assert a.get_position().y0 > b.get_position().y0 and a.get_position().x0 == b.get_position().x0  # stacked
+    (legend,) = fig.legends
+    assert legend._loc in (8, "lower center") or "lower" in str(getattr(legend, "_outside_loc", ""))
+
+
+def test_width_out_of_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(RECS)
+    assert main(["plot", str(run), "--width", "0.2"]) == 2
+    assert "--width: 0.2 inches; expected 1 to 20" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sim_support import tiny_config, tiny_inputs
 
+from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.experiments.compare import (
     AlgorithmSummary,
@@ -72,3 +73,36 @@ def test_sampling_check_can_fail() -> None:
     assert sampling_identical(same)
     same[("b", 0)] = [{"round": 0, "clients": [1, 3]}]
     assert not sampling_identical(same)
+
+
+def test_an_interrupted_comparison_continues_where_it_stopped(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted in fedprox's second round (after fedavg finished), the same call on the same directory reads
+    fedavg back, resumes fedprox from its round-1 checkpoint, and ends with the uninterrupted result."""
+    from fedent.rounds.engine import RoundEngine
+
+    cfg = tiny_config(rounds=3, lr=0.1)
+    ref = run_comparison(cfg, ["fedavg", "fedprox"], [0], tmp_path / "ref", progress=False, inputs_for=_inputs)
+    real = RoundEngine.run_round
+    calls: list[int] = []
+
+    def counted(self: RoundEngine, rnd: int) -> dict[str, object]:
+        calls.append(rnd)
+        if len(calls) == 5 and stop:  # fedavg: calls 1-3; fedprox round 2 is call 5
+            raise KeyboardInterrupt("stopped by SIGTERM")
+        return real(self, rnd)
+
+    monkeypatch.setattr(RoundEngine, "run_round", counted)
+    stop = True
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(cfg, ["fedavg", "fedprox"], [0], tmp_path / "cmp", progress=False, inputs_for=_inputs)
+    assert json.loads((tmp_path / "cmp" / "runs" / "fedprox-s0" / "status.json").read_text())["phase"] == "stopped"
+    calls.clear()
+    stop = False
+    res = run_comparison(cfg, ["fedavg", "fedprox"], [0], tmp_path / "cmp", progress=False, inputs_for=_inputs)
+    assert calls == [1, 2]  # fedavg not run again; fedprox from its second round (loop index 1) on
+    assert [(r.algorithm, r.final_acc, r.best_acc) for r in res.runs] == [
+        (r.algorithm, r.final_acc, r.best_acc) for r in ref.runs]
+    assert all(r.error is None for r in res.runs)
+    logged = [r["round"] for r in runlog.read_metrics(tmp_path / "cmp" / "runs" / "fedprox-s0" / "metrics.jsonl")]
+    assert logged == [1, 2, 3]

@@ -43,12 +43,25 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path, capsys: pytest.Ca
         f"pathological/fedavg-s0: round {i}/3" for i in (1, 2, 3)]
     assert all(is_complete(s.run_dir, 3) for s in plan.runs)
 
-    # an interrupted run (metrics cut short) is redone; complete ones are skipped
+    # a log cut behind its checkpoints cannot be trusted: the run is redone; complete ones are skipped
     metrics = plan.runs[1].run_dir / "metrics.jsonl"
-    metrics.write_text(metrics.read_text().splitlines()[0] + "\n")
+    full = metrics.read_text().splitlines()
+    metrics.write_text(full[0] + "\n")
     again = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
     assert [o.status for o in again] == ["skipped", "done"]
     assert len(runlog.read_metrics(metrics)) == 3
+    # interrupted as a kill leaves it (round 3 not logged, the last checkpoint that of round 2): it resumes
+    # from round 3 and ends as the uninterrupted run did, instead of starting over
+    metrics.write_text("".join(line + "\n" for line in full[:2]))
+    ckpts = sorted((plan.runs[1].run_dir / "checkpoint").iterdir())
+    ckpts[-1].unlink()  # round-00000002.ckpt (loop index 2 = round 3)
+    (plan.runs[1].run_dir / "model_final.pt").unlink()  # written only at the end
+    stamp = (plan.runs[1].run_dir / "config.yaml").stat().st_mtime_ns
+    again = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for))
+    assert [o.status for o in again] == ["skipped", "done"]
+    assert metrics.read_text().splitlines()[:2] == full[:2]  # rounds 1-2 kept, not run again
+    assert runlog.read_metrics(metrics)[2]["test_acc"] == json.loads(full[2])["test_acc"]
+    assert (plan.runs[1].run_dir / "config.yaml").stat().st_mtime_ns >= stamp  # same directory, continued
     # a complete run from a different config (e.g. a changed profile) is redone, not reused
     changed = build_plan(_tiny_profile(), [0], out, CONFIGS)
     changed.runs[0].config["train"]["lr"] = 0.05

@@ -19,6 +19,7 @@ from conftest import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog
+from fedent.checkpoint import config_fingerprint
 from fedent.rounds import ClientHost, ClientTraining, Gathered, InProcessExecutor, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.rundir import RunDirError
@@ -72,12 +73,17 @@ def status(e: RoundEngine) -> dict[str, Any]:
 def test_a_full_quorum_run_writes_every_file(tmp_path: Path) -> None:
     e = engine(tmp_path)
     records = e.run()
-    assert [r["round"] for r in records] == [0, 1] and records == runlog.read_metrics(e.paths.metrics)
-    assert status(e)["phase"] == "done"
+    assert [r["round"] for r in records] == [1, 2] and records == runlog.read_metrics(e.paths.metrics)
+    assert status(e)["phase"] == "done" and status(e)["round"] == 2  # one numbering: round 2 of 2 is the last
     # the files hold the run, not just exist: model_final.pt is the final global model, config.yaml the config
+    # a state_dict (issue 27) that plain torch.load(weights_only=True) reads and the configured model loads
     final = torch.load(e.paths.model, weights_only=True)
-    assert isinstance(final, list) and len(final) == len(e.global_params)
-    assert all(torch.equal(a, b) for a, b in zip(final, e.global_params, strict=True))
+    assert (final["format"], final["model"]) == ("fedent.model/1", e.cfg.model.name)
+    assert final["config_hash"] == config_fingerprint(e.cfg)
+    model = e.evaluator.trainer.model
+    assert list(final["state_dict"]) == [n for n, _ in model.named_parameters()]
+    model.load_state_dict(final["state_dict"])
+    assert all(torch.equal(a, b) for a, b in zip(final["state_dict"].values(), e.global_params, strict=True))
     assert yaml.safe_load(e.paths.config.read_text()) == runlog.jsonable(e.cfg.to_dict())
     assert json.loads(e.paths.partition.read_text()) == runlog.jsonable(e.partition_info)
     rows = runlog.read_clients(e.paths.clients)
@@ -218,9 +224,9 @@ def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_
     """Killed between logging round 0 and writing its checkpoint: round 0 is run again and metrics.jsonl
     is cut first (it used to keep the old line and append another round 0)."""
     e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
-    runlog.MetricsLog(e.paths.metrics).append(runlog.metrics_record(round=0, algorithm="fedavg", test_acc=0.01))
+    runlog.MetricsLog(e.paths.metrics).append(runlog.metrics_record(round=1, algorithm="fedavg", test_acc=0.01))
     e.run()
-    assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [0, 1]
+    assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [1, 2]
 
 
 class Diverging(InProcessExecutor):
@@ -240,7 +246,7 @@ def test_a_diverged_local_model_fails_the_run_naming_the_client_before_aggregati
             raise AssertionError("aggregate must not see a non-finite update")
 
     e = engine(tmp_path, Diverging, policy=RoundPolicy(quorum=1.0, retries=0), strategy=Exploding())
-    with pytest.raises(RunError, match=r"round 0 missed its quorum .*local model of client\(s\) \[\d+\] is not finite"):
+    with pytest.raises(RunError, match=r"round 1 missed its quorum .*local model of client\(s\) \[\d+\] is not finite"):
         e.run()
     assert status(e)["phase"] == "failed"
 
@@ -256,7 +262,7 @@ def test_a_rejected_upload_is_a_failed_client_and_the_quorum_decides(tmp_path: P
     assert records[0]["num_clients"] == len(records[0]["clients"]) and int(cid) in records[0]["clients"]
     rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
     assert rows[int(cid)]["state"] == "rejected" and rows[int(cid)]["participation"] == 0
-    assert rows[int(cid)]["last_failure"] == f"round 0: {why}"
+    assert rows[int(cid)]["last_failure"] == f"round 1: {why}"
     others = [c for c in records[0]["clients"] if c != int(cid)]
     assert all(rows[c]["state"] == "done" and rows[c]["last_failure"] is None for c in others)
 
@@ -278,3 +284,26 @@ def test_the_payload_spec_is_checked_in_process_too(tmp_path: Path) -> None:
                                        r"of client \d has unknown scalars \['undeclared'\]"):
         e.run()
     assert "has unknown scalars ['undeclared']" in status(e)["state"]["error"]
+
+
+def test_a_stop_from_a_signalled_service_ends_stopped_not_failed(tmp_path: Path) -> None:
+    """The aggregator got SIGTERM: it sets stop_signal with stop, and the run ends "stopped" with the reason (a
+    checkpointed run resumes), as an interrupted simulation does; a plain stop (no signal) still fails it."""
+    from fedent.signals import Stopped
+
+    e = engine(tmp_path, rounds=3)
+
+    def signalled(rec: dict[str, Any]) -> None:
+        e.stop_signal = "SIGTERM"
+        e.stop.set()
+
+    e.on_round = signalled
+    with pytest.raises(Stopped):
+        e.run()
+    st = status(e)
+    assert (st["phase"], st["state"]["reason"], st["round"]) == ("stopped", "stopped by SIGTERM", 1)
+    plain = engine(tmp_path / "plain", rounds=3)
+    plain.on_round = lambda rec: plain.stop.set()
+    with pytest.raises(RunError, match="stopped"):
+        plain.run()
+    assert status(plain)["phase"] == "failed"

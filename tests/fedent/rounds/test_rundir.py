@@ -63,7 +63,7 @@ def test_a_newer_corrupt_checkpoint_falls_back_to_an_intact_one(tmp_path: Path) 
     _cluster_run(root, cfg, rounds_logged=4, checkpoints=(2, 3))
     _damage(checkpoint_path(root / "checkpoint", 3))
     plan = plan_run_dir(root, cfg, CLUSTER)
-    assert plan.action == "resume" and "round 2" in plan.detail
+    assert plan.action == "resume" and "round 3" in plan.detail  # checkpoint file 2 holds round 3 (1..R)
 
 
 def test_logged_rounds_without_any_checkpoint_are_refused_but_a_crash_in_round_0_restarts(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sim_support import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog
+from fedent.model_file import load_model_file
 from fedent.params import clone
 from fedent.rng import sample_clients
 from fedent.rounds import is_eval_round
@@ -45,20 +46,20 @@ def test_run_dir_is_complete_and_accuracy_improves(tmp_path: Path) -> None:
     assert sorted(x.name for x in paths.plots.iterdir()) == ["accuracy.png", "local_acc.png", "test_loss.png",
                                                               "train_loss.png"]
     recs = runlog.read_metrics(paths.metrics)
-    assert [r["round"] for r in recs] == [0, 1, 2, 3]
+    assert [r["round"] for r in recs] == [1, 2, 3, 4]  # 1..R (fedent.runlog)
     for r in recs:
         assert list(r) == list(runlog.METRIC_KEYS)
         assert r["algorithm"] == "fedavg" and r["fedent"] is None
-        assert r["clients"] == sample_clients(0, r["round"], 10, 0.3) and r["num_clients"] == 3
+        assert r["clients"] == sample_clients(0, r["round"] - 1, 10, 0.3) and r["num_clients"] == 3
         assert r["wall_s"] > 0 and r["elapsed_s"] >= r["wall_s"]
         assert len(r["diagnostics"]["local_acc"]) == 2
         assert 0.0 <= r["test_acc"] <= 1.0 and r["train_loss"] > 0
     assert recs[-1]["test_acc"] >= recs[0]["test_acc"] + 0.15, [r["test_acc"] for r in recs]
     assert res.final_acc == recs[-1]["test_acc"] and res.final_acc > 0.8
     status = json.loads(paths.status.read_text())
-    assert status["phase"] == "done" and status["round"] == 3 and status["rounds"] == 4
+    assert status["phase"] == "done" and status["round"] == 4 and status["rounds"] == 4
     assert yaml.safe_load(paths.config.read_text())["train"]["rounds"] == 4
-    saved = torch.load(paths.model)
+    saved = load_model_file(paths.model).params
     assert all(torch.equal(a, b) for a, b in zip(saved, res.params, strict=True))
     rows = runlog.read_clients(paths.clients)
     taken = [c for r in recs for c in r["clients"]]
@@ -128,7 +129,7 @@ def test_client_state_persists_across_skipped_rounds(tmp_path: Path) -> None:
             assert rows[cid]["eta"] is None
             continue
         assert rows[cid]["eta"] == len(rounds_in)  # the count survived the rounds the client sat out
-        assert rows[cid]["eta_star"] == rounds_in[-1]
+        assert rows[cid]["eta_star"] == rounds_in[-1] - 1  # the task's loop index; logged rounds count from 1
         skipped_then_back += any(b - a > 1 for a, b in zip(rounds_in, rounds_in[1:], strict=False))
     assert skipped_then_back > 0  # the seed actually exercises a gap
 
@@ -188,13 +189,13 @@ class ExplodingFedAvg(FedAvg):
 
 
 def test_divergence_fails_cleanly(tmp_path: Path) -> None:
-    with pytest.raises(SimulationError, match="not finite after round 1"):
+    with pytest.raises(SimulationError, match="not finite after round 2"):
         run_simulation(tiny_config(rounds=3), tmp_path / "x", progress=False, inputs=tiny_inputs(),
                        strategy=ExplodingFedAvg(), plots=False)
     paths = runlog.RunPaths(tmp_path / "x")
     status = json.loads(paths.status.read_text())
     assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
-    assert [r["round"] for r in runlog.read_metrics(paths.metrics)] == [0]
+    assert [r["round"] for r in runlog.read_metrics(paths.metrics)] == [1]
 
 
 def test_partition_size_mismatch_is_an_error(tmp_path: Path) -> None:
@@ -243,7 +244,7 @@ def test_fedent_offline_runs_algorithm_1_first(tmp_path: Path) -> None:
     res = run_simulation(config_from_dict(raw), tmp_path / "o", progress=False, inputs=tiny_inputs(), plots=False)
     est = json.loads(runlog.RunPaths(tmp_path / "o").estimator.read_text())
     assert len(est["report"]["phi2"]) >= 2 and est["report"]
-    assert [t["round"] for t in est["trajectory"]] == [0, 1]
+    assert [t["round"] for t in est["trajectory"]] == [1, 2]
     for rec, traj in zip(res.records, est["trajectory"], strict=True):
         assert rec["fedent"]["phi2_pred"] == traj["phi2_pred"]
 

@@ -117,7 +117,7 @@ def test_replay_of_a_missing_client_or_log_is_a_clear_error(tmp_path) -> None:  
     s = FedAvg(FedAvgOptions(replay_rates=str(log)))
     task = ClientTask(cid=2, round=0, indices=torch.arange(3), lr=0.05, epochs=1, seed=0)
     assert s.plan_fit(None, [], RoundPayload(0), task, ClientState()).lr == 0.3  # type: ignore[arg-type]
-    with pytest.raises(StrategyError, match="client 5 in round 0"):
+    with pytest.raises(StrategyError, match="client 5 in round 1"):
         s.plan_fit(None, [], RoundPayload(0), ClientTask(5, 0, torch.arange(3), 0.05, 1, 0),  # type: ignore[arg-type]
                    ClientState())
     empty = tmp_path / "e.jsonl"

@@ -96,6 +96,7 @@ def test_status_of_the_finished_run(api: str, real_run: Path) -> None:
     assert st["run_id"] == real_run.name and st["algorithm"] == "fedent"
     assert (st["phase"], st["rounds"], st["rounds_completed"], st["progress"], st["eta_s"]) == (
         "done", ROUNDS, ROUNDS, 1.0, 0.0)
+    assert st["round"] == ROUNDS  # one numbering (1..R): done after round R, not "round R-1 of R completed"
     assert st["elapsed_s"] > 0
 
 
@@ -103,14 +104,14 @@ def test_rounds_are_paged_and_match_metrics_jsonl(api: str, real_run: Path) -> N
     recs = metrics_of(real_run)
     page = get(api + "/api/rounds", params={"offset": 1, "limit": 1}).json()
     assert (page["total"], page["offset"], page["limit"]) == (ROUNDS, 1, 1)
-    assert [r["round"] for r in page["items"]] == [1]
+    assert [r["round"] for r in page["items"]] == [2] == [recs[1]["round"]]  # the second round, 1..R
     assert page["items"][0]["test_acc"] == recs[1]["test_acc"]
     assert page["items"][0]["fedent"]["phi2_pred"] == recs[1]["fedent"]["phi2_pred"]
     got, logged = page["items"][0]["fedent"], recs[1]["fedent"]  # spec §5's fields reach the API as logged
     assert (got["eta_max"], got["phi2_rate"]) == (logged["eta_max"], logged["phi2_rate"]) == (1.0, "used")
     assert [c["eta_prev"] for c in got["clients"]] == [c["eta_prev"] for c in logged["clients"]]
     everything = get(api + "/api/rounds").json()
-    assert [r["round"] for r in everything["items"]] == list(range(ROUNDS))
+    assert [r["round"] for r in everything["items"]] == list(range(1, ROUNDS + 1))
     assert get(api + "/api/rounds", params={"offset": 50}).json()["items"] == []
 
 
@@ -145,7 +146,7 @@ def test_estimator_trajectory_matches_the_rounds(api: str, real_run: Path) -> No
     recs = metrics_of(real_run)
     est = get(api + "/api/estimator").json()
     assert est["available"]
-    assert [p["round"] for p in est["trajectory"]] == list(range(ROUNDS))
+    assert [p["round"] for p in est["trajectory"]] == list(range(1, ROUNDS + 1))
     for p, r in zip(est["trajectory"], recs, strict=True):
         assert p["phi2_pred"] == r["fedent"]["phi2_pred"] and p["phi2_actual"] == r["fedent"]["phi2_actual"]
         assert p["entropy"] == r["fedent"]["entropy"]
@@ -346,7 +347,7 @@ def test_torn_and_garbage_files_do_not_break_the_api(serve: Any, real_run: Path,
     st = get(url + "/api/status").json()
     assert st["phase"] == "done" and st["rounds"] == ROUNDS  # falls back to config.yaml + metrics
     assert get(url + "/api/partition").json()["label_counts"] == []
-    assert get(url + "/api/estimator").json()["trajectory"][0]["round"] == 0  # from metrics.jsonl
+    assert get(url + "/api/estimator").json()["trajectory"][0]["round"] == 1  # from metrics.jsonl
     assert get(url + "/api/clients").json()["source"] == "metrics.jsonl"
     assert get(url + "/metrics").status_code == 200
 

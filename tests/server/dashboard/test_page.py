@@ -49,8 +49,8 @@ def initial_data(body: str, block: str = "initial-data") -> Any:
 STYLE_FILE = Path(plot_data.__file__).parent / "phi2_style.json"  # the one the plot test checks fedent plot against
 
 
-LIVE = snap(status={"run_id": "live-run", "algorithm": "fedent", "phase": "training", "round": 2, "rounds": 10,
-                    "started_at": 1000.0, "updated_at": 1004.0},
+LIVE = snap(status={"run_id": "live-run", "algorithm": "fedent", "phase": "training", "round": 3, "round_base": 1,
+                    "rounds": 10, "started_at": 1000.0, "updated_at": 1004.0},
             rounds=views.round_rows([rec(0), rec(1)]),
             clients={"clients": [{"cid": 0, "state": "training", "last_heartbeat": 1009.0, "bytes": 5},
                                  {"cid": 1, "state": "training", "last_heartbeat": 1009.0}]},
@@ -64,7 +64,7 @@ def test_the_page_carries_the_header_numbers_as_text() -> None:
                                          "last-acc", "progress-text")}
     assert got == {"run-id": "live-run", "algorithm": "fedent", "round": "2", "rounds": "10", "phase": "training",
                    "elapsed": "10 s", "eta": "16 s", "last-acc": "35.0%",
-                   "progress-text": "2 / 10 rounds · 20% · round 2 training"}
+                   "progress-text": "2 / 10 rounds · 20% · round 3 training"}  # rounds 1, 2 done
     assert 'data-phase="training"' in body and 'aria-valuenow="20"' in body
 
 
@@ -135,3 +135,18 @@ def test_durations_read_as_format_js_writes_them(seconds: float | None, text: st
 ])
 def test_percentages_read_as_format_js_writes_them(v: float | None, text: str) -> None:
     assert page.fmt_pct(v) == text
+
+
+def test_a_stopped_run_ends_the_phase_strip_in_stopped() -> None:
+    """SIGTERM/SIGINT end a run "stopped" (resumable): the strip has that step, shown by the section's phase
+    (the CSS shows an end-only step only for its phase), and no round is "in flight" any more."""
+    stopped = snap(status={"run_id": "s", "algorithm": "fedavg", "phase": "stopped", "round": 3, "round_base": 1,
+                           "rounds": 10, "started_at": 1000.0, "updated_at": 1004.0,
+                           "state": {"reason": "stopped by SIGTERM"}},
+                   rounds=views.round_rows([rec(0), rec(1)]))
+    body = page.render_index(TEMPLATE, stopped, now=1010.0, stale_after_s=30.0)
+    assert '<section class="progress" aria-label="run progress" data-phase="stopped">' in body
+    assert '<li data-phase="stopped" class="end-only">stopped</li>' in body
+    assert text_of(body, "progress-text") == "2 / 10 rounds · 20%"
+    css = (Path(page.__file__).parent / "static" / "style.css").read_text()
+    assert '.progress[data-phase="stopped"] .phases li[data-phase="stopped"]' in css

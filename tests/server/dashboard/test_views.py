@@ -160,7 +160,7 @@ def test_estimator_overlays_metrics_on_estimator_json() -> None:
            "trajectory": [{"round": 0, "phi2_pred": 1.0}, {"round": 5, "phi2_pred": 6.0, "phi2_actual": float("nan")}]}
     out = views.build_estimator(snap(estimator=est, metrics=[rec(0, fedent=fedent_diag(0))]))
     assert out.available and out.mode == "offline" and out.report["sweeps"] == 3
-    assert [p.round for p in out.trajectory] == [0, 5]
+    assert [p.round for p in out.trajectory] == [1, 6]  # unmarked (an old run directory): read 1..R too
     assert out.trajectory[0].phi2_pred == 10.0 and out.trajectory[0].phi2_actual == 10.5  # metrics win
     assert out.trajectory[1].phi2_actual is None
     assert not views.build_estimator(snap()).available
@@ -260,18 +260,18 @@ def test_reader_skips_torn_line_and_sees_updates(tmp_path: Path) -> None:
     assert reader.snapshot().rounds == [] and reader.status() is None
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps(rec(0)) + "\n" + '{"round": 1, "test_a')
-    assert [r.round for r in reader.rounds()] == [0]
+    assert [r.round for r in reader.rounds()] == [1]  # unmarked lines (an old run) are read 1..R
     with open(metrics, "a") as f:  # the writer finishes the torn line and appends another, plus garbage
         f.write('cc": 0.9}\nnot json\n' + json.dumps(rec(2)) + "\n")
     rows = reader.rounds()
-    assert [r.round for r in rows] == [0, 1, 2] and rows[1].test_acc == 0.9
+    assert [r.round for r in rows] == [1, 2, 3] and rows[1].test_acc == 0.9
     assert reader.rounds() is rows  # unchanged file: cached, nothing re-parsed
     metrics.write_text(json.dumps(rec(7)) + "\n")  # shorter: a new log replaced the old one
-    assert [r.round for r in reader.rounds()] == [7]
+    assert [r.round for r in reader.rounds()] == [8]
     replaced = tmp_path / "new.jsonl"
     replaced.write_text("".join(json.dumps(rec(r)) + "\n" for r in (4, 5, 6)))
     replaced.replace(metrics)  # a different file (inode) even though it is longer
-    assert [r.round for r in reader.rounds()] == [4, 5, 6]
+    assert [r.round for r in reader.rounds()] == [5, 6, 7]
     metrics.unlink()
     assert reader.rounds() == []
     (tmp_path / "status.json").write_text('{"phase": "trai')
