@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from fedent.model_file import load_model_file
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,7 +55,7 @@ def run(cfg: Path, out: Path, run_id: str, procs: int,
     recs = [json.loads(ln) for ln in (out / run_id / "metrics.jsonl").read_text().splitlines()]
     state = json.loads((out / run_id / "status.json").read_text())["state"]
     gather_share = float(state.get("gather_s", 0.0)) / max(sum(r["wall_s"] for r in recs), 1e-9)
-    return [r["wall_s"] for r in recs[1:-1]], torch.load(out / run_id / "model_final.pt"), gather_share
+    return [r["wall_s"] for r in recs[1:-1]], load_model_file(out / run_id / "model_final.pt").params, gather_share
 
 
 def main() -> int:
