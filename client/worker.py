@@ -314,7 +314,7 @@ class Worker:
         cids = self.settings.client_ids
         hist = self.local is not None and self.settings.label_histogram
         shards = self.host.test.shards if self.host is not None and self.host.test is not None else {}
-        sizes = [mappers.client_info_to_msg(c, int(self.indices[c].numel()),
+        sizes = [mappers.client_info_to_msg(c, self.host.reported_samples(c) if self.host else 0,
                                             self.local.label_counts(c) if hist and self.local else [],
                                             self.sources.get(c, ""), len(shards.get(c, ())))
                  for c in cids]

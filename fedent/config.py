@@ -12,7 +12,7 @@ checks every field's type and range when the object is built and reports every p
 setting's name; rules that span fields are small ``checks()`` methods. So every consumer (strategies,
 simulator, aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~590 lines in one module: every config section and the option machinery share one validator
+Why ~660 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 
@@ -288,6 +288,47 @@ class TrainConfig(Declared):
             yield "device", "must be auto, cpu, cuda or cuda:N"
 
 
+Aggregator = Literal["mean", "median", "trimmed-mean", "krum", "multi-krum"]
+Attack = Literal["none", "sign-flip", "scale", "gaussian", "label-flip", "inflate-count"]
+
+
+@dataclass(frozen=True)
+class RobustConfig(Declared):
+    """How the server combines the clients' updates, and how far it trusts what they report (fedent.rounds.robust;
+    docs/algorithm.md, "Robust aggregation"). The defaults keep plain averaging and bound every client's share."""
+
+    key_prefix = "robust"
+
+    aggregator: Aggregator = option("mean", "mean: the strategy's own weighted mean; median | trimmed-mean: "
+                                            "coordinate-wise over the updates; krum | multi-krum: keep the update(s) "
+                                            "closest to their neighbours")
+    trim: float = option(0.2, "trimmed-mean: the fraction cut from each end of every coordinate", ge=0, lt=0.5)
+    clip_norm: float | None = option(None, "bound every update's delta w_i - w(t) to this L2 norm (null: none)", gt=0)
+    krum_f: int | None = option(None, "krum/multi-krum: the Byzantine clients tolerated (null: floor((m-3)/2))",
+                                ge=0)
+    multi_krum_m: int | None = option(None, "multi-krum: updates kept (null: m - f)", ge=1)
+    max_weight_share: float | None = option(0.25, "cap on one client's share of any weighted mean (aggregation and "
+                                                   "federated evaluation); a round of m < 1/cap clients is "
+                                                   "weighted uniformly; null: no cap", gt=0, le=1)
+    max_client_samples: int = option(100_000_000, "largest sample or test count a client may report", ge=1)
+
+
+@dataclass(frozen=True)
+class AdversaryConfig(Declared):
+    """Simulated attackers (fedent.rounds.adversary): a seeded ``fraction`` of the clients attacks in the client
+    half, so in the cluster the workers hosting them attack. Off by default."""
+
+    key_prefix = "adversary"
+
+    attack: Attack = option("none", "sign-flip: -delta; scale: scale * delta; gaussian: N(0, noise_std^2) as the "
+                                    "delta; label-flip: train on label C-1-y; inflate-count: report "
+                                    "inflated_count samples and upload zeros")
+    fraction: float = option(0.2, "fraction of the clients that attack (chosen from train.seed)", ge=0, le=1)
+    scale: float = option(-10.0, "scale: the factor on the attacker's delta")
+    noise_std: float = option(1.0, "gaussian: the standard deviation of the uploaded delta", gt=0)
+    inflated_count: int = option(10**12, "inflate-count: the sample count the attacker reports", ge=1)
+
+
 
 def _bound(v: float) -> str:
     """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
@@ -444,12 +485,16 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     out_dir: str = "runs"
+    robust: RobustConfig = field(default_factory=RobustConfig)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
 
     def validate(self) -> None:
         c = _Collect()
         c.run(self.data.validate)
         c.run(self.model.validate)
         c.run(self.train.validate)
+        c.run(self.robust.validate)
+        c.run(self.adversary.validate)
         c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -461,6 +506,8 @@ class ExperimentConfig:
             "train": dataclasses.asdict(self.train),
             "algorithm": self.algorithm.to_dict(),
             "out_dir": self.out_dir,
+            "robust": dataclasses.asdict(self.robust),
+            "adversary": dataclasses.asdict(self.adversary),
         }
 
 
@@ -538,7 +585,7 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
-    allowed = {"name", "data", "model", "train", "algorithm", "out_dir"}
+    allowed = {"name", "data", "model", "train", "algorithm", "out_dir", "robust", "adversary"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
@@ -549,6 +596,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
     train = c.run(dataclass_from_mapping, TrainConfig, raw.get("train"), "train")
     algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
+    robust = c.run(dataclass_from_mapping, RobustConfig, raw.get("robust"), "robust")
+    adversary = c.run(dataclass_from_mapping, AdversaryConfig, raw.get("adversary"), "adversary")
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 
@@ -556,7 +605,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
         c.run(plugins.check_placement, data, train)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
-                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))
+                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")), robust=robust,
+                            adversary=adversary)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

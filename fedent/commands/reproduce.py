@@ -35,10 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Run the paper's Section VI experiments (Table III rows, participation, distance metric, "
                     "local-model deviation, β/γ sweeps) on identical partitions and client sampling per seed, "
                     "then write report.md, summary.json and figures. Complete runs are skipped (resume).")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "medium", "full", "paper"],
+    p.add_argument("--profile", default="cpu", choices=["cpu", "medium", "full", "paper", "robust"],
                    help="cpu: reduced, about an hour on 2 cores (default); medium: full client data, one seed, the "
                         "controls, ~90 min on 2 cores; full: Table IV on the Fashion-MNIST twins with every "
-                        "algorithm and control, 3 seeds, for one GPU call; paper: Table IV, every analysis")
+                        "algorithm and control, 3 seeds, for one GPU call; paper: Table IV, every analysis; robust: "
+                        "attack x defence x accuracy for FedAvg and FedEnt (docs/security.md), minutes on 2 cores")
     p.add_argument("--paper-datasets", action="store_true",
                    help="with --profile paper: the paper's datasets instead of the Fashion-MNIST twins")
     p.add_argument("--out", default="results/reproduce", help="output directory (default results/reproduce)")

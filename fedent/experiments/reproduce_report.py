@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedent import runlog
+from fedent.experiments import robustness
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
 from fedent.experiments.plan import Plan, RunSpec
@@ -298,6 +299,9 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
                      f"{d['max_test_samples'] or 'all'} |")
     for sec in data["sections"]:
         lines += ["", f"### {sec['title']}"]
+        if sec["key"] == robustness.SECTION:  # one grid of (attack, defence) settings
+            lines += robustness.robustness_lines(data, sec)
+            continue
         for setting in sec["settings"]:
             lines += _table_lines(data, sec, setting, fig_prefix)
     done = sum(r["complete"] for r in data["runs"])

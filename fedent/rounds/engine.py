@@ -22,7 +22,7 @@ from fedent.checkpoint import config_fingerprint
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
 from fedent.rng import sample_clients
-from fedent.rounds import resume
+from fedent.rounds import resume, robust
 from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
@@ -93,6 +93,7 @@ class RoundEngine:
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.cfg, self.paths, self.strategy, self.executor = cfg, paths, strategy, executor
         self.evaluator = evaluator
+        evaluator.bounds = cfg.robust  # federated evaluation: range-checked, weighted by the capped counts
         self.policy = policy or RoundPolicy()
         self.on_phase, self.on_round = on_phase, on_round
         self.seed = cfg.train.seed
@@ -108,6 +109,7 @@ class RoundEngine:
         self.trajectory: list[dict[str, Any]] = []
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
+        self.rejected: dict[int, str] = {}  # clients whose reported counts were out of bounds: out of the run
         self.stop = threading.Event()
         # set with ``stop`` by a service that got SIGTERM or SIGINT: the run then ends "stopped" (with the
         # reason), as a simulation interrupted in its own thread does, not "failed"
@@ -159,6 +161,10 @@ class RoundEngine:
         self.partition_info = {**self.partition_info, **info, "sizes": self.sizes}
         for cid, n in enumerate(self.sizes):
             self.clients.update([cid], samples=n)
+        self.rejected.update(robust.check_reports(self.sizes, info.get("test_sizes"), self.cfg.robust))
+        for cid, why in self.rejected.items():  # out of the run; a neutral count for the strategies' setup
+            self.sizes[cid] = 1
+            self.clients.update([cid], state="rejected", last_failure=why)
         runlog.atomic_write_json(self.paths.partition, self.partition_info)
         self.clients.write()
 
@@ -192,9 +198,10 @@ class RoundEngine:
         through the acceptance rule. Returns the accepted updates sorted by cid and the diagnostics
         (``skipped`` present when the quorum was missed, ``failed_clients`` naming who failed and why)."""
         skipped: dict[str, Any] = {}
-        fit_cids = list(participants)
         probes: list[Probe] = []
-        failed: dict[int, str] = {}  # clients excluded in this try, and why (a rejected probe or update, ...)
+        failed: dict[int, str] = {c: self.rejected[c] for c in participants if c in self.rejected}
+        participants = [c for c in participants if c not in failed]  # rejected at their report: not asked
+        fit_cids = list(participants)
         if self.strategy.capabilities.probe:
             self.status("estimating", rnd)
             got = self.acceptance.probes(self.executor.probe(rnd, participants, self.global_params, self.strategy))
@@ -204,7 +211,7 @@ class RoundEngine:
             if not self.quorum(len(fit_cids), len(participants)):
                 skipped["skipped"] = missed(len(fit_cids), len(participants), "probes", failed)
                 return [], {**skipped, **failed_clients(failed)}
-        payload = self.strategy.round_payload(rnd, self.global_params, probes)
+        payload = self.strategy.round_payload(rnd, self.global_params, robust.cap_probes(self.cfg.robust, probes))
         self.status("training", rnd)
         fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload))
         self.check_stop()
@@ -238,9 +245,12 @@ class RoundEngine:
         self.executor.begin_round(rnd, self.global_params)
         participants, updates, diagnostics = self.gather(rnd)
         fedent_diag = None
+        weighed = updates  # what the strategy aggregates: capped counts, robust rule (fedent.rounds.robust)
         if updates and "skipped" not in diagnostics:
             self.status("aggregating", rnd)
-            result = self.strategy.aggregate(rnd, self.global_params, updates)
+            weighed, robust_diag = robust.apply(self.cfg.robust, self.global_params, updates)
+            diagnostics = {**robust_diag, **diagnostics}
+            result = self.strategy.aggregate(rnd, self.global_params, weighed)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd + 1} ({self.strategy.name}); "
                                "lower train.lr")
@@ -256,12 +266,13 @@ class RoundEngine:
         now = time.perf_counter()
         rec = runlog.metrics_record(
             round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
-            train_loss=weighted_train_loss(updates), clients=participants, num_clients=len(participants),
+            train_loss=weighted_train_loss(weighed), clients=participants, num_clients=len(participants),
             wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
         self.metrics.append(rec)
         self.records.append(rec)
-        self.clients.record_round(rnd, updates, self.model_bytes,
-                                  {int(c): str(w) for c, w in diagnostics.get("failed_clients", {}).items()})
+        failed = {int(c): str(w) for c, w in diagnostics.get("evaluation", {}).get("rejected", {}).items()}
+        failed.update({int(c): str(w) for c, w in diagnostics.get("failed_clients", {}).items()})
+        self.clients.record_round(rnd, updates, self.model_bytes, failed)
         if isinstance(fedent_diag, dict):
             self.trajectory.append({"round": rnd + 1, **{k: fedent_diag.get(k) for k in TRAJECTORY_KEYS}})
             self.write_estimator()

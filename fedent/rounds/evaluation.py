@@ -16,10 +16,12 @@ import numpy as np
 from torch import Tensor
 
 from fedent.rng import numpy_rng
+from fedent.rounds.robust import capped_shares, eval_problem
 from fedent.strategies.base import ClientUpdate
 from fedent.trainer import LocalTrainer
 
 if TYPE_CHECKING:
+    from fedent.config import RobustConfig
     from fedent.rounds.executor import Gathered
 
 
@@ -44,11 +46,17 @@ def test_shards(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
     return [np.sort(part).astype(np.int64) for part in np.array_split(perm, num_clients)]
 
 
-def weighted_mean(results: Sequence[ClientEval]) -> tuple[float | None, float | None, int]:
-    """(loss, accuracy, samples): the sample-weighted means over the clients that had test samples."""
+def weighted_mean(results: Sequence[ClientEval], cap: float | None = None) -> tuple[float | None, float | None, int]:
+    """(loss, accuracy, samples): the sample-weighted means over the clients that had test samples, no client's
+    share above ``cap`` (fedent.rounds.robust.capped_shares; None: plain sample weights)."""
     n = sum(r.num_samples for r in results)
     if n <= 0:
         return None, None, 0
+    if cap is not None:
+        shares = capped_shares([r.num_samples for r in results], cap)
+        if any(s * n != r.num_samples for s, r in zip(shares, results, strict=True)):
+            return (sum(r.loss * s for r, s in zip(results, shares, strict=True)),
+                    sum(r.accuracy * s for r, s in zip(results, shares, strict=True)), n)
     return (sum(r.loss * r.num_samples for r in results) / n,
             sum(r.accuracy * r.num_samples for r in results) / n, n)
 
@@ -66,7 +74,7 @@ class Evaluator:
         self.batch_size = batch_size
         self.seed = seed
         self.local_models = local_models
-
+        self.bounds: RobustConfig | None = None  # set by the engine: range checks and the weight cap
     def evaluate(self, params: Sequence[Tensor]) -> tuple[float, float]:
         """(test loss, test accuracy) of ``params``."""
         self.trainer.load(params)
@@ -82,11 +90,16 @@ class Evaluator:
             loss, acc = self.evaluate(params)
             return loss, acc, {"evaluation": {"mode": "server", "samples": n}}
         got = self.federated(rnd, params)
-        results = [r for r in got.results.values() if r.num_samples > 0]
-        loss_, acc_, n = weighted_mean(results)
+        b = self.bounds
+        rejected = {c: why for c, r in got.results.items()
+                    if (why := eval_problem(c, r, b.max_client_samples if b else None)) is not None}
+        results = [r for c, r in got.results.items() if r.num_samples > 0 and c not in rejected]
+        loss_, acc_, n = weighted_mean(results, b.max_weight_share if b else None)
         info: dict[str, Any] = {"mode": "federated", "samples": n, "clients": len(results)}
         if got.failed:
             info["failed"] = {str(c): why for c, why in sorted(got.failed.items())}
+        if rejected:
+            info["rejected"] = {str(c): why for c, why in sorted(rejected.items())}
         return loss_, acc_, {"evaluation": info}
 
     def evaluate_local(self, rnd: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from torch import Tensor
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
+from fedent.rounds.adversary import Adversary
 from fedent.rounds.evaluation import ClientEval, evaluate_shards
 from fedent.rounds.executor import Gathered
 from fedent.strategies.base import ClientState, ClientTask, ClientUpdate, Probe, RoundPayload, Strategy
@@ -48,11 +49,13 @@ class ClientTraining:
     epochs: int
     seed: int
     batch_size: int
+    adversary: Adversary | None = None  # simulated attackers among the clients (fedent.rounds.adversary)
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
         tr = cfg.train
-        return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size))
+        return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size),
+                   Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)))
 
 
 class ClientStates:
@@ -110,6 +113,12 @@ class ClientHost:
         self.states = states or ClientStates(device=trainer.device)
         self.on_update = on_update  # each accepted-or-not update as it is made (uploads overlap the next client)
         self.lock = threading.Lock()  # one model: the round's steps and Algorithm 1's oracle take turns
+        adv = training.adversary
+        if adv is not None and adv.cfg.attack == "label-flip" and any(adv.attacks(c) for c in self.indices):
+            with torch.no_grad():
+                num_classes = int(trainer.model(trainer.x[:1]).shape[-1])
+            trainer.y = trainer.y.clone()  # never the caller's tensor (the CPU's .to() does not copy)
+            adv.poison_labels(trainer.y, self.indices, num_classes)
 
     @property
     def hosted(self) -> list[int]:
@@ -117,6 +126,11 @@ class ClientHost:
 
     def num_samples(self, cid: int) -> int:
         return int(self.indices[cid].numel())
+
+    def reported_samples(self, cid: int) -> int:
+        """The count this host reports for ``cid`` (a simulated inflate-count attacker lies)."""
+        adv = self.training.adversary
+        return self.num_samples(cid) if adv is None else adv.reported_samples(cid, self.num_samples(cid))
 
     def check_hosted(self, cids: Sequence[int]) -> None:
         unknown = [c for c in cids if c not in self.indices]
@@ -164,16 +178,19 @@ class ClientHost:
                     state = self.state(strategy, c, rnd)
                     return strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), state), state
 
-                self._keep(out, c, rnd, one)
+                self._keep(out, c, rnd, one, global_params)
         return Gathered(out.results, out.failed)
 
     def _keep(self, out: Gathered[ClientUpdate], cid: int, rnd: int,
-              fit: Callable[[], tuple[ClientUpdate, ClientState]]) -> None:
+              fit: Callable[[], tuple[ClientUpdate, ClientState]], global_params: Sequence[Tensor]) -> None:
         """A client's fit ends here: its update kept (and handed to ``on_update`` at once, so an upload can
-        overlap the next client) and its state saved, or its exception recorded as its failure."""
+        overlap the next client) and its state saved, or its exception recorded as its failure. A simulated
+        attacker's upload is tampered with here, after its honest fit (fedent.rounds.adversary)."""
         try:
             update, state = fit()
             self.states.fitted(cid, state, rnd)
+            if self.training.adversary is not None:
+                update = self.training.adversary.tamper(rnd, update, global_params)
         except Exception as e:
             self._failed(out, cid, "fit", rnd, e)
             return

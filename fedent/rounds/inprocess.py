@@ -61,7 +61,13 @@ class InProcessExecutor:
         return {"mode": "simulator", **fields}  # the run directory says which kind of run it holds (rundir)
 
     def start(self) -> None:
-        """Every client is here already."""
+        """Every client is here already; counts its host reports otherwise than the partition's (a simulated
+        inflate-count attacker) are adopted as a worker's would be, so the engine's bounds judge them alike."""
+        if self.engine is None:
+            return
+        reported = [self.host.reported_samples(c) for c in self.host.hosted]
+        if self.host.hosted == list(range(len(self.engine.sizes))) and reported != self.engine.sizes:
+            self.engine.adopt_client_data(reported, {"reported": "simulated adversary"})
 
     def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
                 rounds: int) -> tuple[Strategy, dict[str, Any]]:

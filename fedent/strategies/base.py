@@ -99,11 +99,22 @@ class Capabilities:
 class PayloadSpec:
     """What a strategy's probe and update carry; the aggregator checks an upload against it before accepting it
     (fedent.strategies.validation). Scalars must be exactly these names and finite; every tensor group in
-    ``update_tensors`` is shaped like the model's parameters and finite, and no other group may be sent."""
+    ``update_tensors`` is shaped like the model's parameters and finite, and no other group may be sent; a scalar
+    with a declared range must lie in it."""
 
     probe_scalars: tuple[str, ...] = ()
     update_scalars: tuple[str, ...] = ()
     update_tensors: tuple[str, ...] = ()  # groups shaped like the model's parameters (SCAFFOLD's delta_c)
+    # name -> [lo, hi]: the values a probe or update scalar of that name may take (both ends included); a value
+    # outside rejects that client's upload (fedent.rounds.acceptance), never the run. Every built-in strategy
+    # declares one for each of its scalars (tests/fedent/strategies/test_validation.py).
+    ranges: tuple[tuple[str, float, float], ...] = ()
+
+    def range_of(self, name: str) -> tuple[float, float] | None:
+        for n, lo, hi in self.ranges:
+            if n == name:
+                return lo, hi
+        return None
 
 
 FinishFit = Callable[[Params, TrainResult], ClientUpdate]  # (w_i after training, its result) -> the upload

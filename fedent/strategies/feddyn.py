@@ -65,7 +65,7 @@ def client_alpha(alpha: float, num_samples: int, mean_samples: float) -> float:
 class FedDyn(Strategy):
     name = "feddyn"
     keeps_client_state = True
-    payload_spec = PayloadSpec(update_scalars=("alpha_k",))
+    payload_spec = PayloadSpec(update_scalars=("alpha_k",), ranges=(("alpha_k", 0.0, 1e15),))
     Options = FedDynOptions
 
     def __init__(self, options: FedDynOptions | None = None) -> None:

@@ -42,13 +42,20 @@ from fedent.trainer import LocalTrainer
 _PROBE_ROUND = "probe_round"
 PROBE_SCALARS = ("a", "b", "eta_prev")  # what probe reports (eta_prev: η_i(t−1), for phi2_rate "used")
 UPDATE_SCALARS = ("eta_star", "eta", "eta_prev", "a", "b", "c", "theta", "phi2_next", "guarded")  # what fit uploads
+# What each scalar may be (PayloadSpec.ranges): rates are >= 0 (bounded far above any eta_max or base rate), b, c
+# squared norms, θ >= 0 (above 1 under a weight cap), guarded a flag; a and φ2 signed.
+# Far outside, a client is rejected, not the run.
+RATE_MAX, MAGNITUDE_MAX = 1e6, 1e15
+SCALAR_RANGES = (("eta_star", 0.0, RATE_MAX), ("eta", 0.0, RATE_MAX), ("eta_prev", 0.0, RATE_MAX),
+                 ("a", -MAGNITUDE_MAX, MAGNITUDE_MAX), ("b", 0.0, MAGNITUDE_MAX), ("c", 0.0, MAGNITUDE_MAX),
+                 ("theta", 0.0, MAGNITUDE_MAX), ("phi2_next", -MAGNITUDE_MAX, MAGNITUDE_MAX), ("guarded", 0.0, 1.0))
 
 
 class FedEnt(Strategy):
     name = "fedent"
     needs_probe = True
     keeps_client_state = True
-    payload_spec = PayloadSpec(probe_scalars=PROBE_SCALARS, update_scalars=UPDATE_SCALARS)
+    payload_spec = PayloadSpec(probe_scalars=PROBE_SCALARS, update_scalars=UPDATE_SCALARS, ranges=SCALAR_RANGES)
     Options = FedEntOptions
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:

@@ -38,12 +38,14 @@ from fedent.trainer import LocalTrainer
 
 DELTA_KEY = "delta"
 UPDATE_SCALARS = ("eta_star", "eta", "g_dot_delta", "b", "guarded")  # what fit uploads
+SCALAR_RANGES = (("eta_star", 0.0, 1e6), ("eta", 0.0, 1e6), ("g_dot_delta", -1e15, 1e15), ("b", 0.0, 1e15),
+                 ("guarded", 0.0, 1.0))  # PayloadSpec.ranges: rates >= 0, b a squared norm, guarded a flag
 
 
 class FedNorm(Strategy):
     name = "fednorm"
     keeps_client_state = True
-    payload_spec = PayloadSpec(update_scalars=UPDATE_SCALARS)
+    payload_spec = PayloadSpec(update_scalars=UPDATE_SCALARS, ranges=SCALAR_RANGES)
     Options = FedNormOptions
 
     def __init__(self, options: FedNormOptions | None = None) -> None:

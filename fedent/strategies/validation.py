@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from torch import Tensor
 
 from fedent.params import all_finite
-from fedent.strategies.base import ClientUpdate, Probe, Strategy, StrategyError
+from fedent.strategies.base import ClientUpdate, PayloadSpec, Probe, Strategy, StrategyError
 
 
 def _check_names(got: Iterable[str], want: Sequence[str], kind: str, what: str) -> None:
@@ -24,11 +24,16 @@ def _check_names(got: Iterable[str], want: Sequence[str], kind: str, what: str) 
         raise StrategyError(f"{what} {' and '.join(parts)}")
 
 
-def _check_scalars(got: Mapping[str, float], want: Sequence[str], what: str) -> None:
+def _check_scalars(got: Mapping[str, float], want: Sequence[str], what: str, spec: PayloadSpec | None = None) -> None:
     _check_names(got, want, "scalars", what)
     bad = sorted(k for k, v in got.items() if not math.isfinite(float(v)))
     if bad:
         raise StrategyError(f"{what} has non-finite scalars {bad}")
+    for k in sorted(got):
+        bounds = spec.range_of(k) if spec is not None else None
+        if bounds is not None and not bounds[0] <= float(got[k]) <= bounds[1]:
+            raise StrategyError(f"{what}: scalar {k}={float(got[k]):g} is outside its range "
+                                f"[{bounds[0]:g}, {bounds[1]:g}]")
 
 
 def _check_model_shaped(got: Sequence[Tensor], like: Sequence[Tensor], what: str) -> None:
@@ -49,7 +54,7 @@ def check_probe(strategy: Strategy, probe: Probe, expected_samples: int | None =
         raise StrategyError(f"{what}: {strategy.name} has no probe step")
     if expected_samples is not None and probe.num_samples != expected_samples:
         raise StrategyError(f"{what} claims {probe.num_samples} samples, expected {expected_samples}")
-    _check_scalars(probe.scalars, strategy.payload_spec.probe_scalars, what)
+    _check_scalars(probe.scalars, strategy.payload_spec.probe_scalars, what, strategy.payload_spec)
 
 
 def check_update(strategy: Strategy, update: ClientUpdate, global_params: Sequence[Tensor],
@@ -63,7 +68,7 @@ def check_update(strategy: Strategy, update: ClientUpdate, global_params: Sequen
     if not math.isfinite(float(update.train_loss)):
         raise StrategyError(f"{what} has a non-finite train_loss ({update.train_loss})")
     spec = strategy.payload_spec
-    _check_scalars(update.scalars, spec.update_scalars, what)
+    _check_scalars(update.scalars, spec.update_scalars, what, spec)
     _check_names(update.tensors, spec.update_tensors, "tensor groups", what)
     for name in spec.update_tensors:
         _check_model_shaped(update.tensors[name], global_params, f"{what}: tensor group {name!r}")

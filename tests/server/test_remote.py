@@ -14,7 +14,7 @@ import torch
 from conftest import run_inthread_workers, tiny_config, tiny_inputs
 from nan_plugin import POISONED
 
-from fedent.config import ExperimentConfig
+from fedent.config import ExperimentConfig, config_from_dict
 from fedent.inputs import RunInputs
 from fedent.model_file import load_model_file
 from fedent.rounds import RoundPolicy
@@ -74,6 +74,26 @@ def test_nan_uploads_are_rejected_alike_in_the_simulator_and_the_cluster(start: 
     for where in (run_dir, tmp_path / "sim"):
         rows = {r["cid"]: r for r in read_json(where / "clients.json")["clients"]}
         assert all(rows[c]["participation"] == 0 and "is not finite" in rows[c]["last_failure"] for c in rejected)
+
+
+@pytest.mark.parametrize(("attack", "aggregator"), [("scale", "median"), ("label-flip", "mean")])
+def test_a_cluster_under_attack_equals_the_simulator(start: Any, tmp_path: Path, attack: str,
+                                                     aggregator: str) -> None:
+    """20% attackers (chosen from the seed) on the two workers: the workers hosting them attack, the
+    engine's robust rule runs alike, and the models agree as the clean ones do."""
+    raw = tiny_config("fedavg", num_clients=10, rounds=2, fraction=1.0).to_dict()
+    raw["adversary"] = {"attack": attack, "fraction": 0.2, "scale": -10.0}
+    raw["robust"] = {"aggregator": aggregator}
+    cfg = config_from_dict(raw)
+    inputs = tiny_inputs(10)
+    run_dir = _cluster(start, cfg, inputs, "sequential")
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    _same_model(torch.load(run_dir / "model_final.pt"), sim.params)
+    clean = run_simulation(tiny_config("fedavg", num_clients=10, rounds=2, fraction=1.0), tmp_path / "clean",
+                           progress=False, inputs=inputs, plots=False)
+    assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(sim.params, clean.params, strict=True))
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["diagnostics"].get("robust") for r in recs] == [r["diagnostics"].get("robust") for r in sim.records]
 
 
 def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path) -> None:

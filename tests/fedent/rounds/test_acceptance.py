@@ -58,3 +58,10 @@ def test_screen_moves_rejections_to_failed_and_keeps_earlier_failures() -> None:
     assert got.failed == {1: f"{REJECTED}update of client 1 is not finite (NaN/inf)", 2: "deadline"}
     assert diverged(got.failed) == [1]
     assert diverged({3: f"{REJECTED}update of client 3 has a non-finite train_loss (nan)", 4: "not finite"}) == [3]
+
+
+def test_an_absurd_probe_scalar_rejects_its_client() -> None:
+    """A finite FedEnt probe far outside its declared range (eta_prev = -1e300) is that client's rejection."""
+    r = rule(FedEnt())
+    why = r.probe_problem(2, Probe(2, 30, {"a": -0.1, "b": 0.2, "eta_prev": -1e300}))
+    assert why == f"{REJECTED}probe of client 2: scalar eta_prev=-1e+300 is outside its range [0, 1e+06]"

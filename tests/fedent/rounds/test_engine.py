@@ -307,3 +307,23 @@ def test_a_stop_from_a_signalled_service_ends_stopped_not_failed(tmp_path: Path)
     with pytest.raises(RunError, match="stopped"):
         plain.run()
     assert status(plain)["phase"] == "failed"
+
+
+def test_an_absurd_probe_rejects_its_client_and_never_fails_the_run(tmp_path: Path) -> None:
+    """FedEnt's client 3 probes eta_prev = -1e300 every round: it used to end the run with a StrategyError from the
+    estimator; now the declared range rejects that client (clients.json says why) and the quorum decides."""
+    from nan_plugin import ABSURD
+    from sim_support import tiny_config as sim_config
+    from sim_support import tiny_inputs as sim_inputs
+
+    from fedent.sim.simulator import run_simulation
+
+    cfg = sim_config("nan_plugin:AbsurdProbeFedEnt", rounds=3, fraction=1.0)
+    res = run_simulation(cfg, tmp_path / "run", progress=False, inputs=sim_inputs(10), plots=False,
+                         policy=RoundPolicy(quorum=0.5, retries=-1))
+    assert len(res.records) == 3 and all("skipped" not in r["diagnostics"] for r in res.records)
+    why = f"rejected: probe of client {ABSURD}: scalar eta_prev=-1e+300 is outside its range [0, 1e+06]"
+    assert all(r["diagnostics"]["failed_clients"] == {str(ABSURD): why} for r in res.records)
+    rows = {r["cid"]: r for r in runlog.read_json(tmp_path / "run" / "clients.json")["clients"]}
+    assert rows[ABSURD]["state"] == "rejected" and rows[ABSURD]["participation"] == 0
+    assert rows[ABSURD]["last_failure"] == f"round 2: {why}"

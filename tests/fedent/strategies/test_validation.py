@@ -55,7 +55,7 @@ def _real(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[Cl
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_every_strategy_declares_what_it_sends_and_its_real_uploads_pass(name: str) -> None:
     strategy, w, probes, ups = _real(name)
-    assert strategy.payload_spec == EXPECTED_SPECS[name]
+    assert dataclasses.replace(strategy.payload_spec, ranges=()) == EXPECTED_SPECS[name]
     assert len(probes) == (N if strategy.capabilities.probe else 0)
     for p in probes:
         assert set(p.scalars) == set(strategy.payload_spec.probe_scalars)
@@ -126,3 +126,27 @@ def test_probe_violations_are_strategy_errors() -> None:
     fedavg, _, _, _ = _real("fedavg")
     with pytest.raises(StrategyError, match="no probe step"):
         check_probe(fedavg, p)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_declared_scalar_has_a_range_its_real_uploads_keep(name: str) -> None:
+    strategy, _, probes, ups = _real(name)
+    spec = strategy.payload_spec
+    declared = set(spec.probe_scalars) | set(spec.update_scalars)
+    assert {n for n, _, _ in spec.ranges} == declared
+    assert all(lo < hi for _, lo, hi in spec.ranges)
+    for values in [p.scalars for p in probes] + [u.scalars for u in ups]:
+        for k, v in values.items():
+            lo, hi = spec.range_of(k) or (None, None)
+            assert lo is not None and hi is not None and lo <= v <= hi, (k, v)
+
+
+def test_a_finite_but_absurd_scalar_is_out_of_range() -> None:
+    strategy, w, probes, ups = _real("fedent")
+    bad = Probe(probes[0].cid, probes[0].num_samples, {**probes[0].scalars, "eta_prev": -1e300})
+    with pytest.raises(StrategyError, match=r"probe of client 0: scalar eta_prev=-1e\+300 is outside its range "
+                                            r"\[0, 1e\+06\]"):
+        check_probe(strategy, bad, probes[0].num_samples)
+    up = dataclasses.replace(ups[1], scalars={**ups[1].scalars, "guarded": 7.0})
+    with pytest.raises(StrategyError, match=r"scalar guarded=7 is outside its range \[0, 1\]"):
+        check_update(strategy, up, w, up.num_samples)

@@ -1,0 +1,98 @@
+"""Cost of the robust aggregation rules (fedent.rounds.robust) against the plain weighted mean, in one process.
+
+Two measurements, each rule alternated with the mean in the same run (ratios, docs/security.md):
+
+1. the server step alone: ``robust.apply`` + FedAvg's ``aggregate`` on m uploads of MNIST-CNN's size (seeded random
+   updates), median of ``--repeats`` timings;
+2. whole simulator rounds: FedAvg on the built-in seeded synthetic dataset with MNIST-CNN, 20 clients, 50% a round,
+   1 local epoch, batch 32, CPU: the median of the per-round wall times after round 0.
+
+    .venv/bin/python benchmarks/bench_robust.py [--clients 20 --repeats 5 --rounds 3 --json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedent.config import RobustConfig, config_from_dict
+from fedent.models import build_model
+from fedent.rounds import robust
+from fedent.sim.simulator import run_simulation
+from fedent.strategies.base import ClientUpdate
+from fedent.strategies.fedavg import FedAvg
+
+RULES: dict[str, dict[str, Any]] = {
+    "mean": {},
+    "median": {"aggregator": "median"},
+    "trimmed-mean": {"aggregator": "trimmed-mean"},
+    "krum": {"aggregator": "krum"},
+    "multi-krum": {"aggregator": "multi-krum"},
+    "clip": {"clip_norm": 1.0},
+}
+
+
+def server_step(clients: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one server step per rule (robust pre-step + FedAvg's weighted mean)."""
+    torch.manual_seed(0)
+    w = [p.detach().clone() for p in build_model("mnist-cnn", 10, 1, 28, seed=0).parameters()]
+    ups = [ClientUpdate(c, [p + 0.01 * torch.randn_like(p) for p in w], 30 + c, 0.1) for c in range(clients)]
+    strategy = FedAvg()
+    times: dict[str, list[float]] = {k: [] for k in RULES}
+    for _ in range(repeats + 1):  # the first pass warms up and is dropped
+        for name, opts in RULES.items():
+            cfg = RobustConfig(**opts)
+            t0 = time.perf_counter()
+            got, _ = robust.apply(cfg, w, ups)
+            strategy.aggregate(0, w, got)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v[1:]) for k, v in times.items()}
+
+
+def rounds(n_rounds: int) -> dict[str, float]:
+    """Median seconds per simulator round (after round 0) per rule; the rules run one after another."""
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, opts in RULES.items():
+            cfg = config_from_dict({
+                "name": f"bench-{name}", "model": {"name": "mnist-cnn"},
+                "data": {"name": "synthetic", "num_clients": 20, "partition": "iid", "synthetic_train": 2000,
+                         "synthetic_test": 200},
+                "train": {"rounds": n_rounds, "fraction": 0.5, "local_epochs": 1, "batch_size": 32, "lr": 0.01,
+                          "device": "cpu", "seed": 0},
+                "algorithm": {"name": "fedavg"}, "robust": opts})
+            res = run_simulation(cfg, Path(tmp) / name, progress=False, plots=False)
+            out[name] = statistics.median(r["wall_s"] for r in res.records[1:]) if len(res.records) > 1 else \
+                res.records[0]["wall_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    step = server_step(args.clients, args.repeats)
+    per_round = rounds(args.rounds)
+    print(f"server step, {args.clients} MNIST-CNN uploads (median of {args.repeats}); simulator round (20 clients, "
+          f"10 a round, median after round 0 of {args.rounds}):")
+    print(f"{'rule':<14}{'step ms':>10}{'x mean':>8}{'round s':>10}{'x mean':>8}")
+    for k in RULES:
+        print(f"{k:<14}{1e3 * step[k]:>10.2f}{step[k] / step['mean']:>8.2f}{per_round[k]:>10.3f}"
+              f"{per_round[k] / per_round['mean']:>8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"server_step_s": step, "round_s": per_round}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
