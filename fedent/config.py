@@ -12,7 +12,7 @@ checks every field's type and range when the object is built and reports every p
 setting's name; rules that span fields are small ``checks()`` methods. So every consumer (strategies,
 simulator, aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~590 lines in one module: every config section and the option machinery share one validator
+Why ~660 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 
@@ -265,6 +265,51 @@ class TrainConfig(Declared):
 
 
 
+DPMode = Literal["none", "central", "local"]
+
+
+@dataclass(frozen=True)
+class PrivacyConfig(Declared):
+    """Differential privacy (docs/security.md, "Privacy"; the mechanisms live in fedent/privacy/).
+
+    ``central``: client-level DP at the aggregator (each client's update w_i − w(t) clipped to ``clip_norm``,
+    Gaussian noise of std ``noise_multiplier`` × ``clip_norm`` added to the sum, divided by the round's sample
+    size). ``local``: DP-SGD on each client (per-sample clipping and noise). Either way ε(δ) is accounted
+    every round with dp-accounting and logged in metrics.jsonl under ``privacy``.
+    """
+
+    key_prefix = "privacy"
+
+    dp: DPMode = option("none", "none | central (client-level, at the aggregator) | local (DP-SGD on each client)")
+    noise_multiplier: float = option(1.0, "z: the Gaussian noise's std is z x clip_norm", ge=0)
+    clip_norm: float = option(1.0, "C: L2 bound of a client's update (central) or a sample's gradient (local); "
+                                   "central with adaptive_clip: the initial bound", gt=0)
+    delta: float = option(1e-5, "δ of the reported (ε, δ) guarantee", gt=0, lt=1)
+    adaptive_clip: bool = option(False, "central only: Andrew et al. (2021) quantile-based adaptive clipping")
+    target_quantile: float = option(0.5, "adaptive_clip: γ, the fraction of updates meant to be unclipped",
+                                    ge=0, le=1)
+    clip_learning_rate: float = option(0.2, "adaptive_clip: η_C of the geometric update C ← C·exp(−η_C(b̄ − γ))",
+                                       gt=0)
+    clipped_count_stddev: float | None = option(None, "adaptive_clip: σ_b, the std of the noise on the count of "
+                                                      "unclipped updates (null: sample size / 20, the paper's)",
+                                                gt=0)
+    target_epsilon: float | None = option(None, "stop the run (cleanly, status says why) before a round would "
+                                                "take ε past this", gt=0)
+    secure_aggregation: bool = option(False, "SecAgg+ masking of the uploads (not implemented in this build)")
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        if self.secure_aggregation:
+            yield "secure_aggregation", "not implemented in this build"
+        if self.adaptive_clip and self.dp != "central":
+            yield "adaptive_clip", f"applies to dp: central only, got dp: {self.dp}"
+        if self.dp != "none" and self.noise_multiplier == 0 and self.target_epsilon is not None:
+            yield "target_epsilon", "noise_multiplier 0 gives no guarantee (ε is infinite)"
+
+    @property
+    def enabled(self) -> bool:
+        return self.dp != "none"
+
+
 def _bound(v: float) -> str:
     """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
@@ -420,12 +465,14 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     out_dir: str = "runs"
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def validate(self) -> None:
         c = _Collect()
         c.run(self.data.validate)
         c.run(self.model.validate)
         c.run(self.train.validate)
+        c.run(self.privacy.validate)
         c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -437,6 +484,9 @@ class ExperimentConfig:
             "train": dataclasses.asdict(self.train),
             "algorithm": self.algorithm.to_dict(),
             "out_dir": self.out_dir,
+            # only when set: a run without DP keeps the config (and so the checkpoint fingerprint and the
+            # reproduce cache key) it had before the section existed
+            **({"privacy": dataclasses.asdict(self.privacy)} if self.privacy != PrivacyConfig() else {}),
         }
 
 
@@ -514,7 +564,7 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
-    allowed = {"name", "data", "model", "train", "algorithm", "out_dir"}
+    allowed = {"name", "data", "model", "train", "algorithm", "out_dir", "privacy"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
@@ -525,6 +575,10 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
     train = c.run(dataclass_from_mapping, TrainConfig, raw.get("train"), "train")
     algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
+    privacy = c.run(dataclass_from_mapping, PrivacyConfig, raw.get("privacy"), "privacy")
+    if privacy is not None and train is not None and privacy.dp == "local" and train.executor == "vectorised":
+        c.problems.append("privacy.dp: local (DP-SGD) runs on the sequential executor only; set train.executor "
+                          "to sequential or auto")
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 
@@ -532,7 +586,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
         c.run(plugins.check_placement, data, train)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
-                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))
+                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")), privacy=privacy)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -23,6 +23,7 @@ import torch
 from fedent import runlog
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
+from fedent.privacy.run import RunPrivacy, released_rounds
 from fedent.rng import sample_clients
 from fedent.rounds import resume
 from fedent.rounds.acceptance import Acceptance, diverged
@@ -110,6 +111,8 @@ class RoundEngine:
         self.trajectory: list[dict[str, Any]] = []
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
+        self.privacy = RunPrivacy(cfg)  # privacy: the central release, ε so far, the budget (fedent.privacy)
+        self.budget_stop: str | None = None  # why the run ended before its last round (privacy.target_epsilon)
         self.stop = threading.Event()
         self.phase = "starting"
         self.round: int | None = None
@@ -231,17 +234,25 @@ class RoundEngine:
         self.executor.begin_round(rnd, self.global_params)
         participants, updates, diagnostics = self.gather(rnd)
         fedent_diag = None
-        if updates and "skipped" not in diagnostics:
+        released = bool(updates) and "skipped" not in diagnostics
+        dp_info: dict[str, Any] = {}
+        if released:
             self.status("aggregating", rnd)
-            result = self.strategy.aggregate(rnd, self.global_params, updates)
+            private, dp_info = self.privacy.release(rnd, self.global_params, updates, self.records)
+            result = self.strategy.aggregate(rnd, self.global_params, private)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
                                "lower train.lr")
             self.global_params = list(result.params)
             diagnostics = {**result.diagnostics, **diagnostics}
             fedent_diag = diagnostics.pop("fedent", None)
+        history = released_rounds(self.records) + ([participants] if released else [])
+        privacy = self.privacy.report(history, self.sizes)
+        if privacy is not None:
+            privacy.update(dp_info or {"next_clip_norm": self.privacy.clip_norm(self.records)})
+        last_in_budget = self.privacy.over_budget(rnd + 1, history, self.sizes) is not None
         test_loss = test_acc = None
-        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every):
+        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every) or last_in_budget:
             self.status("evaluating", rnd)
             diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
             test_loss, test_acc, evaluated = self.evaluator.evaluate_round(rnd, self.global_params)
@@ -250,7 +261,8 @@ class RoundEngine:
         rec = runlog.metrics_record(
             round=rnd, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
             train_loss=weighted_train_loss(updates), clients=participants, num_clients=len(participants),
-            wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
+            wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics,
+            privacy=privacy)
         self.metrics.append(rec)
         self.records.append(rec)
         self.clients.record_round(rnd, updates, self.model_bytes,
@@ -271,13 +283,20 @@ class RoundEngine:
             first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
             for rnd in range(first, self.rounds):
                 self.check_stop()
+                self.budget_stop = self.privacy.over_budget(rnd, released_rounds(self.records), self.sizes)
+                if self.budget_stop is not None:
+                    break
                 rec = self.run_round(rnd)
                 if self.policy.checkpoint_keep > 0:
                     resume.save(self, rnd, keep=self.policy.checkpoint_keep)
                 if self.on_round is not None:
                     self.on_round(rec)
             self.save_model()
-            self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+            if self.budget_stop is None:
+                self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+            else:  # done early, cleanly: the model of the last round within the privacy budget
+                self.status("done", self.records[-1]["round"] if self.records else None,
+                            final_acc=runlog.final_accuracy(self.records), stopped_early=self.budget_stop)
         except runlog.ReplacedRunError:  # the directory is another run's now: write nothing more into it
             self.metrics.close()
             raise
