@@ -14,7 +14,6 @@ from typing import Any
 from torch import Tensor
 
 from fedent.config import ExperimentConfig
-from fedent.privacy import accountant
 from fedent.privacy.central import CentralDP
 from fedent.rng import sample_clients
 from fedent.strategies.base import ClientUpdate
@@ -59,6 +58,10 @@ class RunPrivacy:
     def report(self, released: Sequence[Sequence[int]], sizes: Sequence[int]) -> dict[str, Any] | None:
         """``{epsilon, delta, accountant, event, ...}`` after the ``released`` rounds; None without DP."""
         pc, tr = self.pc, self.cfg.train
+        if not self.enabled:
+            return None
+        from fedent.privacy import accountant  # dp-accounting (and scipy) load only for a run with DP
+
         if pc.dp == "central":
             return {**accountant.central_report(len(sizes), self.sample_size, pc.noise_multiplier, len(released),
                                                 pc.delta), "dp": "central"}
