@@ -291,7 +291,8 @@ class PrivacyConfig(Declared):
     clip_learning_rate: float = option(0.2, "adaptive_clip: η_C of the geometric update C ← C·exp(−η_C(b̄ − γ))",
                                        gt=0)
     clipped_count_stddev: float | None = option(None, "adaptive_clip: σ_b, the std of the noise on the count of "
-                                                      "unclipped updates (null: sample size / 20, the paper's)",
+                                                      "unclipped updates (null: sample size / 20, the paper's, at least "
+                                                      "noise_multiplier)",
                                                 gt=0)
     target_epsilon: float | None = option(None, "stop the run (cleanly, status says why) before a round would "
                                                 "take ε past this", gt=0)
@@ -302,6 +303,10 @@ class PrivacyConfig(Declared):
             yield "secure_aggregation", "not implemented in this build"
         if self.adaptive_clip and self.dp != "central":
             yield "adaptive_clip", f"applies to dp: central only, got dp: {self.dp}"
+        if (self.adaptive_clip and self.clipped_count_stddev is not None
+                and 2 * self.clipped_count_stddev <= self.noise_multiplier):
+            yield "clipped_count_stddev", (f"must exceed noise_multiplier / 2 = {self.noise_multiplier / 2:g}: the "
+                                           "count's noise alone would spend the whole budget")
         if self.dp != "none" and self.noise_multiplier == 0 and self.target_epsilon is not None:
             yield "target_epsilon", "noise_multiplier 0 gives no guarantee (ε is infinite)"
 

@@ -58,8 +58,10 @@ class CentralDP:
 
     def __init__(self, cfg: PrivacyConfig, seed: int, sample_size: int) -> None:
         self.cfg, self.seed, self.sample_size = cfg, int(seed), int(sample_size)
+        # the paper's default m/20 suits its hundreds of clients a round; for a few it would leave the updates no
+        # budget (z_Δ needs 2σ_b > z), so it is raised to z there: the updates' noise grows by at most 15%
         self.count_stddev = (cfg.clipped_count_stddev if cfg.clipped_count_stddev is not None
-                             else self.sample_size / 20.0)
+                             else max(self.sample_size / 20.0, cfg.noise_multiplier))
         self.z_updates = (update_noise_multiplier(cfg.noise_multiplier, self.count_stddev) if cfg.adaptive_clip
                           else cfg.noise_multiplier)
 
