@@ -291,8 +291,8 @@ class PrivacyConfig(Declared):
     clip_learning_rate: float = option(0.2, "adaptive_clip: η_C of the geometric update C ← C·exp(−η_C(b̄ − γ))",
                                        gt=0)
     clipped_count_stddev: float | None = option(None, "adaptive_clip: σ_b, the std of the noise on the count of "
-                                                      "unclipped updates (null: sample size / 20, the paper's, at least "
-                                                      "noise_multiplier)",
+                                                      "unclipped updates (null: sample size / 20, the paper's, "
+                                                      "at least noise_multiplier)",
                                                 gt=0)
     target_epsilon: float | None = option(None, "stop the run (cleanly, status says why) before a round would "
                                                 "take ε past this", gt=0)

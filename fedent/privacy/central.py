@@ -80,7 +80,7 @@ class CentralDP:
             for k in groups:
                 vec.extend(t.detach().to(q.device) for t, q in zip(u.tensors.get(k) or [torch.zeros_like(q)
                                                                                          for q in w], w, strict=True))
-            norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in vec))
+            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(vec))))  # one pass, no copies
             norms.append(norm)
             unclipped += norm <= clip
             scale = min(1.0, clip / norm) if norm > 0 else 1.0
