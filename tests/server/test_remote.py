@@ -6,6 +6,7 @@ same rejections recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from conftest import run_inthread_workers, tiny_config, tiny_inputs
 from nan_plugin import POISONED
 
-from fedent.config import ExperimentConfig
+from fedent.config import DPMode, ExperimentConfig, PrivacyConfig
 from fedent.inputs import RunInputs
 from fedent.rounds import RoundPolicy
 from fedent.runlog import read_json, read_metrics
@@ -88,13 +89,9 @@ def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path)
 
 
 @pytest.mark.parametrize("dp", ["central", "local"])
-def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: str) -> None:
+def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: DPMode) -> None:
     """Central noise is drawn in the engine from (seed, round), DP-SGD's on each worker from the client's own
     generator: the same model (1e-5) and the same logged ε in both worlds, and the noise is really there."""
-    import dataclasses
-
-    from fedent.config import PrivacyConfig
-
     plain = tiny_config("fedavg", num_clients=10, rounds=2, executor="sequential")
     cfg = dataclasses.replace(plain, privacy=PrivacyConfig(dp=dp, noise_multiplier=1.0, clip_norm=0.5))
     inputs = tiny_inputs(10)
