@@ -46,6 +46,10 @@ class RunPrivacy:
                 return float(nxt)
         return self.pc.clip_norm
 
+    def carried(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """What a round that released nothing logs beside ε: central DP's clip norm, unchanged."""
+        return {"next_clip_norm": self.clip_norm(records)} if self.central is not None else {}
+
     def release(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate],
                 records: Sequence[Mapping[str, Any]]) -> tuple[list[ClientUpdate], dict[str, Any]]:
         """The updates the strategy aggregates (central: each the noised mean) and what the round logs."""

@@ -5,6 +5,8 @@ strategy probes, gather the probes; build the round's payload; gather the fits; 
 cid order; evaluate every ``eval_every`` rounds; append the metrics line and update status.json,
 clients.json and estimator.json. A round that misses its quorum is retried with fresh clients or skipped
 (``RoundPolicy``); with ``checkpoint_keep`` the run checkpoints every round and resumes after a crash.
+With ``privacy:`` set, the accepted updates pass the central-DP release before aggregation, every line logs the
+run's ε so far, and a round that would pass ``target_epsilon`` is not run (fedent.privacy.run).
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ class RoundEngine:
         history = released_rounds(self.records) + ([participants] if released else [])
         privacy = self.privacy.report(history, self.sizes)
         if privacy is not None:
-            privacy.update(dp_info or {"next_clip_norm": self.privacy.clip_norm(self.records)})
+            privacy.update(dp_info or self.privacy.carried(self.records))  # a skipped round keeps the clip norm
         last_in_budget = self.privacy.over_budget(rnd + 1, history, self.sizes) is not None
         test_loss = test_acc = None
         if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every) or last_in_budget:
