@@ -68,14 +68,14 @@ class PerSampleGrads:
 def clip_and_noise(per_sample: Sequence[Tensor], dp: DPSGD, generator: torch.Generator) -> list[Tensor]:
     """(Σ_j g_j·min(1, C/(‖g_j‖+1e-6)) + N(0, (zC)²)) / B, per parameter."""
     b = per_sample[0].shape[0]
-    sq = torch.zeros(b, dtype=torch.float32, device=per_sample[0].device)
-    for g in per_sample:
-        sq += g.reshape(b, -1).float().pow(2).sum(1)
-    factor = (dp.clip_norm / (sq.sqrt() + CLIP_EPS)).clamp(max=1.0)
+    # per-sample norms and the weighted sum as reductions and one matrix-vector product each: no (B × params)
+    # temporaries (an elementwise square and an einsum cost as much as the per-sample gradients themselves)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(b, -1), dim=1) for g in per_sample], 1)
+    factor = (dp.clip_norm / (torch.linalg.vector_norm(norms, dim=1) + CLIP_EPS)).clamp(max=1.0)
     out = []
     std = dp.noise_multiplier * dp.clip_norm
     for g in per_sample:
-        summed = torch.einsum("b,b...->...", factor.to(g.dtype), g)
+        summed = (factor.to(g.dtype) @ g.reshape(b, -1)).reshape(g.shape[1:])
         if std > 0:
             summed = summed + std * torch.randn(summed.shape, generator=generator, dtype=summed.dtype).to(
                 summed.device)
