@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--data-root", default=None)
+    ap.add_argument("--modes", default=",".join(MODES), help="which of plain,central,local (plain always runs)")
     args = ap.parse_args(argv)
+    modes = ["plain", *(m for m in args.modes.split(",") if m in MODES and m != "plain")]
     if args.threads:
         torch.set_num_threads(args.threads)
     inputs = make_inputs(12_000 if args.quick else None, args.data_root)
-    per: dict[str, list[Timing]] = {m: [] for m in MODES}
+    per: dict[str, list[Timing]] = {m: [] for m in modes}
     for _ in range(args.repeats):
-        for mode in MODES:  # alternating: the machine's drift hits all three alike
+        for mode in modes:  # alternating: the machine's drift hits all three alike
             per[mode] += round_times(inputs, mode, args.rounds + 2, args.device)
     med = {m: Timing(statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts))
            for m, ts in per.items()}
