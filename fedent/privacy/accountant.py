@@ -17,6 +17,7 @@ shuffled batches: an approximation, stated in docs/security.md. The run's ε is 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,7 +69,13 @@ def _rdp_of_one(event: dp_event.DpEvent, relation: dp_accounting.NeighboringRela
     k-fold ``SelfComposedDpEvent`` as exactly k times this curve, so caching it makes a round's ε cost
     microseconds instead of the ~1 s the sampled-without-replacement curve takes to compute."""
     acc = RdpAccountant(neighboring_relation=relation)
-    acc.compose(event)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # "failed to converge ... excluding this order": dp-accounting drops that order
+    try:  # (a larger, safe ε), once per curve; the warning would repeat in every worker's log
+        acc.compose(event)
+    finally:
+        absl.setLevel(level)
     return tuple(float(v) for v in acc._rdp)  # the accountant's curve; no public getter in dp-accounting 0.6
 
 
