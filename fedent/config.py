@@ -330,6 +330,56 @@ class AdversaryConfig(Declared):
 
 
 
+DPMode = Literal["none", "central", "local"]
+
+
+@dataclass(frozen=True)
+class PrivacyConfig(Declared):
+    """Differential privacy (docs/security.md, "Privacy"; the mechanisms live in fedent/privacy/).
+
+    ``central``: client-level DP at the aggregator (each client's update w_i − w(t) clipped to ``clip_norm``,
+    Gaussian noise of std ``noise_multiplier`` × ``clip_norm`` added to the sum, divided by the round's sample
+    size). ``local``: DP-SGD on each client (per-sample clipping and noise). Either way ε(δ) is accounted
+    every round with dp-accounting and logged in metrics.jsonl under ``privacy``.
+    """
+
+    key_prefix = "privacy"
+
+    dp: DPMode = option("none", "none | central (client-level, at the aggregator) | local (DP-SGD on each client)")
+    noise_multiplier: float = option(1.0, "z: the Gaussian noise's std is z x clip_norm", ge=0)
+    clip_norm: float = option(1.0, "C: L2 bound of a client's update (central) or a sample's gradient (local); "
+                                   "central with adaptive_clip: the initial bound", gt=0)
+    delta: float = option(1e-5, "δ of the reported (ε, δ) guarantee", gt=0, lt=1)
+    adaptive_clip: bool = option(False, "central only: Andrew et al. (2021) quantile-based adaptive clipping")
+    target_quantile: float = option(0.5, "adaptive_clip: γ, the fraction of updates meant to be unclipped",
+                                    ge=0, le=1)
+    clip_learning_rate: float = option(0.2, "adaptive_clip: η_C of the geometric update C ← C·exp(−η_C(b̄ − γ))",
+                                       gt=0)
+    clipped_count_stddev: float | None = option(None, "adaptive_clip: σ_b, the std of the noise on the count of "
+                                                      "unclipped updates (null: sample size / 20, the paper's, "
+                                                      "at least noise_multiplier)",
+                                                gt=0)
+    target_epsilon: float | None = option(None, "stop the run (cleanly, status says why) before a round would "
+                                                "take ε past this", gt=0)
+    secure_aggregation: bool = option(False, "SecAgg+ masking of the uploads (not implemented in this build)")
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        if self.secure_aggregation:
+            yield "secure_aggregation", "not implemented in this build"
+        if self.adaptive_clip and self.dp != "central":
+            yield "adaptive_clip", f"applies to dp: central only, got dp: {self.dp}"
+        if (self.adaptive_clip and self.clipped_count_stddev is not None
+                and 2 * self.clipped_count_stddev <= self.noise_multiplier):
+            yield "clipped_count_stddev", (f"must exceed noise_multiplier / 2 = {self.noise_multiplier / 2:g}: the "
+                                           "count's noise alone would spend the whole budget")
+        if self.dp != "none" and self.noise_multiplier == 0 and self.target_epsilon is not None:
+            yield "target_epsilon", "noise_multiplier 0 gives no guarantee (ε is infinite)"
+
+    @property
+    def enabled(self) -> bool:
+        return self.dp != "none"
+
+
 def _bound(v: float) -> str:
     """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
@@ -487,6 +537,7 @@ class ExperimentConfig:
     out_dir: str = "runs"
     robust: RobustConfig = field(default_factory=RobustConfig)
     adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def validate(self) -> None:
         c = _Collect()
@@ -495,6 +546,7 @@ class ExperimentConfig:
         c.run(self.train.validate)
         c.run(self.robust.validate)
         c.run(self.adversary.validate)
+        c.run(self.privacy.validate)
         c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -508,6 +560,9 @@ class ExperimentConfig:
             "out_dir": self.out_dir,
             "robust": dataclasses.asdict(self.robust),
             "adversary": dataclasses.asdict(self.adversary),
+            # only when set: a run without DP keeps the config (and so the checkpoint fingerprint and the
+            # reproduce cache key) it had before the section existed
+            **({"privacy": dataclasses.asdict(self.privacy)} if self.privacy != PrivacyConfig() else {}),
         }
 
 
@@ -585,7 +640,7 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
-    allowed = {"name", "data", "model", "train", "algorithm", "out_dir", "robust", "adversary"}
+    allowed = {"name", "data", "model", "train", "algorithm", "out_dir", "robust", "adversary", "privacy"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
@@ -598,6 +653,10 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
     robust = c.run(dataclass_from_mapping, RobustConfig, raw.get("robust"), "robust")
     adversary = c.run(dataclass_from_mapping, AdversaryConfig, raw.get("adversary"), "adversary")
+    privacy = c.run(dataclass_from_mapping, PrivacyConfig, raw.get("privacy"), "privacy")
+    if privacy is not None and train is not None and privacy.dp == "local" and train.executor == "vectorised":
+        c.problems.append("privacy.dp: local (DP-SGD) runs on the sequential executor only; set train.executor "
+                          "to sequential or auto")
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 
@@ -606,7 +665,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
                             algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")), robust=robust,
-                            adversary=adversary)
+                            adversary=adversary, privacy=privacy)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split",
-            "adversary")
+            "adversary", "dp")
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedent.params import Params, copy_into
+from fedent.privacy.dpsgd import DPSGD, PerSampleGrads, clip_and_noise
 
 # A hook that may modify the gradients in place before each SGD step: (params, grads) -> None.
 GradHook = Callable[[Sequence[Tensor], Sequence[Tensor]], None]
@@ -65,6 +66,14 @@ class LocalTrainer:
         # Dropout draws from torch's global RNG; it is re-seeded from the client's generator per call
         # so that a worker process and the simulator draw identical masks.
         self._stochastic = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.model.modules())
+        self.dp: DPSGD | None = None  # local DP: ``train`` runs DP-SGD (set by the client host, from the config)
+        self._per_sample: PerSampleGrads | None = None
+
+    def use_dp(self, dp: DPSGD | None) -> None:
+        """Train with DP-SGD (``dp``) or plain SGD (None) from now on; a model DP-SGD cannot train is refused."""
+        if dp is not None and self._per_sample is None:
+            self._per_sample = PerSampleGrads(self.model)
+        self.dp = dp
 
     def load(self, params: Sequence[Tensor]) -> None:
         """Copy a global model into the reused model in place."""
@@ -90,17 +99,23 @@ class LocalTrainer:
         generator: torch.Generator,
         grad_hook: GradHook | None = None,
     ) -> TrainResult:
-        """E epochs of minibatch SGD with a fixed rate on the client's samples ``indices``."""
+        """E epochs of minibatch SGD with a fixed rate on the client's samples ``indices`` (DP-SGD's clipped and
+        noised gradient when ``use_dp`` set one; its noise drawn from ``generator`` after the batch plan)."""
         model, params = self.model, self.params
         model.train()
         if self._stochastic:
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
         total = torch.zeros((), device=self.device)
         steps = 0
+        dp, per_sample = self.dp, self._per_sample
         for idx in self.batch_plan(indices, generator, epochs):
-            out = model(self.x[idx])
-            loss = F.cross_entropy(out, self.y[idx])
-            grads = list(torch.autograd.grad(loss, params))
+            if dp is not None and per_sample is not None:
+                sample_grads, losses = per_sample(params, self.x[idx], self.y[idx])
+                grads, loss = clip_and_noise(sample_grads, dp, generator), losses.mean()
+            else:
+                out = model(self.x[idx])
+                loss = F.cross_entropy(out, self.y[idx])
+                grads = list(torch.autograd.grad(loss, params))
             if grad_hook is not None:
                 grad_hook(params, grads)
             with torch.no_grad():

@@ -147,6 +147,24 @@ def controls_section(settings: tuple[str, ...], priority: int = 0) -> Section:
                    priority=priority)
 
 
+PRIVACY_TITLE = ("Differential privacy: ε vs accuracy (issue 26; central DP-FedAvg and local DP-SGD, "
+                 "clip 1.0, δ 1e-5; ε from the runs' own metrics.jsonl)")
+# the no-DP baseline is the pathological setting's own run; each privacy setting adds its privacy overrides to it
+PRIVACY_LEVELS = (("dp-central-z0.3", "central", 0.3), ("dp-central-z1", "central", 1.0),
+                  ("dp-local-z1", "local", 1.0))
+
+
+def privacy_settings(overrides: tuple[str, ...], title: str) -> tuple[Setting, ...]:
+    return tuple(Setting(key, f"{title}, {dp} DP, noise multiplier {z:g}", CPU_BASE,
+                         (*overrides, f"privacy.dp={dp}", f"privacy.noise_multiplier={z:g}", "privacy.clip_norm=1.0"))
+                 for key, dp, z in PRIVACY_LEVELS)
+
+
+def privacy_section(baseline: str, priority: int = 3) -> Section:
+    return Section("privacy", PRIVACY_TITLE, (baseline, *(k for k, _, _ in PRIVACY_LEVELS)), ("fedavg", "fedent"),
+                   priority=priority)
+
+
 def paper_sections(main_settings: tuple[str, ...], offline_in: tuple[str, ...] | None = None,
                    extra: tuple[Section, ...] = ()) -> tuple[Section, ...]:
     """The paper's analyses; ``offline_in`` limits the Algorithm 1 rows to those settings (None: all)."""
@@ -192,6 +210,7 @@ def cpu_profile() -> Profile:
                 (*CPU_COMMON, *DIR, "data.alpha=0.5", "data.num_clients=200")),
         Setting("pathological-x4", "Fashion-MNIST, pathological, 20% of 100, 4x the images, 20 rounds", CPU_BASE,
                 (*CPU_COMMON, "data.max_train_samples=12000", "train.rounds=20"), "mnist"),
+        *privacy_settings((*CPU_COMMON, "train.local_eval=2"), "Fashion-MNIST, pathological, 20% of 100"),
     )
     scale = Section("scale", "Check: more local data (120 images per client: 12 local steps per round) and 20 "
                     "rounds", ("pathological-x4",), (*BASELINES, "fedent", "fedent-paper"), priority=3)
@@ -199,7 +218,7 @@ def cpu_profile() -> Profile:
         "cpu", "Fashion-MNIST + MNIST-CNN sized for about an hour on 2 CPU cores",
         settings, paper_rows(offline_sweeps=2),
         paper_sections(("pathological", "dir1.0", "dir0.5"), ("pathological",),
-                       (scale, controls_section(("pathological",), priority=3))),
+                       (scale, controls_section(("pathological",), priority=3), privacy_section("pathological"))),
         reductions=(
             "dataset: Fashion-MNIST (the Debian copy) instead of MNIST/CIFAR10/EMNIST-L/CIFAR100, model MNIST-CNN",
             "training set: a seeded subsample of 3,000 of 60,000 images (30 per client on average, so one "

@@ -103,6 +103,7 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
             "eta_final_mean": _eta_final(recs),
             "eta_star": _eta_star(recs),
             "phi2_error": _phi2_error(recs),
+            "epsilon": _ms([e for e in (_epsilon(x) for x in recs) if e is not None]),
         })
     same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common if done[(r, s)]})
     md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows if done[(r, s)]}) for s in common}
@@ -118,6 +119,13 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
                 break
     return {"seeds": common, "missing": missing, "target": target, "rows": out_rows, "same_sampling": same,
             "partition_md5": md5, "mechanism": mech, "scale": scale}
+
+
+def _epsilon(recs: Records) -> float | None:
+    """The run's ε after its last round (its metrics.jsonl ``privacy``), None without DP (or with no guarantee)."""
+    last = (recs[-1].get("privacy") if recs else None) or {}
+    eps = last.get("epsilon") if isinstance(last, Mapping) else None
+    return float(eps) if isinstance(eps, (int, float)) else None
 
 
 def _md5(run_dir: Path) -> Any:
@@ -214,7 +222,8 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         cfg = next(iter(specs[key].values())).config
         settings[key] = {"title": st.title, "paper_ref": st.paper_ref, "base": st.base if isinstance(st.base, str)
                          else "(inline)", "overrides": list(st.overrides),
-                         "data": cfg["data"], "train": cfg["train"], "model": cfg["model"]}
+                         "data": cfg["data"], "train": cfg["train"], "model": cfg["model"],
+                         "privacy": cfg.get("privacy")}
     runs = [{"key": s.key, "complete": is_complete(s.run_dir, s.rounds), "diverged": diverged(s.run_dir),
              "run_dir": str(s.run_dir),
              "final_acc": runlog.final_accuracy(records[s.key]),
@@ -301,6 +310,8 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
         lines += ["", f"### {sec['title']}"]
         if sec["key"] == robustness.SECTION:  # one grid of (attack, defence) settings
             lines += robustness.robustness_lines(data, sec)
+        if sec["key"] == "privacy":
+            lines += _privacy_lines(data, sec)
             continue
         for setting in sec["settings"]:
             lines += _table_lines(data, sec, setting, fig_prefix)
@@ -321,6 +332,29 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
     if missing:
         lines.append(f"Not complete (not in any statistic): {', '.join(missing)}.")
     return "\n".join(lines) + "\n"
+
+
+def _privacy_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[str]:
+    """One table for the privacy section: a line per setting (noise level), ε from the runs' logs beside the final
+    accuracy of each row (mean ± std over the seeds that completed the setting's rows)."""
+    rows = sorted({r for st in sec["settings"] for r in sec["rows"][st]})
+    out = ["", "| setting | DP | noise multiplier z | ε at δ after the last round | "
+           + " | ".join(f"{r} final acc (%)" for r in rows) + " |",
+           "| --- | --- | ---: | ---: |" + " ---: |" * len(rows)]
+    for setting in sec["settings"]:
+        t = data["tables"][f"{sec['key']}/{setting}"]
+        pc = data["settings"][setting].get("privacy") or {}
+        by = {r["row"]: r for r in t["rows"]}
+        eps = next((r["epsilon"] for r in t["rows"] if r.get("epsilon")), None)
+        eps_txt = "—" if not pc else ("∞ (no guarantee)" if eps is None else
+                                     f"{eps['mean']:.3g} at δ={pc.get('delta', 0):g}")
+        accs = " | ".join(_final(by[r], len(t["seeds"])) if r in by and t["seeds"] else "—" for r in rows)
+        out.append(f"| {setting} | {pc.get('dp', 'none')} | {pc.get('noise_multiplier', '—') if pc else '—'} | "
+                   f"{eps_txt} | {accs} |")
+    out += ["", "Central DP: client-level, m = 20 of N = 100 sampled without replacement per round (replace-one, "
+            "the sum's sensitivity 2C); local DP: sample-level DP-SGD, the worst client's ε (Poisson "
+            "approximation of shuffled batches). docs/security.md says what each does and does not protect."]
+    return out
 
 
 def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, fig_prefix: str) -> list[str]:

@@ -5,6 +5,8 @@ strategy probes, gather the probes; build the round's payload; gather the fits; 
 cid order; evaluate every ``eval_every`` rounds; append the metrics line and update status.json,
 clients.json and estimator.json. A round that misses its quorum is retried with fresh clients or skipped
 (``RoundPolicy``); with ``checkpoint_keep`` the run checkpoints every round and resumes after a crash.
+With ``privacy:`` set, the accepted updates pass the central-DP release before aggregation, every line logs the
+run's ε so far, and a round that would pass ``target_epsilon`` is not run (fedent.privacy.run).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fedent import model_file, runlog
 from fedent.checkpoint import config_fingerprint
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
+from fedent.privacy.run import RunPrivacy, released_rounds
 from fedent.rng import sample_clients
 from fedent.rounds import resume, robust
 from fedent.rounds.acceptance import Acceptance, diverged
@@ -110,6 +113,8 @@ class RoundEngine:
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.rejected: dict[int, str] = {}  # clients whose reported counts were out of bounds: out of the run
+        self.privacy = RunPrivacy(cfg)  # privacy: the central release, ε so far, the budget (fedent.privacy)
+        self.budget_stop: str | None = None  # why the run ended before its last round (privacy.target_epsilon)
         self.stop = threading.Event()
         # set with ``stop`` by a service that got SIGTERM or SIGINT: the run then ends "stopped" (with the
         # reason), as a simulation interrupted in its own thread does, not "failed"
@@ -245,10 +250,14 @@ class RoundEngine:
         self.executor.begin_round(rnd, self.global_params)
         participants, updates, diagnostics = self.gather(rnd)
         fedent_diag = None
-        weighed = updates  # what the strategy aggregates: capped counts, robust rule (fedent.rounds.robust)
-        if updates and "skipped" not in diagnostics:
+        weighed = updates  # what the strategy aggregates: the DP release, capped counts, robust rule
+        released = bool(updates) and "skipped" not in diagnostics
+        dp_info: dict[str, Any] = {}
+        if released:
             self.status("aggregating", rnd)
-            weighed, robust_diag = robust.apply(self.cfg.robust, self.global_params, updates)
+            # central DP first (fedent.privacy): a robust rule then sees only the release, so the guarantee holds
+            private, dp_info = self.privacy.release(rnd, self.global_params, updates, self.records)
+            weighed, robust_diag = robust.apply(self.cfg.robust, self.global_params, private)
             diagnostics = {**robust_diag, **diagnostics}
             result = self.strategy.aggregate(rnd, self.global_params, weighed)
             if not all_finite(result.params):
@@ -257,8 +266,13 @@ class RoundEngine:
             self.global_params = list(result.params)
             diagnostics = {**result.diagnostics, **diagnostics}
             fedent_diag = diagnostics.pop("fedent", None)
+        history = released_rounds(self.records) + ([participants] if released else [])
+        privacy = self.privacy.report(history, self.sizes)
+        if privacy is not None:
+            privacy.update(dp_info or self.privacy.carried(self.records))  # a skipped round keeps the clip norm
+        last_in_budget = self.privacy.over_budget(rnd + 1, history, self.sizes) is not None
         test_loss = test_acc = None
-        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every):
+        if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every) or last_in_budget:
             self.status("evaluating", rnd)
             diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
             test_loss, test_acc, evaluated = self.evaluator.evaluate_round(rnd, self.global_params)
@@ -267,7 +281,8 @@ class RoundEngine:
         rec = runlog.metrics_record(
             round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
             train_loss=weighted_train_loss(weighed), clients=participants, num_clients=len(participants),
-            wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics)
+            wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics,
+            privacy=privacy)
         self.metrics.append(rec)
         self.records.append(rec)
         failed = {int(c): str(w) for c, w in diagnostics.get("evaluation", {}).get("rejected", {}).items()}
@@ -289,13 +304,20 @@ class RoundEngine:
             first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
             for rnd in range(first, self.rounds):
                 self.check_stop()
+                self.budget_stop = self.privacy.over_budget(rnd, released_rounds(self.records), self.sizes)
+                if self.budget_stop is not None:
+                    break
                 rec = self.run_round(rnd)
                 if self.policy.checkpoint_keep > 0:
                     resume.save(self, rnd, keep=self.policy.checkpoint_keep)
                 if self.on_round is not None:
                     self.on_round(rec)
             self.save_model()
-            self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+            if self.budget_stop is None:
+                self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
+            else:  # done early, cleanly: the model of the last round within the privacy budget
+                self.status("done", self.records[-1]["round"] if self.records else None,
+                            final_acc=runlog.final_accuracy(self.records), stopped_early=self.budget_stop)
         except runlog.ReplacedRunError:  # the directory is another run's now: write nothing more into it
             self.metrics.close()
             raise

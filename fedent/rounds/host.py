@@ -29,6 +29,7 @@ from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
 from fedent.rounds.adversary import Adversary
+from fedent.privacy.dpsgd import DPSGD
 from fedent.rounds.evaluation import ClientEval, evaluate_shards
 from fedent.rounds.executor import Gathered
 from fedent.strategies.base import ClientState, ClientTask, ClientUpdate, Probe, RoundPayload, Strategy
@@ -50,12 +51,14 @@ class ClientTraining:
     seed: int
     batch_size: int
     adversary: Adversary | None = None  # simulated attackers among the clients (fedent.rounds.adversary)
+    dp: DPSGD | None = None  # privacy.dp local: every hosted client trains with DP-SGD
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
-        tr = cfg.train
+        tr, pr = cfg.train, cfg.privacy
+        dp = DPSGD(pr.clip_norm, pr.noise_multiplier) if pr.dp == "local" else None
         return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size),
-                   Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)))
+                   Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)), dp)
 
 
 class ClientStates:
@@ -110,6 +113,7 @@ class ClientHost:
             int(c): ix.to(torch.int64) if isinstance(ix, Tensor) else torch.tensor(np.asarray(ix), dtype=torch.int64)
             for c, ix in pairs}
         self.trainer, self.training, self.test = trainer, training, test
+        trainer.use_dp(training.dp)
         self.states = states or ClientStates(device=trainer.device)
         self.on_update = on_update  # each accepted-or-not update as it is made (uploads overlap the next client)
         self.lock = threading.Lock()  # one model: the round's steps and Algorithm 1's oracle take turns

@@ -71,6 +71,8 @@ class VectorisedHost(ClientHost):
                  training: ClientTraining, states: ClientStates | None = None, test: TestShards | None = None,
                  on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
                  conv: str = "direct") -> None:
+        if training.dp is not None:  # make_host falls back to the sequential host, saying this
+            raise ValueError("local DP (DP-SGD) runs on the sequential executor only")
         super().__init__(trainer, indices, training, states, test, on_update)
         self.vtrainer = VectorisedTrainer(trainer, conv)  # raises ValueError for a model vmap cannot train
         if max_parallel is not None and max_parallel < 1:

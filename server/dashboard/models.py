@@ -61,6 +61,16 @@ class FedentRound(BaseModel):
     clients: list[FedentClientDiag] = []
 
 
+class PrivacyRound(BaseModel):
+    """A round's ``privacy`` entry (fedent/privacy): the run's (ε, δ) so far and how it was accounted."""
+
+    dp: str | None = None
+    epsilon: float | None = None  # null: no guarantee (noise multiplier 0)
+    delta: float | None = None
+    accountant: str | None = None
+    clip_norm: float | None = None
+
+
 class RoundOut(BaseModel):
     round: int
     algorithm: str | None = None
@@ -73,6 +83,7 @@ class RoundOut(BaseModel):
     elapsed_s: float | None = None
     fedent: FedentRound | None = None
     diagnostics: dict[str, Any] = {}
+    privacy: PrivacyRound | None = None
 
 
 class RoundsPage(BaseModel):

@@ -31,7 +31,7 @@ from typing import Any
 
 from fedent.plot_data import phi2_style_json
 from server.dashboard import views
-from server.dashboard.models import StatusOut
+from server.dashboard.models import PrivacyRound, StatusOut
 from server.dashboard.rundir import Snapshot
 
 DASH = "–"  # what the page shows for "no value"; static/format.js uses the same character
@@ -55,6 +55,13 @@ def fmt_pct(v: float | None) -> str:
     return DASH if v is None else _js_fixed(100 * v, 1) + "%"
 
 
+def fmt_epsilon(p: PrivacyRound | None) -> str:
+    """The run's privacy so far (static/format.js ``fmtEpsilon``): ``off``, ``central ε 3.21``, ``local ε ∞``."""
+    if p is None:
+        return "off"
+    return f"{p.dp or 'dp'} ε " + ("∞" if p.epsilon is None else _js_fixed(p.epsilon, 2))
+
+
 def fmt_duration(s: float | None) -> str:
     if s is None or not math.isfinite(s):
         return DASH
@@ -74,12 +81,14 @@ def _pct_text(pct: float) -> str:
     return str(int(pct)) if float(pct).is_integer() else str(pct)
 
 
-def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str, str]:
+def header_fields(status: StatusOut | None, last_acc: float | None,
+                  privacy: PrivacyRound | None = None) -> dict[str, str]:
     """The header and progress line as static/status.js's ``renderStatus`` writes them (text, not yet HTML-escaped)."""
     if status is None:
         return {"run_id": DASH, "algorithm": DASH, "evaluation": DASH, "placement": DASH, "rounds_done": DASH,
                 "rounds": DASH, "phase": DASH,
-                "phase_attr": "unknown", "elapsed": DASH, "eta": DASH, "last_acc": DASH, "progress_pct": "0",
+                "phase_attr": "unknown", "elapsed": DASH, "eta": DASH, "last_acc": DASH, "epsilon": DASH,
+                "progress_pct": "0",
                 "progress_text": DASH}
     s = status
     pct = _pct_text(_pct_of(s.progress))
@@ -91,6 +100,7 @@ def header_fields(status: StatusOut | None, last_acc: float | None) -> dict[str,
         "evaluation": s.evaluation or DASH, "placement": s.data_placement or DASH,
         "rounds": rounds, "phase": s.phase, "phase_attr": s.phase, "elapsed": fmt_duration(s.elapsed_s),
         "eta": "done" if s.phase == "done" else fmt_duration(s.eta_s), "last_acc": fmt_pct(last_acc),
+        "epsilon": fmt_epsilon(privacy),
         "progress_pct": pct, "progress_text": f"{s.rounds_completed} / {rounds} rounds · {pct}%{working}",
     }
 
@@ -122,6 +132,7 @@ def render_index(template_path: Path, snap: Snapshot | None, now: float, stale_a
     else:
         state = initial_state(snap, now, stale_after_s)
         last_acc = next((r.test_acc for r in reversed(snap.rounds) if r.test_acc is not None), None)
-        fields, data = header_fields(StatusOut(**state["status"]), last_acc), script_json(state)
+        privacy = next((r.privacy for r in reversed(snap.rounds) if r.privacy is not None), None)
+        fields, data = header_fields(StatusOut(**state["status"]), last_acc, privacy), script_json(state)
     values = {k: html.escape(v, quote=True) for k, v in fields.items()}
     return _template(template_path).substitute(values, initial_data=data, phi2_style=script_json(phi2_style_json()))

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from fedent.runlog import jsonable, one_based
-from server.dashboard.models import FedentClientDiag, FedentRound, RoundOut
+from server.dashboard.models import FedentClientDiag, FedentRound, PrivacyRound, RoundOut
 
 
 def num(x: Any) -> float | None:
@@ -93,6 +93,13 @@ def _fedent_round(raw: Any) -> FedentRound | None:
     )
 
 
+def _privacy_round(raw: Any) -> PrivacyRound | None:
+    if not isinstance(raw, Mapping):
+        return None
+    return PrivacyRound(dp=text(raw.get("dp")), epsilon=num(raw.get("epsilon")), delta=num(raw.get("delta")),
+                        accountant=text(raw.get("accountant")), clip_norm=num(raw.get("clip_norm")))
+
+
 def round_row(rec: Mapping[str, Any]) -> RoundOut | None:
     """One metrics.jsonl record as a typed row (None when it has no usable round number); rounds 1..R, a line
     from before the numbering was fixed is shifted (fedent.runlog.one_based)."""
@@ -108,6 +115,7 @@ def round_row(rec: Mapping[str, Any]) -> RoundOut | None:
         clients=cids, num_clients=integer(rec.get("num_clients")),
         wall_s=num(rec.get("wall_s")), elapsed_s=num(rec.get("elapsed_s")),
         fedent=_fedent_round(rec.get("fedent")), diagnostics=free_json(rec.get("diagnostics")),
+        privacy=_privacy_round(rec.get("privacy")),
     )
 
 

@@ -14,6 +14,7 @@ from fedent.config import (
     DataConfig,
     ExperimentConfig,
     ModelConfig,
+    PrivacyConfig,
     TrainConfig,
     apply_overrides,
     config_from_dict,
@@ -206,7 +207,8 @@ def test_a_section_built_directly_rejects_a_bad_value_naming_it(section: type, k
     assert str(e.value) == why
 
 
-@pytest.mark.parametrize("section, name", [(DataConfig, "data"), (ModelConfig, "model"), (TrainConfig, "train")])
+@pytest.mark.parametrize("section, name", [(DataConfig, "data"), (ModelConfig, "model"), (TrainConfig, "train"),
+                                           (PrivacyConfig, "privacy")])
 def test_each_section_rejects_an_unknown_key_naming_it(section: type, name: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{name}: unknown key\(s\) bogus; allowed: "):
         config_from_dict({name: {"bogus": 1}})
@@ -215,7 +217,7 @@ def test_each_section_rejects_an_unknown_key_naming_it(section: type, name: str)
 
 
 def test_every_declared_field_has_a_doc() -> None:
-    for cls in (DataConfig, ModelConfig, TrainConfig, *OPTIONS.values()):
+    for cls in (DataConfig, ModelConfig, TrainConfig, PrivacyConfig, *OPTIONS.values()):
         missing = [k for k, doc in cls.docs().items() if not doc]
         assert not missing, f"{cls.__name__}: undocumented {missing}"
 
@@ -261,3 +263,28 @@ def test_a_packaged_config_is_found_by_name_outside_the_repository(tmp_path: Pat
     assert packaged_config("nope") is None and packaged_config("../demo") is None
     with pytest.raises(ConfigError, match=r"config file not found: nope \(or name a packaged config: .*demo"):
         load_config("nope")
+@pytest.mark.parametrize("privacy, needle", [
+    ({"secure_aggregation": True}, "privacy.secure_aggregation: not implemented in this build"),
+    ({"dp": "local", "adaptive_clip": True}, "privacy.adaptive_clip: applies to dp: central only"),
+    ({"dp": "global"}, "privacy.dp: must be one of none, central, local"),
+    ({"dp": "central", "clip_norm": 0}, "privacy.clip_norm: must be > 0"),
+    ({"dp": "central", "delta": 1.0}, "privacy.delta: must be in (0, 1)"),
+    ({"dp": "central", "noise_multiplier": 0, "target_epsilon": 3}, "privacy.target_epsilon: noise_multiplier 0"),
+    ({"dp": "central", "adaptive_clip": True, "clipped_count_stddev": 0.4}, "privacy.clipped_count_stddev: must "
+                                                                             "exceed noise_multiplier / 2 = 0.5"),
+    ({"epsilon": 3}, "privacy: unknown key(s) epsilon"),
+])
+def test_bad_privacy_sections_are_config_errors_naming_the_key(privacy: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"privacy": privacy})
+    assert needle in str(e.value)
+
+
+def test_local_dp_refuses_the_vectorised_executor_and_the_section_round_trips() -> None:
+    with pytest.raises(ConfigError, match="privacy.dp: local .* sequential executor only"):
+        config_from_dict({"privacy": {"dp": "local"}, "train": {"executor": "vectorised"}})
+    cfg = config_from_dict({"privacy": {"dp": "central", "noise_multiplier": 0.8, "target_epsilon": 8}})
+    assert cfg.privacy.dp == "central" and cfg.privacy.noise_multiplier == 0.8 and cfg.privacy.target_epsilon == 8.0
+    assert config_from_dict(cfg.to_dict()) == cfg
+    # without DP the section is left out, so runs (and checkpoints) keep the config they had before it existed
+    assert "privacy" not in config_from_dict({}).to_dict()

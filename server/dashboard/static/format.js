@@ -19,6 +19,12 @@ export function fmtTick(v, step, percent) {
   return (v * scale).toFixed(dec) + (percent ? "%" : "");
 }
 
+/** The run's privacy so far (page.py ``fmt_epsilon``): "off", "central ε 3.21", "local ε ∞". */
+export function fmtEpsilon(p) {
+  if (!p) return "off";
+  return `${p.dp || "dp"} ε ` + (p.epsilon === null || p.epsilon === undefined ? "∞" : p.epsilon.toFixed(2));
+}
+
 export function fmtPct(v) { return v === null || v === undefined ? DASH : (100 * v).toFixed(1) + "%"; }
 
 export function fmtDuration(s) {

@@ -2,7 +2,7 @@
  * page.py renders the same text on the server for the first paint (header_fields). */
 
 import { $, showError } from "./dom.js";
-import { fmtDuration, fmtPct } from "./format.js";
+import { fmtDuration, fmtEpsilon, fmtPct } from "./format.js";
 import { state } from "./state.js";
 
 const PHASES = ["starting", "estimating", "training", "aggregating", "evaluating", "done", "stopped", "failed"];
@@ -23,6 +23,8 @@ export function renderStatus() {
   tickClock();
   const accs = state.rounds.filter((r) => r.test_acc !== null);
   $("#last-acc").textContent = accs.length ? fmtPct(accs[accs.length - 1].test_acc) : "–";
+  const priv = state.rounds.filter((r) => r.privacy);
+  $("#epsilon").textContent = fmtEpsilon(priv.length ? priv[priv.length - 1].privacy : null);
 
   const prog = $(".progress");
   prog.dataset.phase = s.phase;

@@ -28,10 +28,15 @@ def test_cpu_plan_has_every_paper_run_once_in_seed_order(tmp_path: Path) -> None
     # then (no third main seed here) the extra scale check's first seed, then the analyses' second seed
     assert all(s.setting == "pathological-x4" and s.seed == 0 for s in plan.runs[first_part + 10:first_part + 18])
     # then the controls' first seed (issue 17; the rows not already run by the main table), then the second seeds
-    ctrl = [s for s in plan.runs[first_part + 18:] if s.seed == 0]
+    first = [s for s in plan.runs[first_part + 18:] if s.seed == 0]
+    ctrl = [s for s in first if s.setting == "pathological"]
     assert {s.row for s in ctrl} == {"fedavg-lr2", "fedavg-lr5", "fedavg-lr10", "fedavg-replay",
                                      "fedavg-replay-mean", "fedent-first", "fedent-offline-first"}
-    assert all(s.seed == 1 for s in plan.runs[first_part + 18 + len(ctrl):])
+    # then the privacy table's first seed (issue 26: FedAvg and FedEnt at each noise level; no DP is the main run)
+    assert first == ctrl + [s for s in first if s.setting.startswith("dp-")]
+    assert {(s.setting, s.row) for s in first[len(ctrl):]} == {
+        (k, r) for k in ("dp-central-z0.3", "dp-central-z1", "dp-local-z1") for r in ("fedavg", "fedent")}
+    assert all(s.seed == 1 for s in plan.runs[first_part + 18 + len(first):])
     by = {(s.setting, s.row, s.seed): s for s in plan.runs}
     for setting in ("pathological", "dir1.0", "dir0.5"):
         rows = {r for (st, r, sd) in by if st == setting and sd == 0}

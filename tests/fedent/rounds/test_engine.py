@@ -6,6 +6,7 @@ the engine's policy is tested without gRPC (the cluster tests exercise the same 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from fedent import runlog
 from fedent.checkpoint import config_fingerprint
+from fedent.config import PrivacyConfig
 from fedent.rounds import ClientHost, ClientTraining, Gathered, InProcessExecutor, RoundEngine, RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.rundir import RunDirError
@@ -53,8 +55,11 @@ class Dropping(InProcessExecutor):
 
 
 def engine(tmp_path: Path, executor_cls: type[InProcessExecutor] = InProcessExecutor, *, rounds: int = 2,
-           strategy: Strategy | None = None, policy: RoundPolicy | None = None, **kw: Any) -> RoundEngine:
+           strategy: Strategy | None = None, policy: RoundPolicy | None = None,
+           privacy: PrivacyConfig | None = None, **kw: Any) -> RoundEngine:
     cfg = tiny_config("fedavg", num_clients=4, rounds=rounds)
+    if privacy is not None:
+        cfg = dataclasses.replace(cfg, privacy=privacy)
     inputs = tiny_inputs()
     data = inputs.data
     tr = cfg.train
@@ -135,6 +140,25 @@ def test_a_skipped_round_keeps_the_model_and_the_run_goes_on(tmp_path: Path) -> 
     assert all(r["train_loss"] is None for r in records)
     assert all(torch.equal(a, b) for a, b in zip(e.global_params, w0, strict=True))
     assert status(e)["phase"] == "done"
+
+
+def test_a_skipped_round_costs_no_privacy_and_keeps_the_clip_norm(tmp_path: Path) -> None:
+    from fedent.privacy.accountant import central_report
+
+    pc = PrivacyConfig(dp="central", noise_multiplier=1.0, adaptive_clip=True)
+    e = engine(tmp_path, Dropping, rounds=5, policy=RoundPolicy(quorum=1.0, retries=-1), privacy=pc, down={0})
+    records = e.run()
+    skipped = ["skipped" in r["diagnostics"] for r in records]
+    assert any(skipped) and not all(skipped)
+    released = 0
+    for r, skip in zip(records, skipped, strict=True):
+        released += not skip
+        assert r["privacy"]["epsilon"] == central_report(4, 2, 1.0, released, 1e-5)["epsilon"]
+        assert r["privacy"]["event"]["count"] == released
+    for before, r, skip in zip(records, records[1:], skipped[1:], strict=False):
+        if skip:  # no release, no count to move the clip norm by
+            assert r["privacy"]["next_clip_norm"] == before["privacy"]["next_clip_norm"]
+            assert "clip_norm" not in r["privacy"]
 
 
 def test_stop_ends_the_run_as_failed(tmp_path: Path) -> None:

@@ -136,6 +136,17 @@ def test_a_model_vmap_cannot_train_falls_back_with_a_message(capsys: pytest.Capt
     assert type(make_host("auto", tr, inputs.client_indices, TRAINING)) is ClientHost
 
 
+def test_local_dp_falls_back_to_the_sequential_host_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    """DP-SGD's per-sample gradients run in the sequential host only (config: a vectorised executor with
+    privacy.dp local is a ConfigError; auto and a worker's --executor vectorised fall back, saying why)."""
+    from fedent.privacy.dpsgd import DPSGD
+
+    tr, inputs = trainer()
+    host = make_host("vectorised", tr, inputs.client_indices, dataclasses.replace(TRAINING, dp=DPSGD(1.0, 1.0)))
+    assert type(host) is ClientHost and tr.dp == DPSGD(1.0, 1.0)
+    assert "local DP (DP-SGD) runs on the sequential executor only" in capsys.readouterr().err
+
+
 class FitOnly(Strategy):
     """A plug-in strategy that overrides ``fit`` and defines no plan: it must still run (sequentially)."""
 

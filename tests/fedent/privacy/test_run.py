@@ -1,0 +1,143 @@
+"""A run's privacy through the one round engine: the logged ε, the noise in the model, the budget stop."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import pytest
+import torch
+from conftest import tiny_config, tiny_inputs
+from dp_accounting import dp_event
+from dp_accounting.rdp import RdpAccountant
+
+from fedent.config import ExperimentConfig, PrivacyConfig
+from fedent.privacy import accountant
+from fedent.privacy.run import RunPrivacy, released_rounds
+from fedent.runlog import read_json
+from fedent.sim.simulator import SimResult, run_simulation
+from fedent.strategies.base import AggregateResult, ClientUpdate
+from fedent.strategies.fedavg import FedAvg
+
+
+def _cfg(algorithm: str = "fedavg", rounds: int = 3, **privacy: Any) -> ExperimentConfig:
+    cfg = tiny_config(algorithm, num_clients=10, rounds=rounds)  # fraction 0.5: 5 of 10 clients a round
+    return dataclasses.replace(cfg, privacy=PrivacyConfig(**privacy))
+
+
+def _run(cfg: ExperimentConfig, where: Path) -> SimResult:
+    return run_simulation(cfg, where, progress=False, inputs=tiny_inputs(10), plots=False)
+
+
+def _gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def test_a_central_runs_logged_epsilon_is_dp_accountings_for_the_same_event(tmp_path: Path) -> None:
+    res = _run(_cfg(dp="central", noise_multiplier=1.2, clip_norm=0.5, delta=1e-4), tmp_path / "r")
+    for k, rec in enumerate(res.records, start=1):
+        acc = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        acc.compose(dp_event.SelfComposedDpEvent(  # 5 of 10 without replacement; sum sensitivity 2C, noise 1.2C
+            dp_event.SampledWithoutReplacementDpEvent(10, 5, dp_event.GaussianDpEvent(0.6)), k))
+        p = rec["privacy"]
+        assert p["epsilon"] == pytest.approx(acc.get_epsilon(1e-4), rel=1e-9)
+        assert (p["delta"], p["accountant"], p["dp"], p["event"]["count"]) == (1e-4, "rdp", "central", k)
+        assert p["clip_norm"] == 0.5 and p["noise_std"] == pytest.approx(0.6)
+
+
+def test_without_noise_and_clipping_central_dp_is_fedavg_and_the_noise_visibly_moves_the_model(
+        tmp_path: Path) -> None:
+    plain = _run(_cfg(), tmp_path / "plain")
+    assert all(r["privacy"] is None for r in plain.records)
+    # equal client sizes: FedAvg's sample weights are uniform, so clip ∞ and z = 0 give FedAvg's model
+    idle = _run(_cfg(dp="central", noise_multiplier=0.0, clip_norm=1e6), tmp_path / "idle")
+    assert _gap(idle.params, plain.params) < 1e-6
+    noisy = _run(_cfg(dp="central", noise_multiplier=1.0, clip_norm=1.0), tmp_path / "noisy")
+    assert _gap(noisy.params, plain.params) > 0.05
+    again = _run(_cfg(dp="central", noise_multiplier=1.0, clip_norm=1.0), tmp_path / "again")
+    assert _gap(noisy.params, again.params) == 0.0  # seeded by (seed, round): reproducible
+
+
+@pytest.mark.parametrize("algorithm", ["fedadam", "feddyn", "scaffold", "fedent"])
+def test_every_strategy_aggregates_the_one_noised_release(tmp_path: Path, algorithm: str) -> None:
+    """Extras included (FedDyn's Σλ, SCAFFOLD's Δc, FedAdam's moments): they see only the release, and the noise
+    changes the result."""
+    base = _run(_cfg(algorithm, rounds=2, dp="central", noise_multiplier=0.0, clip_norm=1e6), tmp_path / "a")
+    noisy = _run(_cfg(algorithm, rounds=2, dp="central", noise_multiplier=1.0, clip_norm=1.0), tmp_path / "b")
+    assert all(math.isfinite(float(p.abs().sum())) for p in noisy.params)
+    assert _gap(base.params, noisy.params) > 1e-3
+    assert noisy.records[-1]["privacy"]["epsilon"] > 0
+
+
+def test_the_target_epsilon_stops_the_run_cleanly_before_it_is_passed(tmp_path: Path) -> None:
+    one = accountant.central_report(10, 5, 1.0, 2, 1e-5)["epsilon"]  # the budget holds exactly two rounds
+    res = _run(_cfg(rounds=6, dp="central", noise_multiplier=1.0, target_epsilon=one * 1.001), tmp_path / "r")
+    assert [r["round"] for r in res.records] == [0, 1]
+    assert res.records[-1]["privacy"]["epsilon"] <= one * 1.001
+    assert res.records[-1]["test_acc"] is not None  # the last round within budget is evaluated
+    status = read_json(tmp_path / "r" / "status.json")
+    assert status["phase"] == "done" and status["round"] == 1
+    assert "privacy budget: round 2 would take ε to" in status["state"]["stopped_early"]
+    assert (tmp_path / "r" / "model_final.pt").is_file()
+
+
+def test_a_local_runs_epsilon_is_the_worst_clients_and_dp_sgd_changes_the_model(tmp_path: Path) -> None:
+    plain = _run(_cfg(), tmp_path / "plain")
+    res = _run(_cfg(dp="local", noise_multiplier=1.0, clip_norm=0.5), tmp_path / "local")
+    released = [r["clients"] for r in res.records]
+    joined = {c: sum(c in cids for cids in released) for c in range(10)}
+    want = accountant.local_report([12] * 10, joined, batch_size=4, epochs=1, noise_multiplier=1.0, delta=1e-5)
+    assert res.records[-1]["privacy"]["epsilon"] == pytest.approx(want["epsilon"], rel=1e-12)
+    assert res.records[-1]["privacy"]["client"] == max(joined, key=lambda c: (joined[c], -c))
+    assert _gap(res.params, plain.params) > 0.05
+
+
+def test_skipped_rounds_release_nothing_and_the_clip_norm_resumes_from_the_log() -> None:
+    recs = [{"round": 0, "clients": [1, 2], "diagnostics": {}, "privacy": {"next_clip_norm": 0.7}},
+            {"round": 1, "clients": [3, 4], "diagnostics": {"skipped": "1/2 updates accepted"}, "privacy": {}}]
+    assert released_rounds(recs) == [[1, 2]]
+    priv = RunPrivacy(_cfg(dp="central", adaptive_clip=True, clip_norm=2.0))
+    assert priv.clip_norm(recs) == 0.7 and priv.clip_norm([]) == 2.0
+    assert RunPrivacy(_cfg()).report([[1]], [12] * 10) is None
+
+
+def test_adaptive_clipping_carries_each_rounds_norm_into_the_next(tmp_path: Path) -> None:
+    res = _run(_cfg(dp="central", noise_multiplier=0.5, clip_norm=0.01, adaptive_clip=True, clip_learning_rate=0.5),
+               tmp_path / "r")
+    norms = [(r["privacy"]["clip_norm"], r["privacy"]["next_clip_norm"]) for r in res.records]
+    assert norms[0][0] == 0.01
+    assert all(nxt == pytest.approx(cur) for (_, nxt), (cur, _) in zip(norms, norms[1:], strict=False))
+    assert norms[-1][1] > 0.01  # every update is far above 0.01: the norm grows toward the median
+
+
+class _Median(FedAvg):
+    """A robust rule's stand-in (coordinate-wise median of the uploads), to show where it sits under central DP."""
+
+    def aggregate(self, rnd: int, global_params: Sequence[torch.Tensor],
+                  updates: Sequence[ClientUpdate]) -> AggregateResult:
+        return AggregateResult([torch.stack([u.params[i] for u in updates]).median(0).values
+                                for i in range(len(global_params))])
+
+
+def test_under_central_dp_a_robust_rule_sees_only_the_release_and_leaves_it_as_it_is(tmp_path: Path) -> None:
+    cfg = _cfg(dp="central", noise_multiplier=1.0, clip_norm=0.5)
+    mean = _run(cfg, tmp_path / "mean")
+    median = run_simulation(cfg, tmp_path / "median", progress=False, inputs=tiny_inputs(10), plots=False,
+                            strategy=_Median())
+    assert _gap(mean.params, median.params) < 1e-6  # m copies of one release: the median is the release
+    plain_median = run_simulation(_cfg(), tmp_path / "plain", progress=False, inputs=tiny_inputs(10), plots=False,
+                                  strategy=_Median())
+    assert _gap(plain_median.params, median.params) > 1e-2  # without DP the rule acts on the raw uploads
+
+
+def test_central_dp_is_the_same_on_the_vectorised_executor(tmp_path: Path) -> None:
+    """Central DP happens in the engine, after whichever executor trained the clients."""
+    seq = _run(_cfg(dp="central", noise_multiplier=1.0, clip_norm=0.5), tmp_path / "seq")
+    cfg = _cfg(dp="central", noise_multiplier=1.0, clip_norm=0.5)
+    vec = _run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, executor="vectorised")), tmp_path / "v")
+    assert read_json(tmp_path / "v" / "status.json")["state"]["executor"] == "vectorised"
+    assert _gap(seq.params, vec.params) < 1e-5
