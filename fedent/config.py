@@ -265,6 +265,52 @@ class TrainConfig(Declared):
 
 
 
+# ---- privacy: secure aggregation (branch secagg) -----------------------------------------------------------
+# MERGE NOTE: the dp branch adds its own PrivacyConfig (dp, noise_multiplier, ...) with ``secure_aggregation``;
+# the two classes are to be merged into one: keep both sets of fields, every ``secagg_*`` field is this branch's.
+SecAggRounding = Literal["nearest", "stochastic"]
+
+
+@dataclass(frozen=True)
+class PrivacyConfig(Declared):
+    key_prefix = "privacy"
+
+    secure_aggregation: bool = option(False, "SecAgg+: the aggregator learns only the sum of the clients' (masked) "
+                                             "updates (docs/security.md, \"Secure aggregation\")")
+    secagg_threshold: float = option(0.6, "fraction of a client's neighbours whose shares rebuild its secrets "
+                                          "(t = ceil(fraction · degree)); up to degree − t may drop after "
+                                          "masking", gt=0.5, le=1)
+    secagg_degree: int = option(0, "neighbours per client (SecAgg+'s k-regular graph, rounded up to even); 0 or "
+                                   ">= clients − 1: all pairs (Bonawitz et al.)", ge=0)
+    secagg_frac_bits: int = option(24, "fixed point: values are rounded to multiples of 2^-frac_bits", ge=1, le=52)
+    secagg_ring_bits: int = option(64, "masks and sums live in the ring Z_2^ring_bits", ge=16, le=64)
+    secagg_rounding: SecAggRounding = option("nearest", "fixed-point rounding: nearest, or stochastic (unbiased, "
+                                                        "seeded by (seed, round, client))")
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        if self.secagg_frac_bits >= self.secagg_ring_bits - 8:
+            yield "secagg_frac_bits", (f"must leave at least 8 integer bits in the ring (< secagg_ring_bits − 8 = "
+                                       f"{self.secagg_ring_bits - 8}), got {self.secagg_frac_bits}")
+
+
+def privacy_problems(privacy: PrivacyConfig, algorithm: AlgorithmConfig, train: TrainConfig) -> list[str]:
+    """Combinations secure aggregation cannot run: a strategy whose server step needs individual updates, and
+    local evaluation of uploaded models (they never reach the aggregator unmasked)."""
+    if not privacy.secure_aggregation:
+        return []
+    out = []
+    from fedent.strategies.registry import strategy_class  # local: the strategies import torch
+
+    cls = strategy_class(algorithm.name)
+    if cls.secure_weighting is None:
+        out.append(f"privacy.secure_aggregation: {algorithm.name} cannot run under secure aggregation: "
+                   f"{cls.secure_blocker} (docs/security.md lists the strategies that can)")
+    if train.local_eval > 0:
+        out.append("privacy.secure_aggregation: train.local_eval evaluates uploaded local models, which the "
+                   "aggregator never sees under secure aggregation; set train.local_eval: 0")
+    return out
+
+
 def _bound(v: float) -> str:
     """A range bound as written: whole numbers in full (65535, 4194304), others short (1e-06)."""
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
@@ -420,12 +466,17 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     out_dir: str = "runs"
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    def __post_init__(self) -> None:
+        _raise_all(privacy_problems(self.privacy, self.algorithm, self.train))
 
     def validate(self) -> None:
         c = _Collect()
         c.run(self.data.validate)
         c.run(self.model.validate)
         c.run(self.train.validate)
+        c.run(self.privacy.validate)
         c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -437,6 +488,7 @@ class ExperimentConfig:
             "train": dataclasses.asdict(self.train),
             "algorithm": self.algorithm.to_dict(),
             "out_dir": self.out_dir,
+            "privacy": dataclasses.asdict(self.privacy),
         }
 
 
@@ -514,7 +566,7 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
-    allowed = {"name", "data", "model", "train", "algorithm", "out_dir"}
+    allowed = {"name", "data", "model", "train", "algorithm", "out_dir", "privacy"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         listed = ", ".join(sorted(allowed))
@@ -525,6 +577,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     model = c.run(dataclass_from_mapping, ModelConfig, raw.get("model"), "model")
     train = c.run(dataclass_from_mapping, TrainConfig, raw.get("train"), "train")
     algorithm = c.run(AlgorithmConfig.from_mapping, raw.get("algorithm"))
+    privacy = c.run(dataclass_from_mapping, PrivacyConfig, raw.get("privacy"), "privacy")
+    if privacy is not None and algorithm is not None and train is not None:
+        c.problems.extend(privacy_problems(privacy, algorithm, train))
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 
@@ -532,7 +587,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
         c.run(plugins.check_placement, data, train)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
-                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))
+                            algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")), privacy=privacy)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

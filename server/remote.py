@@ -14,7 +14,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -31,6 +31,10 @@ from server.work import ClusterError, Collector, Task, WorkerHandle
 
 if TYPE_CHECKING:
     from fedent.rounds.engine import RoundEngine
+
+
+SECAGG_CLUSTER = ("privacy.secure_aggregation runs in the simulator only: the cluster's work stream does not carry "
+                  "the protocol's messages yet (docs/security.md, \"Secure aggregation\")")
 
 
 def model_blob(rnd: int) -> str:
@@ -79,6 +83,8 @@ class RemoteExecutor:
         return {"mode": "cluster", "workers": self.registry.live_workers()}
 
     def start(self) -> None:
+        if self.engine.cfg.privacy.secure_aggregation:
+            raise RunError(SECAGG_CLUSTER)
         threading.Thread(target=self.registry.watch_heartbeats, name="heartbeats", daemon=True).start()
         self.registry.wait_for_workers()
         if self.registry.local_data:
@@ -120,6 +126,10 @@ class RemoteExecutor:
         self.engine.clients.write()
         col = self._dispatch("fit", rnd, cids, model_blob(rnd), payload, payload_blob)
         return Gathered(self._gather(col), dict(col.failed))
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """Not carried over the work stream yet (``start`` refuses such runs)."""
+        raise RunError(SECAGG_CLUSTER)
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         return self.registry.retry_clients(rnd, attempt, k, exclude)

@@ -30,7 +30,9 @@ from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
 from fedent.signals import stop_reason
-from fedent.strategies.base import ClientUpdate, Probe, Strategy
+from fedent.secagg.coordinator import SecureAggregation
+from fedent.secagg.protocol import ProtocolError
+from fedent.strategies.base import ClientUpdate, Probe, SecureSum, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
 
@@ -111,6 +113,9 @@ class RoundEngine:
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.stop = threading.Event()
+        # secure aggregation: the round's protocol, and the sum it unmasked (what aggregate_sum reads)
+        self.secure = SecureAggregation(cfg.privacy, self.seed) if cfg.privacy.secure_aggregation else None
+        self.secure_sum: SecureSum | None = None
         self.phase = "starting"
         self.round: int | None = None
         self.started_at = time.time()
@@ -185,6 +190,7 @@ class RoundEngine:
         through the acceptance rule. Returns the accepted updates sorted by cid and the diagnostics
         (``skipped`` present when the quorum was missed, ``failed_clients`` naming who failed and why)."""
         skipped: dict[str, Any] = {}
+        self.secure_sum = None
         fit_cids = list(participants)
         probes: list[Probe] = []
         failed: dict[int, str] = {}  # clients excluded in this try, and why (a rejected probe or update, ...)
@@ -199,12 +205,21 @@ class RoundEngine:
                 return [], {**skipped, **failed_clients(failed)}
         payload = self.strategy.round_payload(rnd, self.global_params, probes)
         self.status("training", rnd)
+        if self.secure is not None:  # keys and shares before training (fedent.secagg.coordinator)
+            fit_cids, why = self.secure.begin(rnd, fit_cids, self.strategy, self.executor.secure_exchange)
+            failed.update(why)
         fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload))
         self.check_stop()
         updates = list(fits.results.values())
         failed.update(fits.failed)
         if not self.quorum(len(updates), len(participants)):
             skipped["skipped"] = missed(len(updates), len(participants), "updates", failed)
+        elif self.secure is not None:
+            try:
+                self.secure_sum = self.secure.finish(rnd, updates, self.global_params, self.strategy,
+                                                     self.executor.secure_exchange)
+            except ProtocolError as e:
+                skipped["skipped"] = f"secure aggregation could not unmask the sum: {e}"
         return updates, {**skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
@@ -233,7 +248,11 @@ class RoundEngine:
         fedent_diag = None
         if updates and "skipped" not in diagnostics:
             self.status("aggregating", rnd)
-            result = self.strategy.aggregate(rnd, self.global_params, updates)
+            if self.secure is not None and self.secure_sum is not None:
+                result = self.strategy.aggregate_sum(rnd, self.global_params, self.secure_sum)
+                self.secure_sum = None
+            else:
+                result = self.strategy.aggregate(rnd, self.global_params, updates)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd} ({self.strategy.name}); "
                                "lower train.lr")

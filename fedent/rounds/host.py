@@ -30,6 +30,7 @@ from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
 from fedent.rounds.evaluation import ClientEval, evaluate_shards
 from fedent.rounds.executor import Gathered
+from fedent.secagg.hosted import HostedSecAgg
 from fedent.strategies.base import ClientState, ClientTask, ClientUpdate, Probe, RoundPayload, Strategy
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class ClientHost:
         self.states = states or ClientStates(device=trainer.device)
         self.on_update = on_update  # each accepted-or-not update as it is made (uploads overlap the next client)
         self.lock = threading.Lock()  # one model: the round's steps and Algorithm 1's oracle take turns
+        self.secagg = HostedSecAgg(training.seed)  # secure aggregation: the hosted clients' protocol sessions
 
     @property
     def hosted(self) -> list[int]:
@@ -174,12 +176,25 @@ class ClientHost:
         try:
             update, state = fit()
             self.states.fitted(cid, state, rnd)
+            if self.secagg.active(rnd, cid):  # secure aggregation: only the masked vector leaves the client
+                update = self.secagg.mask(rnd, update)
         except Exception as e:
             self._failed(out, cid, "fit", rnd, e)
             return
         out.results[cid] = update
         if self.on_update is not None:
             self.on_update(update)
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """One secure-aggregation step: each named hosted client answers its protocol message (fedent.secagg)."""
+        self.check_hosted(list(requests))
+        out: Gathered[bytes] = Gathered()
+        for c, req in requests.items():
+            try:
+                out.results[c] = self.secagg.handle(rnd, c, req)
+            except Exception as e:
+                self._failed(out, c, "secure aggregation", rnd, e)
+        return Gathered(out.results, out.failed)
 
     def evaluate(self, cids: Sequence[int], params: Sequence[Tensor], batch_size: int) -> Gathered[ClientEval]:
         """Federated evaluation: ``params`` on each named client's local test split."""
