@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from fedent.rounds.engine import RoundEngine
 
 
-SECAGG_CLUSTER = ("privacy.secure_aggregation runs in the simulator only: the cluster's work stream does not carry "
-                  "the protocol's messages yet (docs/security.md, \"Secure aggregation\")")
-
-
 def model_blob(rnd: int) -> str:
     return f"r{rnd}-model"
 
@@ -83,8 +79,6 @@ class RemoteExecutor:
         return {"mode": "cluster", "workers": self.registry.live_workers()}
 
     def start(self) -> None:
-        if self.engine.cfg.privacy.secure_aggregation:
-            raise RunError(SECAGG_CLUSTER)
         threading.Thread(target=self.registry.watch_heartbeats, name="heartbeats", daemon=True).start()
         self.registry.wait_for_workers()
         if self.registry.local_data:
@@ -128,8 +122,18 @@ class RemoteExecutor:
         return Gathered(self._gather(col), dict(col.failed))
 
     def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
-        """Not carried over the work stream yet (``start`` refuses such runs)."""
-        raise RunError(SECAGG_CLUSTER)
+        """One secure-aggregation step over the work stream: a ``secagg`` task per worker with its clients'
+        messages; the answers come back through ``submit_secagg``. The aggregator only routes bytes (the shares
+        in them are sealed to their receiving client)."""
+        col = self._dispatch("secagg", rnd, sorted(requests), "", secagg=requests)
+        return Gathered(self._gather(col), dict(col.failed))
+
+    def submit_secagg(self, worker_id: str, task_id: int, rnd: int, responses: Mapping[int, bytes],
+                      identity: str | None = None) -> None:
+        self.registry.own(worker_id, list(responses), identity, "SubmitSecAgg")  # before any phase check
+        col = self._collector("secagg")
+        for cid, data in responses.items():
+            col.put(task_id, rnd, int(cid), bytes(data))
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         return self.registry.retry_clients(rnd, attempt, k, exclude)
@@ -248,7 +252,8 @@ class RemoteExecutor:
         return Gathered(self._gather(col), dict(col.failed))
 
     def _dispatch(self, kind: str, rnd: int, cids: Sequence[int], model_blob: str,
-                  payload: RoundPayload | None = None, payload_blob: str = "") -> Collector:
+                  payload: RoundPayload | None = None, payload_blob: str = "",
+                  secagg: Mapping[int, bytes] | None = None) -> Collector:
         """Queue one task per worker holding some of ``cids``; a worker hosting several clients gets one task."""
         by_worker: dict[str, list[int]] = {}
         lost: list[int] = []
@@ -265,8 +270,9 @@ class RemoteExecutor:
         for wid, mine in by_worker.items():
             tid = next(self.task_ids)
             task_of.update({c: tid for c in mine})
+            mine_msgs = None if secagg is None else {c: secagg[c] for c in mine}
             tasks.append((self.registry.workers[wid], Task(kind, tid, rnd, tuple(sorted(mine)), model_blob, payload,
-                                                  payload_blob, deadline)))
+                                                  payload_blob, deadline, secagg=mine_msgs)))
         for c in lost:
             task_of[c] = 0
         col = Collector(task_of, rnd, kind)

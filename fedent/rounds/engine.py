@@ -29,9 +29,9 @@ from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
-from fedent.signals import stop_reason
 from fedent.secagg.coordinator import SecureAggregation
 from fedent.secagg.protocol import ProtocolError
+from fedent.signals import stop_reason
 from fedent.strategies.base import ClientUpdate, Probe, SecureSum, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from fedent.rounds.executor import Gathered
 from fedent.rng import derive_seed
+from fedent.rounds.executor import Gathered
 from fedent.secagg.fixedpoint import decode
 from fedent.secagg.hosted import split_vector
 from fedent.secagg.protocol import ProtocolError, ServerSession, Setup

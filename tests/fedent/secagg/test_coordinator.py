@@ -29,9 +29,9 @@ from fedent.trainer import LocalTrainer
 class Recording(InProcessExecutor):
     """Keeps every upload that reaches the engine; ``lose`` clients' uploads vanish after they masked."""
 
-    def __init__(self, *args: Any, lose: set[int] = frozenset(), **kw: Any) -> None:  # type: ignore[assignment]
+    def __init__(self, *args: Any, lose: frozenset[int] = frozenset(), **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.lose, self.seen = set(lose), []  # type: ignore[var-annotated]
+        self.lose, self.seen = set(lose), list[ClientUpdate]()
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
@@ -41,8 +41,9 @@ class Recording(InProcessExecutor):
         return Gathered(kept, {**got.failed, **{c: "lost after masking" for c in got.results if c in self.lose}})
 
 
-def run(tmp_path: Path, algorithm: str, secure: bool, *, host: type[ClientHost] = ClientHost, lose: set[int] = set(),
-        rounds: int = 2, num_clients: int = 6, quorum: float = 1.0, **privacy: Any) -> tuple[list[Tensor], Recording, RoundEngine]:
+def run(tmp_path: Path, algorithm: str, secure: bool, *, host: type[ClientHost] = ClientHost,
+        lose: frozenset[int] = frozenset(), rounds: int = 2, num_clients: int = 6, quorum: float = 1.0,
+        **privacy: Any) -> tuple[list[Tensor], Recording, RoundEngine]:
     cfg = tiny_config(algorithm, num_clients=num_clients, rounds=rounds, fraction=1.0)
     cfg = dataclasses.replace(cfg, privacy=PrivacyConfig(secure_aggregation=secure, **privacy))
     inputs = tiny_inputs(num_clients=num_clients)
@@ -84,7 +85,7 @@ def test_the_vectorised_host_masks_the_same_way(tmp_path: Path) -> None:
 def test_clients_lost_after_masking_are_unmasked_from_shares(tmp_path: Path) -> None:
     """6 clients, all pairs: 5 neighbours each, t = 3, so 2 may drop after masking; the model is then the plain
     aggregate of the 4 survivors (the plain run loses the same two uploads)."""
-    lose = {1, 4}
+    lose = frozenset({1, 4})
     plain, _, _ = run(tmp_path, "fedavg", False, lose=lose, rounds=1, quorum=0.5)
     secure, ex, eng = run(tmp_path, "fedavg", True, lose=lose, rounds=1, quorum=0.5)
     assert rel_err(secure, plain) <= 1e-4
@@ -94,7 +95,7 @@ def test_clients_lost_after_masking_are_unmasked_from_shares(tmp_path: Path) -> 
 def test_too_many_lost_clients_fail_the_round_with_the_reason(tmp_path: Path) -> None:
     """3 of 6 lost: a survivor's self mask has 2 shares left, t = 3; the quorum (0.5) is met, the unmask is not."""
     with pytest.raises(RunError, match="secure aggregation could not unmask the sum: .*self mask"):
-        run(tmp_path, "fedavg", True, lose={0, 1, 2}, rounds=1, quorum=0.5)
+        run(tmp_path, "fedavg", True, lose=frozenset({0, 1, 2}), rounds=1, quorum=0.5)
 
 
 def test_strategies_that_need_individual_updates_are_config_errors() -> None:
@@ -107,7 +108,8 @@ def test_strategies_that_need_individual_updates_are_config_errors() -> None:
         config_from_dict(raw)
     ok = config_from_dict({"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}})
     assert ok.privacy.secure_aggregation is False
-    assert config_from_dict({"data": {"name": "synthetic"}, "privacy": {"secure_aggregation": True}}).privacy.secure_aggregation
+    on = config_from_dict({"data": {"name": "synthetic"}, "privacy": {"secure_aggregation": True}})
+    assert on.privacy.secure_aggregation is True and on.to_dict()["privacy"]["secure_aggregation"] is True
 
 
 def test_privacy_settings_are_checked() -> None:

@@ -116,7 +116,7 @@ def test_messages_out_of_order_or_re_addressed_are_refused() -> None:
     c = ClientSession(0)
     with pytest.raises(ProtocolError, match="state new"):
         c.handle(json.dumps({"step": "route", "sealed": {}}).encode())
-    srv, clients = ServerSession(Setup(1, 64, 24, "nearest", "samples", (), 3), [0, 1, 2], 0, 0.6, 0), None
+    srv = ServerSession(Setup(1, 64, 24, "nearest", "samples", (), 3), [0, 1, 2], 0, 0.6, 0)
     cl = {i: ClientSession(i) for i in range(3)}
     srv.take_advertise({i: cl[i].handle(r) for i, r in srv.advertise_requests().items()})
     reqs, _ = srv.share_requests()
