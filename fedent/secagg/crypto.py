@@ -67,7 +67,7 @@ def prg(seed: bytes, n: int, ring_bits: int) -> np.ndarray:
         raise CryptoError(f"a mask seed is {KEY_BYTES} bytes, got {len(seed)}")
     enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
     buf = np.empty(n + 2, dtype=np.uint64)  # update_into wants block_size - 1 spare bytes
-    enc.update_into(bytes(8 * n), memoryview(buf).cast("B"))
+    enc.update_into(bytes(8 * n), memoryview(buf.view(np.uint8).data))
     out = buf[:n]
     if ring_bits < 64:
         out &= np.uint64((1 << ring_bits) - 1)
