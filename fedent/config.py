@@ -12,7 +12,7 @@ checks every field's type and range when the object is built and reports every p
 setting's name; rules that span fields are small ``checks()`` methods. So every consumer (strategies,
 simulator, aggregator, workers, estimator service) receives an object that is already valid.
 
-Why ~590 lines in one module: every config section and the option machinery share one validator
+Why ~660 lines in one module: every config section and the option machinery share one validator
 (types, ranges, dotted error paths); split, each half would re-implement it.
 """
 

@@ -14,6 +14,7 @@ from fedent.config import (
     DataConfig,
     ExperimentConfig,
     ModelConfig,
+    PrivacyConfig,
     TrainConfig,
     apply_overrides,
     config_from_dict,
@@ -215,7 +216,7 @@ def test_each_section_rejects_an_unknown_key_naming_it(section: type, name: str)
 
 
 def test_every_declared_field_has_a_doc() -> None:
-    for cls in (DataConfig, ModelConfig, TrainConfig, *OPTIONS.values()):
+    for cls in (DataConfig, ModelConfig, TrainConfig, PrivacyConfig, *OPTIONS.values()):
         missing = [k for k, doc in cls.docs().items() if not doc]
         assert not missing, f"{cls.__name__}: undocumented {missing}"
 
@@ -245,3 +246,27 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path: Path) -> None:
     cfg.write_text("name: x\ntrain: {rounds: 2\n  lr: [0.1\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(cfg))}:\d+:\d+: not valid YAML"):
         load_config(cfg)
+
+
+# ---- privacy: secure aggregation (branch secagg) ----
+
+
+def test_strategies_that_need_individual_updates_are_config_errors() -> None:
+    raw = {"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}, "privacy": {"secure_aggregation": True}}
+    with pytest.raises(ConfigError, match="privacy.secure_aggregation: fedcos cannot run under secure aggregation: "
+                                          "its weights are each client's cosine"):
+        config_from_dict(raw)
+    raw = {"data": {"name": "synthetic"}, "train": {"local_eval": 2}, "privacy": {"secure_aggregation": True}}
+    with pytest.raises(ConfigError, match="train.local_eval"):
+        config_from_dict(raw)
+    ok = config_from_dict({"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}})
+    assert ok.privacy.secure_aggregation is False
+    on = config_from_dict({"data": {"name": "synthetic"}, "privacy": {"secure_aggregation": True}})
+    assert on.privacy.secure_aggregation is True and on.to_dict()["privacy"]["secure_aggregation"] is True
+
+
+def test_privacy_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="privacy.secagg_threshold"):
+        config_from_dict({"privacy": {"secagg_threshold": 0.4}})
+    with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
+        config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})

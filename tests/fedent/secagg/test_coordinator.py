@@ -16,7 +16,7 @@ from conftest import tiny_config, tiny_inputs
 from torch import Tensor
 
 from fedent import runlog
-from fedent.config import ConfigError, PrivacyConfig, config_from_dict
+from fedent.config import PrivacyConfig
 from fedent.rounds import ClientHost, ClientTraining, Gathered, InProcessExecutor, RoundEngine
 from fedent.rounds.engine import RoundPolicy, RunError
 from fedent.rounds.evaluation import Evaluator
@@ -96,27 +96,6 @@ def test_too_many_lost_clients_fail_the_round_with_the_reason(tmp_path: Path) ->
     """3 of 6 lost: a survivor's self mask has 2 shares left, t = 3; the quorum (0.5) is met, the unmask is not."""
     with pytest.raises(RunError, match="secure aggregation could not unmask the sum: .*self mask"):
         run(tmp_path, "fedavg", True, lose=frozenset({0, 1, 2}), rounds=1, quorum=0.5)
-
-
-def test_strategies_that_need_individual_updates_are_config_errors() -> None:
-    raw = {"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}, "privacy": {"secure_aggregation": True}}
-    with pytest.raises(ConfigError, match="privacy.secure_aggregation: fedcos cannot run under secure aggregation: "
-                                          "its weights are each client's cosine"):
-        config_from_dict(raw)
-    raw = {"data": {"name": "synthetic"}, "train": {"local_eval": 2}, "privacy": {"secure_aggregation": True}}
-    with pytest.raises(ConfigError, match="train.local_eval"):
-        config_from_dict(raw)
-    ok = config_from_dict({"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}})
-    assert ok.privacy.secure_aggregation is False
-    on = config_from_dict({"data": {"name": "synthetic"}, "privacy": {"secure_aggregation": True}})
-    assert on.privacy.secure_aggregation is True and on.to_dict()["privacy"]["secure_aggregation"] is True
-
-
-def test_privacy_settings_are_checked() -> None:
-    with pytest.raises(ConfigError, match="privacy.secagg_threshold"):
-        config_from_dict({"privacy": {"secagg_threshold": 0.4}})
-    with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
-        config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})
 
 
 def test_the_fedent_record_hides_what_needs_individual_models(tmp_path: Path) -> None:
