@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
+_ZEROS = b""
 
 
 class CryptoError(ValueError):
@@ -65,9 +66,12 @@ def prg(seed: bytes, n: int, ring_bits: int) -> np.ndarray:
     """``n`` uniform elements of Z_{2^ring_bits} as uint64: AES-256-CTR(seed) keystream, 8 bytes per element."""
     if len(seed) != KEY_BYTES:
         raise CryptoError(f"a mask seed is {KEY_BYTES} bytes, got {len(seed)}")
+    global _ZEROS
+    if len(_ZEROS) < 8 * n:  # the plaintext is all zeros: one buffer, grown as needed, serves every call
+        _ZEROS = bytes(8 * n)
     enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
     buf = np.empty(n + 2, dtype=np.uint64)  # update_into wants block_size - 1 spare bytes
-    enc.update_into(bytes(8 * n), memoryview(buf.view(np.uint8).data))
+    enc.update_into(memoryview(_ZEROS)[:8 * n], memoryview(buf.view(np.uint8).data))
     out = buf[:n]
     if ring_bits < 64:
         out &= np.uint64((1 << ring_bits) - 1)

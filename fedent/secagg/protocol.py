@@ -104,9 +104,13 @@ def threshold(num_neighbours: int, fraction: float) -> int:
     return max(1, math.ceil(fraction * num_neighbours - 1e-9))
 
 
-def pairwise_mask(seed: bytes, sign: int, n: int, ring_bits: int) -> np.ndarray:
-    m = crypto.prg(seed, n, ring_bits)
-    return m if sign > 0 else (np.uint64(0) - m) & ring_mask(ring_bits)
+def apply_mask(acc: np.ndarray, seed: bytes, sign: int, ring_bits: int) -> None:
+    """acc ±= PRG(seed) in place (uint64 arithmetic wraps mod 2^64; the caller reduces mod 2^k once at the end)."""
+    m = crypto.prg(seed, int(acc.size), ring_bits)
+    if sign > 0:
+        np.add(acc, m, out=acc)
+    else:
+        np.subtract(acc, m, out=acc)
 
 
 _SHARE = struct.Struct(">qq")
@@ -232,11 +236,12 @@ class ClientSession:
         """y_u: the client's ring vector plus its self mask and its pairwise masks (after ``route``)."""
         self._expect("routed", "masked")
         assert self.setup is not None
-        k, n, rnd = self.setup.ring_bits, int(x_ring.size), self.setup.round
-        y = (np.asarray(x_ring, dtype=np.uint64) + crypto.prg(self.b_seed, n, k)) & ring_mask(k)
+        k, rnd = self.setup.ring_bits, self.setup.round
+        y = np.array(x_ring, dtype=np.uint64)  # a copy: the masks are added in place
+        apply_mask(y, self.b_seed, 1, k)
         for v in self.mask_peers:
-            seed = crypto.agree(self.s_sk, self.s_pub[v], mask_info(rnd))
-            y = (y + pairwise_mask(seed, 1 if self.cid < v else -1, n, k)) & ring_mask(k)
+            apply_mask(y, crypto.agree(self.s_sk, self.s_pub[v], mask_info(rnd)), 1 if self.cid < v else -1, k)
+        np.bitwise_and(y, ring_mask(k), out=y)  # mod 2^k (2^64 wraps by itself)
         return y
 
     def unmask(self, msg: dict[str, Any]) -> bytes:
@@ -358,13 +363,13 @@ class ServerSession:
             y = np.asarray(masked[u], dtype=np.uint64)
             if y.size != n:
                 raise ProtocolError(f"secagg: client {u}'s masked input has {y.size} elements, expected {n}")
-            total = (total + y) & ring_mask(k)
+            np.add(total, y, out=total)
         for u in alive:
             try:
                 b = shamir.combine(b_shares.get(u, {}), self.t[u])
             except shamir.ShamirError as e:
                 raise ProtocolError(f"secagg: cannot remove client {u}'s self mask: {e}") from None
-            total = (total - crypto.prg(b, n, k)) & ring_mask(k)
+            apply_mask(total, b, -1, k)
         dropped = sorted({d for u in alive for d in self.routed.get(u, []) if d not in masked})
         for d in dropped:
             try:
@@ -376,5 +381,6 @@ class ServerSession:
             for u in alive:
                 if d in self.routed.get(u, []):
                     seed = crypto.agree(s_sk, self.keys[u][1], mask_info(self.setup.round))
-                    total = (total - pairwise_mask(seed, 1 if u < d else -1, n, k)) & ring_mask(k)
+                    apply_mask(total, seed, -1 if u < d else 1, k)  # remove u's ±PRG(s_ud)
+        np.bitwise_and(total, ring_mask(k), out=total)
         return total
