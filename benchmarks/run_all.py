@@ -20,6 +20,7 @@ QUICK = {
     "bench_transfer.py": ["--sizes-mb", "16,256", "--repeat", "3"],
     "bench_cli.py": ["--repeats", "5"],
     "bench_vectorised_step.py": ["--clients", "4", "--samples", "128", "--repeats", "1"],
+    "bench_secagg.py": ["--rounds", "3", "--clients", "10", "--per-round", "5", "--repeats", "1"],
 }
 
 

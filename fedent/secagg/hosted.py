@@ -10,6 +10,7 @@ in the clear.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 
@@ -34,6 +35,9 @@ def update_vector(update: ClientUpdate, weighting: str, groups: Sequence[str]) -
 def split_vector(vec: np.ndarray, like: Sequence[Tensor], groups: Sequence[str]) -> tuple[list[Tensor],
                                                                                            dict[str, list[Tensor]]]:
     """The inverse of ``update_vector``'s layout: the model's tensors, then each group's, shaped like ``like``."""
+    want = sum(p.numel() for p in like) * (1 + len(groups))
+    if vec.size != want:
+        raise ProtocolError(f"secagg: the sum has {vec.size} elements, the model and groups {want}")
     parts: list[list[Tensor]] = []
     off = 0
     for _ in range(1 + len(groups)):
@@ -43,8 +47,6 @@ def split_vector(vec: np.ndarray, like: Sequence[Tensor], groups: Sequence[str])
             one.append(torch.from_numpy(vec[off:off + n].copy()).to(p.dtype).reshape(p.shape).to(p.device))
             off += n
         parts.append(one)
-    if off != vec.size:
-        raise ProtocolError(f"secagg: the sum has {vec.size} elements, the model and groups {off}")
     return parts[0], dict(zip(groups, parts[1:], strict=True))
 
 
@@ -57,8 +59,12 @@ class HostedSecAgg:
         self.lock = threading.Lock()
 
     def handle(self, rnd: int, cid: int, request: bytes) -> bytes:
+        try:
+            step = json.loads(request).get("step")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            raise ProtocolError("secagg: not a protocol message") from None
         with self.lock:
-            if b'"step":"advertise"' in request:
+            if step == "advertise":
                 self.sessions = {k: s for k, s in self.sessions.items() if k[0] >= rnd}  # older rounds are over
                 self.sessions[(rnd, cid)] = ClientSession(cid)
             session = self.sessions.get((rnd, cid))
