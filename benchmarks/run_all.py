@@ -21,6 +21,7 @@ QUICK = {
     "bench_cli.py": ["--repeats", "5"],
     "bench_vectorised_step.py": ["--clients", "4", "--samples", "128", "--repeats", "1"],
     "bench_privacy.py": ["--quick", "--rounds", "2", "--repeats", "1", "--threads", "1"],
+    "bench_secagg.py": ["--rounds", "3", "--clients", "10", "--per-round", "5", "--repeats", "1"],
 }
 
 

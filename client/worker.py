@@ -378,6 +378,17 @@ class Worker:
             worker_id=self.worker_id, task_id=h.task_id, round=h.round,
             results=[mappers.evaluation_to_msg(r) for r in got.results.values()]))
 
+    def do_secagg(self, t: pb.SecAggTask) -> None:
+        """Secure aggregation: the named clients answer their protocol messages (the host's sessions; their
+        fits then upload masked vectors)."""
+        h = t.task
+        host, cids = self._check_cids(h)
+        got = host.secure_exchange(h.round, {int(c): bytes(m) for c, m in t.requests.items() if int(c) in cids})
+        self._failures(h, got.failed)
+        if got.results:
+            self._call(self.stub.SubmitSecAgg, pb.SubmitSecAggRequest(
+                worker_id=self.worker_id, task_id=h.task_id, round=h.round, responses=got.results))
+
     def do_fit(self, t: pb.FitTask) -> list[Future[None]]:
         """The host fits the named clients; each update is uploaded as it is made (overlapping the next
         client's training, or the next chunk's under the vectorised host)."""
@@ -463,6 +474,8 @@ class Worker:
                         pending = self.do_fit(item.fit)
                     elif kind == "evaluate":
                         self.do_evaluate(item.evaluate)
+                    elif kind == "secagg":
+                        self.do_secagg(item.secagg)
                     for f in pending:
                         f.result()
                     self.tasks_done += 1

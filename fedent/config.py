@@ -331,11 +331,13 @@ class AdversaryConfig(Declared):
 
 
 DPMode = Literal["none", "central", "local"]
+SecAggRounding = Literal["nearest", "stochastic"]
 
 
 @dataclass(frozen=True)
 class PrivacyConfig(Declared):
-    """Differential privacy (docs/security.md, "Privacy"; the mechanisms live in fedent/privacy/).
+    """Differential privacy and secure aggregation (docs/security.md, "Privacy" and "Secure aggregation"; the
+    mechanisms live in fedent/privacy/ and fedent/secagg/).
 
     ``central``: client-level DP at the aggregator (each client's update w_i − w(t) clipped to ``clip_norm``,
     Gaussian noise of std ``noise_multiplier`` × ``clip_norm`` added to the sum, divided by the round's sample
@@ -361,11 +363,25 @@ class PrivacyConfig(Declared):
                                                 gt=0)
     target_epsilon: float | None = option(None, "stop the run (cleanly, status says why) before a round would "
                                                 "take ε past this", gt=0)
-    secure_aggregation: bool = option(False, "SecAgg+ masking of the uploads (not implemented in this build)")
+    secure_aggregation: bool = option(False, "SecAgg+: the aggregator learns only the sum of the clients' (masked) "
+                                             "updates (docs/security.md, \"Secure aggregation\")")
+    secagg_threshold: float = option(0.6, "fraction of a client's neighbours whose shares rebuild its secrets "
+                                          "(t = ceil(fraction · degree)); up to degree − t may drop after "
+                                          "masking", gt=0.5, le=1)
+    secagg_degree: int = option(0, "neighbours per client (SecAgg+'s k-regular graph, rounded up to even); 0 or "
+                                   ">= clients − 1: all pairs (Bonawitz et al.)", ge=0)
+    secagg_frac_bits: int = option(24, "fixed point: values are rounded to multiples of 2^-frac_bits", ge=1, le=52)
+    secagg_ring_bits: int = option(64, "masks and sums live in the ring Z_2^ring_bits", ge=16, le=64)
+    secagg_rounding: SecAggRounding = option("nearest", "fixed-point rounding: nearest, or stochastic (unbiased, "
+                                                        "seeded by (seed, round, client))")
 
     def checks(self) -> Iterable[tuple[str, str]]:
-        if self.secure_aggregation:
-            yield "secure_aggregation", "not implemented in this build"
+        if self.secagg_frac_bits >= self.secagg_ring_bits - 8:
+            yield "secagg_frac_bits", (f"must leave at least 8 integer bits in the ring (< secagg_ring_bits − 8 = "
+                                       f"{self.secagg_ring_bits - 8}), got {self.secagg_frac_bits}")
+        if self.secure_aggregation and self.dp == "central":
+            yield "secure_aggregation", ("central DP clips each update at the aggregator, which secure aggregation "
+                                         "hides: use dp: local with secure aggregation, or no secure aggregation")
         if self.adaptive_clip and self.dp != "central":
             yield "adaptive_clip", f"applies to dp: central only, got dp: {self.dp}"
         if (self.adaptive_clip and self.clipped_count_stddev is not None
@@ -378,6 +394,30 @@ class PrivacyConfig(Declared):
     @property
     def enabled(self) -> bool:
         return self.dp != "none"
+
+
+def privacy_problems(privacy: PrivacyConfig, algorithm: AlgorithmConfig, train: TrainConfig,
+                     robust: RobustConfig | None = None) -> list[str]:
+    """Combinations secure aggregation cannot run: a strategy whose server step needs individual updates, and
+    local evaluation of uploaded models (they never reach the aggregator unmasked)."""
+    if not privacy.secure_aggregation:
+        return []
+    out = []
+    from fedent.strategies.registry import strategy_class  # local: the strategies import torch
+
+    cls = strategy_class(algorithm.name)
+    if cls.secure_weighting is None:
+        out.append(f"privacy.secure_aggregation: {algorithm.name} cannot run under secure aggregation: "
+                   f"{cls.secure_blocker} (docs/security.md lists the strategies that can)")
+    if train.local_eval > 0:
+        out.append("privacy.secure_aggregation: train.local_eval evaluates uploaded local models, which the "
+                   "aggregator never sees under secure aggregation; set train.local_eval: 0")
+    if robust is not None and (robust.aggregator != "mean" or robust.clip_norm is not None):
+        out.append(f"privacy.secure_aggregation: robust.aggregator {robust.aggregator}"
+                   f"{' with robust.clip_norm' if robust.clip_norm is not None else ''} needs each client's update, "
+                   "which secure aggregation hides; use robust.aggregator: mean without clip_norm (the weight cap "
+                   "does not apply either: clients pre-scale by their own counts)")
+    return out
 
 
 def _bound(v: float) -> str:
@@ -539,6 +579,9 @@ class ExperimentConfig:
     adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
+    def __post_init__(self) -> None:
+        _raise_all(privacy_problems(self.privacy, self.algorithm, self.train, self.robust))
+
     def validate(self) -> None:
         c = _Collect()
         c.run(self.data.validate)
@@ -657,6 +700,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if privacy is not None and train is not None and privacy.dp == "local" and train.executor == "vectorised":
         c.problems.append("privacy.dp: local (DP-SGD) runs on the sequential executor only; set train.executor "
                           "to sequential or auto")
+    if privacy is not None and algorithm is not None and train is not None:
+        c.problems.extend(privacy_problems(privacy, algorithm, train, robust))
     if data is not None and model is not None and not c.problems:
         from fedent import plugins  # plug-ins resolve now, before any data loads
 

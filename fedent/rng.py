@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split",
-            "adversary", "dp")
+            "adversary", "dp",
+            "secagg-graph", "secagg-rounding")
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
 from google.protobuf import struct_pb2
 from torch import Tensor
 
@@ -220,13 +222,18 @@ class UpdateMeta:
     wire_bytes: int = 0
 
 
+MASKED_GROUP = "secagg_masked"  # the tensor group of a masked update (secure aggregation, fedent.secagg)
+
+
 def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
                     spec: TransferSpec | None = None) -> Iterator[agg_pb.SubmitUpdateRequest]:
     """An upload as ``SubmitUpdateRequest`` messages: the header, then the tensors' chunks (group "params" =
     w_i(t+1), then the update's extra groups), each chunk cut as it is sent."""
-    if PARAMS_GROUP in u.tensors:
-        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
+    if PARAMS_GROUP in u.tensors or MASKED_GROUP in u.tensors:
+        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r} or {MASKED_GROUP!r}")
     bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
+    if u.masked is not None:  # secure aggregation: the ring vector (uint64) travels as int64, bits unchanged
+        bundle[MASKED_GROUP] = [torch.from_numpy(np.ascontiguousarray(u.masked, dtype=np.uint64).view(np.int64))]
     chunks = tensor_chunks(bundle, spec)
     header = agg_pb.SubmitUpdateRequest(
         header=agg_pb.UpdateHeader(
@@ -265,6 +272,12 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
     if PARAMS_GROUP not in bundle:
         raise WireError("update carries no 'params' tensor group")
     params = bundle.pop(PARAMS_GROUP)
+    masked = None
+    if MASKED_GROUP in bundle:
+        ring = bundle.pop(MASKED_GROUP)
+        if len(ring) != 1 or ring[0].dtype != torch.int64 or ring[0].dim() != 1:
+            raise WireError(f"update of client {h.cid}: the masked vector must be one 1-D int64 tensor")
+        masked = ring[0].numpy().view(np.uint64)
     if h.num_samples < 0:
         raise WireError(f"update of client {h.cid}: negative sample count")
     update = ClientUpdate(
@@ -274,6 +287,7 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
         train_loss=float(h.train_loss),
         tensors=bundle,
         scalars=_scalars(h.scalars),
+        masked=masked,
     )
     meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), asm.wire_bytes)
     return DecodedUpdate(meta, update)

@@ -68,6 +68,8 @@ def task_to_item(task: Task) -> pb.WorkResponse:
         return pb.WorkResponse(probe=pb.ProbeTask(task=header))
     if task.kind == "evaluate":
         return pb.WorkResponse(evaluate=pb.EvaluateTask(task=header))
+    if task.kind == "secagg":
+        return pb.WorkResponse(secagg=pb.SecAggTask(task=header, requests=dict(task.secagg or {})))
     assert task.payload is not None
     return pb.WorkResponse(fit=pb.FitTask(task=header, payload=mappers.payload_to_msg(task.payload, task.payload_blob)))
 
@@ -151,6 +153,11 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         _guard(context, lambda: self.run.remote.submit_evaluation(request.worker_id, request.task_id, request.round,
                                                            results, caller_identity(context)))
         return pb.SubmitEvaluationResponse()
+
+    def SubmitSecAgg(self, request: pb.SubmitSecAggRequest, context: grpc.ServicerContext) -> pb.SubmitSecAggResponse:
+        _guard(context, lambda: self.run.remote.submit_secagg(request.worker_id, request.task_id, request.round,
+                                                       dict(request.responses), caller_identity(context)))
+        return pb.SubmitSecAggResponse()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         known = _guard(context, lambda: self.run.registry.heartbeat(request.worker_id, caller_identity(context)))

@@ -14,7 +14,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -120,6 +120,20 @@ class RemoteExecutor:
         self.engine.clients.write()
         col = self._dispatch("fit", rnd, cids, model_blob(rnd), payload, payload_blob)
         return Gathered(self._gather(col), dict(col.failed))
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """One secure-aggregation step over the work stream: a ``secagg`` task per worker with its clients'
+        messages; the answers come back through ``submit_secagg``. The aggregator only routes bytes (the shares
+        in them are sealed to their receiving client)."""
+        col = self._dispatch("secagg", rnd, sorted(requests), "", secagg=requests)
+        return Gathered(self._gather(col), dict(col.failed))
+
+    def submit_secagg(self, worker_id: str, task_id: int, rnd: int, responses: Mapping[int, bytes],
+                      identity: str | None = None) -> None:
+        self.registry.own(worker_id, list(responses), identity, "SubmitSecAgg")  # before any phase check
+        col = self._collector("secagg")
+        for cid, data in responses.items():
+            col.put(task_id, rnd, int(cid), bytes(data))
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         return self.registry.retry_clients(rnd, attempt, k, exclude)
@@ -238,7 +252,8 @@ class RemoteExecutor:
         return Gathered(self._gather(col), dict(col.failed))
 
     def _dispatch(self, kind: str, rnd: int, cids: Sequence[int], model_blob: str,
-                  payload: RoundPayload | None = None, payload_blob: str = "") -> Collector:
+                  payload: RoundPayload | None = None, payload_blob: str = "",
+                  secagg: Mapping[int, bytes] | None = None) -> Collector:
         """Queue one task per worker holding some of ``cids``; a worker hosting several clients gets one task."""
         by_worker: dict[str, list[int]] = {}
         lost: list[int] = []
@@ -255,8 +270,9 @@ class RemoteExecutor:
         for wid, mine in by_worker.items():
             tid = next(self.task_ids)
             task_of.update({c: tid for c in mine})
+            mine_msgs = None if secagg is None else {c: secagg[c] for c in mine}
             tasks.append((self.registry.workers[wid], Task(kind, tid, rnd, tuple(sorted(mine)), model_blob, payload,
-                                                  payload_blob, deadline)))
+                                                  payload_blob, deadline, secagg=mine_msgs)))
         for c in lost:
             task_of[c] = 0
         col = Collector(task_of, rnd, kind)

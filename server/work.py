@@ -30,7 +30,7 @@ class ClusterError(Exception):
 class Task:
     """One unit of work pushed to a worker: probe or fit ``cids`` at the model blob of ``round``."""
 
-    kind: str  # "probe" | "fit" | "evaluate" | "shutdown"
+    kind: str  # "probe" | "fit" | "evaluate" | "secagg" | "shutdown"
     task_id: int
     round: int
     cids: tuple[int, ...]
@@ -40,6 +40,7 @@ class Task:
     deadline_unix: float = 0.0
     reason: str = ""
     failed: bool = False
+    secagg: Mapping[int, bytes] | None = None  # secure aggregation: each named client's protocol message
 
 
 @dataclass

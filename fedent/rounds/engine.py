@@ -30,8 +30,10 @@ from fedent.rounds.acceptance import Acceptance, diverged
 from fedent.rounds.clients import ClientBook
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.executor import ClientExecutor
+from fedent.secagg.coordinator import SecureAggregation
+from fedent.secagg.protocol import ProtocolError
 from fedent.signals import Stopped, stop_reason
-from fedent.strategies.base import ClientUpdate, Probe, Strategy
+from fedent.strategies.base import ClientUpdate, Probe, SecureSum, Strategy
 
 TRAJECTORY_KEYS = ("phi2_pred", "phi2_actual", "entropy", "guards")
 
@@ -119,6 +121,9 @@ class RoundEngine:
         # set with ``stop`` by a service that got SIGTERM or SIGINT: the run then ends "stopped" (with the
         # reason), as a simulation interrupted in its own thread does, not "failed"
         self.stop_signal: str | None = None
+        # secure aggregation: the round's protocol, and the sum it unmasked (what aggregate_sum reads)
+        self.secure = SecureAggregation(cfg.privacy, self.seed) if cfg.privacy.secure_aggregation else None
+        self.secure_sum: SecureSum | None = None
         self.phase = "starting"
         self.round: int | None = None
         self.started_at = time.time()
@@ -203,6 +208,7 @@ class RoundEngine:
         through the acceptance rule. Returns the accepted updates sorted by cid and the diagnostics
         (``skipped`` present when the quorum was missed, ``failed_clients`` naming who failed and why)."""
         skipped: dict[str, Any] = {}
+        self.secure_sum = None
         probes: list[Probe] = []
         failed: dict[int, str] = {c: self.rejected[c] for c in participants if c in self.rejected}
         participants = [c for c in participants if c not in failed]  # rejected at their report: not asked
@@ -218,12 +224,21 @@ class RoundEngine:
                 return [], {**skipped, **failed_clients(failed)}
         payload = self.strategy.round_payload(rnd, self.global_params, robust.cap_probes(self.cfg.robust, probes))
         self.status("training", rnd)
+        if self.secure is not None:  # keys and shares before training (fedent.secagg.coordinator)
+            fit_cids, why = self.secure.begin(rnd, fit_cids, self.strategy, self.executor.secure_exchange)
+            failed.update(why)
         fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload))
         self.check_stop()
         updates = list(fits.results.values())
         failed.update(fits.failed)
         if not self.quorum(len(updates), len(participants)):
             skipped["skipped"] = missed(len(updates), len(participants), "updates", failed)
+        elif self.secure is not None:
+            try:
+                self.secure_sum = self.secure.finish(rnd, updates, self.global_params, self.strategy,
+                                                     self.executor.secure_exchange)
+            except ProtocolError as e:
+                skipped["skipped"] = f"secure aggregation could not unmask the sum: {e}"
         return updates, {**skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
@@ -255,11 +270,17 @@ class RoundEngine:
         dp_info: dict[str, Any] = {}
         if released:
             self.status("aggregating", rnd)
-            # central DP first (fedent.privacy): a robust rule then sees only the release, so the guarantee holds
-            private, dp_info = self.privacy.release(rnd, self.global_params, updates, self.records)
-            weighed, robust_diag = robust.apply(self.cfg.robust, self.global_params, private)
-            diagnostics = {**robust_diag, **diagnostics}
-            result = self.strategy.aggregate(rnd, self.global_params, weighed)
+            if self.secure is not None and self.secure_sum is not None:
+                # secure aggregation: only the unmasked sum exists (privacy_problems refuses central DP and robust
+                # rules with it), so the strategy's server step reads the sum
+                result = self.strategy.aggregate_sum(rnd, self.global_params, self.secure_sum)
+                self.secure_sum = None
+            else:
+                # central DP first (fedent.privacy): a robust rule then sees only the release, so the guarantee holds
+                private, dp_info = self.privacy.release(rnd, self.global_params, updates, self.records)
+                weighed, robust_diag = robust.apply(self.cfg.robust, self.global_params, private)
+                diagnostics = {**robust_diag, **diagnostics}
+                result = self.strategy.aggregate(rnd, self.global_params, weighed)
             if not all_finite(result.params):
                 raise RunError(f"the global model is not finite after round {rnd + 1} ({self.strategy.name}); "
                                "lower train.lr")

@@ -8,7 +8,7 @@ aggregation and records stay in the engine).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -64,6 +64,10 @@ class ClientExecutor(Protocol):
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
+        ...
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """Secure aggregation (fedent.secagg): deliver each client its protocol message, gather the answers."""
         ...
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:

@@ -32,6 +32,7 @@ from fedent.rounds.adversary import Adversary
 from fedent.privacy.dpsgd import DPSGD
 from fedent.rounds.evaluation import ClientEval, evaluate_shards
 from fedent.rounds.executor import Gathered
+from fedent.secagg.hosted import HostedSecAgg
 from fedent.strategies.base import ClientState, ClientTask, ClientUpdate, Probe, RoundPayload, Strategy
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ class ClientHost:
                 num_classes = int(trainer.model(trainer.x[:1]).shape[-1])
             trainer.y = trainer.y.clone()  # never the caller's tensor (the CPU's .to() does not copy)
             adv.poison_labels(trainer.y, self.indices, num_classes)
+        self.secagg = HostedSecAgg(training.seed)  # secure aggregation: the hosted clients' protocol sessions
 
     @property
     def hosted(self) -> list[int]:
@@ -195,12 +197,25 @@ class ClientHost:
             self.states.fitted(cid, state, rnd)
             if self.training.adversary is not None:
                 update = self.training.adversary.tamper(rnd, update, global_params)
+            if self.secagg.active(rnd, cid):  # secure aggregation: only the masked vector leaves the client
+                update = self.secagg.mask(rnd, update)
         except Exception as e:
             self._failed(out, cid, "fit", rnd, e)
             return
         out.results[cid] = update
         if self.on_update is not None:
             self.on_update(update)
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """One secure-aggregation step: each named hosted client answers its protocol message (fedent.secagg)."""
+        self.check_hosted(list(requests))
+        out: Gathered[bytes] = Gathered()
+        for c, req in requests.items():
+            try:
+                out.results[c] = self.secagg.handle(rnd, c, req)
+            except Exception as e:
+                self._failed(out, c, "secure aggregation", rnd, e)
+        return Gathered(out.results, out.failed)
 
     def evaluate(self, cids: Sequence[int], params: Sequence[Tensor], batch_size: int) -> Gathered[ClientEval]:
         """Federated evaluation: ``params`` on each named client's local test split."""

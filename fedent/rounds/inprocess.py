@@ -8,7 +8,7 @@ host's oracle, and retries drawn from the same stream as the cluster's (``fedent
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +35,8 @@ def central_source(partition_info: dict[str, Any]) -> str:
 def update_bytes(update: ClientUpdate) -> int:
     """What the update would weigh on the wire, uncompressed: its model and its extra tensor groups."""
     groups = [update.params, *update.tensors.values()]
-    return sum(num_elements(g) * g[0].element_size() for g in groups if g)
+    masked = int(update.masked.nbytes) if update.masked is not None else 0
+    return masked + sum(num_elements(g) * g[0].element_size() for g in groups if g)
 
 
 class InProcessExecutor:
@@ -95,6 +96,9 @@ class InProcessExecutor:
         self._fit[0] += 1
         if self.on_client is not None:
             self.on_client(min(self._fit[0], self._fit[1]), self._fit[1])
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        return self.host.secure_exchange(rnd, requests)
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         """Every client is live here: the first ``k`` of the cluster's retry stream."""

@@ -83,6 +83,31 @@ class ClientUpdate:
     train_loss: float
     tensors: dict[str, Params] = field(default_factory=dict)  # e.g. SCAFFOLD's Δc_i
     scalars: dict[str, float] = field(default_factory=dict)  # e.g. FedEnt's eta, eta_star
+    # secure aggregation (fedent.secagg): the client's masked ring vector (uint64); ``params`` and ``tensors``
+    # are then empty, what stays in the clear is the sample count, the train loss and the scalars
+    masked: Any = None
+
+
+@dataclass
+class SecureSum:
+    """What the server learns of a round under secure aggregation: sums, never one client's vectors.
+
+    ``params`` = Σ s_i w_i and ``tensors[g]`` = Σ s_i t_i over the survivors, with s_i = n_i (``samples``
+    weighting, ``weight`` = Σ n_i) or 1 (``uniform``, ``weight`` = the number of survivors); ``clients``: each
+    survivor's clear part (cid, sample count, train loss, scalars; no params)."""
+
+    round: int
+    params: Params
+    tensors: dict[str, Params]
+    weight: float
+    clients: list[ClientUpdate]
+
+    def mean(self, group: str | None = None) -> Params:
+        """The weighted mean Σ s_i x_i / Σ s_i of the model (or of a tensor group)."""
+        if not self.weight > 0:
+            raise StrategyError("cannot aggregate: the secure sum holds no weight")
+        src = self.params if group is None else self.tensors[group]
+        return [p / self.weight for p in src]
 
 
 @dataclass(frozen=True)
@@ -179,6 +204,10 @@ class Strategy(ABC):
     needs_probe: ClassVar[bool] = False
     keeps_client_state: ClassVar[bool] = False
     payload_spec: ClassVar[PayloadSpec] = PayloadSpec()  # what its probe and update carry (checked on upload)
+    # secure aggregation (docs/security.md): how a client scales its vector before masking ("samples": by n_i,
+    # "uniform": by 1), or None where the server step needs more than the sum (then ``secure_blocker`` says why)
+    secure_weighting: ClassVar[Literal["samples", "uniform"] | None] = None
+    secure_blocker: ClassVar[str] = "it does not declare how it aggregates a secure sum (secure_weighting)"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -207,6 +236,10 @@ class Strategy(ABC):
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
     ) -> AggregateResult: ...
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        """``aggregate`` from the secure sum alone (strategies with a ``secure_weighting``)."""
+        raise StrategyError(f"{self.name} cannot run under secure aggregation: {self.secure_blocker}")
 
     def server_state(self) -> dict[str, Any]:
         return {}

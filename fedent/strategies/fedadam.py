@@ -26,6 +26,7 @@ from fedent.strategies.base import (
     AggregateResult,
     ClientUpdate,
     LocalSGDStrategy,
+    SecureSum,
     align_state,
     tensor_lists_from_state,
     weighted_average,
@@ -36,6 +37,7 @@ from fedent.strategies.options import FedAdamOptions
 class FedAdam(LocalSGDStrategy):
     name = "fedadam"
     Options = FedAdamOptions
+    secure_weighting = "samples"  # Δ needs only Σ n_i w_i / Σ n_i
 
     def __init__(self, options: FedAdamOptions | None = None) -> None:
         self.options = options or FedAdamOptions()
@@ -52,9 +54,16 @@ class FedAdam(LocalSGDStrategy):
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
     ) -> AggregateResult:
+        return self._step(global_params, weighted_average(updates))
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        return self._step(global_params, total.mean())
+
+    def _step(self, global_params: Sequence[Tensor], average: Params) -> AggregateResult:
+        """Adam on the pseudo-gradient Δ = average − w(t)."""
         o = self.options
         w = list(global_params)
-        delta = sub(weighted_average(updates), w)  # pseudo-gradient Δ
+        delta = sub(average, w)  # pseudo-gradient Δ
         if self._m is None or self._v is None:
             self._m = [torch.zeros_like(p) for p in w]
             self._v = [torch.full_like(p, o.tau * o.tau) for p in w]

@@ -20,6 +20,7 @@ from fedent.strategies.base import (
     ClientTask,
     ClientUpdate,
     LocalSGDStrategy,
+    SecureSum,
     StrategyError,
     weighted_average,
 )
@@ -53,6 +54,7 @@ def round_means(path: str | Path) -> dict[int, float]:
 class FedAvg(LocalSGDStrategy):
     name = "fedavg"
     Options = FedAvgOptions
+    secure_weighting = "samples"  # Σ n_i w_i / Σ n_i
 
     def __init__(self, options: FedAvgOptions | None = None) -> None:
         self.options = options or FedAvgOptions()
@@ -82,6 +84,9 @@ class FedAvg(LocalSGDStrategy):
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
     ) -> AggregateResult:
         return AggregateResult(weighted_average(updates))
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        return AggregateResult(total.mean())
 
 
 STRATEGY = FedAvg

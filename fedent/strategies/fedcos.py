@@ -49,6 +49,7 @@ def cosine_weights(
 class FedCos(LocalSGDStrategy):
     name = "fedcos"
     Options = FedCosOptions
+    secure_blocker = "its weights are each client's cosine with w(t), which needs every individual model"
 
     def __init__(self, options: FedCosOptions | None = None) -> None:
         self.options = options or FedCosOptions()

@@ -40,6 +40,7 @@ from fedent.strategies.base import (
     PayloadSpec,
     Probe,
     RoundPayload,
+    SecureSum,
     Strategy,
     StrategyError,
     align_state,
@@ -67,6 +68,7 @@ class FedDyn(Strategy):
     keeps_client_state = True
     payload_spec = PayloadSpec(update_scalars=("alpha_k",), ranges=(("alpha_k", 0.0, 1e15),))
     Options = FedDynOptions
+    secure_weighting = "uniform"  # the mean of w_k and Σλ's increment Σ w_k − |S| w_srv need only Σ w_k and |S|
 
     def __init__(self, options: FedDynOptions | None = None) -> None:
         self.options = options or FedDynOptions()
@@ -107,6 +109,19 @@ class FedDyn(Strategy):
         for w_k in models:
             torch._foreach_add_(self._lambda_sum, sub(w_k, w_srv))
         new = weighted_sum(models, [1.0 / len(models)] * len(models))
+        torch._foreach_add_(new, self._lambda_sum, alpha=1.0 / self._num_clients)
+        return AggregateResult(new)
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        """The same update from Σ w_k and |S| (``total.weight``)."""
+        self._require_setup()
+        w_srv = list(global_params)
+        if self._lambda_sum is None:
+            self._lambda_sum = zeros_like(w_srv)
+        self._lambda_sum = align_state(self._lambda_sum, w_srv, "feddyn: the server's Σλ")
+        torch._foreach_add_(self._lambda_sum, list(total.params))
+        torch._foreach_add_(self._lambda_sum, w_srv, alpha=-total.weight)
+        new = total.mean()
         torch._foreach_add_(new, self._lambda_sum, alpha=1.0 / self._num_clients)
         return AggregateResult(new)
 

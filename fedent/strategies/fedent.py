@@ -31,6 +31,7 @@ from fedent.strategies.base import (
     Probe,
     ProbePlan,
     RoundPayload,
+    SecureSum,
     Strategy,
     StrategyError,
     upload,
@@ -57,6 +58,7 @@ class FedEnt(Strategy):
     keeps_client_state = True
     payload_spec = PayloadSpec(probe_scalars=PROBE_SCALARS, update_scalars=UPDATE_SCALARS, ranges=SCALAR_RANGES)
     Options = FedEntOptions
+    secure_weighting = "samples"  # Σθ_i w_i(t+1); the probe and update scalars stay in the clear
 
     def __init__(self, options: FedEntOptions | None = None, estimator: Phi2Estimator | None = None) -> None:
         self.options = o = options or FedEntOptions()
@@ -157,6 +159,21 @@ class FedEnt(Strategy):
         if est is not None:
             record["estimate"] = est
         return AggregateResult(params, {"fedent": record})
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        """The θ-weighted mean from the secure sum; the record keeps every rate's inputs (clear scalars) but not
+        φ2_actual and the entropy term, which need each client's ‖w_i(t+1)‖² (null under secure aggregation)."""
+        o = self.options
+        parts = [ParticipantReport(u.cid, u.num_samples, 0.0, u.scalars) for u in total.clients]
+        try:
+            record = fedent_round_record(parts, o.beta, o.gamma, o.variant, o.eta_max, o.phi2_rate)
+        except KeyError as e:
+            raise StrategyError(f"fedent: an update lacks scalar {e}") from None
+        record.update(phi2_actual=None, entropy=None)
+        est = self._estimates.pop(rnd, None)
+        if est is not None:
+            record["estimate"] = est
+        return AggregateResult(total.mean(), {"fedent": record})
 
     def server_state(self) -> dict[str, Any]:
         if isinstance(self.estimator, OfflinePhi2Estimator):

@@ -28,6 +28,7 @@ from fedent.strategies.base import (
     PayloadSpec,
     Probe,
     RoundPayload,
+    SecureSum,
     Strategy,
     StrategyError,
     upload,
@@ -47,6 +48,7 @@ class FedNorm(Strategy):
     keeps_client_state = True
     payload_spec = PayloadSpec(update_scalars=UPDATE_SCALARS, ranges=SCALAR_RANGES)
     Options = FedNormOptions
+    secure_weighting = "samples"  # Σθ_i w_i; the broadcast Δ(t) is the global step, public anyway
 
     def __init__(self, options: FedNormOptions | None = None) -> None:
         self.options = options or FedNormOptions()
@@ -65,7 +67,14 @@ class FedNorm(Strategy):
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
     ) -> AggregateResult:
-        params = weighted_average(updates)
+        return self._result(rnd, global_params, weighted_average(updates), updates)
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        return self._result(rnd, global_params, total.mean(), total.clients)
+
+    def _result(self, rnd: int, global_params: Sequence[Tensor], params: Params,
+                updates: Sequence[ClientUpdate]) -> AggregateResult:
+        """The new model ``params``, w(t) kept for the next Δ, and the per-client rate record."""
         self._prev_round, self._prev_params = rnd, clone(global_params)
         clients = [
             {"client": u.cid, **{k: float(u.scalars[k]) for k in ("eta_star", "eta", "g_dot_delta", "b")}}

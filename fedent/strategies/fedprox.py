@@ -20,6 +20,7 @@ from fedent.strategies.base import (
     ClientUpdate,
     LocalFit,
     RoundPayload,
+    SecureSum,
     Strategy,
     upload,
     weighted_average,
@@ -31,6 +32,7 @@ from fedent.trainer import LocalTrainer
 class FedProx(Strategy):
     name = "fedprox"
     Options = FedProxOptions
+    secure_weighting = "samples"  # Σ n_i w_i / Σ n_i
 
     def __init__(self, options: FedProxOptions | None = None) -> None:
         self.options = options or FedProxOptions()
@@ -56,6 +58,9 @@ class FedProx(Strategy):
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
     ) -> AggregateResult:
         return AggregateResult(weighted_average(updates))
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        return AggregateResult(total.mean())
 
 
 STRATEGY = FedProx

@@ -34,6 +34,7 @@ from fedent.strategies.base import (
     PayloadSpec,
     Probe,
     RoundPayload,
+    SecureSum,
     Strategy,
     StrategyError,
     align_state,
@@ -63,6 +64,7 @@ class Scaffold(Strategy):
     keeps_client_state = True
     payload_spec = PayloadSpec(update_tensors=(DELTA_C,))
     Options = ScaffoldOptions
+    secure_weighting = "uniform"  # both server averages are unweighted sums: Σ y_i and Σ Δc_i, masked together
 
     def __init__(self, options: ScaffoldOptions | None = None) -> None:
         self.options = options or ScaffoldOptions()
@@ -105,6 +107,19 @@ class Scaffold(Strategy):
         # c + (|S|/N) · mean(Δc_i) = c + (1/N) Σ Δc_i
         inv_n = 1.0 / self._num_clients
         torch._foreach_add_(c, weighted_sum(deltas, [inv_n] * s))
+        return AggregateResult(new)
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        """The same two steps from Σ y_i, Σ Δc_i and |S| (the survivors' count, ``total.weight``)."""
+        if self._num_clients <= 0:
+            raise StrategyError("scaffold: setup(global_params, client_sizes) must be called before round 0")
+        x = list(global_params)
+        c = self._server_c(x)
+        new = sub(total.mean(), x)
+        torch._foreach_mul_(new, self.options.global_lr)
+        torch._foreach_add_(new, x)
+        deltas = align_state(total.tensors[DELTA_C], x, "scaffold: the summed Δc")
+        torch._foreach_add_(c, deltas, alpha=1.0 / self._num_clients)
         return AggregateResult(new)
 
     def server_state(self) -> dict[str, Any]:

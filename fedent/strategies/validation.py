@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 from torch import Tensor
 
-from fedent.params import all_finite
+from fedent.params import all_finite, num_elements
 from fedent.strategies.base import ClientUpdate, PayloadSpec, Probe, Strategy, StrategyError
 
 
@@ -47,6 +48,18 @@ def _check_model_shaped(got: Sequence[Tensor], like: Sequence[Tensor], what: str
         raise StrategyError(f"{what} is not finite (NaN/inf)")
 
 
+def _check_masked(strategy: Strategy, update: ClientUpdate, global_params: Sequence[Tensor], what: str) -> None:
+    """A masked upload (secure aggregation): no clear model or groups, one uint64 ring vector as long as the model
+    and the strategy's groups together. Its values cannot be checked: the client checked them before masking."""
+    if update.params or update.tensors:
+        raise StrategyError(f"{what}: a masked update must not carry a clear model or tensor groups")
+    m = update.masked
+    want = num_elements(global_params) * (1 + len(strategy.payload_spec.update_tensors))
+    if not isinstance(m, np.ndarray) or m.dtype != np.uint64 or m.ndim != 1 or m.size != want:
+        got = f"{m.dtype} {m.shape}" if isinstance(m, np.ndarray) else type(m).__name__
+        raise StrategyError(f"{what}: the masked vector is {got}, expected uint64 ({want},)")
+
+
 def check_probe(strategy: Strategy, probe: Probe, expected_samples: int | None = None) -> None:
     """``probe`` carries exactly the strategy's probe scalars, all finite (and, if given, the client's sample count)."""
     what = f"probe of client {probe.cid}"
@@ -62,13 +75,18 @@ def check_update(strategy: Strategy, update: ClientUpdate, global_params: Sequen
     """``update`` is what the strategy's ``fit`` sends: the model's shapes and dtypes, finite parameters and
     ``train_loss``, exactly the declared scalars (finite) and tensor groups (model-shaped, finite)."""
     what = f"update of client {update.cid}"
-    _check_model_shaped(update.params, global_params, what)
+    if update.masked is not None:
+        _check_masked(strategy, update, global_params, what)
+    else:
+        _check_model_shaped(update.params, global_params, what)
     if expected_samples is not None and update.num_samples != expected_samples:
         raise StrategyError(f"{what} claims {update.num_samples} samples, expected {expected_samples}")
     if not math.isfinite(float(update.train_loss)):
         raise StrategyError(f"{what} has a non-finite train_loss ({update.train_loss})")
     spec = strategy.payload_spec
     _check_scalars(update.scalars, spec.update_scalars, what, spec)
+    if update.masked is not None:
+        return
     _check_names(update.tensors, spec.update_tensors, "tensor groups", what)
     for name in spec.update_tensors:
         _check_model_shaped(update.tensors[name], global_params, f"{what}: tensor group {name!r}")

@@ -165,16 +165,33 @@ class EvaluateTask(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ...) -> None: ...
 
 class WorkResponse(_message.Message):
-    __slots__ = ("probe", "fit", "shutdown", "evaluate")
+    __slots__ = ("probe", "fit", "shutdown", "evaluate", "secagg")
     PROBE_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     EVALUATE_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
     probe: ProbeTask
     fit: FitTask
     shutdown: Shutdown
     evaluate: EvaluateTask
-    def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., evaluate: _Optional[_Union[EvaluateTask, _Mapping]] = ...) -> None: ...
+    secagg: SecAggTask
+    def __init__(self, probe: _Optional[_Union[ProbeTask, _Mapping]] = ..., fit: _Optional[_Union[FitTask, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., evaluate: _Optional[_Union[EvaluateTask, _Mapping]] = ..., secagg: _Optional[_Union[SecAggTask, _Mapping]] = ...) -> None: ...
+
+class SecAggTask(_message.Message):
+    __slots__ = ("task", "requests")
+    class RequestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    task: TaskHeader
+    requests: _containers.ScalarMap[int, bytes]
+    def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., requests: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobRequest(_message.Message):
     __slots__ = ("blob_id", "worker_id")
@@ -339,5 +356,28 @@ class SubmitEvaluationRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ClientEvaluation, _Mapping]]] = ...) -> None: ...
 
 class SubmitEvaluationResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SubmitSecAggRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "responses")
+    class ResponsesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    responses: _containers.ScalarMap[int, bytes]
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., responses: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
+
+class SubmitSecAggResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

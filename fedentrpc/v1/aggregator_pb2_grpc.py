@@ -84,6 +84,11 @@ class AggregatorServiceStub:
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.SerializeToString,
                 response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.FromString,
                 _registered_method=True)
+        self.SubmitSecAgg = channel.unary_unary(
+                '/fedentrpc.v1.AggregatorService/SubmitSecAgg',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggResponse.FromString,
+                _registered_method=True)
 
 
 class AggregatorServiceServicer:
@@ -149,6 +154,13 @@ class AggregatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitSecAgg(self, request, context):
+        """Secure aggregation: the workers' clients answer one protocol step (fedent.secagg), opaque bytes per client.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +213,11 @@ def add_AggregatorServiceServicer_to_server(servicer, server):
                     servicer.SubmitEvaluation,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.FromString,
                     response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.SerializeToString,
+            ),
+            'SubmitSecAgg': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitSecAgg,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +490,33 @@ class AggregatorService:
             '/fedentrpc.v1.AggregatorService/SubmitEvaluation',
             fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationRequest.SerializeToString,
             fedentrpc_dot_v1_dot_aggregator__pb2.SubmitEvaluationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitSecAgg(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedentrpc.v1.AggregatorService/SubmitSecAgg',
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.SubmitSecAggResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -263,8 +263,10 @@ def test_a_packaged_config_is_found_by_name_outside_the_repository(tmp_path: Pat
     assert packaged_config("nope") is None and packaged_config("../demo") is None
     with pytest.raises(ConfigError, match=r"config file not found: nope \(or name a packaged config: .*demo"):
         load_config("nope")
+
+
 @pytest.mark.parametrize("privacy, needle", [
-    ({"secure_aggregation": True}, "privacy.secure_aggregation: not implemented in this build"),
+    ({"secure_aggregation": True, "dp": "central"}, "privacy.secure_aggregation: central DP clips each update"),
     ({"dp": "local", "adaptive_clip": True}, "privacy.adaptive_clip: applies to dp: central only"),
     ({"dp": "global"}, "privacy.dp: must be one of none, central, local"),
     ({"dp": "central", "clip_norm": 0}, "privacy.clip_norm: must be > 0"),
@@ -288,3 +290,27 @@ def test_local_dp_refuses_the_vectorised_executor_and_the_section_round_trips() 
     assert config_from_dict(cfg.to_dict()) == cfg
     # without DP the section is left out, so runs (and checkpoints) keep the config they had before it existed
     assert "privacy" not in config_from_dict({}).to_dict()
+
+
+# ---- privacy: secure aggregation (branch secagg) ----
+
+
+def test_strategies_that_need_individual_updates_are_config_errors() -> None:
+    raw = {"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}, "privacy": {"secure_aggregation": True}}
+    with pytest.raises(ConfigError, match="privacy.secure_aggregation: fedcos cannot run under secure aggregation: "
+                                          "its weights are each client's cosine"):
+        config_from_dict(raw)
+    raw = {"data": {"name": "synthetic"}, "train": {"local_eval": 2}, "privacy": {"secure_aggregation": True}}
+    with pytest.raises(ConfigError, match="train.local_eval"):
+        config_from_dict(raw)
+    ok = config_from_dict({"data": {"name": "synthetic"}, "algorithm": {"name": "fedcos"}})
+    assert ok.privacy.secure_aggregation is False
+    on = config_from_dict({"data": {"name": "synthetic"}, "privacy": {"secure_aggregation": True}})
+    assert on.privacy.secure_aggregation is True and on.to_dict()["privacy"]["secure_aggregation"] is True
+
+
+def test_privacy_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="privacy.secagg_threshold"):
+        config_from_dict({"privacy": {"secagg_threshold": 0.4}})
+    with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
+        config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})

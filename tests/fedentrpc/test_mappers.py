@@ -367,3 +367,21 @@ def test_requests_carry_the_options_whole() -> None:
                                             base_lr=0.1)
     assert mappers.fedent_options_from_msg(online.params) == opts
     assert mappers.fedent_options_from_msg(offline.params) == opts
+
+
+def test_a_masked_update_crosses_the_wire_bit_for_bit() -> None:
+    """Secure aggregation: the uint64 ring vector travels as an int64 group and comes back unchanged, with no
+    clear model; a malformed masked group is a WireError."""
+    import numpy as np
+
+    from fedent.strategies.base import ClientUpdate
+    from fedentrpc.mappers import MASKED_GROUP, UpdateMeta, update_from_parts, update_to_parts
+
+    ring = np.array([0, 1, 2 ** 63, 2 ** 64 - 1, 12345678901234567890], dtype=np.uint64)
+    u = ClientUpdate(3, [], 12, 0.5, {}, {"eta": 0.1}, masked=ring)
+    got = update_from_parts(list(update_to_parts(u, UpdateMeta("w", 1, 2)))).update
+    assert got.params == [] and got.tensors == {} and got.scalars == {"eta": 0.1}
+    assert got.masked is not None and got.masked.dtype == np.uint64 and np.array_equal(got.masked, ring)
+    bad = ClientUpdate(3, [], 12, 0.5, {MASKED_GROUP: [torch.zeros(2)]})
+    with pytest.raises(codec.WireError, match="secagg_masked"):
+        list(update_to_parts(bad, UpdateMeta("w", 1, 2)))
