@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from client import transfer
 from client.oracle_link import OracleLink
 from client.settings import WorkerSettings
 from fedent.client_store import ClientStateStore
@@ -336,9 +337,11 @@ class Worker:
         """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
         got = self._blob_cache.get(blob_id)
         if got is None:
-            stream = self.stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob_id,
-                                                                              worker_id=self.worker_id))
-            got = codec.decode_tensors(stream)
+            try:
+                got = transfer.fetch(self.stub, blob_id, self.worker_id, self.settings.stall_timeout_s,
+                                     self.settings.connect_timeout_s * 10)
+            except transfer.TransferError as e:
+                raise AggregatorLostError(str(e)) from None
             prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
             self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
             self._blob_cache[blob_id] = got
@@ -404,11 +407,13 @@ class Worker:
         return pending
 
     def _upload(self, update: Any, meta: mappers.UpdateMeta) -> None:
-        parts: Iterator[pb.SubmitUpdateRequest] = mappers.update_to_parts(update, meta, self.transfer)
-        try:
-            self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
+        s = self.settings
+        try:  # a cut stream resumes from the aggregator's chunk count (client.transfer)
+            transfer.upload(self.stub, update, meta, self.transfer, s.stall_timeout_s, s.connect_timeout_s * 10)
         except grpc.RpcError as e:
             log.warning("update of client %d rejected: %s: %s", update.cid, e.code().name, e.details())
+        except transfer.TransferError as e:
+            log.warning("update of client %d lost: %s", update.cid, e)
 
     def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
         try:

@@ -220,14 +220,15 @@ class UpdateMeta:
     wire_bytes: int = 0
 
 
-def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
-                    spec: TransferSpec | None = None) -> Iterator[agg_pb.SubmitUpdateRequest]:
+def update_to_parts(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None,
+                    resume_from: int = 0) -> Iterator[agg_pb.SubmitUpdateRequest]:
     """An upload as ``SubmitUpdateRequest`` messages: the header, then the tensors' chunks (group "params" =
-    w_i(t+1), then the update's extra groups), each chunk cut as it is sent."""
+    w_i(t+1), then the update's extra groups), each chunk cut as it is sent. ``resume_from`` k > 0: a cut
+    upload resumed, chunks k.. only (the aggregator holds 0..k-1; ``QueryUpload``)."""
     if PARAMS_GROUP in u.tensors:
         raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
     bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
-    chunks = tensor_chunks(bundle, spec)
+    chunks = tensor_chunks(bundle, spec, start=resume_from)
     header = agg_pb.SubmitUpdateRequest(
         header=agg_pb.UpdateHeader(
             worker_id=meta.worker_id,
@@ -237,6 +238,7 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
             num_samples=u.num_samples,
             train_loss=float(u.train_loss),
             scalars=_scalars(u.scalars),
+            resume_from_chunk=resume_from,
         )
     )
     # each chunk is written in place into its message's oneof: its bytes are not copied again
@@ -249,19 +251,32 @@ class DecodedUpdate:
     update: ClientUpdate
 
 
+def update_header(first: agg_pb.SubmitUpdateRequest | None) -> agg_pb.UpdateHeader:
+    """The header an update stream must open with."""
+    if first is None or first.WhichOneof("part") != "header":
+        raise WireError("an update stream must start with its header")
+    return first.header
+
+
+def update_chunk(part: agg_pb.SubmitUpdateRequest) -> pb.TensorChunk:
+    """A message after the header: a tensor chunk, nothing else."""
+    if part.WhichOneof("part") != "chunk":
+        raise WireError("an update stream carries one header, then tensor chunks only")
+    return part.chunk
+
+
 def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
                       max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
     it = iter(parts)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise WireError("an update stream must start with its header")
-    h = first.header
+    h = update_header(next(it, None))
     asm = TensorAssembler(max_bytes)
     for part in it:
-        if part.WhichOneof("part") != "chunk":
-            raise WireError("an update stream carries one header, then tensor chunks only")
-        asm.add(part.chunk)
-    bundle = asm.finish()
+        asm.add(update_chunk(part))
+    return update_from_bundle(h, asm.finish(), asm.wire_bytes)
+
+
+def update_from_bundle(h: agg_pb.UpdateHeader, bundle: Bundle, wire_bytes: int) -> DecodedUpdate:
+    """The update a header and its decoded tensors describe (the stream may have come in several pieces)."""
     if PARAMS_GROUP not in bundle:
         raise WireError("update carries no 'params' tensor group")
     params = bundle.pop(PARAMS_GROUP)
@@ -275,7 +290,7 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
         tensors=bundle,
         scalars=_scalars(h.scalars),
     )
-    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), asm.wire_bytes)
+    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), wire_bytes)
     return DecodedUpdate(meta, update)
 
 

@@ -27,6 +27,7 @@ from fedentrpc import codec, mappers
 from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
 from server.registry import WorkerRegistry
 from server.settings import AggregatorSettings
+from server.uploads import UploadBook
 from server.work import ClusterError, Collector, Task, WorkerHandle
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class RemoteExecutor:
         self.blob_lock = threading.Lock()
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
+        self.uploads = UploadBook()  # partial uploads of cut streams, resumed by the workers
         registry.on_gone = self.worker_gone
 
     def worker_gone(self, w: WorkerHandle, why: str) -> None:
