@@ -111,6 +111,8 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
         try:
             call.result()
             return sent
+        except grpc.FutureCancelledError:  # the stall watch cancelled it
+            why = "stalled"
         except grpc.RpcError as e:
             code = e.code()
             if code not in CUT and start == 0:

@@ -74,6 +74,10 @@ class AggregatorLostError(WorkerError):
     """The link to the aggregator broke (UNAVAILABLE, a cut stream, forgotten by missed heartbeats): retryable."""
 
 
+class StaleTaskError(WorkerError):
+    """A task whose round closed while it waited (a link down past the deadline): skipped, not a lost link."""
+
+
 class RunOverError(WorkerError):
     """The aggregator's run has already ended: nothing to do (a worker started, or restarted, after it)."""
 
@@ -342,6 +346,10 @@ class Worker:
                                      self.settings.connect_timeout_s * 10)
             except transfer.TransferError as e:
                 raise AggregatorLostError(str(e)) from None
+            except grpc.RpcError as e:  # a task that waited out a partition: its round is over, the link is fine
+                if e.code() == grpc.StatusCode.NOT_FOUND and "finished round" in (e.details() or ""):
+                    raise StaleTaskError(e.details() or "") from None
+                raise
             prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
             self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
             self._blob_cache[blob_id] = got
@@ -461,6 +469,11 @@ class Worker:
                     log.info("aggregator: %s", item.shutdown.reason)
                     return not item.shutdown.failed
                 pending: list[Future[None]] = []
+                late = time.time() - getattr(item, kind).task.deadline_unix
+                if getattr(item, kind).task.deadline_unix and late > 0:  # e.g. held up by a partition
+                    log.warning("task %d (round %d) arrived %.1fs after its deadline: skipped",
+                                getattr(item, kind).task.task_id, getattr(item, kind).task.round, late)
+                    continue
                 try:
                     if kind == "probe":
                         self.do_probe(item.probe)
@@ -473,6 +486,8 @@ class Worker:
                     self.tasks_done += 1
                 except AggregatorLostError:
                     raise
+                except StaleTaskError as e:
+                    log.warning("task %d skipped: %s", getattr(item, kind).task.task_id, e)
                 except (WorkerError, codec.WireError, ValueError) as e:
                     h = getattr(item, kind).task
                     log.error("task %d failed: %s", h.task_id, e)
