@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.procs import ENV, REPO, Procs
+from procs import ENV, REPO, Procs
 
 SUBNET = "10.99.0"
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import netns
 import pytest
+from procs import Procs, check_equals_simulation, rounds_logged, simulate, stop_all, wait_for
 
 from fedent.runlog import read_json, read_metrics
 from server.certs import make_dev_pki
-from tests import netns
-from tests.procs import Procs, check_equals_simulation, rounds_logged, simulate, stop_all, wait_for
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -53,7 +53,8 @@ def _cluster(net: netns.Network, tmp: Path, rounds: int, mbit: float, *server_fl
     pki = make_dev_pki(tmp / "pki", hosts=["aggregator", agg.ip], workers=["worker-0", "worker-1"])
     cfg = tmp / "cfg.yaml"
     cfg.write_text(CONFIG.replace("ROUNDS", str(rounds)))
-    out, procs = tmp / "run", []
+    out = tmp / "run"
+    procs: Procs = []
     tls = ["--tls-ca", str(pki.ca_cert)]
     net.spawn(procs, "aggregator", [
         "-m", "server", "--config", str(cfg), "--host", agg.ip, "--port", str(PORT), "--out", str(out),
