@@ -112,7 +112,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
         enc = _guard(context, lambda: self.run.remote.fetch_blob(request.blob_id, request.worker_id,
-                                                         caller_identity(context)))
+                                                                 caller_identity(context), request.start_chunk))
         msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
         yield from msgs[request.start_chunk:]  # a cut download resumes where the worker's copy ends
 

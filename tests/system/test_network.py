@@ -101,6 +101,9 @@ def test_an_upload_cut_by_a_link_failure_resumes_and_the_run_equals_the_simulati
     check_equals_simulation(out, reference, rounds=2, clients=2)  # each update aggregated exactly once
     clients = read_json(out / "clients.json")["clients"]
     assert [c["participation"] for c in clients] == [2, 2]
+    model_bytes = sum(t.numel() * t.element_size() for t in reference)
+    for rec in read_metrics(out / "metrics.jsonl"):  # the resumed bytes are not counted twice either way
+        assert rec["diagnostics"]["transfer"] == {"bytes_up": 2 * model_bytes, "bytes_down": 2 * model_bytes}
 
 
 def test_a_worker_cut_off_past_the_deadline_is_dropped_for_that_round_and_rejoins(
