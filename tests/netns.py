@@ -25,6 +25,8 @@ from pathlib import Path
 
 from procs import ENV, REPO, Procs
 
+from server.certs import make_dev_pki
+
 SUBNET = "10.99.0"
 
 
@@ -134,3 +136,35 @@ class Network:
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
         self.namespaces.clear()
+
+
+def start_cluster(net: Network, tmp: Path, config: str, mbit: float | None, workers: int = 2,
+                  server_flags: tuple[str, ...] = (), worker_flags: tuple[str, ...] = (),
+                  port: int = 50051) -> tuple[Procs, Path]:
+    """An aggregator (uncapped link) and ``workers`` workers (``mbit`` each way; worker i hosts client i),
+    each in its own namespace, with mutual TLS and tokens: the server certificate names ``aggregator`` and its
+    address, each worker's names the worker. Logs in ``tmp/<name>.log``; returns the processes and run dir."""
+    agg = net.add("aggregator")
+    names = [f"worker-{i}" for i in range(workers)]
+    for name in names:
+        net.add(name, mbit=mbit)
+    pki = make_dev_pki(tmp / "pki", hosts=["aggregator", agg.ip], workers=names)
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(config)
+    out = tmp / "run"
+    procs: Procs = []
+    tls = ["--tls-ca", str(pki.ca_cert)]
+    net.spawn(procs, "aggregator", [
+        "-m", "server", "--config", str(cfg), "--host", agg.ip, "--port", str(port), "--out", str(out),
+        "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), *tls, "--require-client-auth",
+        "--token-file", str(pki.tokens_file), "--register-timeout", "90", "--heartbeat", "2",
+        "--heartbeat-misses", "15", *server_flags], tmp / "aggregator.log")
+    for i, name in enumerate(names):
+        crt, key = pki.client_certs[name]
+        net.spawn(procs, name, [
+            "-m", "client", "--aggregator", f"{agg.ip}:{port}", "--clients", str(i), "--device", "cpu",
+            "--name", name, *tls, "--tls-cert", str(crt), "--tls-key", str(key), "--token-file",
+            str(pki.token_files[name]), "--connect-timeout", "60", "--reconnect-attempts", "50",
+            "--backoff-base", "0.2", "--backoff-cap", "1", "--log-level", "INFO", *worker_flags],
+            tmp / f"{name}.log")
+    return procs, out

@@ -21,12 +21,10 @@ import pytest
 from procs import Procs, check_equals_simulation, rounds_logged, simulate, stop_all, wait_for
 
 from fedent.runlog import read_json, read_metrics
-from server.certs import make_dev_pki
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
-PORT = 50051
 CONFIG = """\
 name: net
 data: {name: synthetic, num_clients: 2, partition: iid, synthetic_train: 80, synthetic_test: 40}
@@ -46,31 +44,10 @@ def net() -> Iterator[netns.Network]:
 
 
 def _cluster(net: netns.Network, tmp: Path, rounds: int, mbit: float, *server_flags: str) -> tuple[Procs, Path]:
-    """Aggregator (uncapped link) + two workers (``mbit`` each way) with certificates for their names."""
-    agg = net.add("aggregator")
-    for i in range(2):
-        net.add(f"worker-{i}", mbit=mbit)
-    pki = make_dev_pki(tmp / "pki", hosts=["aggregator", agg.ip], workers=["worker-0", "worker-1"])
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(CONFIG.replace("ROUNDS", str(rounds)))
-    out = tmp / "run"
-    procs: Procs = []
-    tls = ["--tls-ca", str(pki.ca_cert)]
-    net.spawn(procs, "aggregator", [
-        "-m", "server", "--config", str(cfg), "--host", agg.ip, "--port", str(PORT), "--out", str(out),
-        "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), *tls, "--require-client-auth",
-        "--token-file", str(pki.tokens_file), "--register-timeout", "90", "--heartbeat", "2",
-        "--heartbeat-misses", "15", "--chunk-bytes", str(256 * 1024), *server_flags], tmp / "aggregator.log")
-    for i in range(2):
-        name = f"worker-{i}"
-        crt, key = pki.client_certs[name]
-        net.spawn(procs, name, [
-            "-m", "client", "--aggregator", f"{agg.ip}:{PORT}", "--clients", str(i), "--device", "cpu",
-            "--name", name, *tls, "--tls-cert", str(crt), "--tls-key", str(key), "--token-file",
-            str(pki.token_files[name]), "--connect-timeout", "60", "--stall-timeout", "1.5",
-            "--reconnect-attempts", "50", "--backoff-base", "0.2", "--backoff-cap", "1", "--log-level", "INFO"],
-            tmp / f"{name}.log")
-    return procs, out
+    """Aggregator + two workers (``mbit`` each way), 256 KiB chunks, a 1.5 s stall watch on the workers."""
+    return netns.start_cluster(net, tmp, CONFIG.replace("ROUNDS", str(rounds)), mbit,
+                               server_flags=("--chunk-bytes", str(256 * 1024), *server_flags),
+                               worker_flags=("--stall-timeout", "1.5"))
 
 
 def _done(out: Path, procs: Procs, timeout: float) -> None:
