@@ -226,6 +226,7 @@ EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
 Precision = Literal["float32", "tf32"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 ConvPath = Literal["direct", "unfold"]
+UploadEncoding = Literal["none", "int8", "topk"]
 CONV_PATHS: tuple[str, ...] = typing.get_args(ConvPath)
 Evaluation = Literal["server", "federated"]
 
@@ -258,6 +259,11 @@ class TrainConfig(Declared):
                                              "later, ~1e-3 relative per step. No effect on the CPU")
     conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + "
                                       "one batched matmul per layer); the same function, results agree to ~1e-6")
+    upload_encoding: UploadEncoding = option("none", "lossy upload of w_i(t+1) - w(t) (fedent.compress), applied by "
+                                                     "the simulator and the cluster alike: none, int8 (unbiased "
+                                                     "stochastic 8-bit, ~4x fewer bytes), topk (the largest "
+                                                     "topk_fraction of entries, with error feedback)")
+    topk_fraction: float = option(0.01, "topk: fraction of each tensor's entries sent per upload", gt=0, le=1)
 
     def checks(self) -> Iterable[tuple[str, str]]:
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
@@ -426,7 +432,18 @@ class ExperimentConfig:
         c.run(self.data.validate)
         c.run(self.model.validate)
         c.run(self.train.validate)
+        c.run(self._check_upload_encoding)
         c.raise_any()
+
+    # top-k drops most of each update every round: FedDyn's and SCAFFOLD's client state (h_i, c_i) is updated
+    # from the model the client trained, the server's from the one it received, and with top-k the two drift
+    # apart; unbiased int8 keeps them equal in expectation and is allowed everywhere
+    TOPK_UNSOUND = ("feddyn", "scaffold")
+
+    def _check_upload_encoding(self) -> None:
+        if self.train.upload_encoding == "topk" and self.algorithm.name in self.TOPK_UNSOUND:
+            raise ConfigError(f"train.upload_encoding: topk is not sound with {self.algorithm.name} (its client "
+                              "state assumes the server saw the model the client trained); use int8 or none")
 
     def to_dict(self) -> dict[str, Any]:
         # The algorithm section keeps its flat YAML layout {name, <options>} (asdict would nest "options").

@@ -12,7 +12,8 @@ import hashlib
 import numpy as np
 import torch
 
-PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split")
+PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split",
+            "upload")  # upload: fedent.compress's stochastic rounding
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

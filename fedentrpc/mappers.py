@@ -21,13 +21,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import struct_pb2
 from torch import Tensor
 
+from fedent import compress
 from fedent.config import OptionError
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.rounds.evaluation import ClientEval
@@ -70,6 +71,9 @@ def _lookup(table: Mapping[Any, Any], value: Any, what: str, enum: Any) -> Any:
         allowed = ", ".join(_enum_name(enum, v) for v in sorted(set(table)))
         raise WireError(field=what, why=f"{_enum_name(enum, value)} is not allowed; send one of {allowed}") from None
 
+
+UPLOAD_PREFIX = "upload."  # tensor groups of an encoded upload's codes (fedent.compress)
+_CODE_SETS = [set(g) for g in compress.GROUPS.values()]
 
 # ---- google.protobuf.Struct <-> dict ------------------------------------------------------------------
 
@@ -225,9 +229,10 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None
     """An upload as ``SubmitUpdateRequest`` messages: the header, then the tensors' chunks (group "params" =
     w_i(t+1), then the update's extra groups), each chunk cut as it is sent. ``resume_from`` k > 0: a cut
     upload resumed, chunks k.. only (the aggregator holds 0..k-1; ``QueryUpload``)."""
-    if PARAMS_GROUP in u.tensors:
-        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r}")
-    bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
+    if PARAMS_GROUP in u.tensors or any(k.startswith(UPLOAD_PREFIX) for k in u.tensors):
+        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r} or start with {UPLOAD_PREFIX!r}")
+    # an encoded upload (train.upload_encoding) sends its codes in place of params
+    bundle: dict[str, Sequence[Tensor]] = {**(u.codes or {PARAMS_GROUP: u.params}), **u.tensors}
     chunks = tensor_chunks(bundle, spec, start=resume_from)
     header = agg_pb.SubmitUpdateRequest(
         header=agg_pb.UpdateHeader(
@@ -275,11 +280,25 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
     return update_from_bundle(h, asm.finish(), asm.wire_bytes)
 
 
-def update_from_bundle(h: agg_pb.UpdateHeader, bundle: Bundle, wire_bytes: int) -> DecodedUpdate:
-    """The update a header and its decoded tensors describe (the stream may have come in several pieces)."""
-    if PARAMS_GROUP not in bundle:
+def update_from_bundle(h: agg_pb.UpdateHeader, bundle: Bundle, wire_bytes: int,
+                       base: Callable[[int], Sequence[Tensor]] | None = None) -> DecodedUpdate:
+    """The update a header and its decoded tensors describe (the stream may have come in several pieces).
+    An upload encoded by ``train.upload_encoding`` carries codes instead of params: they are rebuilt as
+    w(t) + decode(codes), w(t) being ``base(round)`` (the aggregator's model of that round)."""
+    codes = {k: bundle.pop(k) for k in [k for k in bundle if k.startswith(UPLOAD_PREFIX)]}
+    if PARAMS_GROUP in bundle and not codes:
+        params = bundle.pop(PARAMS_GROUP)
+    elif codes and PARAMS_GROUP not in bundle and base is not None and set(codes) in _CODE_SETS:
+        like = base(int(h.round))
+        try:
+            compress.check_codes(codes, like)
+        except ValueError as e:
+            raise WireError(str(e)) from None
+        params = compress.decode(like, codes)
+    elif codes:
+        raise WireError(f"update carries upload codes {sorted(codes)} this receiver cannot decode")
+    else:
         raise WireError("update carries no 'params' tensor group")
-    params = bundle.pop(PARAMS_GROUP)
     if h.num_samples < 0:
         raise WireError(f"update of client {h.cid}: negative sample count")
     update = ClientUpdate(

@@ -152,7 +152,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                 log.info("upload of client %d (worker %s, round %d) cut after %d chunks (%d bytes); kept to resume",
                          h.cid, h.worker_id, h.round, state.next_chunk, state.received_bytes)
                 return
-            dec = mappers.update_from_bundle(h, bundle, wire_bytes)
+            dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
             remote.submit_update(h.worker_id, h.task_id, h.round, dec.update, wire_bytes, caller_identity(context))
 
         _guard(context, go)

@@ -54,6 +54,7 @@ class RemoteExecutor:
         self.task_ids = itertools.count(1)
         self.uploads = UploadBook()  # partial uploads of cut streams, resumed by the workers
         self.traffic = {"bytes_up": 0, "bytes_down": 0}  # this round's payload bytes (round_diagnostics)
+        self.round_model: tuple[int, list[Tensor]] | None = None
         registry.on_gone = self.worker_gone
 
     def worker_gone(self, w: WorkerHandle, why: str) -> None:
@@ -104,6 +105,16 @@ class RemoteExecutor:
         with self.blob_lock:
             self.blobs = {model_blob(rnd): enc}
             self.traffic = {"bytes_up": 0, "bytes_down": 0}
+            self.round_model = (rnd, [p.detach().cpu() for p in global_params])
+
+    def base_of(self, rnd: int) -> list[Tensor]:
+        """w(rnd), which an encoded upload of that round is a delta from (``train.upload_encoding``)."""
+        with self.blob_lock:
+            got = self.round_model
+        if got is None or got[0] != rnd:
+            raise ClusterError("precondition", f"round {rnd} is not the open round: its encoded update cannot be "
+                                               "decoded")
+        return got[1]
 
     def round_diagnostics(self, rnd: int) -> dict[str, Any]:
         """The round's payload bytes on the wire (``transfer``: uploads received, blob bytes served), for

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedent import compress
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
@@ -48,11 +49,30 @@ class ClientTraining:
     epochs: int
     seed: int
     batch_size: int
+    upload: str = "none"  # train.upload_encoding (fedent.compress)
+    topk_fraction: float = 0.01
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
         tr = cfg.train
-        return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size))
+        return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size), tr.upload_encoding,
+                   float(tr.topk_fraction))
+
+    def encode_upload(self, rnd: int, update: ClientUpdate, global_params: Sequence[Tensor],
+                      state: ClientState) -> None:
+        """The lossy upload encoding applied to ``update`` in place: its codes kept for the wire and its params
+        replaced by w(t) + decode(codes), the values the aggregator will rebuild (simulator == cluster); top-k's
+        error-feedback residual lives in the client's state."""
+        if self.upload == "none":
+            return
+        delta = [p.detach() - g.detach().to(p.device) for p, g in zip(update.params, global_params, strict=True)]
+        residual = state.tensors.get(compress.RESIDUAL)
+        codes, left = compress.encode(delta, self.upload, self.seed, rnd, update.cid, self.topk_fraction, residual)
+        if left is not None:
+            state.tensors[compress.RESIDUAL] = left
+        update.codes = codes
+        update.params = [p.to(u.device) for p, u in zip(compress.decode(global_params, codes), update.params,
+                                                         strict=True)]
 
 
 class ClientStates:
@@ -164,15 +184,17 @@ class ClientHost:
                     state = self.state(strategy, c, rnd)
                     return strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), state), state
 
-                self._keep(out, c, rnd, one)
+                self._keep(out, c, rnd, one, global_params)
         return Gathered(out.results, out.failed)
 
     def _keep(self, out: Gathered[ClientUpdate], cid: int, rnd: int,
-              fit: Callable[[], tuple[ClientUpdate, ClientState]]) -> None:
-        """A client's fit ends here: its update kept (and handed to ``on_update`` at once, so an upload can
-        overlap the next client) and its state saved, or its exception recorded as its failure."""
+              fit: Callable[[], tuple[ClientUpdate, ClientState]], global_params: Sequence[Tensor]) -> None:
+        """A client's fit ends here: its update encoded for upload (``train.upload_encoding``), kept (and handed
+        to ``on_update`` at once, so an upload can overlap the next client) and its state saved, or its
+        exception recorded as its failure."""
         try:
             update, state = fit()
+            self.training.encode_upload(rnd, update, global_params, state)
             self.states.fitted(cid, state, rnd)
         except Exception as e:
             self._failed(out, cid, "fit", rnd, e)

@@ -134,7 +134,7 @@ class VectorisedHost(ClientHost):
                             ) -> tuple[ClientUpdate, ClientState]:
                         return plans[c].finish(params, res), states[c]
 
-                    self._keep(out, c, rnd, one)
+                    self._keep(out, c, rnd, one, global_params)
         return Gathered(out.results, out.failed)
 
     def _chunks(self, cids: Sequence[int], point: Sequence[Tensor]) -> list[list[int]]:

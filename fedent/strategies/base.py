@@ -83,6 +83,9 @@ class ClientUpdate:
     train_loss: float
     tensors: dict[str, Params] = field(default_factory=dict)  # e.g. SCAFFOLD's Δc_i
     scalars: dict[str, float] = field(default_factory=dict)  # e.g. FedEnt's eta, eta_star
+    # the upload encoding's codes for params (fedent.compress; empty: params travel as they are): a worker sends
+    # these instead, the aggregator rebuilds params from them and w(t)
+    codes: dict[str, Params] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
