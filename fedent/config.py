@@ -432,18 +432,8 @@ class ExperimentConfig:
         c.run(self.data.validate)
         c.run(self.model.validate)
         c.run(self.train.validate)
-        c.run(self._check_upload_encoding)
+        c.run(check_upload_encoding, self.train, self.algorithm.name)
         c.raise_any()
-
-    # top-k drops most of each update every round: FedDyn's and SCAFFOLD's client state (h_i, c_i) is updated
-    # from the model the client trained, the server's from the one it received, and with top-k the two drift
-    # apart; unbiased int8 keeps them equal in expectation and is allowed everywhere
-    TOPK_UNSOUND = ("feddyn", "scaffold")
-
-    def _check_upload_encoding(self) -> None:
-        if self.train.upload_encoding == "topk" and self.algorithm.name in self.TOPK_UNSOUND:
-            raise ConfigError(f"train.upload_encoding: topk is not sound with {self.algorithm.name} (its client "
-                              "state assumes the server saw the model the client trained); use int8 or none")
 
     def to_dict(self) -> dict[str, Any]:
         # The algorithm section keeps its flat YAML layout {name, <options>} (asdict would nest "options").
@@ -528,6 +518,19 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
     return f" (did you mean {', '.join(f'{k} -> {v}' for k, v in close.items())}?)"
 
 
+# top-k drops most of each update every round: FedDyn's and SCAFFOLD's client state (h_i, c_i) is updated from
+# the model the client trained, the server's from the one it received, and under top-k the two drift apart;
+# unbiased int8 keeps them equal in expectation and is allowed with every strategy
+TOPK_UNSOUND = ("feddyn", "scaffold")
+
+
+def check_upload_encoding(train: TrainConfig, algorithm: str) -> None:
+    """ConfigError for an upload encoding that is not sound with the strategy (``TOPK_UNSOUND``)."""
+    if train.upload_encoding == "topk" and algorithm in TOPK_UNSOUND:
+        raise ConfigError(f"train.upload_encoding: topk is not sound with {algorithm} (its client state assumes "
+                          "the server saw the model the client trained); use int8 or none")
+
+
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
@@ -547,6 +550,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 
         c.run(plugins.check_names, data.name, model.name)
         c.run(plugins.check_placement, data, train)
+    if train is not None and algorithm is not None:
+        c.run(check_upload_encoding, train, algorithm.name)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
                             algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")))
