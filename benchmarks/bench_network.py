@@ -3,7 +3,8 @@
 On loopback bandwidth is free; across a network the bytes decide a round's time. This runs the aggregator
 and two workers in their own network namespaces (tests/netns.py: veth + bridge, mutual TLS, a ``tc tbf`` cap
 on both directions of each worker's link) for each encoding the aggregator offers (``--wire-dtype``
-native|float16|bfloat16, ``--compression zlib``) at each bandwidth, and reports per run: the median round
+native|float16|bfloat16, ``--compression zlib``, and the run's ``train.upload_encoding`` int8 / topk) at each
+bandwidth, and reports per run: the median round
 time, the bytes up and down per round (metrics.jsonl ``diagnostics.transfer``), the time until the test
 accuracy first reached ``--target``, and the final accuracy against the native encoding's (the accuracy cost
 of a lossy encoding). Beside them, the loopback codec figures: encode + decode time of one model in this
@@ -31,13 +32,19 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import netns  # noqa: E402
 from procs import stop_all, wait_for  # noqa: E402
 
+from fedent import compress  # noqa: E402
 from fedent.config import load_config  # noqa: E402
 from fedent.inputs import model_factory  # noqa: E402
 from fedent.runlog import read_json, read_metrics  # noqa: E402
 from fedentrpc import codec  # noqa: E402
 
-ENCODINGS = {"native": (), "float16": ("--wire-dtype", "float16"), "bfloat16": ("--wire-dtype", "bfloat16"),
-             "zlib": ("--compression", "zlib")}
+# encoding -> the aggregator's flags: its transfer settings (both directions) or the run's upload encoding
+# (train.upload_encoding, fedent.compress: uploads only, the simulator applies it too)
+ENCODINGS: dict[str, tuple[str, ...]] = {
+    "native": (), "float16": ("--wire-dtype", "float16"), "bfloat16": ("--wire-dtype", "bfloat16"),
+    "zlib": ("--compression", "zlib"), "int8": ("--set", "train.upload_encoding=int8"),
+    "topk1%": ("--set", "train.upload_encoding=topk", "--set", "train.topk_fraction=0.01"),
+    "int8+float16": ("--set", "train.upload_encoding=int8", "--wire-dtype", "float16")}
 CONFIG = """\
 name: netbench
 data: {{name: synthetic, num_clients: 2, partition: iid, synthetic_train: 400, synthetic_test: 200}}
@@ -48,18 +55,24 @@ algorithm: {{name: fedavg}}
 
 
 def codec_figures(config: str, tmp: Path) -> dict[str, dict[str, float]]:
-    """Per encoding: encode + decode of the run's model on loopback (no network), best of 5, and its bytes."""
+    """Per encoding: encode + decode of the run's model (or of a delta's codes, for the upload encodings) in this
+    process, no network, best of 5, and the bytes it puts on the wire."""
     (tmp / "codec.yaml").write_text(config)
     params = [p.detach() for p in model_factory(load_config(tmp / "codec.yaml"))().parameters()]
     out = {}
-    for name, flags in ENCODINGS.items():
-        spec = codec.TransferSpec(wire_dtype=flags[1] if flags and flags[0] == "--wire-dtype" else "native",
-                                  compression="zlib" if name == "zlib" else "none")
+    delta = [p * 0.01 for p in params]
+    for name in ENCODINGS:
+        spec = codec.TransferSpec(wire_dtype="float16" if "float16" in name else "bfloat16" if "bfloat16" in name
+                                  else "native", compression="zlib" if name == "zlib" else "none")
+        kind = "int8" if name.startswith("int8") else "topk" if name.startswith("topk") else None
         best, wire = float("inf"), 0
         for _ in range(5):
             t = time.perf_counter()
-            enc = codec.encode_tensors({"params": params}, spec)
-            codec.decode_tensors(enc.chunks)
+            bundle = {"params": params} if kind is None else compress.encode(delta, kind, 0, 0, 0, 0.01)[0]
+            enc = codec.encode_tensors(bundle, spec)
+            got = codec.decode_tensors(enc.chunks)
+            if kind is not None:
+                compress.decode(params, got)
             best, wire = min(best, time.perf_counter() - t), enc.wire_bytes
         out[name] = {"codec_ms": best * 1e3, "model_wire_bytes": wire}
     return out
@@ -87,7 +100,7 @@ def run_one(tmp: Path, config: str, mbit: float, encoding: str, target: float, r
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mbit", default="100,10", help="per-worker link caps (Mbit/s), comma-separated")
-    p.add_argument("--encodings", default=",".join(ENCODINGS))
+    p.add_argument("--encodings", default=",".join(ENCODINGS), help=f"of {', '.join(ENCODINGS)}")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--target", type=float, default=0.5, help="test accuracy whose first round is timed")
     p.add_argument("--json", default=None, help="write the table here too")
