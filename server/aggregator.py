@@ -132,7 +132,8 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         def go() -> None:
             it = iter(request_iterator)
             h = mappers.update_header(next(it, None))
-            self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
+            if h.resume_from_chunk:  # taking over kept chunks: the owner only (a new upload is checked at its end)
+                self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
             # bounded by the decoder: the header's sizes against the model-sized limit before anything is
             # allocated, then every chunk against the header; a cut stream's verified chunks stay in the book
             up = remote.uploads.begin(h, remote.max_update_bytes())
