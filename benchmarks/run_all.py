@@ -18,6 +18,7 @@ QUICK = {
     "bench_fixed_point.py": ["--clients", "10", "--rounds", "2"],
     "bench_cluster.py": ["--rounds", "4", "--workers", "1", "--threads", "1"],
     "bench_transfer.py": ["--sizes-mb", "16,256", "--repeat", "3"],
+    "bench_network.py": ["--rounds", "2", "--mbit", "10", "--encodings", "native,float16,int8+float16"],  # root only
     "bench_cli.py": ["--repeats", "5"],
     "bench_vectorised_step.py": ["--clients", "4", "--samples", "128", "--repeats", "1"],
     "bench_privacy.py": ["--quick", "--rounds", "2", "--repeats", "1", "--threads", "1"],

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="worker name shown on the dashboard")
     p.add_argument("--token", default="", help="registration token, when the aggregator requires one")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the aggregator")
+    p.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="seconds without a chunk moving before a model transfer is cut and resumed where it stopped")
     p.add_argument("--state-dir", default=None,
                    help="persist each client's state here (FedDyn/SCAFFOLD/FedEnt) so a restarted worker resumes")
     p.add_argument("--reconnect-attempts", type=int, default=10,
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         cids = parse_client_ids(args.clients) if args.clients else tuple(sorted(set(args.client_ids)))
         settings = WorkerSettings(aggregator=args.aggregator, client_ids=cids, estimator=args.estimator,
                                   device=args.device, data_root=args.data_root, name=args.name, token=args.token,
-                                  connect_timeout_s=args.connect_timeout, state_dir=args.state_dir,
+                                  connect_timeout_s=args.connect_timeout,
+                                  stall_timeout_s=args.stall_timeout, state_dir=args.state_dir,
                                   security=security, reconnect_attempts=args.reconnect_attempts,
                                   reconnect_window_s=args.reconnect_window, backoff_base_s=args.backoff_base,
                                   backoff_cap_s=args.backoff_cap, data=args.data,

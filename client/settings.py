@@ -24,6 +24,8 @@ class WorkerSettings(Declared):
     name: str = option("", "worker name shown on the dashboard")
     token: str = option("", "registration token, when the aggregator requires one")
     connect_timeout_s: float = option(60.0, "seconds to wait for the aggregator", gt=0)
+    stall_timeout_s: float = option(30.0, "a model upload or download that moves no chunk this long is cut and "
+                                          "resumed from the last chunk the other side holds", gt=0)
     state_dir: str | None = option(None, "persist ClientState here (per run id) so a restarted worker resumes")
     security: ClientSecurity | None = option(None, "TLS / token for both links; None = plaintext, no token")
     reconnect_attempts: int = option(10, "re-registrations tried after losing the aggregator; 0 = exit at once",

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from client import transfer
 from client.oracle_link import OracleLink
 from client.settings import WorkerSettings
 from fedent.client_store import ClientStateStore
@@ -71,6 +72,10 @@ class LocalDataRefused(WorkerError):
 
 class AggregatorLostError(WorkerError):
     """The link to the aggregator broke (UNAVAILABLE, a cut stream, forgotten by missed heartbeats): retryable."""
+
+
+class StaleTaskError(WorkerError):
+    """A task whose round closed while it waited (a link down past the deadline): skipped, not a lost link."""
 
 
 class RunOverError(WorkerError):
@@ -336,9 +341,15 @@ class Worker:
         """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
         got = self._blob_cache.get(blob_id)
         if got is None:
-            stream = self.stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob_id,
-                                                                              worker_id=self.worker_id))
-            got = codec.decode_tensors(stream)
+            try:
+                got = transfer.fetch(self.stub, blob_id, self.worker_id, self.settings.stall_timeout_s,
+                                     self.settings.connect_timeout_s * 10)
+            except transfer.TransferError as e:
+                raise AggregatorLostError(str(e)) from None
+            except grpc.RpcError as e:  # a task that waited out a partition: its round is over, the link is fine
+                if e.code() == grpc.StatusCode.NOT_FOUND and "finished round" in (e.details() or ""):
+                    raise StaleTaskError(e.details() or "") from None
+                raise
             prefix = blob_id.split("-", 1)[0]  # "r<round>": older rounds' blobs are dropped
             self._blob_cache = {k: v for k, v in self._blob_cache.items() if k.split("-", 1)[0] == prefix}
             self._blob_cache[blob_id] = got
@@ -415,11 +426,13 @@ class Worker:
         return pending
 
     def _upload(self, update: Any, meta: mappers.UpdateMeta) -> None:
-        parts: Iterator[pb.SubmitUpdateRequest] = mappers.update_to_parts(update, meta, self.transfer)
-        try:
-            self.stub.SubmitUpdate(parts, timeout=self.settings.connect_timeout_s * 10)
+        s = self.settings
+        try:  # a cut stream resumes from the aggregator's chunk count (client.transfer)
+            transfer.upload(self.stub, update, meta, self.transfer, s.stall_timeout_s, s.connect_timeout_s * 10)
         except grpc.RpcError as e:
             log.warning("update of client %d rejected: %s: %s", update.cid, e.code().name, e.details())
+        except transfer.TransferError as e:
+            log.warning("update of client %d lost: %s", update.cid, e)
 
     def _report(self, h: pb.TaskHeader, cid: int, message: str) -> None:
         try:
@@ -467,6 +480,11 @@ class Worker:
                     log.info("aggregator: %s", item.shutdown.reason)
                     return not item.shutdown.failed
                 pending: list[Future[None]] = []
+                late = time.time() - getattr(item, kind).task.deadline_unix
+                if getattr(item, kind).task.deadline_unix and late > 0:  # e.g. held up by a partition
+                    log.warning("task %d (round %d) arrived %.1fs after its deadline: skipped",
+                                getattr(item, kind).task.task_id, getattr(item, kind).task.round, late)
+                    continue
                 try:
                     if kind == "probe":
                         self.do_probe(item.probe)
@@ -481,6 +499,8 @@ class Worker:
                     self.tasks_done += 1
                 except AggregatorLostError:
                     raise
+                except StaleTaskError as e:
+                    log.warning("task %d skipped: %s", getattr(item, kind).task.task_id, e)
                 except (WorkerError, codec.WireError, ValueError) as e:
                     h = getattr(item, kind).task
                     log.error("task %d failed: %s", h.task_id, e)

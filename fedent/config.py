@@ -226,6 +226,7 @@ EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
 Precision = Literal["float32", "tf32"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 ConvPath = Literal["direct", "unfold"]
+UploadEncoding = Literal["none", "int8", "topk"]
 CONV_PATHS: tuple[str, ...] = typing.get_args(ConvPath)
 Evaluation = Literal["server", "federated"]
 
@@ -274,6 +275,11 @@ class TrainConfig(Declared):
                                              "later, ~1e-3 relative per step. No effect on the CPU")
     conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + "
                                       "one batched matmul per layer); the same function, results agree to ~1e-6")
+    upload_encoding: UploadEncoding = option("none", "lossy upload of w_i(t+1) - w(t) (fedent.compress), applied by "
+                                                     "the simulator and the cluster alike: none, int8 (unbiased "
+                                                     "stochastic 8-bit, ~4x fewer bytes), topk (the largest "
+                                                     "topk_fraction of entries, with error feedback)")
+    topk_fraction: float = option(0.01, "topk: fraction of each tensor's entries sent per upload", gt=0, le=1)
     perf: PerfOptions = field(default_factory=PerfOptions, metadata={"doc": "speed levers (PerfOptions)"})
 
     def __post_init__(self) -> None:
@@ -412,6 +418,9 @@ def privacy_problems(privacy: PrivacyConfig, algorithm: AlgorithmConfig, train: 
     if train.local_eval > 0:
         out.append("privacy.secure_aggregation: train.local_eval evaluates uploaded local models, which the "
                    "aggregator never sees under secure aggregation; set train.local_eval: 0")
+    if train.upload_encoding != "none":
+        out.append(f"privacy.secure_aggregation: train.upload_encoding {train.upload_encoding} sends codes the "
+                   "aggregator decodes per client, which masking hides; set train.upload_encoding: none")
     if robust is not None and (robust.aggregator != "mean" or robust.clip_norm is not None):
         out.append(f"privacy.secure_aggregation: robust.aggregator {robust.aggregator}"
                    f"{' with robust.clip_norm' if robust.clip_norm is not None else ''} needs each client's update, "
@@ -590,6 +599,7 @@ class ExperimentConfig:
         c.run(self.robust.validate)
         c.run(self.adversary.validate)
         c.run(self.privacy.validate)
+        c.run(check_upload_encoding, self.train, self.algorithm.name)
         c.raise_any()
 
     def to_dict(self) -> dict[str, Any]:
@@ -680,6 +690,19 @@ def did_you_mean(unknown: Iterable[str], allowed: Iterable[str]) -> str:
     return f" (did you mean {', '.join(f'{k} -> {v}' for k, v in close.items())}?)"
 
 
+# top-k drops most of each update every round: FedDyn's and SCAFFOLD's client state (h_i, c_i) is updated from
+# the model the client trained, the server's from the one it received, and under top-k the two drift apart;
+# unbiased int8 keeps them equal in expectation and is allowed with every strategy
+TOPK_UNSOUND = ("feddyn", "scaffold")
+
+
+def check_upload_encoding(train: TrainConfig, algorithm: str) -> None:
+    """ConfigError for an upload encoding that is not sound with the strategy (``TOPK_UNSOUND``)."""
+    if train.upload_encoding == "topk" and algorithm in TOPK_UNSOUND:
+        raise ConfigError(f"train.upload_encoding: topk is not sound with {algorithm} (its client state assumes "
+                          "the server saw the model the client trained); use int8 or none")
+
+
 def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("config: the top level must be a mapping")
@@ -707,6 +730,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
 
         c.run(plugins.check_names, data.name, model.name)
         c.run(plugins.check_placement, data, train)
+    if train is not None and algorithm is not None:
+        c.run(check_upload_encoding, train, algorithm.name)
     c.raise_any()
     return ExperimentConfig(name=str(raw.get("name", "experiment")), data=data, model=model, train=train,
                             algorithm=algorithm, out_dir=str(raw.get("out_dir", "runs")), robust=robust,

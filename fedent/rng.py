@@ -14,7 +14,8 @@ import torch
 
 PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split",
             "adversary", "dp",
-            "secagg-graph", "secagg-rounding")
+            "secagg-graph", "secagg-rounding",
+            "upload")  # upload: fedent.compress's stochastic rounding
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

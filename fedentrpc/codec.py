@@ -235,19 +235,24 @@ def _plan(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec) -> tuple[p
     return header, parts
 
 
-def _cut(header: pb.TensorListHeader, parts: list[memoryview], spec: TransferSpec) -> Iterator[Chunk]:
+def _cut(header: pb.TensorListHeader, parts: list[memoryview], spec: TransferSpec, start: int = 0) -> Iterator[Chunk]:
     for i, piece in enumerate(_pieces(parts, header.wire_bytes, spec.chunk_bytes)):
+        if i < start:
+            continue  # a resumed stream: the receiver holds these already (nothing is copied for them)
         data = b"".join(piece)  # the one copy out of the tensors' memory
         yield Chunk(i, data, checksum(spec.checksum, data), header if i == 0 else None)
 
 
-def tensor_chunks(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None) -> Iterator[Chunk]:
+def tensor_chunks(bundle: Mapping[str, Sequence[Tensor]], spec: TransferSpec | None = None,
+                  start: int = 0) -> Iterator[Chunk]:
     """Named tensor lists (dict order kept) as checksummed chunks of ≤ ``chunk_bytes``, cut as consumed,
     so an upload never holds more than a chunk or two of encoded bytes. Bad input (an unsupported dtype)
-    raises here, before the first chunk, not inside the stream."""
+    raises here, before the first chunk, not inside the stream. ``start``: the first chunk to yield (a cut
+    stream resumed where the receiver's copy ends; the encoding is deterministic, so chunk i is the same
+    bytes every time)."""
     spec = spec or TransferSpec()
     header, parts = _plan(bundle, spec)
-    return _cut(header, parts, spec)
+    return _cut(header, parts, spec, start)
 
 
 def _message(c: Chunk) -> pb.TensorChunk:
@@ -361,6 +366,11 @@ class TensorAssembler:
     @property
     def wire_bytes(self) -> int:
         return self._received
+
+    @property
+    def chunks(self) -> int:
+        """How many chunks were verified and kept: a cut stream resumes at this index."""
+        return self._count
 
     def _complete(self) -> pb.TensorListHeader:
         h = self.header

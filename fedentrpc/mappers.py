@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ import torch
 from google.protobuf import struct_pb2
 from torch import Tensor
 
+from fedent import compress
 from fedent.config import OptionError
 from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.rounds.evaluation import ClientEval
@@ -72,6 +73,9 @@ def _lookup(table: Mapping[Any, Any], value: Any, what: str, enum: Any) -> Any:
         allowed = ", ".join(_enum_name(enum, v) for v in sorted(set(table)))
         raise WireError(field=what, why=f"{_enum_name(enum, value)} is not allowed; send one of {allowed}") from None
 
+
+UPLOAD_PREFIX = "upload."  # tensor groups of an encoded upload's codes (fedent.compress)
+_CODE_SETS = [set(g) for g in compress.GROUPS.values()]
 
 # ---- google.protobuf.Struct <-> dict ------------------------------------------------------------------
 
@@ -225,16 +229,19 @@ class UpdateMeta:
 MASKED_GROUP = "secagg_masked"  # the tensor group of a masked update (secure aggregation, fedent.secagg)
 
 
-def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
-                    spec: TransferSpec | None = None) -> Iterator[agg_pb.SubmitUpdateRequest]:
+def update_to_parts(u: ClientUpdate, meta: UpdateMeta, spec: TransferSpec | None = None,
+                    resume_from: int = 0) -> Iterator[agg_pb.SubmitUpdateRequest]:
     """An upload as ``SubmitUpdateRequest`` messages: the header, then the tensors' chunks (group "params" =
-    w_i(t+1), then the update's extra groups), each chunk cut as it is sent."""
-    if PARAMS_GROUP in u.tensors or MASKED_GROUP in u.tensors:
-        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r} or {MASKED_GROUP!r}")
-    bundle: dict[str, Sequence[Tensor]] = {PARAMS_GROUP: u.params, **u.tensors}
+    w_i(t+1), then the update's extra groups), each chunk cut as it is sent. ``resume_from`` k > 0: a cut
+    upload resumed, chunks k.. only (the aggregator holds 0..k-1; ``QueryUpload``)."""
+    if PARAMS_GROUP in u.tensors or MASKED_GROUP in u.tensors or any(k.startswith(UPLOAD_PREFIX) for k in u.tensors):
+        raise WireError(f"update extra tensors may not be named {PARAMS_GROUP!r} or {MASKED_GROUP!r} or start with "
+                        f"{UPLOAD_PREFIX!r}")
+    # an encoded upload (train.upload_encoding) sends its codes in place of params
+    bundle: dict[str, Sequence[Tensor]] = {**(u.codes or {PARAMS_GROUP: u.params}), **u.tensors}
     if u.masked is not None:  # secure aggregation: the ring vector (uint64) travels as int64, bits unchanged
         bundle[MASKED_GROUP] = [torch.from_numpy(np.ascontiguousarray(u.masked, dtype=np.uint64).view(np.int64))]
-    chunks = tensor_chunks(bundle, spec)
+    chunks = tensor_chunks(bundle, spec, start=resume_from)
     header = agg_pb.SubmitUpdateRequest(
         header=agg_pb.UpdateHeader(
             worker_id=meta.worker_id,
@@ -244,6 +251,7 @@ def update_to_parts(u: ClientUpdate, meta: UpdateMeta,
             num_samples=u.num_samples,
             train_loss=float(u.train_loss),
             scalars=_scalars(u.scalars),
+            resume_from_chunk=resume_from,
         )
     )
     # each chunk is written in place into its message's oneof: its bytes are not copied again
@@ -256,22 +264,49 @@ class DecodedUpdate:
     update: ClientUpdate
 
 
+def update_header(first: agg_pb.SubmitUpdateRequest | None) -> agg_pb.UpdateHeader:
+    """The header an update stream must open with."""
+    if first is None or first.WhichOneof("part") != "header":
+        raise WireError("an update stream must start with its header")
+    return first.header
+
+
+def update_chunk(part: agg_pb.SubmitUpdateRequest) -> pb.TensorChunk:
+    """A message after the header: a tensor chunk, nothing else."""
+    if part.WhichOneof("part") != "chunk":
+        raise WireError("an update stream carries one header, then tensor chunks only")
+    return part.chunk
+
+
 def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
                       max_bytes: int = DEFAULT_MAX_STREAM_BYTES) -> DecodedUpdate:
     it = iter(parts)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise WireError("an update stream must start with its header")
-    h = first.header
+    h = update_header(next(it, None))
     asm = TensorAssembler(max_bytes)
     for part in it:
-        if part.WhichOneof("part") != "chunk":
-            raise WireError("an update stream carries one header, then tensor chunks only")
-        asm.add(part.chunk)
-    bundle = asm.finish()
-    if PARAMS_GROUP not in bundle:
+        asm.add(update_chunk(part))
+    return update_from_bundle(h, asm.finish(), asm.wire_bytes)
+
+
+def update_from_bundle(h: agg_pb.UpdateHeader, bundle: Bundle, wire_bytes: int,
+                       base: Callable[[int], Sequence[Tensor]] | None = None) -> DecodedUpdate:
+    """The update a header and its decoded tensors describe (the stream may have come in several pieces).
+    An upload encoded by ``train.upload_encoding`` carries codes instead of params: they are rebuilt as
+    w(t) + decode(codes), w(t) being ``base(round)`` (the aggregator's model of that round)."""
+    codes = {k: bundle.pop(k) for k in [k for k in bundle if k.startswith(UPLOAD_PREFIX)]}
+    if PARAMS_GROUP in bundle and not codes:
+        params = bundle.pop(PARAMS_GROUP)
+    elif codes and PARAMS_GROUP not in bundle and base is not None and set(codes) in _CODE_SETS:
+        like = base(int(h.round))
+        try:
+            compress.check_codes(codes, like)
+        except ValueError as e:
+            raise WireError(str(e)) from None
+        params = compress.decode(like, codes)
+    elif codes:
+        raise WireError(f"update carries upload codes {sorted(codes)} this receiver cannot decode")
+    else:
         raise WireError("update carries no 'params' tensor group")
-    params = bundle.pop(PARAMS_GROUP)
     masked = None
     if MASKED_GROUP in bundle:
         ring = bundle.pop(MASKED_GROUP)
@@ -289,7 +324,7 @@ def update_from_parts(parts: Iterable[agg_pb.SubmitUpdateRequest],
         scalars=_scalars(h.scalars),
         masked=masked,
     )
-    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), asm.wire_bytes)
+    meta = UpdateMeta(h.worker_id, int(h.task_id), int(h.round), wire_bytes)
     return DecodedUpdate(meta, update)
 
 

@@ -53,6 +53,8 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
                    help="a round missing its quorum: -1 skips it, N retries it with fresh clients N times then fails")
     p.add_argument("--wire-dtype", default=d.wire_dtype, choices=["native", "float16", "bfloat16"])
     p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
+    p.add_argument("--chunk-bytes", type=int, default=d.chunk_bytes,
+                   help="tensor chunk size in bytes (≤ 4 MiB); a cut transfer resumes at a chunk boundary")
     p.add_argument("--token", default="", help="registration token workers must present")
     p.add_argument("--estimator", default="", help="HOST:PORT of the estimator service (FedEnt)")
     p.add_argument("--clients-file", default="", help="client map {worker identity: client ids} (YAML/JSON): only "
@@ -63,7 +65,8 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
     return AggregatorSettings(host=args.host, port=port, token=args.token, round_deadline_s=args.round_deadline,
                               quorum=args.quorum, register_timeout_s=args.register_timeout,
-                              wire_dtype=args.wire_dtype, compression=args.compression, estimator=args.estimator,
+                              wire_dtype=args.wire_dtype, compression=args.compression, chunk_bytes=args.chunk_bytes,
+                              estimator=args.estimator,
                               heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
                               round_retries=args.round_retries, clients_file=args.clients_file)
 

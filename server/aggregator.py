@@ -28,6 +28,7 @@ from fedentrpc.security.interceptors import caller_identity, server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from server import uploads
 from server.engine import ClusterRun
 from server.settings import AggregatorSettings
 from server.work import ClusterError, Task
@@ -113,8 +114,9 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
         enc = _guard(context, lambda: self.run.remote.fetch_blob(request.blob_id, request.worker_id,
-                                                         caller_identity(context)))
-        yield from enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
+                                                                 caller_identity(context), request.start_chunk))
+        msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
+        yield from msgs[request.start_chunk:]  # a cut download resumes where the worker's copy ends
 
     def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:
         def go() -> None:
@@ -127,17 +129,44 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
 
     def SubmitUpdate(self, request_iterator: Iterator[pb.SubmitUpdateRequest],
                      context: grpc.ServicerContext) -> pb.SubmitUpdateResponse:
+        remote = self.run.remote
+
         def go() -> None:
-            limit = self.run.remote.max_update_bytes()
-            # bounded by the decoder: the header's sizes against limit before anything is allocated, then
-            # every chunk against the header (a running ByteSize() re-serialised each 4 MiB chunk)
-            dec = mappers.update_from_parts(request_iterator, max_bytes=limit)
-            m = dec.meta
-            self.run.remote.submit_update(m.worker_id, m.task_id, m.round, dec.update, m.wire_bytes,
-                                   caller_identity(context))
+            it = iter(request_iterator)
+            h = mappers.update_header(next(it, None))
+            if h.resume_from_chunk:  # taking over kept chunks: the owner only (a new upload is checked at its end)
+                self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
+            # bounded by the decoder: the header's sizes against the model-sized limit before anything is
+            # allocated, then every chunk against the header; a cut stream's verified chunks stay in the book
+            up = remote.uploads.begin(h, remote.max_update_bytes())
+            if up.resumed_at is not None:
+                log.info("upload of client %d (worker %s, round %d) resumed at chunk %d, byte offset %d "
+                         "(asked from chunk %d)", h.cid, h.worker_id, h.round, up.resumed_at[0], up.resumed_at[1],
+                         h.resume_from_chunk)
+            try:
+                for part in it:
+                    up.add(mappers.update_chunk(part))
+                bundle, wire_bytes = up.finish()
+            except codec.WireError:
+                up.discard()
+                raise
+            except grpc.RpcError:  # the stream broke: its chunks are kept for a resumed upload
+                state = remote.uploads.state(up.key)
+                log.info("upload of client %d (worker %s, round %d) cut after %d chunks (%d bytes); kept to resume",
+                         h.cid, h.worker_id, h.round, state.next_chunk, state.received_bytes)
+                return
+            dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
+            remote.submit_update(h.worker_id, h.task_id, h.round, dec.update, wire_bytes, caller_identity(context))
 
         _guard(context, go)
         return pb.SubmitUpdateResponse()
+
+    def QueryUpload(self, request: pb.QueryUploadRequest, context: grpc.ServicerContext) -> pb.QueryUploadResponse:
+        def go() -> pb.QueryUploadResponse:
+            self.run.registry.own(request.worker_id, [request.cid], caller_identity(context), "QueryUpload")
+            return self.run.remote.uploads.state(uploads.key_of(request))
+
+        return _guard(context, go)
 
     def ReportFailure(self, request: pb.ReportFailureRequest,
                       context: grpc.ServicerContext) -> pb.ReportFailureResponse:

@@ -27,6 +27,7 @@ from fedentrpc import codec, mappers
 from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
 from server.registry import WorkerRegistry
 from server.settings import AggregatorSettings
+from server.uploads import UploadBook
 from server.work import ClusterError, Collector, Task, WorkerHandle
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class RemoteExecutor:
         self.blob_lock = threading.Lock()
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
+        self.uploads = UploadBook()  # partial uploads of cut streams, resumed by the workers
+        self.traffic = {"bytes_up": 0, "bytes_down": 0}  # this round's payload bytes (round_diagnostics)
+        self.round_model: tuple[int, list[Tensor]] | None = None
         registry.on_gone = self.worker_gone
 
     def worker_gone(self, w: WorkerHandle, why: str) -> None:
@@ -100,6 +104,23 @@ class RemoteExecutor:
         enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer(), BlobMessage)
         with self.blob_lock:
             self.blobs = {model_blob(rnd): enc}
+            self.traffic = {"bytes_up": 0, "bytes_down": 0}
+            self.round_model = (rnd, [p.detach().cpu() for p in global_params])
+
+    def base_of(self, rnd: int) -> list[Tensor]:
+        """w(rnd), which an encoded upload of that round is a delta from (``train.upload_encoding``)."""
+        with self.blob_lock:
+            got = self.round_model
+        if got is None or got[0] != rnd:
+            raise ClusterError("precondition", f"round {rnd} is not the open round: its encoded update cannot be "
+                                               "decoded")
+        return got[1]
+
+    def round_diagnostics(self, rnd: int) -> dict[str, Any]:
+        """The round's payload bytes on the wire (``transfer``: uploads received, blob bytes served), for
+        metrics.jsonl: on a capped link these, not compute, set a round's time."""
+        with self.blob_lock:
+            return {"transfer": dict(self.traffic)}
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
@@ -142,7 +163,8 @@ class RemoteExecutor:
         if not ok or self.settings.stop_workers_when_done:
             self.registry.shutdown_workers(reason, failed=not ok)
 
-    def fetch_blob(self, blob_id: str, worker_id: str = "", identity: str | None = None) -> codec.EncodedTensors:
+    def fetch_blob(self, blob_id: str, worker_id: str = "", identity: str | None = None,
+                   start_chunk: int = 0) -> codec.EncodedTensors:
         with self.registry.lock:
             owner = self.registry.workers.get(worker_id)
         if identity is not None and owner is not None and owner.identity != identity:
@@ -152,11 +174,14 @@ class RemoteExecutor:
             enc = self.blobs.get(blob_id)
         if enc is None:
             raise ClusterError("not_found", f"no blob {blob_id!r} (it belongs to a finished round)")
+        sent = max(0, enc.wire_bytes - start_chunk * self.settings.chunk_bytes)  # a resumed download: the rest
+        with self.blob_lock:
+            self.traffic["bytes_down"] += sent
         if worker_id:
             with self.registry.lock:
                 w = self.registry.workers.get(worker_id)
                 if w is not None:
-                    w.bytes_down += enc.wire_bytes
+                    w.bytes_down += sent
         return enc
 
     def _collector(self, kind: str) -> Collector:
@@ -193,6 +218,8 @@ class RemoteExecutor:
         w = self.registry.own(worker_id, [update.cid], identity, "SubmitUpdate")  # before any phase check
         col = self._collector("fit")
         w.bytes_up += wire_bytes
+        with self.blob_lock:
+            self.traffic["bytes_up"] += wire_bytes
         self.engine.clients.add_bytes(update.cid, wire_bytes)
         why = self.engine.acceptance.update_problem(update.cid, update)  # early: the worker hears why
         if why is not None:

@@ -298,6 +298,9 @@ class RoundEngine:
             diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
             test_loss, test_acc, evaluated = self.evaluator.evaluate_round(rnd, self.global_params)
             diagnostics.update(evaluated)
+        extra = getattr(self.executor, "round_diagnostics", None)  # optional: the cluster's bytes on the wire
+        if extra is not None:
+            diagnostics.update(extra(rnd))
         now = time.perf_counter()
         rec = runlog.metrics_record(
             round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,

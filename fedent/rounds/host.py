@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedent import compress
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
@@ -53,13 +54,32 @@ class ClientTraining:
     batch_size: int
     adversary: Adversary | None = None  # simulated attackers among the clients (fedent.rounds.adversary)
     dp: DPSGD | None = None  # privacy.dp local: every hosted client trains with DP-SGD
+    upload: str = "none"  # train.upload_encoding (fedent.compress)
+    topk_fraction: float = 0.01
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
         tr, pr = cfg.train, cfg.privacy
         dp = DPSGD(pr.clip_norm, pr.noise_multiplier) if pr.dp == "local" else None
         return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size),
-                   Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)), dp)
+                   Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)), dp,
+                   tr.upload_encoding, float(tr.topk_fraction))
+
+    def encode_upload(self, rnd: int, update: ClientUpdate, global_params: Sequence[Tensor],
+                      state: ClientState) -> None:
+        """The lossy upload encoding applied to ``update`` in place: its codes kept for the wire and its params
+        replaced by w(t) + decode(codes), the values the aggregator will rebuild (simulator == cluster); top-k's
+        error-feedback residual lives in the client's state."""
+        if self.upload == "none":
+            return
+        delta = [p.detach() - g.detach().to(p.device) for p, g in zip(update.params, global_params, strict=True)]
+        residual = state.tensors.get(compress.RESIDUAL)
+        codes, left = compress.encode(delta, self.upload, self.seed, rnd, update.cid, self.topk_fraction, residual)
+        if left is not None:
+            state.tensors[compress.RESIDUAL] = left
+        update.codes = codes
+        update.params = [p.to(u.device) for p, u in zip(compress.decode(global_params, codes), update.params,
+                                                         strict=True)]
 
 
 class ClientStates:
@@ -189,14 +209,16 @@ class ClientHost:
 
     def _keep(self, out: Gathered[ClientUpdate], cid: int, rnd: int,
               fit: Callable[[], tuple[ClientUpdate, ClientState]], global_params: Sequence[Tensor]) -> None:
-        """A client's fit ends here: its update kept (and handed to ``on_update`` at once, so an upload can
-        overlap the next client) and its state saved, or its exception recorded as its failure. A simulated
-        attacker's upload is tampered with here, after its honest fit (fedent.rounds.adversary)."""
+        """A client's fit ends here: a simulated attacker's upload tampered with (after its honest fit,
+        fedent.rounds.adversary), the update encoded for upload (``train.upload_encoding``), masked under secure
+        aggregation, kept (and handed to ``on_update`` at once, so an upload can overlap the next client) and its
+        state saved; or its exception recorded as its failure."""
         try:
             update, state = fit()
-            self.states.fitted(cid, state, rnd)
             if self.training.adversary is not None:
                 update = self.training.adversary.tamper(rnd, update, global_params)
+            self.training.encode_upload(rnd, update, global_params, state)
+            self.states.fitted(cid, state, rnd)
             if self.secagg.active(rnd, cid):  # secure aggregation: only the masked vector leaves the client
                 update = self.secagg.mask(rnd, update)
         except Exception as e:

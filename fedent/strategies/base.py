@@ -86,6 +86,9 @@ class ClientUpdate:
     # secure aggregation (fedent.secagg): the client's masked ring vector (uint64); ``params`` and ``tensors``
     # are then empty, what stays in the clear is the sample count, the train loss and the scalars
     masked: Any = None
+    # the upload encoding's codes for params (fedent.compress; empty: params travel as they are): a worker sends
+    # these instead, the aggregator rebuilds params from them and w(t)
+    codes: dict[str, Params] = field(default_factory=dict)
 
 
 @dataclass

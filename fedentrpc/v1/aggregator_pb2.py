@@ -26,7 +26,7 @@ from fedentrpc.v1 import tensor_pb2 as fedentrpc_dot_v1_dot_tensor__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64\x65ntrpc/v1/aggregator.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\x1a\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x89\x01\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0f\n\x07version\x18\x07 \x01(\t\"\xcf\x01\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x15\n\rpartition_md5\x18\x04 \x01(\t\x12\x30\n\x08transfer\x18\x05 \x01(\x0b\x32\x1e.fedentrpc.v1.TransferSettings\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\x12\'\n\x06\x63onfig\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructJ\x04\x08\x03\x10\x04R\x0b\x63onfig_yaml\"s\n\nClientInfo\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x14\n\x0clabel_counts\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x61ta_source\x18\x04 \x01(\t\x12\x18\n\x10num_test_samples\x18\x05 \x01(\x03\"c\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rpartition_md5\x18\x02 \x01(\t\x12)\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x18.fedentrpc.v1.ClientInfo\"\x0f\n\rReadyResponse\" \n\x0bWorkRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x8f\x01\n\nTaskHeader\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x12\n\nmodel_blob\x18\x04 \x01(\t\x12\x15\n\rdeadline_unix\x18\x08 \x01(\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x02lrR\x06\x65pochsR\x04seed\"3\n\tProbeTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\"\xa7\x02\n\x0cRoundPayload\x12\r\n\x05round\x18\x01 \x01(\x05\x12\x38\n\x07scalars\x18\x02 \x03(\x0b\x32\'.fedentrpc.v1.RoundPayload.ScalarsEntry\x12=\n\nper_client\x18\x03 \x03(\x0b\x32).fedentrpc.v1.RoundPayload.PerClientEntry\x12\x14\n\x0ctensors_blob\x18\x04 \x01(\t\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aI\n\x0ePerClientEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.fedentrpc.v1.ScalarMap:\x02\x38\x01\"^\n\x07\x46itTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\x12+\n\x07payload\x18\x02 \x01(\x0b\x32\x1a.fedentrpc.v1.RoundPayload\"*\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\"6\n\x0c\x45valuateTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\"\xee\x01\n\x0cWorkResponse\x12(\n\x05probe\x18\x01 \x01(\x0b\x32\x17.fedentrpc.v1.ProbeTaskH\x00\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x15.fedentrpc.v1.FitTaskH\x00\x12*\n\x08shutdown\x18\x03 \x01(\x0b\x32\x16.fedentrpc.v1.ShutdownH\x00\x12.\n\x08\x65valuate\x18\x04 \x01(\x0b\x32\x1a.fedentrpc.v1.EvaluateTaskH\x00\x12*\n\x06secagg\x18\x05 \x01(\x0b\x32\x18.fedentrpc.v1.SecAggTaskH\x00\x42\x06\n\x04kind\"\x9f\x01\n\nSecAggTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\x12\x38\n\x08requests\x18\x02 \x03(\x0b\x32&.fedentrpc.v1.SecAggTask.RequestsEntry\x1a/\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"G\n!AggregatorServiceFetchBlobRequest\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"N\n\"AggregatorServiceFetchBlobResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunk\"\x8c\x01\n\x05Probe\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x31\n\x07scalars\x18\x03 \x03(\x0b\x32 .fedentrpc.v1.Probe.ScalarsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"m\n\x13SubmitProbesRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12#\n\x06probes\x18\x04 \x03(\x0b\x32\x13.fedentrpc.v1.Probe\"\x16\n\x14SubmitProbesResponse\"\xf0\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0b\n\x03\x63id\x18\x04 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x05 \x01(\x03\x12\x12\n\ntrain_loss\x18\x06 \x01(\x01\x12\x38\n\x07scalars\x18\x07 \x03(\x0b\x32\'.fedentrpc.v1.UpdateHeader.ScalarsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\tR\x07train_s\"w\n\x13SubmitUpdateRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedentrpc.v1.UpdateHeaderH\x00\x12*\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunkH\x00\x42\x06\n\x04part\"\x16\n\x14SubmitUpdateResponse\"g\n\x14ReportFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0b\n\x03\x63id\x18\x04 \x01(\x05\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x17\n\x15ReportFailureResponse\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x12\n\x10GetStatusRequest\"\xc0\x01\n\x11GetStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x05\x12\x0e\n\x06rounds\x18\x05 \x01(\x05\x12\x0f\n\x07workers\x18\x07 \x01(\x05\x12\x0f\n\x07\x63lients\x18\x08 \x01(\x05\x12%\n\x05phase\x18\t \x01(\x0e\x32\x16.fedentrpc.v1.RunPhase\x12\r\n\x05\x65rror\x18\n \x01(\tJ\x04\x08\x03\x10\x04J\x04\x08\x06\x10\x07R\x05state\"T\n\x10\x43lientEvaluation\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\"}\n\x17SubmitEvaluationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12/\n\x07results\x18\x04 \x03(\x0b\x32\x1e.fedentrpc.v1.ClientEvaluation\"\x1a\n\x18SubmitEvaluationResponse\"\xbf\x01\n\x13SubmitSecAggRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x43\n\tresponses\x18\x04 \x03(\x0b\x32\x30.fedentrpc.v1.SubmitSecAggRequest.ResponsesEntry\x1a\x30\n\x0eResponsesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x16\n\x14SubmitSecAggResponse*\xce\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_PHASE_STARTING\x10\x01\x12\x18\n\x14RUN_PHASE_ESTIMATING\x10\x02\x12\x16\n\x12RUN_PHASE_TRAINING\x10\x03\x12\x19\n\x15RUN_PHASE_AGGREGATING\x10\x04\x12\x18\n\x14RUN_PHASE_EVALUATING\x10\x05\x12\x12\n\x0eRUN_PHASE_DONE\x10\x06\x12\x14\n\x10RUN_PHASE_FAILED\x10\x07\x32\xb3\x07\n\x11\x41ggregatorService\x12I\n\x08Register\x12\x1d.fedentrpc.v1.RegisterRequest\x1a\x1e.fedentrpc.v1.RegisterResponse\x12@\n\x05Ready\x12\x1a.fedentrpc.v1.ReadyRequest\x1a\x1b.fedentrpc.v1.ReadyResponse\x12?\n\x04Work\x12\x19.fedentrpc.v1.WorkRequest\x1a\x1a.fedentrpc.v1.WorkResponse0\x01\x12p\n\tFetchBlob\x12/.fedentrpc.v1.AggregatorServiceFetchBlobRequest\x1a\x30.fedentrpc.v1.AggregatorServiceFetchBlobResponse0\x01\x12U\n\x0cSubmitProbes\x12!.fedentrpc.v1.SubmitProbesRequest\x1a\".fedentrpc.v1.SubmitProbesResponse\x12W\n\x0cSubmitUpdate\x12!.fedentrpc.v1.SubmitUpdateRequest\x1a\".fedentrpc.v1.SubmitUpdateResponse(\x01\x12X\n\rReportFailure\x12\".fedentrpc.v1.ReportFailureRequest\x1a#.fedentrpc.v1.ReportFailureResponse\x12L\n\tHeartbeat\x12\x1e.fedentrpc.v1.HeartbeatRequest\x1a\x1f.fedentrpc.v1.HeartbeatResponse\x12L\n\tGetStatus\x12\x1e.fedentrpc.v1.GetStatusRequest\x1a\x1f.fedentrpc.v1.GetStatusResponse\x12\x61\n\x10SubmitEvaluation\x12%.fedentrpc.v1.SubmitEvaluationRequest\x1a&.fedentrpc.v1.SubmitEvaluationResponse\x12U\n\x0cSubmitSecAgg\x12!.fedentrpc.v1.SubmitSecAggRequest\x1a\".fedentrpc.v1.SubmitSecAggResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64\x65ntrpc/v1/aggregator.proto\x12\x0c\x66\x65\x64\x65ntrpc.v1\x1a\x19\x66\x65\x64\x65ntrpc/v1/tensor.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x89\x01\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0f\n\x07version\x18\x07 \x01(\t\"\xcf\x01\n\x10RegisterResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x15\n\rpartition_md5\x18\x04 \x01(\t\x12\x30\n\x08transfer\x18\x05 \x01(\x0b\x32\x1e.fedentrpc.v1.TransferSettings\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\x12\'\n\x06\x63onfig\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructJ\x04\x08\x03\x10\x04R\x0b\x63onfig_yaml\"s\n\nClientInfo\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x14\n\x0clabel_counts\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x61ta_source\x18\x04 \x01(\t\x12\x18\n\x10num_test_samples\x18\x05 \x01(\x03\"c\n\x0cReadyRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rpartition_md5\x18\x02 \x01(\t\x12)\n\x07\x63lients\x18\x03 \x03(\x0b\x32\x18.fedentrpc.v1.ClientInfo\"\x0f\n\rReadyResponse\" \n\x0bWorkRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x8f\x01\n\nTaskHeader\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x12\n\nclient_ids\x18\x03 \x03(\x05\x12\x12\n\nmodel_blob\x18\x04 \x01(\t\x12\x15\n\rdeadline_unix\x18\x08 \x01(\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x02lrR\x06\x65pochsR\x04seed\"3\n\tProbeTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\"\xa7\x02\n\x0cRoundPayload\x12\r\n\x05round\x18\x01 \x01(\x05\x12\x38\n\x07scalars\x18\x02 \x03(\x0b\x32\'.fedentrpc.v1.RoundPayload.ScalarsEntry\x12=\n\nper_client\x18\x03 \x03(\x0b\x32).fedentrpc.v1.RoundPayload.PerClientEntry\x12\x14\n\x0ctensors_blob\x18\x04 \x01(\t\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aI\n\x0ePerClientEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.fedentrpc.v1.ScalarMap:\x02\x38\x01\"^\n\x07\x46itTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\x12+\n\x07payload\x18\x02 \x01(\x0b\x32\x1a.fedentrpc.v1.RoundPayload\"*\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\"6\n\x0c\x45valuateTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\"\xee\x01\n\x0cWorkResponse\x12(\n\x05probe\x18\x01 \x01(\x0b\x32\x17.fedentrpc.v1.ProbeTaskH\x00\x12$\n\x03\x66it\x18\x02 \x01(\x0b\x32\x15.fedentrpc.v1.FitTaskH\x00\x12*\n\x08shutdown\x18\x03 \x01(\x0b\x32\x16.fedentrpc.v1.ShutdownH\x00\x12.\n\x08\x65valuate\x18\x04 \x01(\x0b\x32\x1a.fedentrpc.v1.EvaluateTaskH\x00\x12*\n\x06secagg\x18\x05 \x01(\x0b\x32\x18.fedentrpc.v1.SecAggTaskH\x00\x42\x06\n\x04kind\"\x9f\x01\n\nSecAggTask\x12&\n\x04task\x18\x01 \x01(\x0b\x32\x18.fedentrpc.v1.TaskHeader\x12\x38\n\x08requests\x18\x02 \x03(\x0b\x32&.fedentrpc.v1.SecAggTask.RequestsEntry\x1a/\n\rRequestsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\\\n!AggregatorServiceFetchBlobRequest\x12\x0f\n\x07\x62lob_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bstart_chunk\x18\x03 \x01(\r\"N\n\"AggregatorServiceFetchBlobResponse\x12(\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunk\"\x8c\x01\n\x05Probe\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x31\n\x07scalars\x18\x03 \x03(\x0b\x32 .fedentrpc.v1.Probe.ScalarsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"m\n\x13SubmitProbesRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12#\n\x06probes\x18\x04 \x03(\x0b\x32\x13.fedentrpc.v1.Probe\"\x16\n\x14SubmitProbesResponse\"\x8b\x02\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0b\n\x03\x63id\x18\x04 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x05 \x01(\x03\x12\x12\n\ntrain_loss\x18\x06 \x01(\x01\x12\x38\n\x07scalars\x18\x07 \x03(\x0b\x32\'.fedentrpc.v1.UpdateHeader.ScalarsEntry\x12\x19\n\x11resume_from_chunk\x18\t \x01(\r\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\tR\x07train_s\"w\n\x13SubmitUpdateRequest\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedentrpc.v1.UpdateHeaderH\x00\x12*\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x19.fedentrpc.v1.TensorChunkH\x00\x42\x06\n\x04part\"\x16\n\x14SubmitUpdateResponse\"T\n\x12QueryUploadRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0b\n\x03\x63id\x18\x04 \x01(\x05\"k\n\x13QueryUploadResponse\x12(\n\x05state\x18\x01 \x01(\x0e\x32\x19.fedentrpc.v1.UploadState\x12\x12\n\nnext_chunk\x18\x02 \x01(\r\x12\x16\n\x0ereceived_bytes\x18\x03 \x01(\x04\"g\n\x14ReportFailureRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x0b\n\x03\x63id\x18\x04 \x01(\x05\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x17\n\x15ReportFailureResponse\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\x12\n\x10GetStatusRequest\"\xc0\x01\n\x11GetStatusResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x05\x12\x0e\n\x06rounds\x18\x05 \x01(\x05\x12\x0f\n\x07workers\x18\x07 \x01(\x05\x12\x0f\n\x07\x63lients\x18\x08 \x01(\x05\x12%\n\x05phase\x18\t \x01(\x0e\x32\x16.fedentrpc.v1.RunPhase\x12\r\n\x05\x65rror\x18\n \x01(\tJ\x04\x08\x03\x10\x04J\x04\x08\x06\x10\x07R\x05state\"T\n\x10\x43lientEvaluation\x12\x0b\n\x03\x63id\x18\x01 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\"}\n\x17SubmitEvaluationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12/\n\x07results\x18\x04 \x03(\x0b\x32\x1e.fedentrpc.v1.ClientEvaluation\"\x1a\n\x18SubmitEvaluationResponse\"\xbf\x01\n\x13SubmitSecAggRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x04\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x43\n\tresponses\x18\x04 \x03(\x0b\x32\x30.fedentrpc.v1.SubmitSecAggRequest.ResponsesEntry\x1a\x30\n\x0eResponsesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x16\n\x14SubmitSecAggResponse*\xce\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_PHASE_STARTING\x10\x01\x12\x18\n\x14RUN_PHASE_ESTIMATING\x10\x02\x12\x16\n\x12RUN_PHASE_TRAINING\x10\x03\x12\x19\n\x15RUN_PHASE_AGGREGATING\x10\x04\x12\x18\n\x14RUN_PHASE_EVALUATING\x10\x05\x12\x12\n\x0eRUN_PHASE_DONE\x10\x06\x12\x14\n\x10RUN_PHASE_FAILED\x10\x07*w\n\x0bUploadState\x12\x1c\n\x18UPLOAD_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11UPLOAD_STATE_NONE\x10\x01\x12\x18\n\x14UPLOAD_STATE_PARTIAL\x10\x02\x12\x19\n\x15UPLOAD_STATE_COMPLETE\x10\x03\x32\x87\x08\n\x11\x41ggregatorService\x12I\n\x08Register\x12\x1d.fedentrpc.v1.RegisterRequest\x1a\x1e.fedentrpc.v1.RegisterResponse\x12@\n\x05Ready\x12\x1a.fedentrpc.v1.ReadyRequest\x1a\x1b.fedentrpc.v1.ReadyResponse\x12?\n\x04Work\x12\x19.fedentrpc.v1.WorkRequest\x1a\x1a.fedentrpc.v1.WorkResponse0\x01\x12p\n\tFetchBlob\x12/.fedentrpc.v1.AggregatorServiceFetchBlobRequest\x1a\x30.fedentrpc.v1.AggregatorServiceFetchBlobResponse0\x01\x12U\n\x0cSubmitProbes\x12!.fedentrpc.v1.SubmitProbesRequest\x1a\".fedentrpc.v1.SubmitProbesResponse\x12W\n\x0cSubmitUpdate\x12!.fedentrpc.v1.SubmitUpdateRequest\x1a\".fedentrpc.v1.SubmitUpdateResponse(\x01\x12R\n\x0bQueryUpload\x12 .fedentrpc.v1.QueryUploadRequest\x1a!.fedentrpc.v1.QueryUploadResponse\x12X\n\rReportFailure\x12\".fedentrpc.v1.ReportFailureRequest\x1a#.fedentrpc.v1.ReportFailureResponse\x12L\n\tHeartbeat\x12\x1e.fedentrpc.v1.HeartbeatRequest\x1a\x1f.fedentrpc.v1.HeartbeatResponse\x12L\n\tGetStatus\x12\x1e.fedentrpc.v1.GetStatusRequest\x1a\x1f.fedentrpc.v1.GetStatusResponse\x12\x61\n\x10SubmitEvaluation\x12%.fedentrpc.v1.SubmitEvaluationRequest\x1a&.fedentrpc.v1.SubmitEvaluationResponse\x12U\n\x0cSubmitSecAgg\x12!.fedentrpc.v1.SubmitSecAggRequest\x1a\".fedentrpc.v1.SubmitSecAggResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,8 +45,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEHEADER_SCALARSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._loaded_options = None
   _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._serialized_options = b'8\001'
-  _globals['_RUNPHASE']._serialized_start=3518
-  _globals['_RUNPHASE']._serialized_end=3724
+  _globals['_RUNPHASE']._serialized_start=3761
+  _globals['_RUNPHASE']._serialized_end=3967
+  _globals['_UPLOADSTATE']._serialized_start=3969
+  _globals['_UPLOADSTATE']._serialized_end=4088
   _globals['_REGISTERREQUEST']._serialized_start=105
   _globals['_REGISTERREQUEST']._serialized_end=242
   _globals['_REGISTERRESPONSE']._serialized_start=245
@@ -82,49 +84,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SECAGGTASK_REQUESTSENTRY']._serialized_start=1770
   _globals['_SECAGGTASK_REQUESTSENTRY']._serialized_end=1817
   _globals['_AGGREGATORSERVICEFETCHBLOBREQUEST']._serialized_start=1819
-  _globals['_AGGREGATORSERVICEFETCHBLOBREQUEST']._serialized_end=1890
-  _globals['_AGGREGATORSERVICEFETCHBLOBRESPONSE']._serialized_start=1892
-  _globals['_AGGREGATORSERVICEFETCHBLOBRESPONSE']._serialized_end=1970
-  _globals['_PROBE']._serialized_start=1973
-  _globals['_PROBE']._serialized_end=2113
+  _globals['_AGGREGATORSERVICEFETCHBLOBREQUEST']._serialized_end=1911
+  _globals['_AGGREGATORSERVICEFETCHBLOBRESPONSE']._serialized_start=1913
+  _globals['_AGGREGATORSERVICEFETCHBLOBRESPONSE']._serialized_end=1991
+  _globals['_PROBE']._serialized_start=1994
+  _globals['_PROBE']._serialized_end=2134
   _globals['_PROBE_SCALARSENTRY']._serialized_start=1097
   _globals['_PROBE_SCALARSENTRY']._serialized_end=1143
-  _globals['_SUBMITPROBESREQUEST']._serialized_start=2115
-  _globals['_SUBMITPROBESREQUEST']._serialized_end=2224
-  _globals['_SUBMITPROBESRESPONSE']._serialized_start=2226
-  _globals['_SUBMITPROBESRESPONSE']._serialized_end=2248
-  _globals['_UPDATEHEADER']._serialized_start=2251
-  _globals['_UPDATEHEADER']._serialized_end=2491
+  _globals['_SUBMITPROBESREQUEST']._serialized_start=2136
+  _globals['_SUBMITPROBESREQUEST']._serialized_end=2245
+  _globals['_SUBMITPROBESRESPONSE']._serialized_start=2247
+  _globals['_SUBMITPROBESRESPONSE']._serialized_end=2269
+  _globals['_UPDATEHEADER']._serialized_start=2272
+  _globals['_UPDATEHEADER']._serialized_end=2539
   _globals['_UPDATEHEADER_SCALARSENTRY']._serialized_start=1097
   _globals['_UPDATEHEADER_SCALARSENTRY']._serialized_end=1143
-  _globals['_SUBMITUPDATEREQUEST']._serialized_start=2493
-  _globals['_SUBMITUPDATEREQUEST']._serialized_end=2612
-  _globals['_SUBMITUPDATERESPONSE']._serialized_start=2614
-  _globals['_SUBMITUPDATERESPONSE']._serialized_end=2636
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=2638
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=2741
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=2743
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=2766
-  _globals['_HEARTBEATREQUEST']._serialized_start=2768
-  _globals['_HEARTBEATREQUEST']._serialized_end=2805
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2807
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2841
-  _globals['_GETSTATUSREQUEST']._serialized_start=2843
-  _globals['_GETSTATUSREQUEST']._serialized_end=2861
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2864
-  _globals['_GETSTATUSRESPONSE']._serialized_end=3056
-  _globals['_CLIENTEVALUATION']._serialized_start=3058
-  _globals['_CLIENTEVALUATION']._serialized_end=3142
-  _globals['_SUBMITEVALUATIONREQUEST']._serialized_start=3144
-  _globals['_SUBMITEVALUATIONREQUEST']._serialized_end=3269
-  _globals['_SUBMITEVALUATIONRESPONSE']._serialized_start=3271
-  _globals['_SUBMITEVALUATIONRESPONSE']._serialized_end=3297
-  _globals['_SUBMITSECAGGREQUEST']._serialized_start=3300
-  _globals['_SUBMITSECAGGREQUEST']._serialized_end=3491
-  _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._serialized_start=3443
-  _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._serialized_end=3491
-  _globals['_SUBMITSECAGGRESPONSE']._serialized_start=3493
-  _globals['_SUBMITSECAGGRESPONSE']._serialized_end=3515
-  _globals['_AGGREGATORSERVICE']._serialized_start=3727
-  _globals['_AGGREGATORSERVICE']._serialized_end=4674
+  _globals['_SUBMITUPDATEREQUEST']._serialized_start=2541
+  _globals['_SUBMITUPDATEREQUEST']._serialized_end=2660
+  _globals['_SUBMITUPDATERESPONSE']._serialized_start=2662
+  _globals['_SUBMITUPDATERESPONSE']._serialized_end=2684
+  _globals['_QUERYUPLOADREQUEST']._serialized_start=2686
+  _globals['_QUERYUPLOADREQUEST']._serialized_end=2770
+  _globals['_QUERYUPLOADRESPONSE']._serialized_start=2772
+  _globals['_QUERYUPLOADRESPONSE']._serialized_end=2879
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=2881
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=2984
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=2986
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=3009
+  _globals['_HEARTBEATREQUEST']._serialized_start=3011
+  _globals['_HEARTBEATREQUEST']._serialized_end=3048
+  _globals['_HEARTBEATRESPONSE']._serialized_start=3050
+  _globals['_HEARTBEATRESPONSE']._serialized_end=3084
+  _globals['_GETSTATUSREQUEST']._serialized_start=3086
+  _globals['_GETSTATUSREQUEST']._serialized_end=3104
+  _globals['_GETSTATUSRESPONSE']._serialized_start=3107
+  _globals['_GETSTATUSRESPONSE']._serialized_end=3299
+  _globals['_CLIENTEVALUATION']._serialized_start=3301
+  _globals['_CLIENTEVALUATION']._serialized_end=3385
+  _globals['_SUBMITEVALUATIONREQUEST']._serialized_start=3387
+  _globals['_SUBMITEVALUATIONREQUEST']._serialized_end=3512
+  _globals['_SUBMITEVALUATIONRESPONSE']._serialized_start=3514
+  _globals['_SUBMITEVALUATIONRESPONSE']._serialized_end=3540
+  _globals['_SUBMITSECAGGREQUEST']._serialized_start=3543
+  _globals['_SUBMITSECAGGREQUEST']._serialized_end=3734
+  _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._serialized_start=3686
+  _globals['_SUBMITSECAGGREQUEST_RESPONSESENTRY']._serialized_end=3734
+  _globals['_SUBMITSECAGGRESPONSE']._serialized_start=3736
+  _globals['_SUBMITSECAGGRESPONSE']._serialized_end=3758
+  _globals['_AGGREGATORSERVICE']._serialized_start=4091
+  _globals['_AGGREGATORSERVICE']._serialized_end=5122
 # @@protoc_insertion_point(module_scope)

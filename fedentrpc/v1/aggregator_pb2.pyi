@@ -19,6 +19,13 @@ class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_PHASE_EVALUATING: _ClassVar[RunPhase]
     RUN_PHASE_DONE: _ClassVar[RunPhase]
     RUN_PHASE_FAILED: _ClassVar[RunPhase]
+
+class UploadState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPLOAD_STATE_UNSPECIFIED: _ClassVar[UploadState]
+    UPLOAD_STATE_NONE: _ClassVar[UploadState]
+    UPLOAD_STATE_PARTIAL: _ClassVar[UploadState]
+    UPLOAD_STATE_COMPLETE: _ClassVar[UploadState]
 RUN_PHASE_UNSPECIFIED: RunPhase
 RUN_PHASE_STARTING: RunPhase
 RUN_PHASE_ESTIMATING: RunPhase
@@ -27,6 +34,10 @@ RUN_PHASE_AGGREGATING: RunPhase
 RUN_PHASE_EVALUATING: RunPhase
 RUN_PHASE_DONE: RunPhase
 RUN_PHASE_FAILED: RunPhase
+UPLOAD_STATE_UNSPECIFIED: UploadState
+UPLOAD_STATE_NONE: UploadState
+UPLOAD_STATE_PARTIAL: UploadState
+UPLOAD_STATE_COMPLETE: UploadState
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_name", "token", "client_ids", "device", "hostname", "pid", "version")
@@ -194,12 +205,14 @@ class SecAggTask(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., requests: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobRequest(_message.Message):
-    __slots__ = ("blob_id", "worker_id")
+    __slots__ = ("blob_id", "worker_id", "start_chunk")
     BLOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    START_CHUNK_FIELD_NUMBER: _ClassVar[int]
     blob_id: str
     worker_id: str
-    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    start_chunk: int
+    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., start_chunk: _Optional[int] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobResponse(_message.Message):
     __slots__ = ("chunk",)
@@ -241,7 +254,7 @@ class SubmitProbesResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars")
+    __slots__ = ("worker_id", "task_id", "round", "cid", "num_samples", "train_loss", "scalars", "resume_from_chunk")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +269,7 @@ class UpdateHeader(_message.Message):
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     SCALARS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_CHUNK_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task_id: int
     round: int
@@ -263,7 +277,8 @@ class UpdateHeader(_message.Message):
     num_samples: int
     train_loss: float
     scalars: _containers.ScalarMap[str, float]
-    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    resume_from_chunk: int
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ..., num_samples: _Optional[int] = ..., train_loss: _Optional[float] = ..., scalars: _Optional[_Mapping[str, float]] = ..., resume_from_chunk: _Optional[int] = ...) -> None: ...
 
 class SubmitUpdateRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -276,6 +291,28 @@ class SubmitUpdateRequest(_message.Message):
 class SubmitUpdateResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class QueryUploadRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "round", "cid")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    round: int
+    cid: int
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., round: _Optional[int] = ..., cid: _Optional[int] = ...) -> None: ...
+
+class QueryUploadResponse(_message.Message):
+    __slots__ = ("state", "next_chunk", "received_bytes")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    state: UploadState
+    next_chunk: int
+    received_bytes: int
+    def __init__(self, state: _Optional[_Union[UploadState, str]] = ..., next_chunk: _Optional[int] = ..., received_bytes: _Optional[int] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
     __slots__ = ("worker_id", "task_id", "round", "cid", "message")

@@ -64,6 +64,11 @@ class AggregatorServiceStub:
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
                 response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
                 _registered_method=True)
+        self.QueryUpload = channel.unary_unary(
+                '/fedentrpc.v1.AggregatorService/QueryUpload',
+                request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadRequest.SerializeToString,
+                response_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadResponse.FromString,
+                _registered_method=True)
         self.ReportFailure = channel.unary_unary(
                 '/fedentrpc.v1.AggregatorService/ReportFailure',
                 request_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.ReportFailureRequest.SerializeToString,
@@ -126,6 +131,13 @@ class AggregatorServiceServicer:
 
     def SubmitUpdate(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryUpload(self, request, context):
+        """How much of a cut upload the aggregator holds, so the worker resumes it from there (not from zero).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -193,6 +205,11 @@ def add_AggregatorServiceServicer_to_server(servicer, server):
                     servicer.SubmitUpdate,
                     request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.FromString,
                     response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.SerializeToString,
+            ),
+            'QueryUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryUpload,
+                    request_deserializer=fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadRequest.FromString,
+                    response_serializer=fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadResponse.SerializeToString,
             ),
             'ReportFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportFailure,
@@ -382,6 +399,33 @@ class AggregatorService:
             '/fedentrpc.v1.AggregatorService/SubmitUpdate',
             fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateRequest.SerializeToString,
             fedentrpc_dot_v1_dot_aggregator__pb2.SubmitUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedentrpc.v1.AggregatorService/QueryUpload',
+            fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadRequest.SerializeToString,
+            fedentrpc_dot_v1_dot_aggregator__pb2.QueryUploadResponse.FromString,
             options,
             channel_credentials,
             insecure,

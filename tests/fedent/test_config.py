@@ -49,6 +49,12 @@ def test_defaults_and_values(tmp_path: Path) -> None:
         ("algorithm: {name: fedavg, mu: 0.1}\n", "algorithm: unknown key(s) mu"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("train: [1, 2\n", "not valid YAML"),
+        ("train: {upload_encoding: int4}\n", "train.upload_encoding: must be one of none, int8, topk"),
+        ("train: {upload_encoding: topk}\nalgorithm: {name: feddyn}\n",
+         "train.upload_encoding: topk is not sound with feddyn"),
+        ("train: {upload_encoding: topk}\nalgorithm: {name: scaffold}\n",
+         "train.upload_encoding: topk is not sound with scaffold"),
+        ("train: {topk_fraction: 0}\n", "train.topk_fraction"),
     ],
 )
 def test_bad_configs_have_one_line_errors(tmp_path: Path, text: str, needle: str) -> None:

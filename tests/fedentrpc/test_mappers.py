@@ -385,3 +385,33 @@ def test_a_masked_update_crosses_the_wire_bit_for_bit() -> None:
     bad = ClientUpdate(3, [], 12, 0.5, {MASKED_GROUP: [torch.zeros(2)]})
     with pytest.raises(codec.WireError, match="secagg_masked"):
         list(update_to_parts(bad, UpdateMeta("w", 1, 2)))
+
+
+def _encoded_upload(kind: str) -> tuple[list[torch.Tensor], Any]:
+    from fedent import compress
+    from fedent.strategies.base import ClientUpdate
+
+    base = [torch.linspace(-1, 1, 50).reshape(5, 10), torch.ones(7)]
+    delta = [torch.sin(torch.arange(50.0)).reshape(5, 10) * 0.1, torch.full((7,), -0.2)]
+    codes, _ = compress.encode(delta, kind, seed=3, rnd=2, cid=4, fraction=0.2)
+    return base, ClientUpdate(cid=4, params=compress.decode(base, codes), num_samples=9, train_loss=0.1, codes=codes)
+
+
+@pytest.mark.parametrize("kind", ["int8", "topk"])
+def test_an_encoded_upload_sends_its_codes_and_is_rebuilt_from_the_rounds_model(kind: str) -> None:
+    """The worker sends the codes instead of params (fewer bytes); the receiver rebuilds exactly the client
+    half's params from w(t); without w(t), or with a model it does not fit, it is refused."""
+    base, u = _encoded_upload(kind)
+    parts = list(mappers.update_to_parts(u, mappers.UpdateMeta("w", 1, 2)))
+    asm = codec.TensorAssembler()
+    for p in parts[1:]:
+        asm.add(p.chunk)
+    bundle = asm.finish()
+    assert codec.PARAMS_GROUP not in bundle
+    assert asm.wire_bytes < sum(t.numel() * 4 for t in base) / 2
+    dec = mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes, lambda rnd: base)
+    assert all(torch.equal(a, b) for a, b in zip(dec.update.params, u.params, strict=True))
+    with pytest.raises(codec.WireError, match="cannot decode"):
+        mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes)
+    with pytest.raises(codec.WireError, match="upload codes"):
+        mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes, lambda rnd: base[:1])

@@ -1,5 +1,6 @@
 /* The charts drawn from the per-round metrics (metrics.jsonl, /api/rounds): test accuracy, test and training
- * loss, and FedEnt's per-client learning rate η_i (log scale when the rates span more than two decades). */
+ * loss, the cluster's bytes on the wire per round (diagnostics.transfer), and FedEnt's per-client learning rate η_i
+ * (log scale when the rates span more than two decades). */
 
 import { $ } from "./dom.js";
 import { fmtPct } from "./format.js";
@@ -13,6 +14,14 @@ export function renderRoundCharts(rounds) {
     { name: "test loss", color: PALETTE[1], points: pointsOf(rounds, (r) => r.test_loss) },
     { name: "train loss", color: PALETTE[2], dash: "dashed", points: pointsOf(rounds, (r) => r.train_loss) },
   ], { empty: "no losses yet" });
+  const mb = (key) => (r) => {
+    const t = r.diagnostics && r.diagnostics.transfer;
+    return t && Number.isFinite(t[key]) ? t[key] / 1e6 : null;
+  };
+  drawLineChart($("#chart-bytes"), [
+    { name: "up (updates)", color: PALETTE[3], points: pointsOf(rounds, mb("bytes_up")) },
+    { name: "down (models)", color: PALETTE[4], dash: "dashed", points: pointsOf(rounds, mb("bytes_down")) },
+  ], { yMin: 0, empty: "no bytes on the wire (a simulator run)" });
 
   const perClient = new Map();
   for (const r of rounds) {

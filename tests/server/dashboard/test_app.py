@@ -262,7 +262,7 @@ def test_charts_have_axis_titles_and_the_page_explains_eta(api: str) -> None:
                        html, re.S)
     titles = {cid: (y, x) for cid, y, x in found}
     assert titles == {
-        "chart-accuracy": ("test accuracy", "round"), "chart-loss": ("loss", "round"),
+        "chart-accuracy": ("test accuracy", "round"), "chart-loss": ("loss", "round"), "chart-bytes": ("MB", "round"),
         "chart-phi2": ("φ<sub>2</sub>", "round"), "chart-eta": ("η (learning rate)", "round"),
         "chart-entropy": ("entropy", "round"), "heatmap": ("class", "client"),
     }

@@ -1,0 +1,115 @@
+"""client.transfer against an in-process aggregator stand-in whose streams break: an upload cut after three
+chunks resumes at chunk 3 (byte 3000), not 0, and arrives whole; a stalled stream is cancelled by the stall
+watch and resumed; a download cut after two chunks asks for chunk 2 on and decodes the whole blob; a refusal
+is not retried."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from client import transfer
+from fedent.strategies.base import ClientUpdate
+from fedentrpc import codec, mappers
+from fedentrpc.v1 import aggregator_pb2 as pb
+from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from server.uploads import UploadBook, key_of
+
+SPEC = codec.TransferSpec(chunk_bytes=1000)
+PARAMS = [torch.arange(2000, dtype=torch.float32)]  # 8000 bytes: 8 chunks
+
+
+class _Flaky(pb_grpc.AggregatorServiceServicer):
+    """Breaks the first upload stream after ``cut_after`` chunks (``stall``: stops reading instead), and the
+    first download after two chunks."""
+
+    def __init__(self, cut_after: int = 3, stall: bool = False, refuse: bool = False) -> None:
+        self.book = UploadBook()
+        self.cut_after, self.stall, self.refuse = cut_after, stall, refuse
+        self.streams = 0
+        self.got: codec.Bundle | None = None
+        self.fetches: list[int] = []
+
+    def SubmitUpdate(self, request_iterator: Iterator[pb.SubmitUpdateRequest],
+                     context: grpc.ServicerContext) -> pb.SubmitUpdateResponse:
+        self.streams += 1
+        it = iter(request_iterator)
+        h = mappers.update_header(next(it))
+        if self.refuse:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad update")
+        up = self.book.begin(h, 1 << 20)
+        first = self.streams == 1
+        try:
+            for n, part in enumerate(it):
+                if first and n == self.cut_after:
+                    if self.stall:  # reads nothing more until the worker's stall watch cancels the call
+                        while context.is_active():
+                            time.sleep(0.02)
+                        return pb.SubmitUpdateResponse()
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+                up.add(mappers.update_chunk(part))
+            self.got, _ = up.finish()
+        except grpc.RpcError:
+            pass
+        return pb.SubmitUpdateResponse()
+
+    def QueryUpload(self, request: pb.QueryUploadRequest, context: grpc.ServicerContext) -> pb.QueryUploadResponse:
+        return self.book.state(key_of(request))
+
+    def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
+        self.fetches.append(request.start_chunk)
+        msgs = codec.encode_tensors({"params": PARAMS}, SPEC).as_messages(pb.AggregatorServiceFetchBlobResponse)
+        for n, m in enumerate(msgs[request.start_chunk:]):
+            if len(self.fetches) == 1 and n == 2:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+            yield m
+
+
+@contextlib.contextmanager
+def _serving(servicer: _Flaky) -> Iterator[pb_grpc.AggregatorServiceStub]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_AggregatorServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield pb_grpc.AggregatorServiceStub(channel)
+    finally:
+        channel.close()
+        server.stop(0)
+
+
+def _update() -> ClientUpdate:
+    return ClientUpdate(cid=1, params=PARAMS, num_samples=5, train_loss=0.5)
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_a_cut_upload_resumes_at_the_held_chunk(stall: bool) -> None:
+    agg = _Flaky(stall=stall)
+    with _serving(agg) as stub:
+        sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=0.5, timeout_s=20)
+    assert sent.resumed == [(3, 3000)]
+    assert agg.streams == 2
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
+
+
+def test_a_refused_upload_is_not_retried() -> None:
+    agg = _Flaky(refuse=True)
+    with _serving(agg) as stub, pytest.raises(grpc.RpcError) as e:
+        transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=5, timeout_s=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and agg.streams == 1
+
+
+def test_a_cut_download_resumes_at_the_next_chunk() -> None:
+    agg = _Flaky()
+    with _serving(agg) as stub:
+        got = transfer.fetch(stub, "r0-model", "w", stall_s=5, timeout_s=30)
+    assert agg.fetches == [0, 2]
+    assert torch.equal(got["params"][0], PARAMS[0])

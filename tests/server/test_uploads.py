@@ -1,0 +1,94 @@
+"""server.uploads: a cut upload's verified chunks are kept and a resumed stream continues them, chunks the
+aggregator holds are dropped, an upload received whole is never taken again, and a superseded stream (its
+handler still blocked on a dead connection) cannot add to the one that took over."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedentrpc import codec
+from fedentrpc.v1 import aggregator_pb2 as pb
+from server.uploads import UploadBook
+from server.work import ClusterError
+
+SPEC = codec.TransferSpec(chunk_bytes=1000)
+BUNDLE = {"params": [torch.arange(2000, dtype=torch.float32)]}  # 8000 bytes: 8 chunks
+
+
+def _chunks(start: int = 0) -> list[codec.Chunk]:
+    return list(codec.tensor_chunks(BUNDLE, SPEC, start=start))
+
+
+def _msg(c: codec.Chunk) -> codec.pb.TensorChunk:
+    m = codec.pb.TensorChunk()
+    c.fill(m)
+    return m
+
+
+def _header(resume: int = 0, rnd: int = 0, samples: int = 5) -> pb.UpdateHeader:
+    return pb.UpdateHeader(worker_id="w", task_id=3, round=rnd, cid=1, num_samples=samples, resume_from_chunk=resume)
+
+
+def test_a_cut_upload_resumes_from_the_held_chunks_and_completes_once() -> None:
+    book = UploadBook()
+    up = book.begin(_header(), 1 << 20)
+    assert up.resumed_at is None
+    for c in _chunks()[:3]:
+        up.add(_msg(c))
+    state = book.state(up.key)
+    assert (state.state, state.next_chunk, state.received_bytes) == (pb.UPLOAD_STATE_PARTIAL, 3, 3000)
+    again = book.begin(_header(resume=2), 1 << 20)  # asked from 2: chunk 2 is repeated and dropped
+    assert again.resumed_at == (3, 3000)
+    for c in _chunks(start=2):
+        again.add(_msg(c))
+    bundle, wire = again.finish()
+    assert wire == 8000 and torch.equal(bundle["params"][0], BUNDLE["params"][0])
+    assert book.state(up.key).state == pb.UPLOAD_STATE_COMPLETE
+    with pytest.raises(ClusterError, match="already received whole") as e:
+        book.begin(_header(), 1 << 20)
+    assert e.value.code == "conflict"
+
+
+def test_a_superseded_stream_cannot_add_or_finish() -> None:
+    book = UploadBook()
+    old = book.begin(_header(), 1 << 20)
+    old.add(_msg(_chunks()[0]))
+    book.begin(_header(resume=1), 1 << 20)
+    with pytest.raises(ClusterError, match="superseded"):
+        old.add(_msg(_chunks()[1]))
+    with pytest.raises(ClusterError, match="superseded"):
+        old.finish()
+    assert book.state(old.key).next_chunk == 1
+
+
+@pytest.mark.parametrize(("header", "error"), [
+    (_header(resume=2), "holds 1 chunks"),          # asks to skip chunks the aggregator does not have
+    (_header(resume=1, samples=6), "header differs"),  # not the same upload
+])
+def test_a_resume_that_does_not_match_the_held_partial_is_refused(header: pb.UpdateHeader, error: str) -> None:
+    book = UploadBook()
+    book.begin(_header(), 1 << 20).add(_msg(_chunks()[0]))
+    with pytest.raises((ClusterError, codec.WireError), match=error):
+        book.begin(header, 1 << 20)
+
+
+def test_nothing_to_resume_and_a_later_round_drops_earlier_partials() -> None:
+    book = UploadBook()
+    with pytest.raises(ClusterError, match="send it from chunk 0"):
+        book.begin(_header(resume=1), 1 << 20)
+    old = book.begin(_header(), 1 << 20)
+    old.add(_msg(_chunks()[0]))
+    book.begin(_header(rnd=1), 1 << 20)
+    assert book.state(old.key).state == pb.UPLOAD_STATE_NONE
+
+
+def test_a_corrupt_stream_is_discarded() -> None:
+    book = UploadBook()
+    up = book.begin(_header(), 1 << 20)
+    bad = _msg(_chunks()[0])
+    bad.checksum ^= 1
+    with pytest.raises(codec.WireError, match="checksum"):
+        up.add(bad)
+    up.discard()
+    assert book.state(up.key).state == pb.UPLOAD_STATE_NONE
