@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedent.meanfield.lr import q_value, solve_eta
-from fedent.meanfield.scalar_fixed_point import solve_online
+from fedent.meanfield.scalar_fixed_point import _MAX_EXPANSIONS, _bracket, _illinois, solve_online
 
 
 def _g(phi: float, c: float, th: np.ndarray, a: np.ndarray, b: np.ndarray, beta: float, variant: str) -> float:
@@ -170,3 +170,57 @@ def test_a_previous_rate_of_zero(gamma: float) -> None:
         assert star[0] > 0 and phi < c  # client 0 descends (a > 0), so the mean field shrinks
         plain = solve_online(c, th, a, b, 0.9)
         assert (phi == pytest.approx(plain.phi2_next, rel=1e-12)) == (gamma == 0.0)
+
+
+# ---- the two solver parts on residuals whose answers are known exactly -----------------------------------
+
+
+def test_bracket_doubles_up_from_the_start_to_the_first_sign_change() -> None:
+    # F(x) = x - 5 from 1: 1 -> 2 -> 4 -> 8, the sign changes between 4 and 8 after three doublings
+    assert _bracket(lambda x: x - 5.0, 1.0) == (4.0, 8.0, True, 3)
+
+
+def test_bracket_halves_down_and_stops_at_an_exact_zero() -> None:
+    # F(x) = x - 0.25 from 1: 1 -> 0.5 -> 0.25, where F is exactly 0: that end point closes the bracket
+    assert _bracket(lambda x: x - 0.25, 1.0) == (0.25, 0.5, True, 2)
+
+
+def test_bracket_of_a_root_at_the_start_is_that_point() -> None:
+    assert _bracket(lambda x: x - 1.0, 1.0) == (1.0, 1.0, True, 0)
+
+
+def test_bracket_without_a_sign_change_says_so() -> None:
+    lo, hi, bracketed, k = _bracket(lambda x: -1.0, 1.0)
+    assert not bracketed and lo == hi == 2.0 ** _MAX_EXPANSIONS and k == _MAX_EXPANSIONS
+
+
+def test_illinois_returns_an_end_point_that_is_already_a_root_without_a_step() -> None:
+    assert _illinois(lambda x: x - 1.0, 1.0, 3.0, 1e-12, 100) == (1.0, 0)
+    assert _illinois(lambda x: x - 3.0, 1.0, 3.0, 1e-12, 100) == (3.0, 0)
+
+
+def test_illinois_stops_when_the_bracket_is_exactly_at_the_tolerance() -> None:
+    # hi - lo = 1 = rtol * hi: already converged, no step
+    assert _illinois(lambda x: x - 1.5, 1.0, 2.0, 0.5, 100) == (1.0, 0)
+
+
+def test_illinois_returns_the_end_point_with_the_smaller_residual() -> None:
+    assert _illinois(lambda x: x - 1.9, 1.0, 2.0, 1e-12, 0) == (2.0, 0)
+    assert _illinois(lambda x: x - 1.1, 1.0, 2.0, 1e-12, 0) == (1.0, 0)
+    assert _illinois(lambda x: x - 1.5, 1.0, 2.0, 1e-12, 0) == (1.0, 0)  # a tie keeps the lower end
+
+
+def test_illinois_first_two_steps_are_plain_regula_falsi() -> None:
+    # Concave F = sqrt(x) - 1.2 on [0, 4]: the first step lands right of the root (F > 0), so hi moves; the
+    # Illinois halving applies only when the same side moves twice, so the second point is plain regula falsi.
+    seen: list[float] = []
+
+    def f(x: float) -> float:
+        seen.append(x)
+        return math.sqrt(x) - 1.2
+
+    _illinois(f, 0.0, 4.0, 1e-12, 2)
+    x1 = 4.0 - 0.8 * 4.0 / (0.8 + 1.2)
+    f1 = math.sqrt(x1) - 1.2
+    assert seen[2] == pytest.approx(x1, rel=1e-15) and f1 > 0
+    assert seen[3] == pytest.approx(x1 - f1 * x1 / (f1 + 1.2), rel=1e-15)
