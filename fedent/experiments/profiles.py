@@ -333,7 +333,8 @@ def robust_profile() -> Profile:
                  ("fedavg", "fedent"), priority=0),),
         reductions=(
             "the cpu profile's pathological setting (3,000 training images, 1,000 test images) with LeNet-5 "
-            f"(61,706 parameters) instead of MNIST-CNN and {ROBUST_ROUNDS} rounds (minutes on 2 shared cores); one seed",
+            f"(61,706 parameters) instead of MNIST-CNN and {ROBUST_ROUNDS} rounds (minutes on 2 shared cores); "
+            "one seed",
             "attacks: adversary.fraction 0.2 of the 100 clients (drawn from the seed); scale x(-10); gaussian "
             "N(0, 1) deltas; inflate-count reports 10^12 samples and uploads zeros",
             "defences: robust.aggregator mean (the strategy's own weighted mean), median, trimmed-mean (trim 0.2) "

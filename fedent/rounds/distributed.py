@@ -16,7 +16,7 @@ Only rank 0 writes the run directory the user asked for; the simulator points th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -153,6 +153,11 @@ class DistributedExecutor:
         if self.on_client is not None:
             self.on_client(len(cids), len(cids))
         return every
+
+    def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
+        """A secure-aggregation step: each rank's clients answer theirs, and every rank gets every answer."""
+        mine = set(self.world.mine(list(requests)))
+        return self._merge(self.inner.secure_exchange(rnd, {c: r for c, r in requests.items() if c in mine}))
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         return self.inner.replacements(rnd, attempt, k, exclude)

@@ -29,8 +29,8 @@ from fedent import compress
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
-from fedent.rounds.adversary import Adversary
 from fedent.privacy.dpsgd import DPSGD
+from fedent.rounds.adversary import Adversary
 from fedent.rounds.evaluation import ClientEval, evaluate_shards
 from fedent.rounds.executor import Gathered
 from fedent.secagg.hosted import HostedSecAgg
