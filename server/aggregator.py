@@ -157,6 +157,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                 return
             dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
             remote.submit_update(h.worker_id, h.task_id, h.round, dec.update, wire_bytes, caller_identity(context))
+            up.accepted()
 
         _guard(context, go)
         return pb.SubmitUpdateResponse()

@@ -68,15 +68,20 @@ class Upload:
             p.asm.add(chunk)
 
     def finish(self) -> tuple[Bundle, int]:
-        """The decoded tensors and the upload's payload bytes; the key is complete from here on."""
+        """The decoded tensors and the upload's payload bytes; the key is complete once ``accepted`` says so
+        (an upload refused after it arrived, e.g. a caller that does not own the client, blocks nothing)."""
         with self.book.lock, self._p.lock:
             if self._p.owner is not self._token:
                 raise ClusterError("conflict", "this upload stream was superseded by a resumed one")
             self.book.partials.pop(self.key, None)
+            return self._p.asm.finish(), self._p.asm.wire_bytes
+
+    def accepted(self) -> None:
+        """The update was taken: the key is complete from here on (never taken again)."""
+        with self.book.lock:
             self.book.complete[self.key] = None
             while len(self.book.complete) > 64 * MAX_PARTIALS:
                 self.book.complete.popitem(last=False)
-            return self._p.asm.finish(), self._p.asm.wire_bytes
 
     def discard(self) -> None:
         """A corrupt stream: its chunks are not kept (the worker sends it again from chunk 0)."""

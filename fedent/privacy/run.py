@@ -76,7 +76,8 @@ class RunPrivacy:
         return None
 
     def over_budget(self, rnd: int, released: Sequence[Sequence[int]], sizes: Sequence[int]) -> str | None:
-        """Why round ``rnd`` must not run (it would take ε past ``target_epsilon``), or None."""
+        """Why round ``rnd`` (the loop's index, 0..R-1) must not run (it would take ε past ``target_epsilon``), or
+        None; the message names it by its round number 1..R."""
         target = self.pc.target_epsilon
         if target is None or not self.enabled or rnd >= self.cfg.train.rounds:
             return None
@@ -85,5 +86,5 @@ class RunPrivacy:
         eps = float("inf") if rep is None or rep["epsilon"] is None else float(rep["epsilon"])
         if eps <= target:
             return None
-        return (f"privacy budget: round {rnd} would take ε to {eps:.4g} > target_epsilon {target:g} "
+        return (f"privacy budget: round {rnd + 1} would take ε to {eps:.4g} > target_epsilon {target:g} "
                 f"(δ={self.pc.delta:g})")

@@ -340,7 +340,7 @@ class RoundEngine:
             if self.budget_stop is None:
                 self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
             else:  # done early, cleanly: the model of the last round within the privacy budget
-                self.status("done", self.records[-1]["round"] if self.records else None,
+                self.status("done", self.records[-1]["round"] - 1 if self.records else None,
                             final_acc=runlog.final_accuracy(self.records), stopped_early=self.budget_stop)
         except runlog.ReplacedRunError:  # the directory is another run's now: write nothing more into it
             self.metrics.close()

@@ -83,7 +83,7 @@ def test_simulate_end_to_end_then_plot(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 0 and "run dir" in out
     paths = runlog.RunPaths(tmp_path / "runs" / "r1")
     recs = runlog.read_metrics(paths.metrics)
-    assert [r["round"] for r in recs] == [0, 1] and all(r["fedent"] for r in recs)
+    assert [r["round"] for r in recs] == [1, 2] and all(r["fedent"] for r in recs)
     part = json.loads(paths.partition.read_text())
     assert part["num_clients"] == 10 and len(part["md5"]) == 32 and sum(part["sizes"]) <= 400
     assert json.loads(paths.status.read_text())["phase"] == "done"

@@ -13,16 +13,19 @@ from fedent import plot_data
 
 
 def test_extraction() -> None:
-    assert plot_data.series(RECS, "test_acc") == ([0, 2], [0.2, 0.6])
-    assert plot_data.eta_trajectories(RECS) == {3: ([0, 2], [0.01, 0.03]), 7: ([0], [0.02])}
-    assert plot_data.phi2_series(RECS)["phi2_actual"] == ([0, 2], [4.0, 6.5])
-    assert plot_data.local_accuracies(RECS) == [(0, [0.1, 0.3]), (2, [0.5])]
+    # RECS carry no round_base: the old 0-based layout, so every round is shown one up (rounds 1..R)
+    assert plot_data.series(RECS, "test_acc") == ([1, 3], [0.2, 0.6])
+    assert plot_data.eta_trajectories(RECS) == {3: ([1, 3], [0.01, 0.03]), 7: ([1], [0.02])}
+    assert plot_data.phi2_series(RECS)["phi2_actual"] == ([1, 3], [4.0, 6.5])
+    assert plot_data.local_accuracies(RECS) == [(1, [0.1, 0.3]), (3, [0.5])]
+    based = [{**r, "round": r["round"] + 1, "round_base": 1} for r in RECS]
+    assert plot_data.series(based, "test_acc") == ([1, 3], [0.2, 0.6])
 
 
 def test_mean_std_over_seeds_uses_common_rounds() -> None:
     other = [{"round": 0, "test_acc": 0.4}, {"round": 2, "test_acc": 0.8}, {"round": 3, "test_acc": 0.9}]
     xs, mean, std = plot_data.mean_std_curve([RECS, other], "test_acc")
-    assert xs == [0, 2]
+    assert xs == [1, 3]  # old 0-based records, shown 1-based
     assert mean == pytest.approx([0.3, 0.7]) and std == pytest.approx([0.1414213562, 0.1414213562])
     assert plot_data.mean_std_curve([], "test_acc")[0] == []
     assert isinstance(mean, np.ndarray)

@@ -44,6 +44,10 @@ def test_a_cut_upload_resumes_from_the_held_chunks_and_completes_once() -> None:
         again.add(_msg(c))
     bundle, wire = again.finish()
     assert wire == 8000 and torch.equal(bundle["params"][0], BUNDLE["params"][0])
+    # received whole but not yet taken (a caller that does not own the client is refused after this): the
+    # rightful owner can still upload it from chunk 0
+    assert book.state(up.key).state != pb.UPLOAD_STATE_COMPLETE
+    again.accepted()
     assert book.state(up.key).state == pb.UPLOAD_STATE_COMPLETE
     with pytest.raises(ClusterError, match="already received whole") as e:
         book.begin(_header(), 1 << 20)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from fedent.config import load_config
+from fedent.model_file import load_model_file
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 
@@ -52,7 +53,7 @@ def test_a_compressed_cluster_equals_the_simulation(tmp_path: Path, encoding: st
         sim = run_simulation(load_config(cfg_path), tmp_path / "sim", progress=False, plots=False)
     finally:
         torch.set_num_threads(threads)
-    cluster = torch.load(out / "model_final.pt")
+    cluster = load_model_file(out / "model_final.pt").params
     num = max(float((a - b).abs().max()) for a, b in zip(cluster, sim.params, strict=True))
     assert num / max(float(b.abs().max()) for b in sim.params) <= 1e-5
     model_bytes = sum(p.numel() * 4 for p in sim.params)

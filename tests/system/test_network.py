@@ -96,9 +96,9 @@ def test_a_worker_cut_off_past_the_deadline_is_dropped_for_that_round_and_rejoin
         stop_all(procs)
     assert read_json(out / "status.json")["phase"] == "done"
     recs = read_metrics(out / "metrics.jsonl")
-    assert [r["round"] for r in recs] == [0, 1, 2]
-    assert all("skipped" not in r["diagnostics"] for r in recs)  # round 1 closed by quorum
+    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert all("skipped" not in r["diagnostics"] for r in recs)  # the second round closed by quorum
     failed = [r["diagnostics"].get("failed_clients", {}) for r in recs]
-    assert failed == [{}, {"1": "deadline"}, {}], failed  # dropped for round 1, back for round 2
+    assert failed == [{}, {"1": "deadline"}, {}], failed  # dropped for the second round, back for the third
     clients = read_json(out / "clients.json")["clients"]
-    assert [c["participation"] for c in clients] == [3, 2]  # client 1's late round-1 update was not counted
+    assert [c["participation"] for c in clients] == [3, 2]  # client 1's late second-round update was not counted

@@ -41,8 +41,9 @@ def test_extras_split_the_core_from_the_services_and_dev_keeps_everything() -> N
     services' dependencies and [dev] (what make setup installs) takes both, so make run/test are unchanged."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime, _ = _deps()
-    assert not {"grpcio", "protobuf", "fastapi", "uvicorn", "pydantic", "cryptography"} & set(runtime)
-    assert {"torch", "numpy", "pyyaml", "matplotlib"} <= set(runtime)
+    assert not {"grpcio", "protobuf", "fastapi", "uvicorn", "pydantic"} & set(runtime)
+    # the simulator runs secure aggregation (fedent/secagg: cryptography) and DP accounting (dp-accounting)
+    assert {"torch", "numpy", "pyyaml", "matplotlib", "cryptography", "dp-accounting"} <= set(runtime)
     cluster = set(_extra("cluster"))
     assert {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "cryptography"} <= cluster
     assert {"fastapi", "uvicorn", "pydantic"} <= set(_extra("dashboard"))

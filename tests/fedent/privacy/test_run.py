@@ -76,12 +76,12 @@ def test_every_strategy_aggregates_the_one_noised_release(tmp_path: Path, algori
 def test_the_target_epsilon_stops_the_run_cleanly_before_it_is_passed(tmp_path: Path) -> None:
     one = accountant.central_report(10, 5, 1.0, 2, 1e-5)["epsilon"]  # the budget holds exactly two rounds
     res = _run(_cfg(rounds=6, dp="central", noise_multiplier=1.0, target_epsilon=one * 1.001), tmp_path / "r")
-    assert [r["round"] for r in res.records] == [0, 1]
+    assert [r["round"] for r in res.records] == [1, 2]
     assert res.records[-1]["privacy"]["epsilon"] <= one * 1.001
     assert res.records[-1]["test_acc"] is not None  # the last round within budget is evaluated
     status = read_json(tmp_path / "r" / "status.json")
-    assert status["phase"] == "done" and status["round"] == 1
-    assert "privacy budget: round 2 would take ε to" in status["state"]["stopped_early"]
+    assert status["phase"] == "done" and status["round"] == 2
+    assert "privacy budget: round 3 would take ε to" in status["state"]["stopped_early"]
     assert (tmp_path / "r" / "model_final.pt").is_file()
 
 

@@ -350,4 +350,4 @@ def test_an_absurd_probe_rejects_its_client_and_never_fails_the_run(tmp_path: Pa
     assert all(r["diagnostics"]["failed_clients"] == {str(ABSURD): why} for r in res.records)
     rows = {r["cid"]: r for r in runlog.read_json(tmp_path / "run" / "clients.json")["clients"]}
     assert rows[ABSURD]["state"] == "rejected" and rows[ABSURD]["participation"] == 0
-    assert rows[ABSURD]["last_failure"] == f"round 2: {why}"
+    assert rows[ABSURD]["last_failure"] == f"round 3: {why}"
