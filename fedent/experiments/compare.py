@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from fedent import provenance, runlog
-from fedent.experiments import paired
 from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
+from fedent.experiments import paired
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
