@@ -10,7 +10,7 @@ Every row is also compared with a reference row (FedEnt where present, else the 
 the mean per-seed difference and its 95% t-interval, for the end point (mean of the last ``paired.TAIL_K``
 evaluated rounds) and for rounds to target (``fedent.experiments.paired``).
 
-Why ~500 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
+Why ~525 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
 builds (also written as summary.json); kept together, its shape is defined and read in one place.
 """
 
