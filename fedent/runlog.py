@@ -69,6 +69,10 @@ class RunPaths:
         return self.root / "partition.json"
 
     @property
+    def provenance(self) -> Path:
+        return self.root / "provenance.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 

@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="accuracy for 'rounds to reach' (default: train.target_accuracy)")
     p.add_argument("--local-eval", type=int, default=None, metavar="K",
                    help="evaluate K uploaded local models per eval round (deviation figure)")
+    p.add_argument("--tail-k", type=int, default=None, metavar="K",
+                   help="end point of the paired comparison: mean test accuracy of the last K evaluated rounds "
+                        "(default 5)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--out", default=None, help="output directory (default: <out_dir>/compare-<name>)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch")
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--target: must be an accuracy in (0, 1]")
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
+    if args.tail_k is not None and args.tail_k < 1:
+        raise ConfigError("--tail-k: must be >= 1")
     check_device(cfg, args.device)
     set_threads(args.threads)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"compare-{cfg.name}"
@@ -53,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
               "resumes)", file=sys.stderr)
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
-                             device=args.device, progress=not args.no_progress, local_eval=args.local_eval)
+                             device=args.device, progress=not args.no_progress, local_eval=args.local_eval,
+                             **({} if args.tail_k is None else {"tail_k": args.tail_k}))
     except input_error_types() as e:
         print(f"fedent compare: {one_line(e)}", file=sys.stderr)
         return 2

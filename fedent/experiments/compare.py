@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from fedent import runlog
+from fedent import provenance, runlog
 from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
+from fedent.experiments import paired
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
@@ -175,6 +176,7 @@ def run_comparison(
     progress: bool = True,
     local_eval: int | None = None,
     inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
+    tail_k: int = paired.TAIL_K,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
 
@@ -225,14 +227,38 @@ def run_comparison(
     groups = {a: [records[(a, int(s))] for s in seeds if records.get((a, int(s)))] for a in algorithms}
     figures = plot_groups(groups, out / "figures", title=cfg.name)
     result = ComparisonResult(out, runs, summaries, target, same, figures)
-    write_report(result, cfg, seeds, md5s)
+    write_report(result, cfg, seeds, md5s, tail_k)
     return result
 
 
+def paired_rows(result: ComparisonResult, tail_k: int = paired.TAIL_K) -> list[dict[str, Any]]:
+    """Each algorithm against the first, paired over seeds: the end point (mean of the last ``tail_k`` evaluated
+    rounds) and rounds to target (seeds where both reached it), read back from the runs' logs."""
+    ok = [r for r in result.runs if r.error is None]
+    recs = {(r.algorithm, r.seed): runlog.read_metrics(runlog.RunPaths(r.run_dir).metrics) for r in ok}
+    algos = [s.algorithm for s in result.summaries]
+    if not algos:
+        return []
+    ref = algos[0]
+
+    def end(a: str) -> dict[int, float | None]:
+        return {s: paired.tail_mean(v, tail_k) for (al, s), v in recs.items() if al == a}
+
+    def reach(a: str) -> dict[int, float | None]:
+        return {r.seed: None if r.rounds_to_target is None else float(r.rounds_to_target)
+                for r in ok if r.algorithm == a}
+
+    return [{"algorithm": a, "reference": ref, "tail_k": tail_k, "end_point": paired.paired(end(a), end(ref)),
+             "rounds_to_target": paired.paired(reach(a), reach(ref))} for a in algos[1:]]
+
+
 def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequence[int],
-                 md5s: Mapping[int, Any]) -> None:
+                 md5s: Mapping[int, Any], tail_k: int = paired.TAIL_K) -> None:
     """compare.md (human) and summary.json (machine) in the comparison directory."""
     out = result.out_dir
+    pairs = paired_rows(result, tail_k)
+    provs = {r.run_dir.name: runlog.read_json(runlog.RunPaths(r.run_dir).provenance) for r in result.runs}
+    prov_lines = sorted({provenance.describe(p) for p in provs.values()})
     d, t = cfg.data, cfg.train
     part = d.partition + (f" (α={d.alpha})" if d.partition == "dirichlet" else "")
     lines = [
@@ -246,6 +272,18 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
         f"- identical participants per round across algorithms: {'yes' if result.same_sampling else 'NO'}",
         "",
         markdown_table(result.summaries, result.target),
+        "",
+        f"Paired over seeds against {pairs[0]['reference'] if pairs else '—'} (same partitions and participants): "
+        f"mean difference and 95% t-interval of the per-seed difference; end point = mean global test accuracy "
+        f"of the last {tail_k} evaluated rounds (percentage points); rounds to target over the seeds where both "
+        "reached it (negative = sooner).",
+        "",
+        "| algorithm | Δ end point (pts) | Δ rounds to target |",
+        "| --- | ---: | ---: |",
+        *[f"| {p['algorithm']} | {paired.fmt(p['end_point'])} | "
+          f"{paired.fmt(p['rounds_to_target'], scale=1.0, digits=1)} |" for p in pairs],
+        "",
+        "Provenance (provenance.json of the runs): " + "; ".join(prov_lines),
         "",
         "## Runs",
         "",
@@ -273,5 +311,8 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
         "algorithms": [{"algorithm": s.algorithm, "runs": s.runs, "final_acc": ms(s.final), "best_acc": ms(s.best),
                         "rounds_to_target": ms(s.reach), "reached": s.reached, "failed": s.failed}
                        for s in result.summaries],
-        "runs": [dataclasses.asdict(r) | {"run_dir": str(r.run_dir)} for r in result.runs],
+        "runs": [dataclasses.asdict(r) | {"run_dir": str(r.run_dir), "provenance": provs.get(r.run_dir.name)}
+                 for r in result.runs],
+        "paired": [{**p, "end_point": paired.as_dict(p["end_point"]),
+                    "rounds_to_target": paired.as_dict(p["rounds_to_target"])} for p in pairs],
     })

@@ -6,7 +6,11 @@ run that *diverged* (its model went non-finite and the engine stopped it) has se
 row (e.g. FedAvg at 5x the base rate), so it is shown as "diverged in k of n seeds" in its row and the seed
 still counts for the other rows, instead of dropping the whole seed from the table.
 
-Why ~425 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
+Every row is also compared with a reference row (FedEnt where present, else the first) *paired over seeds*: n,
+the mean per-seed difference and its 95% t-interval, for the end point (mean of the last ``paired.TAIL_K``
+evaluated rounds) and for rounds to target (``fedent.experiments.paired``).
+
+Why ~525 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
 builds (also written as summary.json); kept together, its shape is defined and read in one place.
 """
 
@@ -20,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from fedent import runlog
-from fedent.experiments import robustness
+from fedent import provenance, runlog
+from fedent.experiments import paired, robustness
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
 from fedent.experiments.plan import Plan, RunSpec
@@ -105,6 +109,26 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
             "phi2_error": _phi2_error(recs),
             "epsilon": _ms([e for e in (_epsilon(x) for x in recs) if e is not None]),
         })
+    ref = "fedent" if "fedent" in rows else rows[0]
+
+    def per_seed(r: str) -> tuple[dict[int, float | None], dict[int, float | None]]:
+        ends: dict[int, float | None] = {}
+        reach: dict[int, float | None] = {}
+        for s in common:
+            if done[(r, s)]:
+                recs = records[specs[(r, s)].key]
+                ends[s] = paired.tail_mean(recs)
+                got = rounds_to_target(recs, target)
+                reach[s] = None if got is None else float(got)
+        return ends, reach
+
+    ref_end, ref_reach = per_seed(ref)
+    pairs = {}
+    for r in rows:
+        end_s, reach_s = per_seed(r)
+        pairs[r] = {"end": _ms([v for v in end_s.values() if v is not None]),
+                    "vs_ref_end": paired.as_dict(paired.paired(end_s, ref_end)) if r != ref else None,
+                    "vs_ref_reach": paired.as_dict(paired.paired(reach_s, ref_reach)) if r != ref else None}
     same = sampling_identical({(r, s): records[specs[(r, s)].key] for r in rows for s in common if done[(r, s)]})
     md5 = {s: sorted({str(_md5(specs[(r, s)].run_dir)) for r in rows if done[(r, s)]}) for s in common}
     mech = {r: st for r in rows
@@ -118,6 +142,7 @@ def table_data(specs: Mapping[tuple[str, int], RunSpec], rows: Sequence[str], se
                 scale = {"row": r, "seed": common[0], "round": first["round"], "rows": scale_response(first)}
                 break
     return {"seeds": common, "missing": missing, "target": target, "rows": out_rows, "same_sampling": same,
+            "reference": ref, "tail_k": paired.TAIL_K, "paired": pairs,
             "partition_md5": md5, "mechanism": mech, "scale": scale}
 
 
@@ -226,6 +251,7 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
                          "privacy": cfg.get("privacy")}
     runs = [{"key": s.key, "complete": is_complete(s.run_dir, s.rounds), "diverged": diverged(s.run_dir),
              "run_dir": str(s.run_dir),
+             "provenance": runlog.read_json(runlog.RunPaths(s.run_dir).provenance),
              "final_acc": runlog.final_accuracy(records[s.key]),
              "wall_s": records[s.key][-1].get("elapsed_s") if records[s.key] else None} for s in plan.runs]
     return {
@@ -246,7 +272,12 @@ def _machine(m: Mapping[str, Any]) -> str:
 
 
 def _pct(ms: Mapping[str, float] | None) -> str:
-    return "—" if ms is None else f"{100 * ms['mean']:.2f} ± {100 * ms['std']:.2f}"
+    """mean ± sample std in percent; one seed has no spread: "(n = 1)", never "± 0.00"."""
+    if ms is None:
+        return "—"
+    if ms.get("n") == 1:
+        return f"{100 * ms['mean']:.2f} (n = 1)"
+    return f"{100 * ms['mean']:.2f} ± {100 * ms['std']:.2f}"
 
 
 def _final(r: Mapping[str, Any], seeds: int) -> str:
@@ -284,6 +315,8 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
         f"{meta.get('threads')})",
         f"- git commit: {meta.get('commit') or 'not recorded'} (report written at {meta.get('report_commit')})",
         f"- trained on: {_machine(m)}",
+        *[f"- run provenance (provenance.json): {line}" for line in
+          sorted({provenance.describe(r.get("provenance")) for r in data["runs"]})],
         "- accuracy: final = global test accuracy after the last round, best = the highest measured; mean ± "
         "sample std over the seeds that completed every row of the table; rounds to target = rounds until "
         "the global test accuracy first reaches the target (90% of the best row's mean final accuracy, "
@@ -357,6 +390,30 @@ def _privacy_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[str]
     return out
 
 
+def _paired_lines(t: Mapping[str, Any]) -> list[str]:
+    """Each row against the reference row, paired over the table's seeds (summaries from before this lack it)."""
+    pairs = t.get("paired")
+    if not pairs:
+        return []
+    ref, k = t["reference"], t["tail_k"]
+
+    def fmt(d: Mapping[str, Any] | None, scale: float, digits: int) -> str:
+        return paired.fmt(None if d is None else paired.Paired(d["n"], d["mean"], d["lo"], d["hi"]), scale, digits)
+
+    out = ["", f"Paired over seeds against {ref} (same partitions and participants): end point = mean global test "
+           f"accuracy of the last {k} evaluated rounds; Δ = row − {ref}, mean per-seed difference with its 95% "
+           "t-interval (n = 1: no interval); Δ rounds to target over the seeds where both reached it.", "",
+           f"| row | end point, last {k} rounds (%) | Δ end point vs {ref} (pts) | Δ rounds to target |",
+           "| --- | ---: | ---: | ---: |"]
+    for row, p in pairs.items():
+        if row == ref:
+            out.append(f"| {row} | {_pct(p['end'])} | (reference) | (reference) |")
+        else:
+            out.append(f"| {row} | {_pct(p['end'])} | {fmt(p['vs_ref_end'], 100.0, 2)} | "
+                       f"{fmt(p['vs_ref_reach'], 1.0, 1)} |")
+    return out
+
+
 def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, fig_prefix: str) -> list[str]:
     t = data["tables"][f"{sec['key']}/{setting}"]
     st = data["settings"][setting]
@@ -389,8 +446,10 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
         for r in t["rows"]:
             reach = r["rounds_to_target"]
             n = len(t["seeds"])
+            spread = " (n = 1)" if reach is not None and reach.get("n") == 1 else \
+                ("" if reach is None else f" ± {reach['std']:.1f}")
             reach_txt = f"not reached (0/{n})" if reach is None else \
-                f"{reach['mean']:.1f} ± {reach['std']:.1f} ({r['reached']}/{n})"
+                f"{reach['mean']:.1f}{spread} ({r['reached']}/{n})"
             eta = "—" if r["eta_final_mean"] is None else f"{r['eta_final_mean']:.4f}"
             pe = r.get("phi2_error")
             phi2 = "—" if not pe else (f"{100 * pe['median']:.1f}% / {100 * pe['p90']:.1f}% "
@@ -404,6 +463,7 @@ def _table_lines(data: Mapping[str, Any], sec: Mapping[str, Any], setting: str, 
             if paper_hdr:
                 line += f" {_paper_cells(ref, r['row']) or '—'} |"
             out.append(line)
+    out += _paired_lines(t)
     mech = t.get("mechanism") or {}
     if mech:
         out += ["", "What FedEnt's rate did (`fedent.experiments.mechanism`; every solve of the row, pooled over the "

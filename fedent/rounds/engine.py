@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedent import model_file, runlog
+from fedent import model_file, provenance, runlog
 from fedent.checkpoint import config_fingerprint
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
@@ -152,6 +152,7 @@ class RoundEngine:
     def write_start_files(self) -> None:
         runlog.write_config(self.paths.config, self.cfg.to_dict())
         runlog.atomic_write_json(self.paths.partition, self.partition_info)
+        runlog.atomic_write_json(self.paths.provenance, provenance.collect())
         self.clients.write()
         self.status("starting", None)
 

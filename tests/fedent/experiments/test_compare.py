@@ -47,6 +47,20 @@ def test_compare_two_algorithms_two_seeds(tmp_path: Path) -> None:
     prox_cfg = json.loads((tmp_path / "cmp" / "runs" / "fedprox-s0" / "status.json").read_text())
     assert prox_cfg["algorithm"] == "fedprox"
     assert "mu: 0.5" in (tmp_path / "cmp" / "runs" / "fedprox-s0" / "config.yaml").read_text()
+    # paired over seeds: fedprox − fedavg of the last-5-round mean, recomputed from the logs by hand
+    def end(run: str) -> float:
+        accs = [r["test_acc"] for r in runlog.read_metrics(tmp_path / "cmp" / "runs" / run / "metrics.jsonl")
+                if r.get("test_acc") is not None][-5:]
+        return sum(accs) / len(accs)
+    d = [end("fedprox-s0") - end("fedavg-s0"), end("fedprox-s1") - end("fedavg-s1")]
+    (pair,) = summary["paired"]
+    assert pair["algorithm"] == "fedprox" and pair["reference"] == "fedavg" and pair["end_point"]["n"] == 2
+    assert pair["end_point"]["mean"] == pytest.approx(sum(d) / 2)
+    half = 12.706 * abs(d[0] - d[1]) / 2 ** 0.5 / 2 ** 0.5  # t(0.975, 1) * sd / sqrt(2), sd = |d0 - d1| / sqrt 2
+    assert pair["end_point"]["hi"] - pair["end_point"]["mean"] == pytest.approx(half)
+    assert "Paired over seeds against fedavg" in md and "(n = 2)" in md
+    prov = summary["runs"][0]["provenance"]
+    assert prov["cpu_count"] and prov["torch"] and "Provenance (provenance.json of the runs): commit " in md
 
 
 def test_rounds_to_target_and_summary_stats() -> None:

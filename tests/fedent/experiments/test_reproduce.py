@@ -75,7 +75,17 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path, capsys: pytest.Ca
     assert table["seeds"] == [0] and table["same_sampling"] is True
     want = runlog.final_accuracy(runlog.read_metrics(plan.runs[0].run_dir / "metrics.jsonl"))
     assert table["rows"][0]["final_acc"]["mean"] == pytest.approx(want)
-    assert f"| fedavg | {100 * want:.2f} ± 0.00 |" in text
+    assert f"| fedavg | {100 * want:.2f} (n = 1) |" in text and "± 0.00" not in text  # one seed: no spread
+    # paired against FedEnt over the one seed: the difference of the last-5-round means, and no interval
+    def end(i: int) -> float:
+        accs = [r["test_acc"] for r in runlog.read_metrics(plan.runs[i].run_dir / "metrics.jsonl")
+                if r.get("test_acc") is not None][-5:]
+        return sum(accs) / len(accs)
+    vs = table["paired"]["fedavg"]["vs_ref_end"]
+    assert table["reference"] == "fedent" and vs["n"] == 1 and vs["lo"] is None
+    assert vs["mean"] == pytest.approx(end(0) - end(1))
+    assert f"| fedavg | {100 * end(0):.2f} (n = 1) | {100 * (end(0) - end(1)):+.2f} (n = 1, no interval) |" in text
+    assert "- run provenance (provenance.json): commit " in text and "CPUs); GPU " in text
     assert "85.53" in text  # the paper's Table III MNIST number beside our row
     assert summary["tables"]["deviation/pathological"]["rows"][1]["local"] is not None
     assert table["rows"][1]["eta_final_mean"] is not None and table["rows"][0]["eta_final_mean"] is None

@@ -30,7 +30,7 @@ def test_the_privacy_section_is_one_table_of_epsilon_against_accuracy(tmp_path: 
     eps = runs[("dp-central-z1", "fedavg")][-1]["privacy"]["epsilon"]
     assert eps == runs[("dp-central-z1", "fedent")][-1]["privacy"]["epsilon"] > 0
     acc = {k: 100 * runlog.final_accuracy(v) for k, v in runs.items()}  # type: ignore[operator]
-    assert (f"| dp-central-z1 | central | 1.0 | {eps:.3g} at δ=1e-05 | {acc[('dp-central-z1', 'fedavg')]:.2f} ± 0.00 "
-            f"| {acc[('dp-central-z1', 'fedent')]:.2f} ± 0.00 |") in report
-    assert (f"| plain | none | — | — | {acc[('plain', 'fedavg')]:.2f} ± 0.00 | {acc[('plain', 'fedent')]:.2f} ± 0.00 |"
-            in report)
+    assert (f"| dp-central-z1 | central | 1.0 | {eps:.3g} at δ=1e-05 | {acc[('dp-central-z1', 'fedavg')]:.2f} (n = 1) "
+            f"| {acc[('dp-central-z1', 'fedent')]:.2f} (n = 1) |") in report
+    assert (f"| plain | none | — | — | {acc[('plain', 'fedavg')]:.2f} (n = 1) | "
+            f"{acc[('plain', 'fedent')]:.2f} (n = 1) |") in report

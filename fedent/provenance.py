@@ -1,0 +1,80 @@
+"""Where and with what a run was trained: commit, machine, GPU, library versions (issue 29, item 5).
+
+Written once per run as ``provenance.json`` beside config.yaml so every published number can be traced to the
+code and hardware that produced it; the generated reports print it. Nothing here may fail a run: each field that
+cannot be read is recorded as ``"unknown"`` together with the reason, never silently left out.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
+    """The commit of the code that runs (the package's own checkout), with whether the tree had local edits."""
+    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": "unknown", "reason": f"git not runnable: {exc}"}
+    if out.returncode != 0:
+        return {"commit": "unknown", "reason": f"not a git checkout ({out.stderr.strip()[:200]})"}
+    info: dict[str, Any] = {"commit": out.stdout.strip()}
+    try:
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                            capture_output=True, text=True, timeout=10)
+        info["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        info["dirty"] = None
+    return info
+
+
+def _torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a hard dependency
+        return {"torch": "unknown", "reason": str(exc)}
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda or "none (CPU build)"}
+    try:
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+        else:
+            info["gpu"] = "none"
+    except Exception as exc:  # noqa: BLE001 - a broken driver must not stop the run, it is recorded instead
+        info["gpu"] = "unknown"
+        info["gpu_reason"] = str(exc)[:200]
+    return info
+
+
+def collect(cwd: str | Path | None = None) -> dict[str, Any]:
+    """Commit, host, CPU count, GPU, and python/torch/CUDA versions of this process."""
+    return {
+        **git_commit(cwd),
+        "hostname": socket.gethostname(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or "unknown",
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        **_torch_info(),
+    }
+
+
+def describe(p: dict[str, Any] | None) -> str:
+    """One line for a report; says plainly when a run has no provenance.json (older runs)."""
+    if not p:
+        return "not recorded (run written before provenance.json existed)"
+    commit = str(p.get("commit", "unknown"))
+    if commit == "unknown":
+        commit = f"unknown ({p.get('reason', 'no reason given')})"
+    elif p.get("dirty"):
+        commit += " (with uncommitted changes)"
+    return (f"commit {commit}; host {p.get('hostname')} ({p.get('machine')}, {p.get('cpu_count')} CPUs); "
+            f"GPU {p.get('gpu')}; python {p.get('python')}, torch {p.get('torch')}, CUDA {p.get('cuda')}")

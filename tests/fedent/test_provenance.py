@@ -1,0 +1,24 @@
+"""provenance.json: commit (or 'unknown' with a reason), host, CPUs, versions; and its report line."""
+
+import os
+import subprocess
+
+from fedent import provenance
+
+
+def test_collect_in_checkout_records_head():
+    p = provenance.collect()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(provenance.__file__),
+                          capture_output=True, text=True).stdout.strip()
+    assert p["commit"] == head and len(head) == 40
+    assert p["cpu_count"] == os.cpu_count() and p["python"].count(".") == 2
+    assert p["torch"] and p["gpu"] and "cuda" in p
+
+
+def test_outside_a_repo_unknown_with_reason(tmp_path):
+    g = provenance.git_commit(tmp_path)
+    assert g["commit"] == "unknown" and "not a git checkout" in g["reason"]
+    line = provenance.describe({**g, "hostname": "h", "machine": "x86_64", "cpu_count": 2, "gpu": "none",
+                                "python": "3.12.1", "torch": "2.1", "cuda": "12.1"})
+    assert line.startswith("commit unknown (not a git checkout") and "2 CPUs" in line and "CUDA 12.1" in line
+    assert provenance.describe(None).startswith("not recorded")
