@@ -161,7 +161,8 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
     jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
-                         options=grpc_options(), interceptors=server_interceptors(sec))
+                         options=grpc_options(),
+                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
     est_grpc.add_EstimatorServiceServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:
