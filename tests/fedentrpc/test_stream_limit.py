@@ -118,3 +118,45 @@ def test_one_identity_cannot_hold_more_than_its_streams(tmp_path: Path) -> None:
         for s in streams:
             s.close()
         h.stop(0.5)
+
+
+def test_on_the_aggregator_idle_uploads_of_one_identity_do_not_block_anothers_register(
+        tmp_path: Path, start: object) -> None:
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.v1 import aggregator_pb2 as pb
+    from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+
+    pki = make_dev_pki(tmp_path / "pki", hosts=["localhost"], workers=["worker-0", "worker-1"])
+    sec = ServerSecurity(cert=pki.server_cert, key=pki.server_key, token_file=pki.tokens_file).validate()
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, security=sec,  # type: ignore[operator]
+              max_streams_per_identity=LIMIT)
+
+    def creds(worker: str) -> ClientSecurity:
+        return ClientSecurity(ca=pki.ca_cert, token=read_worker_token(pki.token_files[worker]))
+
+    gate: queue.Queue[None] = queue.Queue()
+
+    def idle() -> Iterator[pb.SubmitUpdateRequest]:
+        gate.get()  # never sends a message until the test ends
+        return
+        yield  # a generator
+
+    with open_channel(f"localhost:{h.port}", creds("worker-1")) as hog:
+        stub = pb_grpc.AggregatorServiceStub(hog)
+        held = [stub.SubmitUpdate.future(idle()) for _ in range(LIMIT)]
+        try:
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.SubmitUpdate(idle(), timeout=10)
+            assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "worker-1 already holds 3 open streams" in ei.value.details()
+            honest = FakeWorker(h.port, [0, 1, 2, 3], str(inputs.partition_info["md5"]), name="worker-0",
+                                security=creds("worker-0"))  # Register, Ready and its Work stream
+            assert honest.wid and honest.call.is_active()
+            honest.channel.close()
+        finally:
+            for _ in range(LIMIT + 1):
+                gate.put(None)
+            for f in held:
+                f.cancel()
