@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="persist finished offline jobs here")
     p.add_argument("--token", default="", help="token the workers' oracle streams must present")
     p.add_argument("--max-workers", type=int, default=d.max_workers, help="gRPC thread pool size")
+    p.add_argument("--max-streams-per-identity", type=int, default=d.max_streams_per_identity,
+                   help="open streaming calls one worker identity may hold (callers without credentials share one "
+                   "such budget); more get RESOURCE_EXHAUSTED; only with worker authentication; 0 = no limit")
     p.add_argument("--oracle-timeout", type=float, default=d.oracle_timeout_s,
                    help="seconds one gradient request to a worker may take")
     p.add_argument("--oracle-retries", type=int, default=d.oracle_retries,
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
     return EstimatorSettings(host=args.host, port=args.port, token=args.token, max_workers=args.max_workers,
+                             max_streams_per_identity=args.max_streams_per_identity,
                              oracle_timeout_s=args.oracle_timeout, oracle_retries=args.oracle_retries,
                              oracle_prefetch=args.oracle_prefetch, wait_workers_s=args.wait_workers,
                              blob_cache_bytes=args.blob_cache_mb * 2**20, run_dir=args.run_dir,

@@ -6,6 +6,12 @@ OracleResponse) with, per client, a result header followed by the gradient's ten
 OracleError), each in an OracleRequest: the message names follow the call, which the worker makes. The hub keeps
 the open streams, hands out request ids, and turns answers into futures the gradient oracle waits on.
 A stream that ends fails every request still pending on it at once, so the oracle can retry elsewhere.
+
+Identity (issue 25): each stream records the identity its credentials name (``WorkerConn.identity``), and an
+offline job brings the aggregator's binding client -> identity (``bind_owners``). A stream may claim only its
+own clients: a hello naming a client bound to another identity is refused (``ClaimRefused``), and routing
+never picks a stream whose identity is not the client's owner (a stream that attached before the job brought
+the binding is skipped, not trusted). A client without an owner keeps the old rule: the latest stream wins.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ log = logging.getLogger("fedent.estimator")
 Gradient = list[Tensor]  # one tensor per model parameter
 
 
+class ClaimRefused(PermissionError):
+    """A stream named a client bound to another worker identity (PERMISSION_DENIED on the wire)."""
+
+
 class OracleCallError(RuntimeError):
     """One gradient request failed: the worker reported an error, sent garbage, or went away."""
 
@@ -41,6 +51,7 @@ class WorkerConn:
     worker_id: str
     run_id: str
     client_ids: frozenset[int]
+    identity: str | None = None  # what the stream's credentials name; None when the service authenticates none
     outbox: queue.Queue[est_pb.GradientTask | None] = field(default_factory=queue.Queue)
     alive: bool = True
     pending: set[tuple[int, int]] = field(default_factory=set)
@@ -55,16 +66,38 @@ class OracleHub:
         self._futures: dict[tuple[int, int], tuple[WorkerConn, Future[Gradient]]] = {}
         self._serials = itertools.count(1)
         self._request_ids = itertools.count(1)
+        self._owners: dict[str, dict[int, str]] = {}  # run id -> {cid: the only identity that may host it}
+
+    def bind_owners(self, run_id: str, owners: dict[int, str]) -> None:
+        """The aggregator's client -> identity binding for ``run_id`` (clients left out stay unbound)."""
+        with self._lock:
+            self._owners[run_id] = {int(c): o for c, o in owners.items() if o}
+            self._lock.notify_all()
+
+    def _owner(self, cid: int, run_id: str) -> str | None:
+        """The identity ``cid`` is bound to for ``run_id`` (any run's binding when ``run_id`` is empty)."""
+        if run_id:
+            return self._owners.get(run_id, {}).get(cid)
+        for owners in self._owners.values():
+            if cid in owners:
+                return owners[cid]
+        return None
 
     # ---- streams ---------------------------------------------------------------------------------
-    def attach(self, hello: est_pb.OracleHello) -> WorkerConn:
+    def attach(self, hello: est_pb.OracleHello, identity: str | None = None) -> WorkerConn:
+        """Register a stream for the clients its hello names; ``identity``: what its credentials name.
+        ClaimRefused when a named client is bound to another identity."""
         cids = frozenset(int(c) for c in hello.client_ids)
         if not cids:
             raise ValueError("oracle hello names no clients")
         if any(c < 0 for c in cids):
             raise ValueError("oracle hello: client ids must be >= 0")
         with self._lock:
-            conn = WorkerConn(next(self._serials), hello.worker_id or "?", hello.run_id, cids)
+            foreign = sorted(c for c in cids if (o := self._owner(c, hello.run_id)) is not None and o != identity)
+            if foreign:
+                raise ClaimRefused(f"client(s) {foreign[:5]} are bound to another worker identity, not "
+                                   f"{identity or 'an unauthenticated caller'}")
+            conn = WorkerConn(next(self._serials), hello.worker_id or "?", hello.run_id, cids, identity)
             self._conns[conn.serial] = conn
             self._lock.notify_all()
         log.info("oracle stream from worker %s (%d clients)", conn.worker_id, len(cids))
@@ -102,7 +135,10 @@ class OracleHub:
 
     def _host_of(self, cid: int, run_id: str) -> WorkerConn | None:
         best = None
+        owner = self._owner(cid, run_id)
         for c in self._conns.values():
+            if owner is not None and c.identity != owner:
+                continue  # only the client's own identity may receive its tasks
             if cid in c.client_ids and (not run_id or not c.run_id or c.run_id == run_id):
                 if best is None or c.serial > best.serial:
                     best = c

@@ -45,6 +45,7 @@ class OfflineSpec:
     seed: int
     batch_size: int
     wait_workers_s: float
+    owners: dict[int, str] = field(default_factory=dict)  # cid -> the only worker identity that may host it
 
 
 def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default_wait_s: float) -> OfflineSpec:
@@ -104,6 +105,7 @@ def spec_from_request(req: est_pb.StartOfflineRequest, blobs: BlobStore, default
         options=options, schedule=schedule, base_lr=float(req.base_lr),
         seed=int(req.seed), batch_size=int(options.probe_batch_size or req.batch_size),
         wait_workers_s=float(req.wait_workers_s or default_wait_s),
+        owners={int(c.cid): c.owner for c in req.clients if c.owner},
     )
 
 
@@ -164,6 +166,7 @@ class OfflineJobs:
         self._threads: list[threading.Thread] = []
 
     def start(self, spec: OfflineSpec) -> OfflineJob:
+        self.hub.bind_owners(spec.run_id, spec.owners)  # before any routing: only owners get their clients' tasks
         with self._cond:
             job = OfflineJob(f"job-{int(time.time())}-{next(self._ids)}", spec.run_id)
             self._jobs[job.job_id] = job

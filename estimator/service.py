@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health
 
 from estimator.blobs import BlobNotFound, BlobStore
-from estimator.hub import OracleHub
+from estimator.hub import ClaimRefused, OracleHub
 from estimator.offline_jobs import JobNotFound, OfflineJobs, spec_from_request
 from estimator.settings import EstimatorSettings
 from estimator.solve_round import solve_online_reply
@@ -28,7 +28,7 @@ from fedentrpc import codec
 from fedentrpc.health import add_health_and_reflection
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import server_interceptors
+from fedentrpc.security.interceptors import caller_identity, server_interceptors
 from fedentrpc.security.tls import bind
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
@@ -49,6 +49,8 @@ def _guard(context: grpc.ServicerContext, what: str, fn: Callable[[], T]) -> T:
     """Run ``fn``; map domain errors to a status with a one-line message."""
     try:
         return fn()
+    except ClaimRefused as e:
+        _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{what}: {e}")
     except (BlobNotFound, JobNotFound) as e:
         _abort(context, grpc.StatusCode.NOT_FOUND, f"{what}: {e}")
     except ValueError as e:  # includes codec.WireError
@@ -117,7 +119,7 @@ class EstimatorServicer(est_grpc.EstimatorServiceServicer):
         hello = first.hello
         if self.settings.token and hello.token != self.settings.token:
             _abort(context, grpc.StatusCode.UNAUTHENTICATED, "Oracle: bad or missing token")
-        conn = _guard(context, "Oracle", lambda: self.hub.attach(hello))
+        conn = _guard(context, "Oracle", lambda: self.hub.attach(hello, caller_identity(context)))
         context.add_callback(lambda: self.hub.detach(conn, "disconnected"))
         reader = threading.Thread(target=self.hub.consume, args=(conn, request_iterator),
                                   name=f"oracle-{conn.worker_id}", daemon=True)
@@ -159,7 +161,8 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
     jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,
                        settings.run_dir)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
-                         options=grpc_options(), interceptors=server_interceptors(sec))
+                         options=grpc_options(),
+                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
     est_grpc.add_EstimatorServiceServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:

@@ -22,6 +22,10 @@ class EstimatorSettings(Declared):
     port: int = option(0, "port to bind; 0 picks a free port (tests, the launcher)", ge=0, le=65535)
     token: str = option("", "workers' Oracle streams must present it when set")
     max_workers: int = option(64, "gRPC thread pool; every open Oracle stream holds one thread", ge=4)
+    max_streams_per_identity: int = option(8, ("open streaming calls (Oracle, blobs, health Watch...) one worker "
+                                                "identity may hold at once, callers without credentials sharing "
+                                                "one such budget; more get RESOURCE_EXHAUSTED. Only with worker "
+                                                "authentication; 0 = no limit"), ge=0)
     oracle_timeout_s: float = option(600.0, "deadline of one gradient request to a worker", gt=0)
     oracle_retries: int = option(2, "re-sends of a gradient request after a timeout, error or lost worker", ge=0)
     oracle_prefetch: int = option(16, "clients asked at once at the same point (memory: prefetch x model size)",

@@ -468,13 +468,16 @@ def estimate_from_reply(reply: est_pb.SolveOnlineResponse) -> Phi2Estimate:
 
 def start_offline_request(run_id: str, options: FedEntOptions, *, init_blob: str, sizes: Sequence[int],
                           rounds: int, seed: int, batch_size: int, base_lr: float,
-                          schedule: Sequence[Sequence[int]] | None = None) -> est_pb.StartOfflineRequest:
+                          schedule: Sequence[Sequence[int]] | None = None,
+                          owners: Mapping[int, str] | None = None) -> est_pb.StartOfflineRequest:
     """Algorithm 1's inputs: the run's FedEntOptions whole, w(0) (a blob already uploaded), every client's
     D_i, T, the run's seed, batch size (``options.probe_batch_size`` wins when set) and base rate η_i(−1), and
-    each round's sampled clients (``schedule``; None: every client every round)."""
+    each round's sampled clients (``schedule``; None: every client every round), and ``owners``: client id ->
+    the worker identity bound to it (the estimator routes a client's gradient tasks only to that identity)."""
+    own = owners or {}
     return est_pb.StartOfflineRequest(
         run_id=run_id, init_blob=init_blob,
-        clients=[est_pb.OfflineClient(cid=i, num_samples=int(n)) for i, n in enumerate(sizes)],
+        clients=[est_pb.OfflineClient(cid=i, num_samples=int(n), owner=own.get(i, "")) for i, n in enumerate(sizes)],
         rounds=int(rounds), params=fedent_options_to_msg(options), seed=int(seed), batch_size=int(batch_size),
         schedule=[est_pb.RoundClients(cids=[int(c) for c in r]) for r in (schedule or [])],
         base_lr=float(base_lr),

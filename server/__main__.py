@@ -60,6 +60,9 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients-file", default="", help="client map {worker identity: client ids} (YAML/JSON): only "
                    "the mapped identity may host a client, here and at the estimator (needs --token-file or "
                    "mutual TLS); default: the first identity to register a client hosts it while it is live")
+    p.add_argument("--max-streams-per-identity", type=int, default=d.max_streams_per_identity,
+                   help="open streaming calls one worker identity may hold (callers without credentials share one "
+                   "such budget); more get RESOURCE_EXHAUSTED; only with worker authentication; 0 = no limit")
 
 
 def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
@@ -68,7 +71,8 @@ def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSet
                               wire_dtype=args.wire_dtype, compression=args.compression, chunk_bytes=args.chunk_bytes,
                               estimator=args.estimator,
                               heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
-                              round_retries=args.round_retries, clients_file=args.clients_file)
+                              round_retries=args.round_retries, clients_file=args.clients_file,
+                              max_streams_per_identity=args.max_streams_per_identity)
 
 
 def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str,

@@ -214,7 +214,7 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     """
     sec = security or ServerSecurity(insecure=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
-                         interceptors=server_interceptors(sec))
+                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
     pb_grpc.add_AggregatorServiceServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:

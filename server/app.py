@@ -10,13 +10,12 @@ import logging
 import shutil
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from torch import Tensor
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
@@ -31,12 +30,12 @@ from fedentrpc.security.flags import ClientSecurity, ServerSecurity
 from fedentrpc.security.tls import open_channel
 from server.aggregator import create_aggregator_server
 from server.engine import ClusterRun
+from server.remote import OfflineRunner as _OfflineRunner
 from server.settings import AggregatorSettings
 
 log = logging.getLogger("fedent.aggregator")
 
-# (w(0), client sizes, rounds) -> the estimator to inject into FedEnt (Algorithm 1 on the service)
-OfflineRunner = Callable[[Sequence[Tensor], Sequence[int], int], Any]
+OfflineRunner = _OfflineRunner  # re-exported: server.offline_runner builds one
 
 
 def worker_config(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -11,11 +11,10 @@ gRPC status codes. No gRPC here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from fedent import runlog
 from fedent.config import ExperimentConfig
@@ -26,7 +25,7 @@ from fedent.signals import stop_reason
 from fedent.strategies.base import Strategy
 from fedent.trainer import LocalTrainer
 from server.registry import WorkerRegistry
-from server.remote import RemoteExecutor
+from server.remote import OfflineRunner, RemoteExecutor
 from server.settings import AggregatorSettings
 
 
@@ -43,7 +42,7 @@ class ClusterRun:
         device: torch.device,
         worker_config: Mapping[str, Any],
         on_phase: Callable[[str], None] | None = None,
-        offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
+        offline: OfflineRunner | None = None,
         rebuild_strategy: Callable[[Any], Strategy] | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
         run_key: str = "",

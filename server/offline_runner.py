@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from torch import Tensor
@@ -52,11 +52,12 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
             return None
         return [sample_clients(cfg.train.seed, t, n, cfg.train.fraction) for t in range(rounds)]
 
-    def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
+    def run(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int,
+            owners: Mapping[int, str] | None = None) -> OfflinePhi2Estimator:
         rng = random.Random()
         for attempt in range(restarts + 1):
             try:
-                return run_once(w0, sizes, rounds)
+                return run_once(w0, sizes, rounds, owners)
             except grpc.RpcError as e:
                 if e.code() not in RESTARTABLE or attempt == restarts:
                     raise RuntimeError(f"estimator service at {address}: {e.code().name}: {e.details()}") from None
@@ -66,14 +67,16 @@ def service_offline_runner(address: str, cfg: ExperimentConfig, run_id: str,
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int) -> OfflinePhi2Estimator:
+    def run_once(w0: Sequence[Tensor], sizes: Sequence[int], rounds: int,
+                 owners: Mapping[int, str] | None) -> OfflinePhi2Estimator:
         with open_channel(address, security or ClientSecurity(insecure=True)) as ch:
             stub = est_grpc.EstimatorServiceStub(ch)
             ref = stub.PutBlob(codec.stream_tensors({codec.PARAMS_GROUP: list(w0)}, est_pb.PutBlobRequest),
                                timeout=120, wait_for_ready=True)
             req = mappers.start_offline_request(
                 run_id, opts, init_blob=ref.blob_id, sizes=sizes, rounds=rounds, seed=cfg.train.seed,
-                batch_size=cfg.train.batch_size, base_lr=cfg.train.lr, schedule=schedule(len(sizes), rounds))
+                batch_size=cfg.train.batch_size, base_lr=cfg.train.lr, schedule=schedule(len(sizes), rounds),
+                owners=owners)
             job = stub.StartOffline(req, timeout=60).job
             deadline = time.monotonic() + timeout_s
             while not mappers.job_finished(job):

@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
@@ -38,13 +38,22 @@ def model_blob(rnd: int) -> str:
     return f"r{rnd}-model"
 
 
+class OfflineRunner(Protocol):
+    """(w(0), client sizes, rounds, owners) -> the estimator to inject into FedEnt (Algorithm 1 on the
+    service); ``owners``: client id -> the worker identity bound to it (``WorkerRegistry.bound_identities``),
+    so the estimator sends a client's gradient tasks only to that identity's Oracle streams."""
+
+    def __call__(self, w0: Sequence[Tensor], sizes: Sequence[int], rounds: int,
+                 owners: Mapping[int, str] | None = None) -> Any: ...
+
+
 class RemoteExecutor:
     """The ``ClientExecutor`` over the registry's workers; ``submit_*`` are called from RPC threads."""
 
     engine: RoundEngine
 
     def __init__(self, registry: WorkerRegistry, settings: AggregatorSettings,
-                 offline: Callable[[Sequence[Tensor], Sequence[int], int], Any] | None = None,
+                 offline: OfflineRunner | None = None,
                  rebuild_strategy: Callable[[Any], Strategy] | None = None) -> None:
         self.registry, self.settings = registry, settings
         self.offline, self.rebuild_strategy = offline, rebuild_strategy
@@ -95,7 +104,7 @@ class RemoteExecutor:
         if self.offline is None or self.rebuild_strategy is None:
             raise RunError(f"{strategy.name} needs Algorithm 1 before round 0, which runs on the estimator "
                            "service: start the aggregator with --estimator HOST:PORT")
-        estimator = self.offline(global_params, sizes, rounds)
+        estimator = self.offline(global_params, sizes, rounds, owners=self.registry.bound_identities())
         report = getattr(estimator, "report", None)
         return self.rebuild_strategy(estimator), dict(report) if isinstance(report, dict) else {}
 

@@ -43,6 +43,10 @@ class AggregatorSettings(Declared):
     chunk_bytes: int = option(MAX_CHUNK_BYTES, "upload chunk size in bytes", ge=1, le=MAX_CHUNK_BYTES)
     estimator: str = option("", "HOST:PORT of the estimator service; empty = in-process fallback")
     max_workers: int = option(128, "gRPC thread pool; every connected worker's Work stream holds one thread", ge=8)
+    max_streams_per_identity: int = option(16, ("open streaming calls (Work, uploads, health Watch...) one worker "
+                                                 "identity may hold at once, callers without credentials sharing "
+                                                 "one such budget; more get RESOURCE_EXHAUSTED. Only with worker "
+                                                 "authentication; 0 = no limit"), ge=0)
     stop_workers_when_done: bool = option(True, "send the workers Shutdown when the run ends")
     checkpoint_keep: int = option(2, "checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints", ge=0)
     clients_file: str = option("", "client map {worker identity: client ids} (YAML/JSON): only the mapped identity "

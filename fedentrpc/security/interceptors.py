@@ -124,17 +124,24 @@ def peer_cert_identities(context: grpc.ServicerContext) -> list[str]:
     return names
 
 
-def server_interceptors(sec: ServerSecurity) -> list[grpc.ServerInterceptor]:
+def server_interceptors(sec: ServerSecurity, max_streams_per_identity: int = 0) -> list[grpc.ServerInterceptor]:
     """The interceptors to pass to ``grpc.server(...)``: authentication when tokens or mTLS are configured,
-    then (always, inside it) :class:`~fedentrpc.malformed.MalformedRequestInterceptor`, so a request that
-    does not parse is INVALID_ARGUMENT with one log line, after authentication."""
+    then (with authentication and ``max_streams_per_identity`` > 0) the per-identity stream limit
+    (:mod:`fedentrpc.stream_limit`), then (always, inside them)
+    :class:`~fedentrpc.malformed.MalformedRequestInterceptor`, so a request that does not parse is
+    INVALID_ARGUMENT with one log line, after authentication."""
     guard = MalformedRequestInterceptor()
     if not sec.authenticates:
         if not sec.insecure:
             log.warning("TLS without worker authentication: any client trusting the CA may call this server")
         return [guard]
+    from fedentrpc.stream_limit import StreamLimitInterceptor  # it reads caller_identity from this module
+
     tokens = TokenRegistry(sec.token_file) if sec.token_file else None
-    return [AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth), guard]
+    auth = AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth)
+    if max_streams_per_identity > 0:
+        return [auth, StreamLimitInterceptor(max_streams_per_identity), guard]
+    return [auth, guard]
 
 
 class AuthInterceptor(grpc.ServerInterceptor):

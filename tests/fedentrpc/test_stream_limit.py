@@ -1,0 +1,162 @@
+"""fedentrpc.stream_limit on a real server (the estimator service, worker tokens over TLS): one identity
+holding its limit of idle streams is refused the next with RESOURCE_EXHAUSTED, while another identity's calls
+and streams still succeed, unauthenticated health watchers share one bucket, and a closed stream's slot
+comes back."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from estimator.service import create_estimator_service
+from estimator.settings import EstimatorSettings
+from fedent.strategies.options import FedEntOptions
+from fedentrpc import mappers
+from fedentrpc.security.flags import ClientSecurity, ServerSecurity
+from fedentrpc.security.tls import open_channel
+from fedentrpc.security.tokens import read_worker_token
+from fedentrpc.v1 import estimator_pb2 as est_pb
+from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
+from server.certs import make_dev_pki
+
+pytestmark = pytest.mark.timeout(60)
+LIMIT = 3
+
+
+class IdleOracle:
+    """An Oracle stream that says hello and then sits idle until closed."""
+
+    def __init__(self, stub: est_grpc.EstimatorServiceStub, cid: int) -> None:
+        self.q: queue.Queue[est_pb.OracleRequest | None] = queue.Queue()
+        self.q.put(est_pb.OracleRequest(hello=est_pb.OracleHello(worker_id="w", run_id="r", client_ids=[cid])))
+        self.call = stub.Oracle(self._out())
+        self.error: grpc.RpcError | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _out(self) -> Iterator[est_pb.OracleRequest]:
+        while (m := self.q.get()) is not None:
+            yield m
+
+    def _read(self) -> None:
+        try:
+            for _ in self.call:
+                pass
+        except grpc.RpcError as e:
+            self.error = e
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.call.cancel()
+
+
+def _wait(cond: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+
+
+def test_one_identity_cannot_hold_more_than_its_streams(tmp_path: Path) -> None:
+    pki = make_dev_pki(tmp_path, hosts=["localhost"], workers=["worker-0", "worker-1"])
+    sec = ServerSecurity(cert=pki.server_cert, key=pki.server_key, ca=pki.ca_cert,
+                         token_file=pki.tokens_file).validate()
+    h = create_estimator_service(EstimatorSettings(port=0, security=sec, max_streams_per_identity=LIMIT))
+    limiter = h.server._state.interceptor_pipeline.interceptors[1]  # type: ignore[attr-defined]
+    addr = f"localhost:{h.port}"
+
+    def creds(worker: str) -> ClientSecurity:
+        return ClientSecurity(ca=pki.ca_cert, token=read_worker_token(pki.token_files[worker]))
+
+    streams: list[IdleOracle] = []
+    try:
+        with open_channel(addr, creds("worker-1")) as hog, open_channel(addr, creds("worker-0")) as honest, \
+                open_channel(addr, ClientSecurity(ca=pki.ca_cert)) as anon:
+            hog_stub = est_grpc.EstimatorServiceStub(hog)
+            streams = [IdleOracle(hog_stub, c) for c in range(LIMIT)]
+            _wait(lambda: limiter.open_streams("worker-1") == LIMIT)
+            assert limiter.open_streams("worker-1") == LIMIT
+            extra = IdleOracle(hog_stub, 9)  # the N+1-th idle stream
+            _wait(lambda: extra.error is not None)
+            assert extra.error is not None and extra.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert extra.error.details() == ("worker-1 already holds 3 open streams (the per-identity limit); "
+                                             "close one first")
+            # another identity is unaffected: a unary call and a stream of its own
+            stub = est_grpc.EstimatorServiceStub(honest)
+            req = mappers.solve_online_request("r", 0, FedEntOptions(phi2_rate="star"), c=1.0, thetas=[1.0], a=[0.1],
+                                               b=[0.2])
+            assert stub.SolveOnline(req, timeout=10).phi2_next > 0
+            mine = IdleOracle(stub, 5)
+            _wait(lambda: limiter.open_streams("worker-0") == 1)
+            assert limiter.open_streams("worker-0") == 1 and mine.error is None
+            # callers without credentials share one bucket (health Watch is open)
+            hs = health_pb2_grpc.HealthStub(anon)
+            watches = [hs.Watch(health_pb2.HealthCheckRequest()) for _ in range(LIMIT)]
+            for w in watches:
+                next(w)
+            with pytest.raises(grpc.RpcError) as ei:
+                next(hs.Watch(health_pb2.HealthCheckRequest()))
+            assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "unauthenticated" in ei.value.details()
+            serving = health_pb2.HealthCheckResponse.SERVING
+            assert hs.Check(health_pb2.HealthCheckRequest(), timeout=10).status == serving  # unary: not counted
+            for w in watches:
+                w.cancel()
+            # a closed stream gives its slot back
+            streams.pop().close()
+            _wait(lambda: limiter.open_streams("worker-1") == LIMIT - 1)
+            again = IdleOracle(hog_stub, 8)
+            streams.append(again)
+            _wait(lambda: limiter.open_streams("worker-1") == LIMIT)
+            assert limiter.open_streams("worker-1") == LIMIT and again.error is None
+            mine.close()
+    finally:
+        for s in streams:
+            s.close()
+        h.stop(0.5)
+
+
+def test_on_the_aggregator_idle_uploads_of_one_identity_do_not_block_anothers_register(
+        tmp_path: Path, start: object) -> None:
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedentrpc.v1 import aggregator_pb2 as pb
+    from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+
+    pki = make_dev_pki(tmp_path / "pki", hosts=["localhost"], workers=["worker-0", "worker-1"])
+    sec = ServerSecurity(cert=pki.server_cert, key=pki.server_key, token_file=pki.tokens_file).validate()
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, security=sec,  # type: ignore[operator]
+              max_streams_per_identity=LIMIT)
+
+    def creds(worker: str) -> ClientSecurity:
+        return ClientSecurity(ca=pki.ca_cert, token=read_worker_token(pki.token_files[worker]))
+
+    gate: queue.Queue[None] = queue.Queue()
+
+    def idle() -> Iterator[pb.SubmitUpdateRequest]:
+        gate.get()  # never sends a message until the test ends
+        return
+        yield  # a generator
+
+    with open_channel(f"localhost:{h.port}", creds("worker-1")) as hog:
+        stub = pb_grpc.AggregatorServiceStub(hog)
+        held = [stub.SubmitUpdate.future(idle()) for _ in range(LIMIT)]
+        try:
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.SubmitUpdate(idle(), timeout=10)
+            assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "worker-1 already holds 3 open streams" in ei.value.details()
+            honest = FakeWorker(h.port, [0, 1, 2, 3], str(inputs.partition_info["md5"]), name="worker-0",
+                                security=creds("worker-0"))  # Register, Ready and its Work stream
+            assert honest.wid and honest.call.is_active()
+            honest.channel.close()
+        finally:
+            for _ in range(LIMIT + 1):
+                gate.put(None)
+            for f in held:
+                f.cancel()
