@@ -55,6 +55,8 @@ EQUIVALENT: dict[str, str] = {
         "`f0 <= 0` for `f0 < 0` choosing the direction: f0 == 0 has already returned, so the tests agree",
     "fedent.meanfield.scalar_fixed_point.x__bracket__mutmut_37":
         "`f0 <= 0` for `f0 < 0` ordering the returned bracket: f0 == 0 has already returned",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_131":
+        "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
 }

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from fedent.meanfield.fixed_point import solve_fixed_point
+from fedent.meanfield.fixed_point import gradients_at, solve_fixed_point
 from fedent.meanfield.lr import solve_eta
 from fedent.meanfield.scalar_fixed_point import solve_online
 
@@ -100,18 +100,93 @@ def test_online_matches_offline_on_one_round_horizon() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"horizon": 0}, {"beta": 1.0}, {"variant": "x"}, {"eps1": 0.0}, {"max_sweeps": 0}, {"thetas": [0.5, 0.6]}],
+    ("kwargs", "message"),
+    [({"horizon": 0}, "horizon T must be >= 1, got 0"), ({"beta": 1.0}, "beta must be in (0, 1), got 1.0"),
+     ({"variant": "x"}, "variant must be one of ('exact', 'paper'), got 'x'"),
+     ({"eps1": 0.0}, "eps1 and eps2 must be > 0"), ({"eps2": 0.0}, "eps1 and eps2 must be > 0"),
+     ({"max_sweeps": 0}, "max_sweeps must be >= 1, got 0"),
+     ({"thetas": [0.5, 0.6]}, "thetas must be finite, non-negative and sum to 1"),
+     ({"thetas": [1.5, -0.5]}, "thetas must be finite, non-negative and sum to 1"),
+     ({"thetas": [float("nan"), 1.0]}, "thetas must be finite, non-negative and sum to 1"),
+     ({"thetas": [0.2, 0.3, 0.5]}, "need one theta per client and at least one client"),
+     ({"ids": [], "thetas": []}, "need one theta per client and at least one client")],
 )
-def test_bad_arguments_are_clear_errors(kwargs: dict) -> None:
-    args = {"horizon": 2, "beta": BETA, "variant": "exact", "eps1": 1e-3, "max_sweeps": 3, "thetas": [0.5, 0.5]}
+def test_bad_arguments_are_clear_errors(kwargs: dict, message: str) -> None:
+    args = {"horizon": 2, "beta": BETA, "variant": "exact", "eps1": 1e-3, "eps2": 1e-3, "max_sweeps": 3,
+            "thetas": [0.5, 0.5], "ids": [0, 1]}
     args.update(kwargs)
     oracle = QuadraticOracle(np.zeros((2, 3)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as e:
         solve_fixed_point(
-            oracle, [torch.ones(3, dtype=torch.float64)], [0, 1], args["thetas"], args["horizon"], args["beta"],
-            args["variant"], args["eps1"], 1e-3, args["max_sweeps"],
+            oracle, [torch.ones(3, dtype=torch.float64)], args["ids"], args["thetas"], args["horizon"], args["beta"],
+            args["variant"], args["eps1"], args["eps2"], args["max_sweeps"],
         )
+    assert str(e.value) == message
+    assert oracle.calls == 0
+
+
+class BatchedOracle(QuadraticOracle):
+    """Answers a round's clients in one call (as the estimator's remote oracle does), recording each call."""
+
+    def __init__(self, means: np.ndarray) -> None:
+        super().__init__(means)
+        self.asked: list[tuple[int, list[int]]] = []
+
+    def gradients(self, t: int, cids: list[int], point: Sequence[Tensor]) -> list[list[Tensor]]:
+        self.asked.append((t, list(cids)))
+        return [[point[0] - self.means[c]] for c in cids]
+
+
+class RecordingOracle(QuadraticOracle):
+    def __init__(self, means: np.ndarray) -> None:
+        super().__init__(means)
+        self.steps: list[tuple[int, int]] = []
+
+    def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> list[Tensor]:
+        self.steps.append((t, cid))
+        return super().gradient(t, cid, point)
+
+
+def test_gradients_are_asked_for_the_right_step_and_clients_batched_when_the_oracle_can() -> None:
+    means, w0, thetas = _problem(seed=4)
+    point = [torch.tensor(w0)]
+    batched = BatchedOracle(means)
+    got = gradients_at(batched, 3, (2, 0), point)
+    assert batched.asked == [(3, [2, 0])] and batched.calls == 0
+    assert torch.equal(got[0][0], point[0] - batched.means[2]) and torch.equal(got[1][0], point[0] - batched.means[0])
+    one = RecordingOracle(means)
+    assert [g[0].tolist() for g in gradients_at(one, 5, [1, 3], point)] == [g[0].tolist() for g in
+                                                                            gradients_at(batched, 5, [1, 3], point)]
+    assert one.steps == [(5, 1), (5, 3)]
+    # Algorithm 1 asks step t's gradients for t = 0..T-1 in every sweep, with the sweep's clients
+    rec = RecordingOracle(means)
+    res = solve_fixed_point(rec, point, [0, 1, 2, 3, 4], thetas.tolist(), 3, BETA, eps1=1e-300, eps2=1e-300,
+                            max_sweeps=2)
+    assert res.report.sweeps == 2 and rec.steps == [(t, c) for _ in range(2) for t in range(3) for c in range(5)]
+    bat = BatchedOracle(means)
+    same = solve_fixed_point(bat, point, [0, 1, 2, 3, 4], thetas.tolist(), 3, BETA, eps1=1e-300, eps2=1e-300,
+                             max_sweeps=2)
+    assert bat.asked == [(t, [0, 1, 2, 3, 4]) for _ in range(2) for t in range(3)]
+    np.testing.assert_array_equal(res.phi2, same.phi2)
+
+
+def test_residuals_are_the_relative_changes_of_the_sweep() -> None:
+    """Sweep 1 starts from φ1(t) = w(0) and φ2(t) = ‖w(0)‖², so its residuals are max_t ‖φ1'(t) − w(0)‖/‖w(0)‖ and
+    max_t |φ2'(t) − ‖w(0)‖²| / ‖w(0)‖²; sweep 2's are the changes from sweep 1's results."""
+    means, w0, thetas = _problem(seed=4)
+    args = (list(range(len(thetas))), thetas.tolist(), 3, BETA)
+    one = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], *args, eps1=1e-300, eps2=1e-300,
+                            max_sweeps=1)
+    c0 = float(w0 @ w0)
+    r1 = max(float(np.linalg.norm(one.phi1[t][0].numpy() - w0)) / c0 ** 0.5 for t in range(1, 4))
+    r2 = max(abs(float(one.phi2[t]) - c0) / c0 for t in range(1, 4))
+    assert one.report.history[0] == (pytest.approx(r1, rel=1e-12), pytest.approx(r2, rel=1e-12))
+    two = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], *args, eps1=1e-300, eps2=1e-300,
+                            max_sweeps=2)
+    r1b = max(float(np.linalg.norm(two.phi1[t][0].numpy() - one.phi1[t][0].numpy()))
+              / float(np.linalg.norm(one.phi1[t][0].numpy())) for t in range(1, 4))
+    r2b = max(abs(float(two.phi2[t]) - float(one.phi2[t])) / abs(float(one.phi2[t])) for t in range(1, 4))
+    assert two.report.history[1] == (pytest.approx(r1b, rel=1e-9), pytest.approx(r2b, rel=1e-9))
 
 
 def _simulate_scheduled(means: np.ndarray, w0: np.ndarray, sizes: np.ndarray, phi2: np.ndarray,
@@ -135,7 +210,7 @@ def _simulate_scheduled(means: np.ndarray, w0: np.ndarray, sizes: np.ndarray, ph
     return ws, np.array(s2)
 
 
-@pytest.mark.parametrize("gamma,eta_max", [(0.5, 1.0), (0.9, 0.05), (0.0, None)])
+@pytest.mark.parametrize("gamma,eta_max", [(0.5, 1.0), (0.9, 0.05), (0.0, None), (0.0, 1.0)])
 def test_scheduled_used_rate_fixed_point_replicates_training(gamma: float, eta_max: float | None) -> None:
     """Spec §5 (one θ, rate used, η ∈ [0, eta_max]): at Algorithm 1's fixed point, φ1(t) and φ2(t) equal
     Σθ_i w_i(t) and Σθ_i‖w_i(t)‖² of the run that follows — the same clients, θ and rates."""
