@@ -35,6 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--out", default=None, help="output directory (default: <out_dir>/compare-<name>)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N of the comparison's runs at once, each in its own process (default 1)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -48,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--target: must be an accuracy in (0, 1]")
     if args.local_eval is not None and args.local_eval < 0:
         raise ConfigError("--local-eval: must be >= 0")
+    if args.workers < 1:
+        raise ConfigError("--workers: must be >= 1")
     if args.tail_k is not None and args.tail_k < 1:
         raise ConfigError("--tail-k: must be >= 1")
     check_device(cfg, args.device)
@@ -59,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
                              device=args.device, progress=not args.no_progress, local_eval=args.local_eval,
+                             workers=args.workers,
                              **({} if args.tail_k is None else {"tail_k": args.tail_k}))
     except input_error_types() as e:
         print(f"fedent compare: {one_line(e)}", file=sys.stderr)

@@ -8,6 +8,7 @@ summary checks that claim from the logs themselves (participants per round and p
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,6 +165,34 @@ def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
     return values
 
 
+def _one_run(cfg_a: ExperimentConfig, run_dir: Path, inputs: RunInputs | None,
+             inputs_for: Callable[[ExperimentConfig], RunInputs], device: str | None, progress: bool,
+             local_eval: int | None, label: str, target: float | None) -> tuple[RunSummary, Records]:
+    """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's."""
+    algo, seed = cfg_a.algorithm.name, int(cfg_a.train.seed)
+    try:
+        res = run_simulation(cfg_a, run_dir, device=device, progress=progress,
+                             inputs=inputs if inputs is not None else inputs_for(cfg_a),
+                             local_eval=local_eval, label=label, plots=False, policy=RESUMABLE, resume=True)
+    except RunFinished:  # done before the interruption: its log is the result
+        recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
+        accs = [float(r["test_acc"]) for r in recs if r.get("test_acc") is not None]
+        wall = recs[-1].get("elapsed_s") if recs else None
+        return RunSummary(algo, seed, run_dir, runlog.final_accuracy(recs), max(accs, default=None),
+                          rounds_to_target(recs, target), float(wall) if wall is not None else None), recs
+    except SimulationError as e:
+        recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
+        return RunSummary(algo, seed, run_dir, None, None, None, None, error=str(e)), recs
+    return RunSummary(algo, seed, run_dir, res.final_acc, res.best_acc, rounds_to_target(res.records, target),
+                      res.wall_s), res.records
+
+
+def _pool_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def run_comparison(
     cfg: ExperimentConfig,
     algorithms: Sequence[str],
@@ -177,49 +206,61 @@ def run_comparison(
     local_eval: int | None = None,
     inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
     tail_k: int = paired.TAIL_K,
+    workers: int = 1,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
 
     Started again on the same ``out_dir`` (after Ctrl-C, SIGTERM, a crash) it continues where it stopped: a
-    finished run is read back, not run again, and an interrupted one resumes from its last checkpoint."""
+    finished run is read back, not run again, and an interrupted one resumes from its last checkpoint.
+    ``workers`` > 1: the runs go to a pool of that many processes (each with its share of the CPU threads, no
+    progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's."""
     out = Path(out_dir)
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {workers}")
     specs = {a: algorithm_config(a, cfg, algo_overrides) for a in algorithms}  # fail before any training
     unknown = sorted({o.partition(".")[0] for o in algo_overrides} - set(algorithms))
     if unknown:
         raise ConfigError(f"--algo-set: {', '.join(unknown)} is not among --algorithms")
     target = target if target is not None else cfg.train.target_accuracy
     runs: list[RunSummary] = []
-    records: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    records: dict[tuple[str, int], Records] = {}
     md5s: dict[int, Any] = {}
     total = len(seeds) * len(algorithms)
+    jobs: list[tuple[ExperimentConfig, Path, str]] = []
     for seed in seeds:
         cfg_s = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=int(seed)))
-        inputs = inputs_for(cfg_s)
-        md5s[int(seed)] = inputs.partition_info.get("md5")
         for algo in algorithms:
             cfg_a = dataclasses.replace(cfg_s, algorithm=specs[algo], name=f"{cfg.name}-{algo}")
-            run_dir = out / "runs" / f"{algo}-s{seed}"
-            try:
-                label = f"run {len(runs) + 1}/{total} {algo} s{seed}"
-                res = run_simulation(cfg_a, run_dir, device=device, progress=progress, inputs=inputs,
-                                     local_eval=local_eval, label=label, plots=False, policy=RESUMABLE,
-                                     resume=True)
-            except RunFinished:  # done before the interruption: its log is the result
-                recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
-                records[(algo, int(seed))] = recs
-                accs = [float(r["test_acc"]) for r in recs if r.get("test_acc") is not None]
-                wall = recs[-1].get("elapsed_s") if recs else None
-                runs.append(RunSummary(algo, int(seed), run_dir, runlog.final_accuracy(recs), max(accs, default=None),
-                                       rounds_to_target(recs, target), float(wall) if wall is not None else None))
-                continue
-            except SimulationError as e:
-                recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
-                records[(algo, int(seed))] = recs
-                runs.append(RunSummary(algo, int(seed), run_dir, None, None, None, None, error=str(e)))
-                continue
-            records[(algo, int(seed))] = res.records
-            runs.append(RunSummary(algo, int(seed), run_dir, res.final_acc, res.best_acc,
-                                   rounds_to_target(res.records, target), res.wall_s))
+            jobs.append((cfg_a, out / "runs" / f"{algo}-s{seed}", f"run {len(jobs) + 1}/{total} {algo} s{seed}"))
+    if workers == 1:
+        inputs_by_seed: dict[int, RunInputs] = {}
+        for cfg_a, run_dir, label in jobs:
+            seed = int(cfg_a.train.seed)
+            if seed not in inputs_by_seed:
+                inputs_by_seed[seed] = inputs_for(cfg_a)
+                md5s[seed] = inputs_by_seed[seed].partition_info.get("md5")
+            summary, recs = _one_run(cfg_a, run_dir, inputs_by_seed[seed], inputs_for, device, progress,
+                                     local_eval, label, target)
+            runs.append(summary)
+            records[(summary.algorithm, summary.seed)] = recs
+    else:
+        import concurrent.futures
+        import multiprocessing
+        import os
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                    initializer=_pool_init, initargs=(threads,)) as pool:
+            futures = [pool.submit(_one_run, cfg_a, run_dir, None, inputs_for, device, False, local_eval, label,
+                                   target) for cfg_a, run_dir, label in jobs]
+            for fut in futures:  # in the order of the jobs, so the report reads as one process's
+                summary, recs = fut.result()
+                runs.append(summary)
+                records[(summary.algorithm, summary.seed)] = recs
+        for seed in seeds:
+            md5s[int(seed)] = next((json.loads(p.read_text()).get("md5") for p in
+                                    [runlog.RunPaths(out / "runs" / f"{a}-s{seed}").partition for a in algorithms]
+                                    if p.exists()), None)
     summaries = summarize(runs, algorithms)
     same = sampling_identical(records)
     from fedent.plots import plot_groups

@@ -26,6 +26,14 @@ def _inputs(cfg: ExperimentConfig) -> RunInputs:
     return tiny_inputs(seed=cfg.train.seed)
 
 
+def _inputs_noting_the_process(cfg: ExperimentConfig) -> RunInputs:
+    """_inputs, leaving a file named after the process that asked (the pool's workers inherit the variable)."""
+    import os
+
+    (Path(os.environ["FEDENT_TEST_PIDS"]) / f"{os.getpid()}-{cfg.algorithm.name}-{cfg.train.seed}").touch()
+    return _inputs(cfg)
+
+
 def test_compare_two_algorithms_two_seeds(tmp_path: Path) -> None:
     cfg = tiny_config(rounds=3, lr=0.1)
     res = run_comparison(cfg, ["fedavg", "fedprox"], [0, 1], tmp_path / "cmp", target=0.5, progress=False,
@@ -120,3 +128,42 @@ def test_an_interrupted_comparison_continues_where_it_stopped(tmp_path: Path,
     assert all(r.error is None for r in res.runs)
     logged = [r["round"] for r in runlog.read_metrics(tmp_path / "cmp" / "runs" / "fedprox-s0" / "metrics.jsonl")]
     assert logged == [1, 2, 3]
+
+
+def test_workers_run_the_comparison_in_a_pool_with_one_process_results(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--workers 2: the four runs go to two spawned processes (one thread each); every run's model and log
+    equal the one-process comparison's at one thread, and the report lists the runs in the same order."""
+    import torch
+
+    from fedent.model_file import load_model_file
+
+    cfg = tiny_config(rounds=2, lr=0.1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = run_comparison(cfg, ["fedavg", "fedprox"], [0, 1], tmp_path / "one", progress=False, inputs_for=_inputs)
+    finally:
+        torch.set_num_threads(threads)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("FEDENT_TEST_PIDS", str(pids))
+    two = run_comparison(cfg, ["fedavg", "fedprox"], [0, 1], tmp_path / "two", progress=False,
+                         inputs_for=_inputs_noting_the_process, workers=2)
+    import os
+
+    seen = [p.name.split("-", 1) for p in pids.iterdir()]
+    assert sorted(run for _, run in seen) == ["fedavg-0", "fedavg-1", "fedprox-0", "fedprox-1"]
+    assert str(os.getpid()) not in {pid for pid, _ in seen} and 1 <= len({pid for pid, _ in seen}) <= 2
+    assert [(r.algorithm, r.seed) for r in two.runs] == [(r.algorithm, r.seed) for r in one.runs] == [
+        ("fedavg", 0), ("fedprox", 0), ("fedavg", 1), ("fedprox", 1)]
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert a.error is None and b.error is None and a.final_acc == b.final_acc
+        pa = load_model_file(a.run_dir / "model_final.pt").params
+        pb = load_model_file(b.run_dir / "model_final.pt").params
+        assert max(float((x - y).abs().max()) for x, y in zip(pa, pb, strict=True)) <= 1e-5
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    ref = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["algorithms"] == ref["algorithms"]
+    with pytest.raises(Exception, match="--workers: must be >= 1"):
+        run_comparison(cfg, ["fedavg"], [0], tmp_path / "bad", progress=False, inputs_for=_inputs, workers=0)
