@@ -5,7 +5,9 @@ Algorithm 1's oracle gives a round's participants their gradients at φ1(t) in o
 (``VectorisedOracle``). FedNorm's gradient inside its plan stays one client at a time. ``fit`` asks every
 client's strategy for its ``LocalFit`` plan first, in cid order (the plans read and write client state exactly
 as the sequential host's fits do), trains the plans in chunks of ``chunk_size`` clients through one
-``vmap``-ed step, then finishes each client in cid order. The simulator and a GPU worker run the same class."""
+``vmap``-ed step, then finishes each client in cid order. Under local DP that step is DP-SGD's (per-sample
+gradients of the whole chunk in one pass, each client's noise from its own generator: the sequential host's
+models). The simulator and a GPU worker run the same class."""
 
 from __future__ import annotations
 
@@ -71,8 +73,6 @@ class VectorisedHost(ClientHost):
                  training: ClientTraining, states: ClientStates | None = None, test: TestShards | None = None,
                  on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
                  conv: str = "direct") -> None:
-        if training.dp is not None:  # make_host falls back to the sequential host, saying this
-            raise ValueError("local DP (DP-SGD) runs on the sequential executor only")
         super().__init__(trainer, indices, training, states, test, on_update)
         self.vtrainer = VectorisedTrainer(trainer, conv)  # raises ValueError for a model vmap cannot train
         if max_parallel is not None and max_parallel < 1:
