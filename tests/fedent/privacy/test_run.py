@@ -141,3 +141,48 @@ def test_central_dp_is_the_same_on_the_vectorised_executor(tmp_path: Path) -> No
     vec = _run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, executor="vectorised")), tmp_path / "v")
     assert read_json(tmp_path / "v" / "status.json")["state"]["executor"] == "vectorised"
     assert _gap(seq.params, vec.params) < 1e-5
+
+
+@pytest.mark.parametrize(("algorithm", "executor", "privacy"), [
+    ("fedavg", "sequential", {"dp": "central", "noise_multiplier": 0.8, "clip_norm": 0.05, "adaptive_clip": True,
+                              "clip_learning_rate": 0.5}),
+    ("feddyn", "vectorised", {"dp": "local", "noise_multiplier": 1.0, "clip_norm": 0.5}),
+], ids=["central-adaptive", "local-vectorised"])
+def test_a_run_stopped_after_k_rounds_and_resumed_gives_the_uninterrupted_model_and_epsilon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, executor: str,
+        privacy: dict[str, Any]) -> None:
+    """Stopped (as SIGTERM stops it) right after round 2's checkpoint of 4, then resumed: the accountant's ledger
+    (the released rounds and who joined them), central DP's adaptive clip norm and (local DP, FedDyn) the clients'
+    λ all come back, so the final model, every round's ε and the clip norms are the uninterrupted run's."""
+    from fedent.rounds import RoundPolicy, resume
+
+    cfg = _cfg(algorithm, rounds=4, **privacy)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, executor=executor))
+    policy = RoundPolicy(checkpoint_keep=2)
+
+    def sim(where: Path, **kw: Any) -> SimResult:
+        return run_simulation(cfg, where, progress=False, inputs=tiny_inputs(10), plots=False, policy=policy, **kw)
+
+    whole = sim(tmp_path / "whole")
+    save = resume.save
+
+    def save_then_stop(run: Any, rnd: int, keep: int = 3) -> None:
+        save(run, rnd, keep)
+        if rnd == 1:
+            raise KeyboardInterrupt("stopped by SIGTERM")
+
+    monkeypatch.setattr(resume, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        sim(tmp_path / "cut")
+    monkeypatch.undo()
+    assert read_json(tmp_path / "cut" / "status.json")["phase"] == "stopped"
+    resumed = sim(tmp_path / "cut", resume=True)
+    assert [r["round"] for r in resumed.records] == [1, 2, 3, 4]
+    assert _gap(resumed.params, whole.params) < 1e-5
+    eps = [r["privacy"]["epsilon"] for r in whole.records]
+    assert [r["privacy"]["epsilon"] for r in resumed.records] == pytest.approx(eps, rel=1e-12)
+    assert eps == sorted(eps) and eps[3] > eps[0]  # the ledger grew (local: the worst client's ε, non-decreasing)
+    if privacy["dp"] == "central":
+        norms = [r["privacy"]["clip_norm"] for r in whole.records]
+        assert [r["privacy"]["clip_norm"] for r in resumed.records] == pytest.approx(norms, rel=1e-12)
+        assert norms[3] > norms[0]  # the clip norm moved: a resume from the configured one would differ
