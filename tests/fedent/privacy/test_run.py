@@ -212,3 +212,21 @@ def test_local_dp_under_secure_aggregation_gives_the_local_dp_model_and_logs_eps
         assert a["privacy"]["dp"] == "local" and a["privacy"]["epsilon"] > 0
     plain_secure = _run(cfg(True, dp="none"), tmp_path / "plain")
     assert _rel(secure.params, plain_secure.params) > 1e-2  # the clients' DP-SGD noise is in the secure sum
+
+
+def test_robust_aggregation_under_dp_central_leaves_the_release_and_local_is_post_processing(tmp_path: Path) -> None:
+    """``robust.aggregator: median`` (the real rule, fedent.rounds.robust) under each mode. Central: it runs on m
+    copies of the one release, so the model is the mean's and ε unchanged. Local: every upload is already a DP
+    release, so the median acts on the noised uploads (a different model) at the same ε."""
+    from fedent.config import RobustConfig
+
+    def cfg(dp: str, aggregator: str) -> ExperimentConfig:
+        c = _cfg(rounds=2, dp=dp, noise_multiplier=1.0, clip_norm=0.5)
+        return dataclasses.replace(c, robust=RobustConfig(aggregator=aggregator))  # type: ignore[arg-type]
+
+    for dp, same in (("central", True), ("local", False)):
+        mean, median = _run(cfg(dp, "mean"), tmp_path / f"{dp}-mean"), _run(cfg(dp, "median"), tmp_path / f"{dp}-med")
+        assert (_gap(mean.params, median.params) < 1e-6) is same, dp
+        assert median.records[-1]["privacy"]["epsilon"] == pytest.approx(mean.records[-1]["privacy"]["epsilon"],
+                                                                         rel=1e-12)
+        assert median.records[-1]["privacy"]["epsilon"] > 0

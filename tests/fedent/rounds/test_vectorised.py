@@ -149,11 +149,12 @@ def dp_simulate(tmp: Path, algorithm: str, executor: str, rounds: int = 2, **pri
     return res.params
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedent"])
 def test_local_dp_on_the_vectorised_executor_gives_the_sequential_model(tmp_path: Path, algorithm: str) -> None:
     """DP-SGD in both executors: the same per-sample clip, the same noise from each client's generator (clients
     of 13..52 samples: short last batches padded, masked steps that draw no noise), the same models. SCAFFOLD
-    adds its correction after the noise in both."""
+    adds its correction after the noise in both; FedEnt's per-client rate (from its un-noised probe, vmapped
+    here) scales the DP-SGD steps alike."""
     dp = {"noise_multiplier": 1.0, "clip_norm": 0.5}
     seq = dp_simulate(tmp_path, algorithm, "sequential", **dp)
     vec = dp_simulate(tmp_path, algorithm, "vectorised", **dp)
