@@ -202,13 +202,23 @@ def test_a_vectorised_dp_sgd_step_clips_each_sample_and_adds_each_clients_noise(
     tr.use_dp(None)
 
 
-def test_local_dp_runs_on_the_vectorised_host() -> None:
-    """No fallback: a vectorised host keeps local DP (the trainer trains with DP-SGD), and config accepts it."""
+def test_local_dp_runs_on_the_vectorised_host_in_chunks_its_per_sample_gradients_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fallback: a vectorised host keeps local DP (the trainer trains with DP-SGD), and config accepts it. On
+    the CPU a chunk's per-sample gradients (clients × batch 8 × 226 parameters × 4 bytes) stay within
+    ``CPU_DP_BYTES``; without DP the CPU chunk holds every client."""
     from fedent.privacy.dpsgd import DPSGD
+    from fedent.rounds import vectorised
 
     tr, inputs = trainer()
+    w0 = list(tr.params)
+    monkeypatch.setattr(vectorised, "CPU_DP_BYTES", 3 * 8 * 226 * 4 + 5)
     host = make_host("vectorised", tr, inputs.client_indices, dataclasses.replace(TRAINING, dp=DPSGD(1.0, 1.0)))
     assert isinstance(host, VectorisedHost) and tr.dp == DPSGD(1.0, 1.0)
+    assert sum(p.numel() for p in w0) == 226
+    assert host._chunks(range(8), w0) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    plain = make_host("vectorised", tr, inputs.client_indices, TRAINING)
+    assert plain._chunks(range(8), w0) == [list(range(8))]
     cfg = config_from_dict({"privacy": {"dp": "local"}, "train": {"executor": "vectorised"}})
     assert cfg.train.executor == "vectorised" and cfg.privacy.dp == "local"
 
