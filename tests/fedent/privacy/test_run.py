@@ -15,7 +15,7 @@ from conftest import tiny_config, tiny_inputs
 from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
-from fedent.config import ExperimentConfig, PrivacyConfig
+from fedent.config import ExecutorName, ExperimentConfig, PrivacyConfig
 from fedent.privacy import accountant
 from fedent.privacy.run import RunPrivacy, released_rounds
 from fedent.runlog import read_json
@@ -149,7 +149,7 @@ def test_central_dp_is_the_same_on_the_vectorised_executor(tmp_path: Path) -> No
     ("feddyn", "vectorised", {"dp": "local", "noise_multiplier": 1.0, "clip_norm": 0.5}),
 ], ids=["central-adaptive", "local-vectorised"])
 def test_a_run_stopped_after_k_rounds_and_resumed_gives_the_uninterrupted_model_and_epsilon(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, executor: str,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, executor: ExecutorName,
         privacy: dict[str, Any]) -> None:
     """Stopped (as SIGTERM stops it) right after round 2's checkpoint of 4, then resumed: the accountant's ledger
     (the released rounds and who joined them), central DP's adaptive clip norm and (local DP, FedDyn) the clients'
@@ -194,8 +194,8 @@ def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorised"])
-def test_local_dp_under_secure_aggregation_gives_the_local_dp_model_and_logs_epsilon(tmp_path: Path,
-                                                                                     executor: str) -> None:
+def test_local_dp_under_secure_aggregation_gives_the_local_dp_model_and_logs_epsilon(
+        tmp_path: Path, executor: ExecutorName) -> None:
     """The simulator with local DP and SecAgg+: the clients' noised models are masked in the ring and only the sum
     is unmasked, so the model is local DP's without it within the fixed-point resolution (2^-24), and the ε is the
     same (secure aggregation neither adds nor spends privacy budget)."""

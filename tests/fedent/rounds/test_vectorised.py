@@ -137,9 +137,9 @@ def test_a_model_vmap_cannot_train_falls_back_with_a_message(capsys: pytest.Capt
     assert type(make_host("auto", tr, inputs.client_indices, TRAINING)) is ClientHost
 
 
-def dp_simulate(tmp: Path, algorithm: str, executor: str, rounds: int = 2, **privacy: object) -> list[torch.Tensor]:
+def dp_simulate(tmp: Path, algorithm: str, executor: str, **privacy: float) -> list[torch.Tensor]:
     raw = {"name": "vec-dp", "algorithm": {"name": algorithm}, "data": {"name": "synthetic", "num_clients": 8},
-           "train": {"rounds": rounds, "fraction": 0.5, "local_epochs": 2, "batch_size": 8, "lr": 0.05,
+           "train": {"rounds": 2, "fraction": 0.5, "local_epochs": 2, "batch_size": 8, "lr": 0.05,
                      "device": "cpu", "executor": executor},
            "privacy": {"dp": "local", **privacy}}
     res = run_simulation(config_from_dict(raw), tmp / f"{algorithm}-{executor}-{len(list(tmp.glob('*')))}",
@@ -218,7 +218,7 @@ def test_local_dp_runs_on_the_vectorised_host_in_chunks_its_per_sample_gradients
     assert sum(p.numel() for p in w0) == 226
     assert host._chunks(range(8), w0) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     plain = make_host("vectorised", tr, inputs.client_indices, TRAINING)
-    assert plain._chunks(range(8), w0) == [list(range(8))]
+    assert isinstance(plain, VectorisedHost) and plain._chunks(range(8), w0) == [list(range(8))]
     cfg = config_from_dict({"privacy": {"dp": "local"}, "train": {"executor": "vectorised"}})
     assert cfg.train.executor == "vectorised" and cfg.privacy.dp == "local"
 
