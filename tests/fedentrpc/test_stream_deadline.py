@@ -54,8 +54,7 @@ class Service:
             yield b"x" * (1 << 20)
 
     def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        for m in requests:
-            yield m
+        yield from requests
 
 
 @pytest.fixture
