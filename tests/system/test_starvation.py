@@ -14,8 +14,8 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from concurrent import futures
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -78,7 +78,8 @@ def test_hundreds_of_idle_streams_do_not_starve_an_honest_worker(tmp_path: Path,
     (tmp_path / "cfg.yaml").write_text(CONFIG)
     agg = _aggregator(procs, tmp_path / "cfg.yaml", tmp_path / "run", 0, tmp_path / "port", "--token-file",
                       str(tmp_path / "tokens.json"), "--stream-idle", str(IDLE_S), "--open-stream-max",
-                      str(OPEN_MAX_S), "--register-timeout", "120", "--heartbeat", "30", log=tmp_path / "aggregator.log")
+                      str(OPEN_MAX_S), "--register-timeout", "120", "--heartbeat", "30",
+                      log=tmp_path / "aggregator.log")
     port = port_of(tmp_path / "port")
     gate = threading.Event()
 
