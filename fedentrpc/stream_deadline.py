@@ -35,6 +35,22 @@ from fedentrpc.security.interceptors import OPEN_METHOD_PREFIXES, caller_identit
 log = logging.getLogger("fedent.limits")
 
 
+class StreamCut(grpc.RpcError):
+    """What the servicer's request iterator raises on a stream this module cut, as for any broken stream
+    (gRPC itself may end the iterator quietly when the cancel wins the race with the next read, and a
+    servicer would then take a cut upload for a complete one)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return self.why
+
+
 class _Stream:
     """One open stream's clocks (plain attributes, written by its own threads, read by the watchdog)."""
 
@@ -143,6 +159,8 @@ class StreamDeadlineInterceptor(grpc.ServerInterceptor):
                 try:
                     m = next(it)
                 except StopIteration:
+                    if s.cut:
+                        raise StreamCut(s.cut) from None
                     return
                 finally:
                     s.waiting_since = None
