@@ -175,3 +175,48 @@ def test_on_the_aggregator_idle_uploads_of_one_identity_do_not_block_anothers_re
                 gate.put(None)
             for f in held:
                 f.cancel()
+
+
+def test_a_held_long_poll_counts_like_a_stream(tmp_path: Path) -> None:
+    """The estimator's GetOffline waits up to a minute on a work thread: declared ``held``, one identity's
+    long polls count against its stream limit, and other identities' do not."""
+    import json
+
+    from fedentrpc.security.interceptors import MetadataClientInterceptor, bearer_metadata
+    from fedentrpc.serving import create_server
+    from fedentrpc.stream_limit import StreamLimits
+
+    release = threading.Event()
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"workers": {"a": "tok-a", "b": "tok-b"}}))
+    server = create_server(ServerSecurity(insecure=True, token_file=tokens).validate(), 16,
+                           StreamLimits(per_identity=LIMIT), held=["/t.S/Poll"])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", {
+        "Poll": grpc.unary_unary_rpc_method_handler(lambda r, c: b"ok" if release.wait(30) else b"", lambda x: x,
+                                                    lambda x: x),
+        "Echo": grpc.unary_unary_rpc_method_handler(lambda r, c: r, lambda x: x, lambda x: x),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    limiter = interceptor(server, StreamLimitInterceptor)
+
+    def channel(token: str) -> grpc.Channel:
+        ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+        return grpc.intercept_channel(ch, MetadataClientInterceptor(bearer_metadata(token)))
+
+    try:
+        with channel("tok-a") as a, channel("tok-b") as b:
+            polls = [a.unary_unary("/t.S/Poll").future(b"", timeout=30) for _ in range(LIMIT)]
+            _wait(lambda: limiter.open_streams("a") == LIMIT)
+            with pytest.raises(grpc.RpcError) as ei:
+                a.unary_unary("/t.S/Poll")(b"", timeout=10)
+            assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert a.unary_unary("/t.S/Echo")(b"e", timeout=10) == b"e"  # other unary calls are not counted
+            other = b.unary_unary("/t.S/Poll").future(b"", timeout=30)
+            _wait(lambda: limiter.open_streams("b") == 1)
+            assert limiter.open_streams("b") == 1 and limiter.total_streams() == LIMIT + 1
+            release.set()
+            assert [p.result() for p in [*polls, other]] == [b"ok"] * (LIMIT + 1)
+    finally:
+        release.set()
+        server.stop(0)
