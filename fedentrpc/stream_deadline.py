@@ -164,8 +164,10 @@ class StreamDeadlineInterceptor(grpc.ServerInterceptor):
                     return
                 finally:
                     s.waiting_since = None
-                if session:
+                if session and s.idle_s is not None:
                     s.idle_s = None  # the first message arrived: the session lives as long as its owner
+                    if s.lifetime_s is None:
+                        self._remove(s)
                 yield m
 
         def wrap(inner: Callable[[Any, grpc.ServicerContext], Any], request_streaming: bool,
