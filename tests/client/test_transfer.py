@@ -129,12 +129,12 @@ def test_an_upload_cut_by_the_servers_idle_limit_resumes(monkeypatch: pytest.Mon
         attempts.append(int(kwargs.get("resume_from", 0)))  # type: ignore[call-overload]
         for n, part in enumerate(parts(*args, **kwargs)):  # type: ignore[arg-type]
             if len(attempts) == 1 and n == 4:  # the header and 3 chunks sent, then a pause of 4 idle limits
-                time.sleep(1.2)
+                time.sleep(2.0)
             yield part
 
     monkeypatch.setattr(mappers, "update_to_parts", pausing)
     agg = _Flaky(cut_after=99)  # the servicer itself never cuts
-    server = create_server(ServerSecurity(insecure=True), 8, StreamLimits(idle_s=0.3))
+    server = create_server(ServerSecurity(insecure=True), 8, StreamLimits(idle_s=0.5))
     pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
