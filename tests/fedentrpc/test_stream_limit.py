@@ -161,6 +161,9 @@ def test_on_the_aggregator_idle_uploads_of_one_identity_do_not_block_anothers_re
     with open_channel(f"localhost:{h.port}", creds("worker-1")) as hog:
         stub = pb_grpc.AggregatorServiceStub(hog)
         held = [stub.SubmitUpdate.future(idle()) for _ in range(LIMIT)]
+        limiter = interceptor(h.server, StreamLimitInterceptor)  # type: ignore[attr-defined]
+        # the held calls first (their token is added on a credentials thread, so they may leave in any order)
+        _wait(lambda: limiter.open_streams("worker-1") == LIMIT)
         try:
             with pytest.raises(grpc.RpcError) as ei:
                 stub.SubmitUpdate(idle(), timeout=10)
