@@ -1,5 +1,6 @@
-"""SecAgg+ end to end over the pure state machines: the right sum, with dropouts up to the threshold; a masked
-input that looks uniform whatever the input; clients that refuse requests revealing too much."""
+"""SecAgg+ end to end over the pure state machines: the right sum, with dropouts up to the threshold, in both
+threat models; a masked input that looks uniform whatever the input; clients that refuse requests revealing too
+much. The malicious server's attacks and the consistency check are in test_consistency.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import pytest
 from scipy import stats
 
 from fedent.secagg.fixedpoint import decode, encode, limit_for
+from fedent.secagg.identity import SeededPKI
 from fedent.secagg.protocol import ClientSession, ProtocolError, ServerSession, Setup
 
 
+PKI = SeededPKI.from_seed(7)
+
+
 def setup_round(cids: Sequence[int], degree: int = 0, fraction: float = 0.6, ring_bits: int = 64,
-                frac_bits: int = 24) -> tuple[ServerSession, dict[int, ClientSession]]:
+                frac_bits: int = 24, threat: str = "malicious") -> tuple[ServerSession, dict[int, ClientSession]]:
     """Advertise, share and route for every client (none drops before masking)."""
-    srv = ServerSession(Setup(5, ring_bits, frac_bits, "nearest", "samples", (), len(cids)), cids, degree,
-                        fraction, graph_seed=11)
-    clients = {c: ClientSession(c) for c in cids}
+    srv = ServerSession(Setup(5, ring_bits, frac_bits, "nearest", "samples", (), len(cids), threat), cids, degree,
+                        fraction, graph_seed=11, pki=PKI)
+    clients = {c: ClientSession(c, PKI, threat) for c in cids}
 
     def ask(reqs: Mapping[int, bytes]) -> dict[int, bytes]:
         return {c: clients[c].handle(r) for c, r in reqs.items()}
@@ -38,6 +43,9 @@ def secure_sum(srv: ServerSession, clients: Mapping[int, ClientSession], xs: Map
     k, f = srv.setup.ring_bits, srv.setup.frac_bits
     masked = {c: clients[c].mask(encode(xs[c], f, k, limit_for(k, len(xs)))) for c in xs}
     alive = {c: y for c, y in masked.items() if c not in drop}
+    if srv.setup.checked:
+        assert srv.take_consistency({c: clients[c].handle(r)
+                                     for c, r in srv.consistency_requests(sorted(alive)).items()}) == {}
     resp = {c: clients[c].handle(r) for c, r in srv.unmask_requests(sorted(alive)).items()}
     return decode(srv.unmask(alive, resp), f, k)
 
@@ -47,9 +55,10 @@ def inputs(cids: Sequence[int], n: int = 300) -> dict[int, np.ndarray]:
     return {c: rng.normal(scale=50.0, size=n) for c in cids}
 
 
+@pytest.mark.parametrize("threat", ["malicious", "honest-but-curious"])
 @pytest.mark.parametrize(("cids", "degree"), [(list(range(10)), 0), (list(range(3, 43, 2)), 6)])
-def test_the_unmasked_sum_is_the_plain_sum_within_the_resolution(cids: list[int], degree: int) -> None:
-    srv, clients = setup_round(cids, degree)
+def test_the_unmasked_sum_is_the_plain_sum_within_the_resolution(cids: list[int], degree: int, threat: str) -> None:
+    srv, clients = setup_round(cids, degree, threat=threat)
     xs = inputs(cids)
     got = secure_sum(srv, clients, xs, set())
     want = sum(xs.values())
@@ -57,9 +66,10 @@ def test_the_unmasked_sum_is_the_plain_sum_within_the_resolution(cids: list[int]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
 
 
-def test_dropping_up_to_degree_minus_threshold_after_masking_still_gives_the_survivors_sum() -> None:
+@pytest.mark.parametrize("threat", ["malicious", "honest-but-curious"])
+def test_dropping_up_to_degree_minus_threshold_after_masking_still_gives_the_survivors_sum(threat: str) -> None:
     cids = list(range(10))  # all pairs: 9 neighbours each, t = ceil(0.6 * 9) = 6: 3 may drop
-    srv, clients = setup_round(cids)
+    srv, clients = setup_round(cids, threat=threat)
     assert set(srv.t.values()) == {6}
     xs = inputs(cids)
     drop = {1, 4, 8}
@@ -105,7 +115,7 @@ def test_a_masked_input_is_uniform_over_the_ring_and_independent_of_the_input() 
 
 
 def test_a_client_never_reveals_both_secrets_of_a_neighbour() -> None:
-    srv, clients = setup_round([0, 1, 2, 3])
+    srv, clients = setup_round([0, 1, 2, 3], threat="honest-but-curious")
     clients[0].mask(np.zeros(4, dtype=np.uint64))
     bad = json.dumps({"step": "unmask", "survivors": [0, 1, 2], "dropped": [2, 3]}).encode()
     with pytest.raises(ProtocolError, match="both a survivor and dropped"):
@@ -113,11 +123,11 @@ def test_a_client_never_reveals_both_secrets_of_a_neighbour() -> None:
 
 
 def test_messages_out_of_order_or_re_addressed_are_refused() -> None:
-    c = ClientSession(0)
+    c = ClientSession(0, PKI)
     with pytest.raises(ProtocolError, match="state new"):
         c.handle(json.dumps({"step": "route", "sealed": {}}).encode())
     srv = ServerSession(Setup(1, 64, 24, "nearest", "samples", (), 3), [0, 1, 2], 0, 0.6, 0)
-    cl = {i: ClientSession(i) for i in range(3)}
+    cl = {i: ClientSession(i, PKI) for i in range(3)}
     srv.take_advertise({i: cl[i].handle(r) for i, r in srv.advertise_requests().items()})
     reqs, _ = srv.share_requests()
     srv.take_share({i: cl[i].handle(r) for i, r in reqs.items()})
