@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 
 from fedent.secagg import crypto, graph, shamir
-from fedent.secagg.identity import SeededPKI, advertise_message, consistency_message
 from fedent.secagg.fixedpoint import ring_mask
+from fedent.secagg.identity import SeededPKI, advertise_message, consistency_message
 
 
 class ProtocolError(ValueError):
@@ -232,6 +232,9 @@ class ClientSession:
             raise ProtocolError("secagg share: a client is not its own neighbour")
         if len(keys) < t:
             raise ProtocolError(f"secagg share: {len(keys)} live neighbour(s), fewer than the threshold {t}")
+        if 2 * t <= len(keys):  # two disjoint halves could each rebuild a secret: b_v from one, s_v^SK from the other
+            raise ProtocolError(f"secagg share: a threshold of {t} of {len(keys)} neighbours is at most half; client "
+                                f"{self.cid} refuses (a server could collect both secrets of a peer)")
         checked = self.setup.checked
         c_pub = {}
         for v, pair in keys.items():
@@ -313,7 +316,9 @@ class ClientSession:
     def _check_signed(self, msg: dict[str, Any], survivors: list[int], dropped: list[int]) -> None:
         """The unmask request of the malicious variant: the U3 this client signed, >= t_u valid signatures of
         members of U3 on it (no invalid one), and survivors/dropped exactly its neighbours in and outside U3."""
-        assert self.setup is not None and self.pki is not None and self.u3 is not None
+        assert self.setup is not None and self.pki is not None
+        if self.u3 is None:
+            raise ProtocolError(f"secagg unmask: client {self.cid} signed no survivor set; it reveals nothing")
         if _cid_list(msg.get("u3"), "secagg unmask: u3") != self.u3:
             raise ProtocolError(f"secagg unmask: the server's U3 differs from the one client {self.cid} signed "
                                 "(inconsistent survivor sets); it aborts")
