@@ -73,10 +73,21 @@ class SecureAggregation:
         masked = {u.cid: u.masked for u in updates if u.masked is not None}
         if len(masked) != len(updates):
             raise ProtocolError("secagg: an accepted update is not masked")
+        refused: dict[int, str] = {}
         if s.setup.checked:  # the consistency check: U3 signed by the survivors before any share is revealed
-            s.take_consistency(exchange(rnd, s.consistency_requests(sorted(masked))).results)
+            checked = exchange(rnd, s.consistency_requests(sorted(masked)))
+            refused.update(checked.failed)
+            refused.update(s.take_consistency(checked.results))
         got = exchange(rnd, s.unmask_requests(sorted(masked)))
-        ring = s.unmask(masked, got.results)
+        refused.update(got.failed)
+        try:
+            ring = s.unmask(masked, got.results)
+        except ProtocolError as e:
+            if not refused:
+                raise
+            c = min(refused)
+            raise ProtocolError(f"{e}; {len(refused)} client(s) refused or failed the consistency check or the "
+                                f"unmask, e.g. client {c}: {refused[c]}") from None
         vec = decode(ring, s.setup.frac_bits, s.setup.ring_bits)
         params, groups = split_vector(vec, global_params, s.setup.groups)
         weight = float(sum(u.num_samples for u in updates)) if s.setup.weighting == "samples" else float(len(updates))
