@@ -270,3 +270,14 @@ def test_the_server_drops_a_badly_signed_client_and_asks_only_the_signers_to_unm
     assert sorted(srv.unmask_requests(cids)) == [0, 1, 2, 5]
     with pytest.raises(ProtocolError, match="not the U3"):
         srv.unmask_requests(cids[:5])
+
+
+def test_a_survivor_set_too_small_or_naming_a_peer_that_never_shared_is_not_signed() -> None:
+    cids = list(range(6))  # t = 3
+    srv, clients, _ = masked_round(cids)
+    with pytest.raises(ProtocolError, match="U3 has 2 client.*fewer than the threshold 3"):
+        sign_each(clients, {0: [0, 1]})
+    del clients[1].held[2]  # as if client 2's shares had never been routed to client 1
+    with pytest.raises(ProtocolError, match=r"names neighbour\(s\) \[2\] whose shares never reached client 1"):
+        sign_each(clients, {1: cids})
+    assert sign_each(clients, {2: cids})[2]  # a consistent U3 is signed
