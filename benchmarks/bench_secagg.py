@@ -23,11 +23,11 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from fedent.config import PrivacyConfig, config_from_dict
+from fedent.config import PrivacyConfig, SecAggThreat, config_from_dict
 from fedent.sim import run_simulation
 
 SIDES = ("plain", "honest-but-curious", "malicious")
@@ -46,7 +46,7 @@ def config(args: argparse.Namespace, side: str) -> Any:
     if side == "plain":
         return cfg
     return dataclasses.replace(cfg, privacy=PrivacyConfig(secure_aggregation=True, secagg_degree=args.degree,
-                                                          secagg_threat=side))
+                                                          secagg_threat=cast(SecAggThreat, side)))
 
 
 def one_run(args: argparse.Namespace, side: str) -> tuple[list[float], list[torch.Tensor]]:
