@@ -391,11 +391,11 @@ class ServerSession:
                     raise ProtocolError("secagg advertise: public keys must be two distinct 32-byte keys")
                 if self.setup.checked:
                     sig = msg.get("sig")
+                    if not isinstance(sig, str):
+                        raise ProtocolError("secagg advertise: the keys are not signed")
                     if self.pki is not None and not self.pki.verify(
                             u, advertise_message(self.setup.round, u, c_pk, s_pk), _unb64(sig, "sig")):
                         raise ProtocolError("secagg advertise: the keys are not signed by the client's identity")
-                    if not isinstance(sig, str):
-                        raise ProtocolError("secagg advertise: the keys are not signed")
                     self.ad_sigs[u] = sig
                 self.keys[u] = (c_pk, s_pk)
             except ProtocolError as e:

@@ -281,3 +281,18 @@ def test_a_survivor_set_too_small_or_naming_a_peer_that_never_shared_is_not_sign
     with pytest.raises(ProtocolError, match=r"names neighbour\(s\) \[2\] whose shares never reached client 1"):
         sign_each(clients, {1: cids})
     assert sign_each(clients, {2: cids})[2]  # a consistent U3 is signed
+
+
+def test_the_server_drops_an_unsigned_or_badly_signed_advertisement_and_clients_will_not_skip_the_check() -> None:
+    srv = ServerSession(Setup(5, 64, 24, "nearest", "samples", (), 4), list(range(4)), 0, 0.6, 1, pki=PKI)
+    cl = {c: ClientSession(c, PKI) for c in range(4)}
+    got = {c: cl[c].handle(r) for c, r in srv.advertise_requests().items()}
+    unsigned = json.loads(got[1])
+    del unsigned["sig"]
+    forged = json.loads(got[2])
+    forged["sig"] = json.loads(got[3])["sig"]  # client 3's signature on client 3's keys, claimed for client 2
+    bad = srv.take_advertise({**got, 1: json.dumps(unsigned).encode(), 2: json.dumps(forged).encode()})
+    assert sorted(bad) == [1, 2] and "not signed" in bad[1] and "identity" in bad[2] and sorted(srv.keys) == [0, 3]
+    srv, clients, _ = masked_round(list(range(4)))  # no consistency check: no answer
+    with pytest.raises(ProtocolError, match="client 0 got a unmasked message in state masked"):
+        clients[0].handle(unmask_request(srv, 0, list(range(4)), {}))
