@@ -338,6 +338,7 @@ class AdversaryConfig(Declared):
 
 DPMode = Literal["none", "central", "local"]
 SecAggRounding = Literal["nearest", "stochastic"]
+SecAggThreat = Literal["honest-but-curious", "malicious"]
 
 
 @dataclass(frozen=True)
@@ -380,6 +381,10 @@ class PrivacyConfig(Declared):
     secagg_ring_bits: int = option(64, "masks and sums live in the ring Z_2^ring_bits", ge=16, le=64)
     secagg_rounding: SecAggRounding = option("nearest", "fixed-point rounding: nearest, or stochastic (unbiased, "
                                                         "seeded by (seed, round, client))")
+    secagg_threat: SecAggThreat = option("malicious", "malicious: clients sign their keys and the survivor set "
+                                                      "(Bonawitz et al.'s consistency check, one more round trip), so "
+                                                      "a lying aggregator cannot unmask a client; honest-but-curious: "
+                                                      "neither (docs/security.md, \"Secure aggregation\")")
 
     def checks(self) -> Iterable[tuple[str, str]]:
         if self.secagg_frac_bits >= self.secagg_ring_bits - 8:

@@ -15,6 +15,7 @@ Only rank 0 writes the run directory the user asked for; the simulator points th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,9 +48,12 @@ def _moved(params: Sequence[Tensor], device: torch.device) -> Params:
 
 
 def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
-    """The update with its tensors on ``device`` (the CPU to travel between ranks, the run's device after)."""
-    return ClientUpdate(update.cid, _moved(update.params, device), update.num_samples, update.train_loss,
-                        {k: _moved(v, device) for k, v in update.tensors.items()}, dict(update.scalars))
+    """The update with its tensors on ``device`` (the CPU to travel between ranks, the run's device after); every
+    other field travels as it is (secure aggregation's masked vector, which a rebuilt update once lost: the round
+    then failed with "not masked"), except the upload encoding's codes, already decoded into params."""
+    return dataclasses.replace(update, params=_moved(update.params, device),
+                               tensors={k: _moved(v, device) for k, v in update.tensors.items()},
+                               scalars=dict(update.scalars), codes={})
 
 
 def merge(world: World, local: Gathered[T]) -> Gathered[T]:

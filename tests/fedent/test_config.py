@@ -320,3 +320,11 @@ def test_privacy_settings_are_checked() -> None:
         config_from_dict({"privacy": {"secagg_threshold": 0.4}})
     with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
         config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})
+
+
+def test_the_secure_aggregation_threat_model_defaults_to_malicious_and_is_checked() -> None:
+    assert config_from_dict({}).privacy.secagg_threat == "malicious"
+    hbc = config_from_dict({"privacy": {"secure_aggregation": True, "secagg_threat": "honest-but-curious"}})
+    assert hbc.privacy.secagg_threat == "honest-but-curious"
+    with pytest.raises(ConfigError, match="privacy.secagg_threat"):
+        config_from_dict({"privacy": {"secagg_threat": "paranoid"}})
