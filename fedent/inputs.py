@@ -44,6 +44,9 @@ class RunInputs:
     client_indices: Sequence[np.ndarray]  # int64 train-sample indices per client
     make_model: Callable[[], nn.Module]
     partition_info: Mapping[str, Any] = field(default_factory=dict)  # partition.json content
+    # data.validation_fraction > 0: the held-out validation samples (indices into data.x_train), disjoint from
+    # every client's training indices (fedent.data.validation)
+    validation_indices: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -142,6 +145,13 @@ def load_inputs(cfg: ExperimentConfig) -> RunInputs:
     info.setdefault("seed", seed)
     info.setdefault("dataset", data.name)
     info.setdefault("source", data.source)
+    clients, validation = tuple(part.client_indices), None
+    if cfg.data.validation_fraction > 0:
+        from fedent.data.validation import carve_validation
 
-    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=model_factory(cfg, data),
-                     partition_info=info)
+        split = carve_validation(clients, cfg.data.validation_fraction, seed)
+        clients, validation = split.train, split.validation
+        info["validation"] = split.info()
+        info["train_sizes"] = [int(len(ix)) for ix in clients]  # what each client trains on (sizes: before)
+    return RunInputs(data=data, client_indices=clients, make_model=model_factory(cfg, data),
+                     partition_info=info, validation_indices=validation)

@@ -81,12 +81,22 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
         return RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
                            dict(inputs.partition_info), policy, on_round=on_round)
     federated = None
-    if tr.evaluation == "federated":
+    if tr.evaluation == "federated" and tr.evaluate_test:
         make = batched_federated if tr.perf.eval_batched else central_federated
         federated = make(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed, tr.eval_batch_size)
-    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
+    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated,
+                          validation=validation_set(inputs), test=tr.evaluate_test)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy, on_round=on_round)
+
+
+def validation_set(inputs: RunInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The held-out validation samples of ``inputs`` (data.validation_fraction), or None."""
+    ix = inputs.validation_indices
+    if ix is None:
+        return None
+    sel = torch.from_numpy(ix)
+    return inputs.data.x_train[sel], inputs.data.y_train[sel]
 
 
 def start_banner(cfg: ExperimentConfig, inputs: RunInputs, device: torch.device, engine: RoundEngine) -> str:
