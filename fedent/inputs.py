@@ -145,13 +145,23 @@ def load_inputs(cfg: ExperimentConfig) -> RunInputs:
     info.setdefault("seed", seed)
     info.setdefault("dataset", data.name)
     info.setdefault("source", data.source)
-    clients, validation = tuple(part.client_indices), None
-    if cfg.data.validation_fraction > 0:
-        from fedent.data.validation import carve_validation
+    inputs = RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=model_factory(cfg, data),
+                       partition_info=info)
+    return with_validation(inputs, cfg)
 
-        split = carve_validation(clients, cfg.data.validation_fraction, seed)
-        clients, validation = split.train, split.validation
-        info["validation"] = split.info()
-        info["train_sizes"] = [int(len(ix)) for ix in clients]  # what each client trains on (sizes: before)
-    return RunInputs(data=data, client_indices=clients, make_model=model_factory(cfg, data),
-                     partition_info=info, validation_indices=validation)
+
+def with_validation(inputs: RunInputs, cfg: ExperimentConfig) -> RunInputs:
+    """``inputs`` with ``data.validation_fraction`` of every client's samples held out (fedent.data.validation,
+    seeded by train.seed); unchanged when the fraction is 0 or the split is already there."""
+    import dataclasses
+
+    fraction = cfg.data.validation_fraction
+    if fraction <= 0 or inputs.validation_indices is not None:
+        return inputs
+    from fedent.data.validation import carve_validation
+
+    split = carve_validation(inputs.client_indices, fraction, cfg.train.seed)
+    info = {**inputs.partition_info, "validation": split.info(),
+            "train_sizes": [int(len(ix)) for ix in split.train]}  # what each client trains on ("sizes": before)
+    return dataclasses.replace(inputs, client_indices=split.train, partition_info=info,
+                               validation_indices=split.validation)

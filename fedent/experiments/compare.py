@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from fedent import provenance, runlog
-from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
+from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides, config_from_dict
 from fedent.experiments import paired
+from fedent.experiments.tuning import Tuned
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
@@ -142,14 +143,45 @@ def sampling_identical(records_by_run: Mapping[tuple[str, int], Records]) -> boo
     return True
 
 
-def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str]) -> AlgorithmConfig:
-    """Options for ``name``: the config's own options when it names that algorithm, then ``NAME.KEY=VALUE``."""
+def parse_arm(entry: str) -> tuple[str, str]:
+    """An --algorithms entry: ``ALGORITHM`` or ``LABEL=ALGORITHM`` (a control: the same algorithm under another
+    name, with its own --algo-set LABEL.KEY=VALUE options, e.g. ``fedent-shuffled=fedent``)."""
+    label, eq, algorithm = entry.partition("=")
+    label, algorithm = label.strip(), algorithm.strip()
+    if not eq:
+        return label, label
+    if not label or not algorithm or "." in label:
+        raise ConfigError(f"--algorithms {entry!r}: expected LABEL=ALGORITHM with a label without dots")
+    return label, algorithm
+
+
+def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str], algorithm: str | None = None,
+                     preset: Mapping[str, Any] | None = None) -> AlgorithmConfig:
+    """Options for arm ``name`` of ``algorithm`` (default: ``name``): the config's own options when it names that
+    algorithm, then ``preset`` (tuned values), then ``NAME.KEY=VALUE``."""
+    algorithm = algorithm or name
     for o in overrides:
         if "." not in o.partition("=")[0]:
             raise ConfigError(f"--algo-set {o!r}: expected ALGORITHM.KEY=VALUE, e.g. fedprox.mu=0.1")
-    opts: dict[str, Any] = base.algorithm.options.to_dict() if base.algorithm.name == name else {}
+    opts: dict[str, Any] = base.algorithm.options.to_dict() if base.algorithm.name == algorithm else {}
+    opts.update(preset or {})
     mine = [o.partition(".")[2] for o in overrides if o.partition(".")[0] == name]
-    return AlgorithmConfig.from_mapping({**apply_overrides(opts, mine), "name": name})
+    return AlgorithmConfig.from_mapping({**apply_overrides(opts, mine), "name": algorithm})
+
+
+def arm_config(cfg: ExperimentConfig, label: str, algorithm: str, overrides: Sequence[str],
+               tuned: Tuned | None) -> ExperimentConfig:
+    """The config of one arm: the tuned values (``train.*`` and ``algorithm.*``) and validation split of
+    ``tuned`` when given, the arm's --algo-set options on top; the test set is evaluated."""
+    values = tuned.for_arm(label, algorithm) if tuned is not None else {}
+    preset = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("algorithm.")}
+    algo = algorithm_config(label, cfg, overrides, algorithm, preset)
+    if tuned is not None:
+        sets = [f"{k}={json.dumps(v)}" for k, v in values.items() if not k.startswith("algorithm.")]
+        sets += [f"data.validation_fraction={tuned.validation_fraction!r}", "train.evaluate_test=true"]
+        raw = cfg.to_dict()
+        cfg = config_from_dict(apply_overrides(raw, sets))
+    return dataclasses.replace(cfg, algorithm=algo)
 
 
 def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
@@ -167,9 +199,11 @@ def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
 
 def _one_run(cfg_a: ExperimentConfig, run_dir: Path, inputs: RunInputs | None,
              inputs_for: Callable[[ExperimentConfig], RunInputs], device: str | None, progress: bool,
-             local_eval: int | None, label: str, target: float | None) -> tuple[RunSummary, Records]:
-    """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's."""
-    algo, seed = cfg_a.algorithm.name, int(cfg_a.train.seed)
+             local_eval: int | None, label: str, target: float | None,
+             arm: str | None = None) -> tuple[RunSummary, Records]:
+    """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's.
+    ``arm``: the row's label when it is not the algorithm's name (a control)."""
+    algo, seed = arm or cfg_a.algorithm.name, int(cfg_a.train.seed)
     try:
         res = run_simulation(cfg_a, run_dir, device=device, progress=progress,
                              inputs=inputs if inputs is not None else inputs_for(cfg_a),
@@ -207,17 +241,24 @@ def run_comparison(
     inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
     tail_k: int = paired.TAIL_K,
     workers: int = 1,
+    tuned: Tuned | None = None,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
 
     Started again on the same ``out_dir`` (after Ctrl-C, SIGTERM, a crash) it continues where it stopped: a
     finished run is read back, not run again, and an interrupted one resumes from its last checkpoint.
     ``workers`` > 1: the runs go to a pool of that many processes (each with its share of the CPU threads, no
-    progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's."""
+    progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's.
+    ``algorithms`` entries may be ``LABEL=ALGORITHM`` (controls); ``tuned`` (fedent.experiments.tuning, a
+    tuned.json) gives each arm its tuned values and the validation split they were chosen on."""
     out = Path(out_dir)
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    specs = {a: algorithm_config(a, cfg, algo_overrides) for a in algorithms}  # fail before any training
+    arms = dict(parse_arm(a) for a in algorithms)
+    if len(arms) != len(algorithms):
+        raise ConfigError("--algorithms: duplicate labels")
+    algorithms = list(arms)
+    specs = {a: arm_config(cfg, a, algo, algo_overrides, tuned) for a, algo in arms.items()}  # fail before training
     unknown = sorted({o.partition(".")[0] for o in algo_overrides} - set(algorithms))
     if unknown:
         raise ConfigError(f"--algo-set: {', '.join(unknown)} is not among --algorithms")
@@ -228,9 +269,10 @@ def run_comparison(
     total = len(seeds) * len(algorithms)
     jobs: list[tuple[ExperimentConfig, Path, str]] = []
     for seed in seeds:
-        cfg_s = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=int(seed)))
         for algo in algorithms:
-            cfg_a = dataclasses.replace(cfg_s, algorithm=specs[algo], name=f"{cfg.name}-{algo}")
+            spec = specs[algo]
+            cfg_a = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=int(seed)),
+                                        name=f"{cfg.name}-{algo}")
             jobs.append((cfg_a, out / "runs" / f"{algo}-s{seed}", f"run {len(jobs) + 1}/{total} {algo} s{seed}"))
     if workers == 1:
         inputs_by_seed: dict[int, RunInputs] = {}
@@ -240,7 +282,7 @@ def run_comparison(
                 inputs_by_seed[seed] = inputs_for(cfg_a)
                 md5s[seed] = inputs_by_seed[seed].partition_info.get("md5")
             summary, recs = _one_run(cfg_a, run_dir, inputs_by_seed[seed], inputs_for, device, progress,
-                                     local_eval, label, target)
+                                     local_eval, label, target, run_dir.name.rpartition("-s")[0])
             runs.append(summary)
             records[(summary.algorithm, summary.seed)] = recs
     else:
@@ -252,7 +294,7 @@ def run_comparison(
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                     initializer=_pool_init, initargs=(threads,)) as pool:
             futures = [pool.submit(_one_run, cfg_a, run_dir, None, inputs_for, device, False, local_eval, label,
-                                   target) for cfg_a, run_dir, label in jobs]
+                                   target, run_dir.name.rpartition("-s")[0]) for cfg_a, run_dir, label in jobs]
             for fut in futures:  # in the order of the jobs, so the report reads as one process's
                 summary, recs = fut.result()
                 runs.append(summary)

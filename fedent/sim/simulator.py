@@ -18,7 +18,7 @@ import torch
 from fedent import runlog
 from fedent.config import ExperimentConfig, with_device
 from fedent.distributed import World
-from fedent.inputs import RunInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs, with_validation
 from fedent.params import Params
 from fedent.perf import apply_host, apply_trainer, batched_federated
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
@@ -118,6 +118,7 @@ def _checked(cfg: ExperimentConfig, run_dir: str | Path, inputs: RunInputs | Non
     """run_simulation's checks before any file is written: the inputs, strategy and local-eval count to use."""
     if inputs is None:
         inputs = load_inputs(cfg)
+    inputs = with_validation(inputs, cfg)  # injected inputs (a comparison's, a test's) get the split too
     if inputs.num_clients != cfg.data.num_clients:
         raise SimulationError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
                               f"{cfg.data.num_clients}")
