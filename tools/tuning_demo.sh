@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The small CPU demonstration of issue 29's tuning and controls (docs/results.md "Tuning and controls: a small CPU
 # setting"): fedent tune on a validation split, then the comparison with the tuned values and FedEnt's controls,
-# then the φ2 scores of the FedEnt runs. Fashion-MNIST (the Debian copy) + LeNet-5, pathological, 20 clients,
-# 25% a round, a seeded 1,500 of the training images (20% of each client's held out for validation), 500 test
-# images, 8 rounds of 2 local epochs. Usage: tools/tuning_demo.sh OUT_DIR   (about 10 CPU minutes)
+# then the φ2 scores of the FedEnt runs. Fashion-MNIST (the Debian copy) + LeNet-5, Dirichlet α_d = 1.0 over 10
+# clients, 50% a round, a seeded 1,500 of the training images (20% of each client's held out for validation), 500
+# test images, 8 rounds of 2 local epochs. Usage: tools/tuning_demo.sh OUT_DIR   (about 10 CPU minutes)
 set -euo pipefail
 OUT=${1:?usage: tools/tuning_demo.sh OUT_DIR}
 PY=${PY:-.venv/bin/python}
-SETS=(--set model.name=lenet5 --set data.num_clients=20 --set train.fraction=0.25 --set data.max_train_samples=1500
+SETS=(--set model.name=lenet5 --set data.num_clients=10 --set train.fraction=0.5 --set data.partition=dirichlet
+      --set data.alpha=1.0 --set data.max_train_samples=1500
       --set data.max_test_samples=500 --set train.rounds=8 --set train.local_epochs=2 --set train.eval_every=1
       --set train.device=cpu)
 CONFIG=configs/fmnist-mnist-pathological.yaml
