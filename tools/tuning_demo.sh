@@ -20,5 +20,5 @@ CONFIG=configs/fmnist-mnist-pathological.yaml
   --algo-set fedent-cap-none.eta_max=null --threads 1 --no-progress --out "$OUT/compare"
 RUNS=()
 for arm in fedent fedent-cap-none; do for s in 0 1 2; do RUNS+=("$OUT/compare/runs/$arm-s$s"); done; done
-"$PY" -m fedent.experiments.mechanism "${RUNS[@]}" --phi2 > "$OUT/mechanism.md"
+"$PY" -m fedent.experiments.mechanism "${RUNS[@]}" --phi2 --pool > "$OUT/mechanism.md"
 echo "wrote $OUT/tune/tune.md $OUT/compare/compare.md $OUT/mechanism.md"

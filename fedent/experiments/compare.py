@@ -64,6 +64,7 @@ class ComparisonResult:
     target: float | None
     same_sampling: bool
     figures: list[Path] = field(default_factory=list)
+    arms: dict[str, str] = field(default_factory=dict)  # rows that are not the base config: what each one runs
 
 
 def rounds_to_target(records: Records, target: float | None) -> int | None:
@@ -309,9 +310,28 @@ def run_comparison(
 
     groups = {a: [records[(a, int(s))] for s in seeds if records.get((a, int(s)))] for a in algorithms}
     figures = plot_groups(groups, out / "figures", title=cfg.name)
-    result = ComparisonResult(out, runs, summaries, target, same, figures)
+    result = ComparisonResult(out, runs, summaries, target, same, figures, arm_lines(cfg, specs, arms, tuned))
     write_report(result, cfg, seeds, md5s, tail_k)
     return result
+
+
+def arm_lines(cfg: ExperimentConfig, specs: Mapping[str, ExperimentConfig], arms: Mapping[str, str],
+              tuned: Tuned | None) -> dict[str, str]:
+    """What each row runs, for the report, when any row is not the base config with the algorithm's defaults
+    (a control row, an --algo-set option, tuned values): its algorithm, rate and options off their defaults."""
+    out: dict[str, str] = {}
+    for label, spec in specs.items():
+        defaults = type(spec.algorithm.options)().to_dict()
+        opts = {k: v for k, v in spec.algorithm.options.to_dict().items() if defaults.get(k) != v}
+        text = f"{arms[label]}, lr {spec.train.lr:g}" + "".join(f", {k} {v}" for k, v in opts.items())
+        out[label] = text
+    plain = all(v == f"{a}, lr {cfg.train.lr:g}" for v, a in zip(out.values(), arms.values(), strict=True))
+    if plain and tuned is None:
+        return {}
+    if tuned is not None:
+        out = {k: f"{v} (tuned values of {tuned.source or 'a tuned.json'})" if tuned.for_arm(k, arms[k]) else v
+               for k, v in out.items()}
+    return out
 
 
 def paired_rows(result: ComparisonResult, tail_k: int = paired.TAIL_K) -> list[dict[str, Any]]:
@@ -335,6 +355,18 @@ def paired_rows(result: ComparisonResult, tail_k: int = paired.TAIL_K) -> list[d
              "rounds_to_target": paired.paired(reach(a), reach(ref))} for a in algos[1:]]
 
 
+def cfg_val(result: ComparisonResult) -> float:
+    """The validation fraction the runs trained with (0: none), from their config.yaml."""
+    for r in result.runs:
+        path = runlog.RunPaths(r.run_dir).config
+        if path.exists():
+            import yaml
+
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            return float((raw.get("data") or {}).get("validation_fraction") or 0.0)
+    return 0.0
+
+
 def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequence[int],
                  md5s: Mapping[int, Any], tail_k: int = paired.TAIL_K) -> None:
     """compare.md (human) and summary.json (machine) in the comparison directory."""
@@ -353,6 +385,10 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
         f"- seeds: {', '.join(str(s) for s in seeds)} (accuracy: mean ± sample std over seeds)",
         f"- partition md5 per seed: {', '.join(f'{s}: {md5s.get(int(s))}' for s in seeds)}",
         f"- identical participants per round across algorithms: {'yes' if result.same_sampling else 'NO'}",
+        *([f"- validation split: {cfg_val(result)} of every client's training samples held out (not trained on)"]
+          if cfg_val(result) else []),
+        *(["- rows (the lr above is the base config's; each row's own):"] if result.arms else []),
+        *[f"  - {label}: {text}" for label, text in result.arms.items()],
         "",
         markdown_table(result.summaries, result.target),
         "",

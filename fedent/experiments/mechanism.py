@@ -13,13 +13,15 @@
   of the change right, sign(φ2' − c) = sign(φ2_actual − c), with Wilson 95% intervals over rounds (rounds of one
   run are not independent, so the intervals are optimistic).
 
-Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale] [--phi2]`` prints markdown tables.
+Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale] [--phi2] [--pool]`` prints markdown
+tables (``--pool``: the seeds of one comparison row, ``<row>-s<seed>``, pooled into one line).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -258,12 +260,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
     p.add_argument("--scale", action="store_true", help="also the scale response of the first run's first round")
     p.add_argument("--phi2", action="store_true", help="also φ2' scored against the ‖w(t)‖² guess and on the change")
+    p.add_argument("--pool", action="store_true",
+                   help="one row per run name without its -s<seed> suffix (a comparison's seeds pooled)")
     args = p.parse_args(argv)
-    logs = {str(r): runlog.read_metrics(runlog.RunPaths(Path(r)).metrics) for r in args.runs}
-    print("\n".join(stats_table({name: solve_stats([recs]) for name, recs in logs.items()})))
+    groups: dict[str, list[Records]] = {}
+    for r in args.runs:
+        name = re.sub(r"-s\d+$", "", Path(r).name) + " (pooled)" if args.pool else str(r)
+        groups.setdefault(name, []).append(runlog.read_metrics(runlog.RunPaths(Path(r)).metrics))
+    print("\n".join(stats_table({name: solve_stats(runs) for name, runs in groups.items()})))
     if args.phi2:
         print()
-        print("\n".join(phi2_table({name: phi2_scores([recs]) for name, recs in logs.items()})))
+        print("\n".join(phi2_table({name: phi2_scores(runs) for name, runs in groups.items()})))
     if args.scale:
         recs = [r for r in runlog.read_metrics(runlog.RunPaths(Path(args.runs[0])).metrics) if _clients(r)]
         if not recs:

@@ -49,10 +49,9 @@ class Knob:
     def step(self, value: float, up: bool) -> float:
         """The next value beyond ``value`` upwards or downwards on this knob's scale."""
         if self.scale == "log":
-            nxt = value * self.factor if up else value / self.factor
-        else:
-            nxt = 1.0 - (1.0 - value) / self.factor if up else 1.0 - (1.0 - value) * self.factor
-        return float(f"{nxt:.12g}")  # 1 − 0.1 × 10 is 0, not 2e-16: the domain test must see the limit
+            return float(f"{(value * self.factor if up else value / self.factor):.12g}")
+        nxt = 1.0 - (1.0 - value) / self.factor if up else 1.0 - (1.0 - value) * self.factor
+        return round(nxt, 12)  # 1 − 0.1 × 10 is 0, not 2e-16: the domain test must see the limit
 
     def inside(self, value: float) -> bool:
         return self.lo < value < self.hi
@@ -299,6 +298,7 @@ class Tuned:
 
     validation_fraction: float
     chosen: Mapping[str, Mapping[str, float]]
+    source: str = ""  # the file it was read from
 
     @classmethod
     def read(cls, path: str | Path) -> Tuned:
@@ -309,7 +309,7 @@ class Tuned:
         if not isinstance(raw, dict) or raw.get("version") != TUNED_VERSION:
             raise ConfigError(f"--tuned {path}: not a tuned.json of version {TUNED_VERSION}")
         algos = raw.get("algorithms") or {}
-        return cls(float(raw["validation_fraction"]), {a: dict(v["chosen"]) for a, v in algos.items()})
+        return cls(float(raw["validation_fraction"]), {a: dict(v["chosen"]) for a, v in algos.items()}, str(path))
 
     def for_arm(self, label: str, algorithm: str) -> dict[str, float]:
         """The values of arm ``label`` (its own tuning, else its algorithm's: a control inherits them)."""
