@@ -18,6 +18,13 @@ CONFIG=configs/fmnist-mnist-pathological.yaml
   --algorithms fedavg,fedent,fedent-shuffled=fedent,fedent-fixed=fedent,fedent-cap-none=fedent \
   --algo-set fedent-shuffled.rates=shuffled --algo-set fedent-fixed.rates=fixed \
   --algo-set fedent-cap-none.eta_max=null --threads 1 --no-progress --out "$OUT/compare"
+# the same runs again (read back, not retrained), paired against FedEnt instead of FedAvg: the controls' view
+cp "$OUT/compare/compare.md" "$OUT/compare/compare-vs-fedavg.md"
+"$PY" -m fedent compare --config "$CONFIG" "${SETS[@]}" --tuned "$OUT/tune/tuned.json" --seeds 0,1,2 --tail-k 3 \
+  --algorithms fedent,fedent-shuffled=fedent,fedent-fixed=fedent,fedent-cap-none=fedent,fedavg \
+  --algo-set fedent-shuffled.rates=shuffled --algo-set fedent-fixed.rates=fixed \
+  --algo-set fedent-cap-none.eta_max=null --threads 1 --no-progress --out "$OUT/compare"
+cp "$OUT/compare/compare.md" "$OUT/compare/compare-vs-fedent.md"
 RUNS=()
 for arm in fedent fedent-cap-none; do for s in 0 1 2; do RUNS+=("$OUT/compare/runs/$arm-s$s"); done; done
 "$PY" -m fedent.experiments.mechanism "${RUNS[@]}" --phi2 --pool > "$OUT/mechanism.md"
