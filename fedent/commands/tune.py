@@ -74,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"tune-{cfg.name}"
     tuner = Tuner(cfg, seeds, out, fraction=args.validation_fraction, tail_k=args.tail_k,
                   max_extend=args.max_extend, log=lambda line: print(line, file=sys.stderr, flush=True))
+    errors: tuple[type[BaseException], ...] = (*input_error_types(), SimulationError)
     try:
         results = [tuner.tune(a, grids) for a in algorithms]
-    except (*input_error_types(), SimulationError) as e:
+    except errors as e:
         print(f"fedent tune: {one_line(e)}", file=sys.stderr)
         return 2
     write_tuned(out / "tuned.json", tuner, results)

@@ -144,7 +144,8 @@ def phi2_scores(runs: Sequence[Records]) -> dict[str, Any] | None:
     naive_err = [abs(c - act) / act for _, _, c, act in rows]
     out["naive_err"] = float(np.median(naive_err))
     for name, idx in (("logged", 0), ("used", 1)):
-        preds = [(r[idx], r[2], r[3]) for r in rows if r[idx] is not None]
+        preds: list[tuple[float, float, float]] = [(float(p_), r[2], r[3]) for r in rows
+                                                   if (p_ := r[idx]) is not None]
         if not preds:
             out[name] = None
             continue
