@@ -127,7 +127,7 @@ def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path
         ("{name: fedcos, foo: 1}", "algorithm: unknown key(s) foo for fedcos; allowed: (none)"),
         ("{name: fedent, foo: 1, bar: 2}", "algorithm: unknown key(s) bar, foo for fedent; allowed: beta, eps1, eps2, "
                                            "estimator, eta_max, gamma, max_sweeps, offline_clients, phi2_rate, "
-                                           "probe_batch_size, variant"),
+                                           "probe_batch_size, rates, shuffle_seed, variant"),
         ("{name: fedprox, mew: 1}", "allowed: mu"),
         ("{name: fedent, beta: 1}", "algorithm.beta: must be in (0, 1), got 1.0"),
         ("{name: fedent, gamma: -0.1}", "algorithm.gamma: must be in [0, 1], got -0.1"),
