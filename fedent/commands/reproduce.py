@@ -54,6 +54,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every setting (repeatable), e.g. train.precision=tf32; "
                         "recorded in each run's config.yaml")
+    p.add_argument("--tuned", action="append", default=[], metavar="SETTING=FILE|DIR",
+                   help="tuned values per setting from fedent tune (repeatable): SETTING=FILE, or DIR holding "
+                        "DIR/<setting>/tuned.json (fedent tune --out DIR/<setting>); each row gets its algorithm's "
+                        "tuned values (a control inherits them, its own options win) and the tuning's training part; "
+                        "a setting without one runs untuned and the report says so; --report-only needs the same "
+                        "--tuned")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--gpus", default="auto", metavar="auto|none|ID[,ID]",
@@ -142,7 +148,7 @@ def outcomes(args: argparse.Namespace, plan: Plan, out: Path, budget: TimeBudget
 def run(args: argparse.Namespace) -> int:
     from fedent.experiments.budget import TimeBudget
     from fedent.experiments.compare import parse_list
-    from fedent.experiments.plan import build_plan, client_steps, trim_plan, validate_plan_configs
+    from fedent.experiments.plan import build_plan, client_steps, read_tuned, trim_plan, validate_plan_configs
     from fedent.experiments.profiles import get_profile
     from fedent.experiments.reproduce import is_complete
     from fedent.experiments.reproduce_report import publish, write_report
@@ -154,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers/--threads: must be >= 1")
     out = Path(args.out)
     rows = parse_list(args.rows, "rows", str) if args.rows else None
+    tuned = read_tuned(args.tuned, profile)
     plan = build_plan(profile, seeds, out, args.config_dir, only, rows, rounds=args.rounds,
-                      overrides=args.overrides)
+                      overrides=args.overrides, tuned=tuned)
     validate_plan_configs(plan)
     dropped: list[tuple[str, int]] = []
     budget = None
@@ -190,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     failed = 0
     command = {"argv": ["fedent", "reproduce", *sys.argv[2:]] if sys.argv[1:2] == ["reproduce"]
                else ["fedent", "reproduce"], "workers": args.workers, "threads": args.threads, "started": started,
-               "dropped": [{"setting": st, "seed": sd} for st, sd in dropped]}
+               "dropped": [{"setting": st, "seed": sd} for st, sd in dropped],
+               "tuned": {k: {"file": t.source, "sha256": t.sha256} for k, t in plan.tuned.items()}}
     if not args.report_only:
         command.update(machine=machine_info(), commit=git_commit())
     if not args.report_only:
@@ -231,6 +239,12 @@ def run(args: argparse.Namespace) -> int:
             command["measured_steps_per_s"] = None if measured is None else round(measured, 1)
             runlog.atomic_write_json(out / "command.json", command)
     trained = runlog.read_json(out / "command.json", default=None)
+    was = (trained.get("tuned") or {}) if isinstance(trained, dict) else {}
+    if args.report_only and {k: v["sha256"] for k, v in was.items()} != {k: t.sha256 for k, t in plan.tuned.items()}:
+        shown = " ".join(f"{k}={v['file']}" for k, v in was.items()) or "(none)"  # else it reports other runs
+        print(f"fedent reproduce: the runs in {out} were trained with --tuned {shown}; report them with the same "
+              "tuned files", file=sys.stderr)
+        return 2
     # runs a budget never started are not the report's business (command.json lists them), unless done since
     left_out = set(trained.get("not_run") or {}) if isinstance(trained, dict) else set()
     plan = replace(plan, runs=tuple(s for s in plan.runs if s.key not in left_out or is_complete(s.run_dir, s.rounds)))

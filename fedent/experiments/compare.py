@@ -177,14 +177,10 @@ def arm_config(cfg: ExperimentConfig, label: str, algorithm: str, overrides: Seq
                tuned: Tuned | None) -> ExperimentConfig:
     """The config of one arm: the tuned values (``train.*`` and ``algorithm.*``) and validation split of
     ``tuned`` when given, the arm's --algo-set options on top; the test set is evaluated."""
-    values = tuned.for_arm(label, algorithm) if tuned is not None else {}
-    preset = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("algorithm.")}
+    preset = tuned.algorithm_options(label, algorithm) if tuned is not None else {}
     algo = algorithm_config(label, cfg, overrides, algorithm, preset)
     if tuned is not None:
-        sets = [f"{k}={json.dumps(v)}" for k, v in values.items() if not k.startswith("algorithm.")]
-        sets += [f"data.validation_fraction={tuned.validation_fraction!r}", "train.evaluate_test=true"]
-        raw = cfg.to_dict()
-        cfg = config_from_dict(apply_overrides(raw, sets))
+        cfg = config_from_dict(apply_overrides(cfg.to_dict(), tuned.config_sets(label, algorithm)))
     return dataclasses.replace(cfg, algorithm=algo)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from fedent import runlog
 from fedent.config import AlgorithmConfig, ConfigError, apply_overrides, config_from_dict, load_config
 from fedent.experiments.profiles import Profile, Row, Section, Setting
+from fedent.experiments.tuning import Tuned
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Plan:
     seeds: tuple[int, ...]
     sections: tuple[Section, ...]
     runs: tuple[RunSpec, ...]  # in execution order: seed-major, then section order; no duplicates
+    tuned: Mapping[str, Tuned] = field(default_factory=dict)  # setting -> the tuned.json its rows use (--tuned)
 
 
 # ---- building the plan -----------------------------------------------------------------------------------
@@ -62,13 +64,23 @@ def setting_config(setting: Setting, config_dir: Path, extra: Sequence[str] = ()
 
 
 def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
-               replay_log: Path | None = None) -> dict[str, Any]:
+               replay_log: Path | None = None, tuned: Tuned | None = None) -> dict[str, Any]:
+    """One run's config. With ``tuned`` (the setting's tuned.json) the row gets its tuned values as
+    ``fedent compare --tuned`` gives an arm (``Tuned.config_sets``/``algorithm_options``: its own, else its
+    algorithm's, so a control inherits them), trains on the tuning's training part, and its name carries the file's
+    sha256 (config.yaml records it; the run-cache key, the config, changes with the file). The row's own options
+    win over tuned ones (the β sweep keeps its β) and ``lr_scale`` multiplies the tuned rate."""
     raw = json.loads(json.dumps(base))  # deep copy of plain data
     raw["name"] = f"reproduce-{setting}-{row.label}"
+    preset: dict[str, float] = {}
+    if tuned is not None:
+        raw = apply_overrides(raw, tuned.config_sets(row.label, row.algorithm))
+        raw["name"] += f"-tuned-{tuned.sha256[:12]}"
+        preset = tuned.algorithm_options(row.label, row.algorithm)
     raw["train"]["seed"] = int(seed)
     if row.lr_scale != 1.0:
         raw["train"]["lr"] = float(raw["train"]["lr"]) * row.lr_scale
-    raw["algorithm"] = {"name": row.algorithm, **row.options_dict()}
+    raw["algorithm"] = {"name": row.algorithm, **preset, **row.options_dict()}
     if row.replay_of is not None:
         if replay_log is None:
             raise ConfigError(f"row {row.label} replays {row.replay_of}: needs that run's metrics.jsonl")
@@ -78,11 +90,16 @@ def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
 
 def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, config_dir: str | Path,
                only: Sequence[str] | None = None, rows: Sequence[str] | None = None,
-               rounds: int | None = None, overrides: Sequence[str] = ()) -> Plan:
+               rounds: int | None = None, overrides: Sequence[str] = (),
+               tuned: Mapping[str, Tuned] | None = None) -> Plan:
     """Every run the chosen sections need, deduplicated, seed-major so an early stop leaves whole seeds.
-    ``overrides`` (``--set key=value``) apply to every setting, e.g. the device's precision or conv path."""
+    ``overrides`` (``--set key=value``) apply to every setting, e.g. the device's precision or conv path;
+    ``tuned``: setting -> its tuned.json (``run_config``); a setting without one runs untuned."""
     if not seeds:
         raise ConfigError("--seeds: at least one seed")
+    tuned = dict(tuned or {})
+    for key in tuned:
+        profile.setting(key)  # an unknown setting is an error, not a silently untuned run
     sections = tuple(profile.section(k) for k in only) if only else profile.sections
     if rows:  # only these rows (a replay still brings the run it replays)
         for label in rows:
@@ -119,7 +136,7 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
         if row.replay_of is not None:  # the replayed run comes first (added here if no section has it)
             dep = add(key, row.replay_of, seed)
             after, log = (dep,), runlog.RunPaths(runs[dep].run_dir).metrics
-        spec = RunSpec(key, label, seed, run_config(bases[key], key, row, seed, log), run_dir, after)
+        spec = RunSpec(key, label, seed, run_config(bases[key], key, row, seed, log, tuned.get(key)), run_dir, after)
         runs.setdefault(spec.key, spec)
         return spec.key
 
@@ -128,7 +145,35 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
         for key in sec.settings:
             for label in sec.rows_for(key):
                 add(key, label, seed)
-    return Plan(profile, tuple(int(s) for s in seeds), sections, tuple(runs.values()))
+    used = {k: t for k, t in tuned.items() if k in bases}
+    return Plan(profile, tuple(int(s) for s in seeds), sections, tuple(runs.values()), used)
+
+
+def read_tuned(texts: Sequence[str], profile: Profile) -> dict[str, Tuned]:
+    """``--tuned`` values -> setting -> its tuned.json. Tuned values are per setting (a rate tuned on one
+    partition says nothing about another), so each entry is ``SETTING=FILE`` or a directory ``DIR`` holding
+    ``DIR/<setting>/tuned.json`` (what ``fedent tune --out DIR/<setting>`` writes) for the settings it has; a
+    bare FILE only for a profile of one setting. A later entry wins for its setting."""
+    keys = [s.key for s in profile.settings]
+    out: dict[str, Tuned] = {}
+    for text in texts:
+        name, eq, path = text.partition("=")
+        if eq and name in keys:
+            out[name] = Tuned.read(path)
+        elif Path(text).is_dir():
+            found = {k: Path(text) / k / "tuned.json" for k in keys if (Path(text) / k / "tuned.json").is_file()}
+            if not found:
+                raise ConfigError(f"--tuned {text}: no <setting>/tuned.json in it (settings: {', '.join(keys)})")
+            out.update({k: Tuned.read(p) for k, p in found.items()})
+        elif len(keys) == 1 and Path(text).is_file():
+            out[keys[0]] = Tuned.read(text)
+        elif eq:
+            raise ConfigError(f"--tuned {text}: profile {profile.name} has no setting {name!r} "
+                              f"(settings: {', '.join(keys)})")
+        else:
+            raise ConfigError(f"--tuned {text}: expected SETTING=FILE or a directory of <setting>/tuned.json "
+                              "(tuned values are per setting)")
+    return out
 
 
 def run_tier(priority: int, seed_index: int) -> int:
@@ -193,7 +238,7 @@ def trim_plan(plan: Plan, budget_steps: int, cost: Callable[[RunSpec], int] | No
             break
         runs = [r for r in runs if (r.setting, r.seed) != unit]
         dropped.append(unit)
-    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs)), dropped
+    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs), plan.tuned), dropped
 
 
 def validate_plan_configs(plan: Plan) -> None:

@@ -10,7 +10,7 @@ Every row is also compared with a reference row (FedEnt where present, else the 
 the mean per-seed difference and its 95% t-interval, for the end point (mean of the last ``paired.TAIL_K``
 evaluated rounds) and for rounds to target (``fedent.experiments.paired``).
 
-Why ~525 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
+Why ~570 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
 builds (also written as summary.json); kept together, its shape is defined and read in one place.
 """
 
@@ -260,8 +260,49 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         "rows": {r.label: {"algorithm": r.algorithm, "options": r.options_dict()} for r in prof.rows},
         "sections": [{"key": s.key, "title": s.title, "settings": [st for st in s.settings if st in specs],
                       "rows": {st: list(s.rows_for(st)) for st in s.settings if st in specs}} for s in plan.sections],
-        "tables": tables, "figures": figures, "runs": runs,
+        "tables": tables, "figures": figures, "runs": runs, "tuned": tuned_summary(plan, specs),
     }
+
+
+def tuned_summary(plan: Plan, specs: Mapping[str, Mapping[tuple[str, int], RunSpec]]) -> dict[str, Any]:
+    """Per setting: the tuned.json its rows used (path, sha256) and, per row, the values that came from it (a
+    row's own option wins over a tuned one and is left out; ``lr_scale`` rows scale the tuned rate), or None:
+    untuned. Empty when ``--tuned`` was not given."""
+    if not plan.tuned:
+        return {}
+    out: dict[str, Any] = {}
+    for key, by_run in specs.items():
+        t = plan.tuned.get(key)
+        if t is None:
+            out[key] = None
+            continue
+        rows: dict[str, Any] = {}
+        for label in dict.fromkeys(r for r, _ in by_run):
+            row = plan.profile.row(label)
+            own = row.options_dict()
+            values = {k: v for k, v in t.for_arm(label, row.algorithm).items()
+                      if k.partition(".")[2] not in own or not k.startswith("algorithm.")}
+            rows[label] = {"values": values, "lr_scale": row.lr_scale}
+        out[key] = {"file": t.source, "sha256": t.sha256, "validation_fraction": t.validation_fraction, "rows": rows}
+    return out
+
+
+def _tuned_lines(tuned: Mapping[str, Any]) -> list[str]:
+    if not tuned:
+        return []
+    lines = ["", "Tuned values (`--tuned`; fedent tune on a validation split, the test set used only here):", ""]
+    for key, t in tuned.items():
+        if t is None:
+            lines.append(f"- {key}: **untuned** (no tuned entry for this setting): every row runs the profile's "
+                         "values")
+            continue
+        lines.append(f"- {key}: `{t['file']}` (sha256 {t['sha256']}), trained on the tuning's training part "
+                     f"(validation fraction {t['validation_fraction']:g} held out)")
+        for label, r in t["rows"].items():
+            vals = ", ".join(f"{k} {v:g}" + (f" (x {r['lr_scale']:g})" if k == "train.lr" and r["lr_scale"] != 1
+                                              else "") for k, v in r["values"].items())
+            lines.append(f"  - {label}: {vals or 'untuned (its algorithm has no tuned entry)'}")
+    return lines
 
 
 def _machine(m: Mapping[str, Any]) -> str:
@@ -322,6 +363,7 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
         "the global test accuracy first reaches the target (90% of the best row's mean final accuracy, "
         "rounded down; measured on evaluated rounds), with how many seeds reached it",
     ]
+    lines += _tuned_lines(data.get("tuned") or {})
     if prof["reductions"]:
         lines += ["", "Differences from the paper's setup (Table IV):", ""]
         lines += [f"- {r}" for r in prof["reductions"]]

@@ -18,6 +18,7 @@ training part (the validation samples stay held out) and evaluates the test set:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -299,18 +300,39 @@ class Tuned:
     validation_fraction: float
     chosen: Mapping[str, Mapping[str, float]]
     source: str = ""  # the file it was read from
+    sha256: str = ""  # of that file's bytes: names exactly which tuning a run used (fedent reproduce --tuned)
 
     @classmethod
     def read(cls, path: str | Path) -> Tuned:
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+            data = Path(path).read_bytes()
+            raw = json.loads(data.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"--tuned {path}: cannot read it ({e})") from None
         if not isinstance(raw, dict) or raw.get("version") != TUNED_VERSION:
             raise ConfigError(f"--tuned {path}: not a tuned.json of version {TUNED_VERSION}")
         algos = raw.get("algorithms") or {}
-        return cls(float(raw["validation_fraction"]), {a: dict(v["chosen"]) for a, v in algos.items()}, str(path))
+        try:
+            chosen = {str(a): {str(k): float(x) for k, x in v["chosen"].items()} for a, v in algos.items()}
+            fraction = float(raw["validation_fraction"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(f"--tuned {path}: malformed (needs validation_fraction and each algorithm's "
+                              "chosen values)") from None
+        return cls(fraction, chosen, str(path), hashlib.sha256(data).hexdigest())
 
     def for_arm(self, label: str, algorithm: str) -> dict[str, float]:
         """The values of arm ``label`` (its own tuning, else its algorithm's: a control inherits them)."""
         return dict(self.chosen.get(label) or self.chosen.get(algorithm) or {})
+
+    def algorithm_options(self, label: str, algorithm: str) -> dict[str, float]:
+        """The arm's tuned ``algorithm.*`` values as strategy options (``beta``, ``mu``, ...)."""
+        return {k.partition(".")[2]: v for k, v in self.for_arm(label, algorithm).items()
+                if k.startswith("algorithm.")}
+
+    def config_sets(self, label: str, algorithm: str) -> list[str]:
+        """``--set`` overrides of every other tuned value of the arm (``train.lr``, ...), plus the validation split
+        they were tuned on (every arm of a tuned comparison trains on the same training part, whether or not its
+        algorithm was tuned) and the test set evaluated: the one place the test set is used."""
+        sets = [f"{k}={json.dumps(v)}" for k, v in self.for_arm(label, algorithm).items()
+                if not k.startswith("algorithm.")]
+        return [*sets, f"data.validation_fraction={self.validation_fraction!r}", "train.evaluate_test=true"]

@@ -10,9 +10,10 @@ from conftest import tiny_inputs
 
 from fedent import runlog
 from fedent.cli import main
-from fedent.experiments.plan import build_plan
+from fedent.config import ConfigError
+from fedent.experiments.plan import build_plan, read_tuned
 from fedent.experiments.profiles import Profile, Row, Section, Setting
-from fedent.experiments.reproduce import is_complete, run_plan
+from fedent.experiments.reproduce import is_complete, run_plan, same_config
 from fedent.experiments.reproduce_report import BEGIN, END, publish, write_report
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -207,3 +208,94 @@ def test_killing_reproduce_ends_its_pool_workers(tmp_path: Path) -> None:
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert not alive, f"pool workers {alive} outlived their reproduce"
+
+
+def _tuned_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "validation_fraction": 0.25, "algorithms": {
+        "fedavg": {"chosen": {"train.lr": 0.3}},
+        "fedent": {"chosen": {"train.lr": 0.02, "algorithm.beta": 0.9}}}}))
+    return path
+
+
+def test_tuned_values_reach_each_rows_config_change_the_cache_key_and_the_report_says_which(tmp_path: Path) -> None:
+    """``--tuned DIR``: the pathological setting has DIR/pathological/tuned.json, the iid one has none."""
+    import hashlib
+
+    import yaml
+
+
+    base = _tiny_profile()
+    tiny = dict(base.settings[0].base)
+    tiny["train"] = {**tiny["train"], "rounds": 1, "local_eval": 0}
+    rows = (Row("fedavg", "fedavg"), Row("fedavg-lr2", "fedavg", lr_scale=2.0), Row("fedent", "fedent"),
+            Row("fedent-beta0.5", "fedent", (("beta", 0.5),)), Row("fedcos", "fedcos"))
+    labels = tuple(r.label for r in rows)
+    prof = Profile("tiny", "test", (Setting("pathological", "tiny", tiny), Setting("iid", "tiny iid", tiny)), rows,
+                   (Section("main", "Table", ("pathological", "iid"), labels),))
+    out = tmp_path / "out"
+    tuned_json = _tuned_file(tmp_path / "tune" / "pathological" / "tuned.json")
+    sha = hashlib.sha256(tuned_json.read_bytes()).hexdigest()
+
+    def inputs_for(cfg):  # type: ignore[no-untyped-def]
+        return tiny_inputs(4, 12, cfg.train.seed)
+
+    untuned = build_plan(prof, [0], out, CONFIGS)
+    assert [o.status for o in run_plan(untuned, 1, 1, inputs_for)] == ["done"] * 10
+    tuned = read_tuned([str(tmp_path / "tune")], prof)
+    assert set(tuned) == {"pathological"} and tuned["pathological"].sha256 == sha
+    plan = build_plan(prof, [0], out, CONFIGS, tuned=tuned)
+    # the cache key is the config: the pathological runs are not the untuned ones any more, the iid ones are
+    assert [same_config(s.run_dir, s.config) for s in plan.runs] == [False] * 5 + [True] * 5
+    outcomes = list(run_plan(plan, 1, 1, inputs_for))
+    assert [o.status for o in outcomes] == ["done"] * 5 + ["skipped"] * 5
+
+    def written(setting: str, row: str) -> dict:  # type: ignore[type-arg]
+        return yaml.safe_load((out / "runs" / setting / f"{row}-s0" / "config.yaml").read_text())
+
+    lr = {r: written("pathological", r)["train"]["lr"] for r in labels}
+    assert lr == {"fedavg": 0.3, "fedavg-lr2": 0.6, "fedent": 0.02, "fedent-beta0.5": 0.02, "fedcos": 0.1}
+    assert written("pathological", "fedent")["algorithm"]["beta"] == 0.9
+    assert written("pathological", "fedent-beta0.5")["algorithm"]["beta"] == 0.5  # the row's own option wins
+    for r in labels:  # every row of the tuned setting on the tuning's training part, the file's hash recorded
+        w = written("pathological", r)
+        assert w["data"]["validation_fraction"] == 0.25 and w["name"].endswith(f"-tuned-{sha[:12]}"), r
+        assert "validation_fraction" not in written("iid", r)["data"] and "-tuned-" not in written("iid", r)["name"]
+    assert {r: written("iid", r)["train"]["lr"] for r in labels} == {**dict.fromkeys(labels, 0.1), "fedavg-lr2": 0.2}
+    # an untuned plan again: its runs are redone, not read back from the tuned ones
+    assert not any(same_config(s.run_dir, s.config) for s in untuned.runs[:5])
+
+    write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tuned"]["iid"] is None and summary["tuned"]["pathological"]["sha256"] == sha
+    text = (out / "report.md").read_text()
+    assert "- iid: **untuned** (no tuned entry for this setting)" in text
+    assert f"- pathological: `{tuned_json}` (sha256 {sha})" in text
+    assert "  - fedavg-lr2: train.lr 0.3 (x 2)\n" in text and "  - fedent: train.lr 0.02, algorithm.beta 0.9\n" in text
+    assert "  - fedent-beta0.5: train.lr 0.02\n" in text  # its β is its own, not the tuned one
+    assert "  - fedcos: untuned (its algorithm has no tuned entry)\n" in text
+
+
+def test_tuned_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+
+    prof = _tiny_profile()
+    one = _tuned_file(tmp_path / "t.json")
+    assert set(read_tuned([str(one)], prof)) == {"pathological"}  # one setting: a bare file is unambiguous
+    assert set(read_tuned([f"pathological={one}"], prof)) == {"pathological"}
+    with pytest.raises(ConfigError, match="no setting 'dir0.5'"):
+        read_tuned([f"dir0.5={one}"], prof)
+    with pytest.raises(ConfigError, match="no <setting>/tuned.json"):
+        read_tuned([str(tmp_path)], prof)
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_tuned([f"pathological={tmp_path / 'missing.json'}"], prof)
+    # the cpu profile has several settings: a bare file does not say which
+    assert main(["reproduce", "--dry-run", "--tuned", str(one), "--out", str(tmp_path / "o")]) == 2
+    assert "expected SETTING=FILE" in capsys.readouterr().err
+    assert main(["reproduce", "--dry-run", "--seeds", "0", "--only", "beta", "--tuned", f"pathological={one}",
+                 "--out", str(tmp_path / "o")]) == 0
+    # a report of tuned runs without their tuned files would describe runs that are not there
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "command.json").write_text(json.dumps({"tuned": {"pathological": {"file": "x.json",
+                                                                                        "sha256": "ab"}}}))
+    assert main(["reproduce", "--report-only", "--seeds", "0", "--only", "beta", "--out", str(tmp_path / "o")]) == 2
+    assert "trained with --tuned pathological=x.json" in capsys.readouterr().err
