@@ -224,10 +224,8 @@ def test_tuned_values_reach_each_rows_config_change_the_cache_key_and_the_report
 
     import yaml
 
-
-    base = _tiny_profile()
-    tiny = dict(base.settings[0].base)
-    tiny["train"] = {**tiny["train"], "rounds": 1, "local_eval": 0}
+    tiny = {"name": "tiny", "data": {"name": "synthetic", "num_clients": 4, "partition": "iid"},
+            "train": {"rounds": 1, "fraction": 0.5, "local_epochs": 1, "batch_size": 4, "lr": 0.1, "device": "cpu"}}
     rows = (Row("fedavg", "fedavg"), Row("fedavg-lr2", "fedavg", lr_scale=2.0), Row("fedent", "fedent"),
             Row("fedent-beta0.5", "fedent", (("beta", 0.5),)), Row("fedcos", "fedcos"))
     labels = tuple(r.label for r in rows)
