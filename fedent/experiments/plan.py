@@ -120,6 +120,9 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
         for key in sec.settings:
             if key not in bases:
                 bases[key] = setting_config(profile.setting(key), cdir, overrides)
+                if key in tuned and (wrong := tuned[key].problem_mismatch(bases[key])):
+                    raise ConfigError(f"--tuned {tuned[key].source}: setting {key} is another problem: "
+                                      f"{'; '.join(wrong)}")
                 if rounds is not None:  # a smoke test of the profile
                     bases[key]["train"]["rounds"] = int(rounds)
         for label in sec.rows:

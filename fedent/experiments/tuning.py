@@ -301,6 +301,23 @@ class Tuned:
     chosen: Mapping[str, Mapping[str, float]]
     source: str = ""  # the file it was read from
     sha256: str = ""  # of that file's bytes: names exactly which tuning a run used (fedent reproduce --tuned)
+    config: Mapping[str, Any] = field(default_factory=dict)  # the base config it was tuned on
+
+    def problem_mismatch(self, config: Mapping[str, Any]) -> list[str]:
+        """The keys that make ``config`` another federated problem than the tuning's (dataset, split, clients,
+        participation, model): values tuned there say nothing here. Rounds and subsamples may differ."""
+        if not self.config:
+            return []
+        keys = [("data", "name"), ("data", "partition"), ("data", "num_clients"), ("train", "fraction"),
+                ("model", "name")]
+        if (config.get("data") or {}).get("partition") == "dirichlet":
+            keys += [("data", "alpha"), ("data", "dirichlet_flavour")]
+        out = []
+        for a, b in keys:
+            here, there = (config.get(a) or {}).get(b), (self.config.get(a) or {}).get(b)
+            if here != there:
+                out.append(f"{a}.{b} {here!r} (tuned on {there!r})")
+        return out
 
     @classmethod
     def read(cls, path: str | Path) -> Tuned:
@@ -318,7 +335,8 @@ class Tuned:
         except (KeyError, TypeError, ValueError, AttributeError):
             raise ConfigError(f"--tuned {path}: malformed (needs validation_fraction and each algorithm's "
                               "chosen values)") from None
-        return cls(fraction, chosen, str(path), hashlib.sha256(data).hexdigest())
+        base = raw["config"] if isinstance(raw.get("config"), dict) else {}
+        return cls(fraction, chosen, str(path), hashlib.sha256(data).hexdigest(), base)
 
     def for_arm(self, label: str, algorithm: str) -> dict[str, float]:
         """The values of arm ``label`` (its own tuning, else its algorithm's: a control inherits them)."""

@@ -297,3 +297,20 @@ def test_tuned_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
                                                                                         "sha256": "ab"}}}))
     assert main(["reproduce", "--report-only", "--seeds", "0", "--only", "beta", "--out", str(tmp_path / "o")]) == 2
     assert "trained with --tuned pathological=x.json" in capsys.readouterr().err
+
+
+def test_a_tuned_file_of_another_problem_is_refused(tmp_path: Path) -> None:
+    """Values tuned on one problem (dataset, split, clients, participation, model) say nothing about another:
+    pointing a setting at another setting's tuned.json is an error; other rounds or subsamples are not."""
+    prof = _tiny_profile()
+    raw = json.loads(_tuned_file(tmp_path / "t.json").read_text())
+    same = {"data": {"name": "synthetic", "num_clients": 4, "partition": "iid", "max_train_samples": 40},
+            "train": {"fraction": 0.5, "rounds": 9}, "model": {"name": "mnist-cnn"}}
+    (tmp_path / "same.json").write_text(json.dumps({**raw, "config": same}))
+    plan = build_plan(prof, [0], tmp_path / "o", CONFIGS, tuned=read_tuned([str(tmp_path / "same.json")], prof))
+    assert plan.runs[0].config["train"]["lr"] == 0.3
+    other = {**same, "data": {**same["data"], "num_clients": 100}}
+    (tmp_path / "other.json").write_text(json.dumps({**raw, "config": other}))
+    with pytest.raises(ConfigError, match=r"setting pathological is another problem: data.num_clients 4 \(tuned on "
+                                          r"100\)"):
+        build_plan(prof, [0], tmp_path / "o", CONFIGS, tuned=read_tuned([str(tmp_path / "other.json")], prof))
