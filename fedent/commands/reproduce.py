@@ -239,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
             command["measured_steps_per_s"] = None if measured is None else round(measured, 1)
             runlog.atomic_write_json(out / "command.json", command)
     trained = runlog.read_json(out / "command.json", default=None)
-    was = (trained.get("tuned") or {}) if isinstance(trained, dict) else {}
+    mine = {st for sec in plan.sections for st in sec.settings}  # a report of fewer sections checks only theirs
+    was = {k: v for k, v in ((trained.get("tuned") or {}) if isinstance(trained, dict) else {}).items() if k in mine}
     if args.report_only and {k: v["sha256"] for k, v in was.items()} != {k: t.sha256 for k, t in plan.tuned.items()}:
         shown = " ".join(f"{k}={v['file']}" for k, v in was.items()) or "(none)"  # else it reports other runs
         print(f"fedent reproduce: the runs in {out} were trained with --tuned {shown}; report them with the same "

@@ -297,6 +297,9 @@ def test_tuned_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
                                                                                         "sha256": "ab"}}}))
     assert main(["reproduce", "--report-only", "--seeds", "0", "--only", "beta", "--out", str(tmp_path / "o")]) == 2
     assert "trained with --tuned pathological=x.json" in capsys.readouterr().err
+    # ... but only for the settings of the sections reported (the beta section has the pathological one only)
+    (tmp_path / "o" / "command.json").write_text(json.dumps({"tuned": {"dir1.0": {"file": "x.json", "sha256": "ab"}}}))
+    assert main(["reproduce", "--report-only", "--seeds", "0", "--only", "beta", "--out", str(tmp_path / "o")]) == 0
 
 
 def test_a_tuned_file_of_another_problem_is_refused(tmp_path: Path) -> None:
