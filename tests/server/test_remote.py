@@ -19,6 +19,7 @@ from fedent.config import DPMode, ExperimentConfig, PrivacyConfig, config_from_d
 from fedent.inputs import RunInputs
 from fedent.model_file import load_model_file
 from fedent.rounds import RoundPolicy
+from fedent.rounds.adversary import attackers
 from fedent.runlog import read_json, read_metrics
 from fedent.sim.simulator import run_simulation
 from fedent.strategies.registry import STRATEGIES
@@ -95,6 +96,28 @@ def test_a_cluster_under_attack_equals_the_simulator(start: Any, tmp_path: Path,
     assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(sim.params, clean.params, strict=True))
     recs = read_metrics(run_dir / "metrics.jsonl")
     assert [r["diagnostics"].get("robust") for r in recs] == [r["diagnostics"].get("robust") for r in sim.records]
+
+
+def test_alie_in_a_cluster_equals_the_simulator_when_one_worker_hosts_the_coalition(start: Any,
+                                                                                    tmp_path: Path) -> None:
+    """ALIE's coalition is the attackers one host fits in a round (fedent.rounds.adversary). Attackers 6 and 8 on
+    one worker: the cluster uploads what the simulator does (1e-5), a model unlike the clean one. Split over two
+    workers, each is a coalition of one (σ = 0) and uploads its honest update: the clean run's model."""
+    raw = tiny_config("fedavg", num_clients=10, rounds=2, fraction=1.0).to_dict()
+    raw["adversary"] = {"attack": "alie", "fraction": 0.2, "z": 3.0}
+    cfg = config_from_dict(raw)
+    inputs = tiny_inputs(10)
+    assert attackers(cfg.train.seed, 10, 0.2) == [6, 8]
+    together = _cluster(start, cfg, inputs, "sequential")  # workers of 0-4 and 5-9
+    sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
+    _same_model(load_model_file(together / "model_final.pt").params, sim.params)
+    clean = run_simulation(tiny_config("fedavg", num_clients=10, rounds=2, fraction=1.0), tmp_path / "clean",
+                           progress=False, inputs=inputs, plots=False)
+    assert max(float((a - b).abs().max()) for a, b in zip(sim.params, clean.params, strict=True)) > 1e-3
+    h = start(cfg, inputs)
+    run_inthread_workers(h, inputs, [(0, 1, 2, 3, 6), (4, 5, 7, 8, 9)], 90)
+    assert h.run.error is None, h.run.error
+    _same_model(load_model_file(Path(h.run_dir) / "model_final.pt").params, clean.params)
 
 
 def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path) -> None:
