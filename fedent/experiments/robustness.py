@@ -15,17 +15,27 @@ SECTION = "robustness"
 
 
 def _cell(t: Mapping[str, Any], row: str, key: str = "final_acc", scale: float = 100.0, fmt: str = ".1f") -> str:
+    """One number of a row, or "diverged" (the attack drove the model non-finite: the engine stopped the run),
+    or "—" (not run)."""
     for r in t.get("rows", []):
+        if r["row"] != row:
+            continue
         ms = r.get(key)
-        if r["row"] == row and ms is not None:
+        if ms is not None:
             return format(scale * float(ms["mean"]), fmt)
+        if r.get("diverged"):
+            return "diverged"
     return "—"
 
 
 def attack_defence(setting: Mapping[str, Any]) -> tuple[str, str]:
-    """(attack, defence) of a setting, from its ``--set`` overrides (none / mean when absent)."""
+    """(attack, defence) of a setting, from its ``--set`` overrides (none / mean when absent); a ``clip_norm``
+    is the defence "clip" before the mean, "<rule>+clip" before another rule."""
     overrides = dict(o.split("=", 1) for o in setting["overrides"] if "=" in o)
-    return overrides.get("adversary.attack", "none"), overrides.get("robust.aggregator", "mean")
+    rule = overrides.get("robust.aggregator", "mean")
+    if overrides.get("robust.clip_norm", "null") not in ("null", "None", ""):
+        rule = "clip" if rule == "mean" else f"{rule}+clip"
+    return overrides.get("adversary.attack", "none"), rule
 
 
 def robustness_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[str]:
