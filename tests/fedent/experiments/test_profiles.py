@@ -78,7 +78,7 @@ def test_robust_profile_learns_clean_and_crosses_every_attack_with_the_coordinat
     assert clean["data"]["partition"] == "dirichlet" and clean["data"]["alpha"] == 1.0
     assert clean["data"]["num_clients"] == 100 and clean["data"]["max_train_samples"] == 12000
     assert (clean["train"]["lr"], clean["train"]["local_epochs"], clean["train"]["batch_size"],
-            clean["train"]["rounds"], clean["train"]["fraction"]) == (0.1, 2, 32, 15, 0.2)
+            clean["train"]["rounds"], clean["train"]["fraction"]) == (0.1, 2, 32, 10, 0.2)
     assert clean["model"]["name"] == "lenet5" and clean["adversary"]["attack"] == "none"
     for attack in ("sign-flip", "scale", "gaussian", "label-flip", "alie", "inflate-count"):
         for defence in ("mean", "median", "trimmed-mean"):
