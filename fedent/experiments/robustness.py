@@ -44,7 +44,8 @@ def robustness_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[st
     keyed = {attack_defence(data["settings"][k]): k for k in sec["settings"]}
     attacks = list(dict.fromkeys(a for a, _ in keyed))
     defences = list(dict.fromkeys(d for _, d in keyed))
-    algos = list(sec["rows"])
+    rows = sec["rows"]  # the summary's {setting: rows}; every setting of the grid has the same rows
+    algos = list(next(iter(rows.values()))) if isinstance(rows, dict) else list(rows)
 
     def table(a: str, d: str) -> Mapping[str, Any]:
         k = keyed.get((a, d))

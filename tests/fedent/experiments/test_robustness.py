@@ -4,9 +4,19 @@ non-finite, "—" where a pair was not run, and each defence's seconds per round
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from conftest import tiny_inputs
+
+from fedent.experiments.plan import build_plan
+from fedent.experiments.profiles import Profile, Row, Section, Setting
+from fedent.experiments.reproduce import run_plan
+from fedent.experiments.reproduce_report import write_report
 from fedent.experiments.robustness import attack_defence, robustness_lines
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def _setting(attack: str, *sets: str) -> dict[str, Any]:
@@ -40,7 +50,7 @@ def test_the_grid_puts_the_clean_run_first_and_says_diverged_and_not_run() -> No
               "robustness/scale-median": _table(0.688, 0.6749),
               "robustness/none-clip": _table(0.71, 0.7, 25.0)}
     data = {"settings": settings, "tables": tables, "seeds": [0]}
-    sec = {"key": "robustness", "settings": list(settings), "rows": ["fedavg", "fedent"]}
+    sec = {"key": "robustness", "settings": list(settings), "rows": {k: ["fedavg", "fedent"] for k in settings}}
     lines = robustness_lines(data, sec)
     assert "| attack | mean: fedavg | mean: fedent | median: fedavg | median: fedent | clip: fedavg | clip: fedent |" \
         in lines
@@ -49,3 +59,29 @@ def test_the_grid_puts_the_clean_run_first_and_says_diverged_and_not_run() -> No
                     "| scale | diverged | diverged | 68.8 | 67.5 | — | — |"]
     assert "seed(s) 0" in lines[1]
     assert lines[-1].endswith("mean 2.00 / 2.00; median 3.00 / 3.00; clip 2.50 / 2.50.")
+
+
+def test_a_robust_plan_reports_one_grid_and_no_table_per_setting(tmp_path: Path) -> None:
+    """Four tiny settings through run_plan and write_report: one grid line per attack with each (defence,
+    algorithm) cell filled from its run, and no per-setting tables or figures."""
+    base = {"name": "tiny", "data": {"name": "synthetic", "num_clients": 4, "partition": "iid"},
+            "train": {"rounds": 2, "fraction": 1.0, "local_epochs": 1, "batch_size": 4, "lr": 0.1, "device": "cpu"}}
+    grid = [("none", "mean"), ("none", "median"), ("scale", "mean"), ("scale", "median")]
+    settings = tuple(Setting(f"{a}-{d}", f"{a}, {d}", base, ("adversary.fraction=0.25", f"adversary.attack={a}",
+                                                             f"robust.aggregator={d}"))
+                     for a, d in grid)
+    prof = Profile("tiny", "test", settings, (Row("fedavg", "fedavg"),),
+                   (Section("robustness", "Robustness", tuple(s.key for s in settings), ("fedavg",)),))
+    out = tmp_path / "out"
+    plan = build_plan(prof, [0], out, CONFIGS)
+    outcomes = list(run_plan(plan, 1, 1, lambda cfg: tiny_inputs(4, 12, cfg.train.seed)))
+    assert [o.status for o in outcomes] == ["done"] * 4
+    write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
+    text = (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    acc = {k: 100 * summary["tables"][f"robustness/{k}"]["rows"][0]["final_acc"]["mean"] for k in
+           ("none-mean", "none-median", "scale-mean", "scale-median")}
+    assert "| attack | mean: fedavg | median: fedavg |" in text
+    assert f"| none | {acc['none-mean']:.1f} | {acc['none-median']:.1f} |" in text
+    assert f"| scale | {acc['scale-mean']:.1f} | {acc['scale-median']:.1f} |" in text
+    assert "**none, mean**" not in text and not list((out / "figures").glob("*.png"))
