@@ -5,11 +5,13 @@ Two measurements, each rule alternated with the mean in the same run (ratios, do
 1. the server step alone: ``robust.apply`` + FedAvg's ``aggregate`` on m uploads of the model's size (seeded
    random updates), median of ``--repeats`` timings;
 2. whole simulator rounds: FedAvg on the built-in seeded synthetic dataset (28x28, 10 classes) with the model, 20
-   clients, 50% a round, 1 local epoch, batch 32, CPU: the median of the per-round wall times after round 0.
+   clients, 50% a round, 1 local epoch, batch 32, CPU: the median of the per-round wall times after round 0, over
+   ``--reps`` runs of every rule taking turns.
 
 ``--model``: mnist-cnn (1.66 M parameters, the default) or lenet5 (61,706: the robust profile's model).
 
-    .venv/bin/python benchmarks/bench_robust.py [--model mnist-cnn --clients 20 --repeats 5 --rounds 3 --json out.json]
+    .venv/bin/python benchmarks/bench_robust.py [--model mnist-cnn --clients 20 --repeats 5 --rounds 3 --reps 2
+                                                 --json out.json]
 """
 
 from __future__ import annotations
@@ -58,22 +60,24 @@ def server_step(clients: int, repeats: int, model: str = "mnist-cnn") -> dict[st
     return {k: statistics.median(v[1:]) for k, v in times.items()}
 
 
-def rounds(n_rounds: int, model: str = "mnist-cnn") -> dict[str, float]:
-    """Median seconds per simulator round (after round 0) per rule; the rules run one after another."""
-    out: dict[str, float] = {}
+def rounds(n_rounds: int, model: str = "mnist-cnn", reps: int = 2) -> dict[str, float]:
+    """Median seconds per simulator round (after each run's round 0) per rule, over ``reps`` runs of every rule;
+    the rules take turns (the order reversed every other repetition), so a load that drifts on a shared machine
+    falls on all of them alike."""
+    walls: dict[str, list[float]] = {k: [] for k in RULES}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, opts in RULES.items():
-            cfg = config_from_dict({
-                "name": f"bench-{name}", "model": {"name": model},
-                "data": {"name": "synthetic", "num_clients": 20, "partition": "iid", "synthetic_train": 2000,
-                         "synthetic_test": 200},
-                "train": {"rounds": n_rounds, "fraction": 0.5, "local_epochs": 1, "batch_size": 32, "lr": 0.01,
-                          "device": "cpu", "seed": 0},
-                "algorithm": {"name": "fedavg"}, "robust": opts})
-            res = run_simulation(cfg, Path(tmp) / name, progress=False, plots=False)
-            out[name] = statistics.median(r["wall_s"] for r in res.records[1:]) if len(res.records) > 1 else \
-                res.records[0]["wall_s"]
-    return out
+        for rep in range(reps):
+            for name in (list(RULES) if rep % 2 == 0 else list(reversed(RULES))):
+                cfg = config_from_dict({
+                    "name": f"bench-{name}", "model": {"name": model},
+                    "data": {"name": "synthetic", "num_clients": 20, "partition": "iid", "synthetic_train": 2000,
+                             "synthetic_test": 200},
+                    "train": {"rounds": n_rounds, "fraction": 0.5, "local_epochs": 1, "batch_size": 32, "lr": 0.01,
+                              "device": "cpu", "seed": 0},
+                    "algorithm": {"name": "fedavg"}, "robust": RULES[name]})
+                res = run_simulation(cfg, Path(tmp) / f"{name}-{rep}", progress=False, plots=False)
+                walls[name] += [float(r["wall_s"]) for r in (res.records[1:] or res.records)]
+    return {k: statistics.median(v) for k, v in walls.items()}
 
 
 def main() -> None:
@@ -82,13 +86,14 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2, help="runs of every rule for the round times, taking turns")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     step = server_step(args.clients, args.repeats, args.model)
-    per_round = rounds(args.rounds, args.model)
+    per_round = rounds(args.rounds, args.model, args.reps)
     print(f"server step, {args.clients} {args.model} uploads (median of {args.repeats}); simulator round (20 clients, "
-          f"10 a round, median after round 0 of {args.rounds}):")
+          f"10 a round, median after round 0 of {args.rounds}, {args.reps} runs each, taking turns):")
     print(f"{'rule':<14}{'step ms':>10}{'x mean':>8}{'round s':>10}{'x mean':>8}")
     for k in RULES:
         print(f"{k:<14}{1e3 * step[k]:>10.2f}{step[k] / step['mean']:>8.2f}{per_round[k]:>10.3f}"
