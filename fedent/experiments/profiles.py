@@ -349,7 +349,7 @@ def robust_profile() -> Profile:
         reductions=(
             "Fashion-MNIST, 12,000 training images (120 a client) and 1,000 test images, Dirichlet α_d = 1.0 over 100 "
             "clients, 20% a round, LeNet-5 (61,706 parameters), 2 local epochs of batch 32 at lr 0.1, "
-            f"{ROBUST_ROUNDS} rounds (minutes on 2 shared cores); one seed",
+            f"{ROBUST_ROUNDS} rounds (54 runs, ~35 minutes on 2 shared cores); one seed",
             "attacks: adversary.fraction 0.2 of the 100 clients (drawn from the seed; about 4 a round); sign-flip "
             "-delta; scale x(-10); gaussian N(0, 1) deltas; label-flip y -> 9 - y; alie mean - z_max std of the "
             "round's attackers' honest deltas (z_max = 0.496 for 20 of 100); inflate-count reports 10^12 samples and "
