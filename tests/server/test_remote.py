@@ -132,14 +132,17 @@ def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path)
     assert diverged(tmp_path / "sim") is not None
 
 
-@pytest.mark.parametrize("dp", ["central", "local"])
-def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: DPMode) -> None:
+@pytest.mark.parametrize(("dp", "executor"), [("central", "sequential"), ("local", "sequential"),
+                                               ("local", "vectorised")])
+def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: DPMode,
+                                                                   executor: str) -> None:
     """Central noise is drawn in the engine from (seed, round), DP-SGD's on each worker from the client's own
-    generator: the same model (1e-5) and the same logged ε in both worlds, and the noise is really there."""
-    plain = tiny_config("fedavg", num_clients=10, rounds=2, executor="sequential")
+    generator (a vectorised worker's too): the same model (1e-5) and the same logged ε in both worlds, and the
+    noise is really there."""
+    plain = tiny_config("fedavg", num_clients=10, rounds=2, executor=executor)
     cfg = dataclasses.replace(plain, privacy=PrivacyConfig(dp=dp, noise_multiplier=1.0, clip_norm=0.5))
     inputs = tiny_inputs(10)
-    run_dir = _cluster(start, cfg, inputs, "sequential")
+    run_dir = _cluster(start, cfg, inputs, executor)
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     _same_model(load_model_file(run_dir / "model_final.pt").params, sim.params)
     cluster = read_metrics(run_dir / "metrics.jsonl")
@@ -171,3 +174,31 @@ def test_secure_aggregation_runs_over_the_work_stream_and_equals_the_secure_simu
     assert 0 < num / sum(float(b.norm() ** 2) for b in plain.params) ** 0.5 <= 1e-4
     clients = read_json(run_dir / "clients.json")["clients"]
     assert sum(c["participation"] for c in clients) == sum(r["num_clients"] for r in sim.records)
+
+
+def test_a_lying_aggregator_is_refused_by_the_workers_clients(start: Any, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consistency check over the work stream: an aggregator that shows the odd clients a U3 without client 9
+    (as if it had dropped) and forwards every signature gets no share back from either worker; the round is
+    skipped with the clients' refusal."""
+    from fedent.secagg.protocol import ServerSession, pack
+
+    honest = ServerSession.consistency_requests
+
+    def split(self: ServerSession, survivors: list[int]) -> dict[int, bytes]:
+        reqs = honest(self, survivors)
+        self.pki = None  # skip its own signature checks
+        lie = pack({"step": "consistency", "survivors": self.u3[:-1]})
+        return {c: lie if c % 2 else r for c, r in reqs.items() if c != self.u3[-1]}
+
+    monkeypatch.setattr(ServerSession, "consistency_requests", split)
+    cfg = dataclasses.replace(tiny_config("fedavg", num_clients=10, rounds=1, fraction=1.0),
+                              privacy=PrivacyConfig(secure_aggregation=True))
+    inputs = tiny_inputs(10)
+    h = start(cfg, inputs)
+    run_inthread_workers(h, inputs, [tuple(range(5)), tuple(range(5, 10))], 90)
+    assert h.run.error is None  # the cluster's policy skips a round that cannot be unmasked
+    skipped = read_metrics(Path(h.run_dir) / "metrics.jsonl")[0]["diagnostics"]["skipped"]
+    assert skipped.startswith("secure aggregation could not unmask the sum: secagg: cannot remove client 0's self "
+                              "mask: 0 share(s)")  # not one share of anyone came back
+    assert "9 client(s) refused" in skipped and "signature on U3 is not valid" in skipped

@@ -91,3 +91,15 @@ def test_robust_profile_learns_clean_and_crosses_every_attack_with_the_coordinat
     rest = {k: v for k, v in by[("scale-median", "fedent")].items() if k not in ("adversary", "robust", "algorithm",
                                                                                     "name")}
     assert rest == {k: v for k, v in clean.items() if k not in ("adversary", "robust", "algorithm", "name")}
+
+
+def test_issue_29_rate_controls_vary_one_thing_each() -> None:
+    from fedent.experiments.profiles import RATE_CONTROL_ROWS, get_profile
+
+    prof = get_profile("full")
+    base = prof.row("fedent")
+    assert set(RATE_CONTROL_ROWS) <= set(prof.section("main").rows)
+    changed = {r: prof.row(r).options_dict() for r in RATE_CONTROL_ROWS}
+    assert changed == {"fedent-shuffled": {"rates": "shuffled"}, "fedent-fixed": {"rates": "fixed"},
+                       "fedent-cap-none": {"eta_max": None}, "fedent-cap2": {"eta_max": 2.0}}
+    assert base.options_dict() == {} and all(prof.row(r).lr_scale == 1.0 for r in RATE_CONTROL_ROWS)
