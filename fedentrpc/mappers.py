@@ -142,7 +142,7 @@ def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
 DOWNLOAD_ENCODINGS = {"full": agg_pb.DOWNLOAD_ENCODING_FULL, "delta": agg_pb.DOWNLOAD_ENCODING_DELTA}
 
 
-def download_encoding_to_msg(name: str) -> agg_pb.DownloadEncoding.ValueType:
+def download_encoding_to_msg(name: str) -> agg_pb.DownloadEncoding:
     return DOWNLOAD_ENCODINGS[name]
 
 
