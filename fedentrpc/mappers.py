@@ -2,16 +2,17 @@
 
 Why it exists: the core (``fedent``) knows no protobuf, and the services should not build messages field
 by field; this is the one place where ``Probe``, ``RoundPayload``, ``ClientUpdate``, the estimator's
-requests and answers, and the transfer settings meet their messages. Tensors inside them travel through
-``codec`` (an update's chunks in the ``SubmitUpdateRequest.chunk`` oneof, a gradient answer's in
-``OracleRequest.chunk``). Decoding validates and raises ``codec.WireError`` with a one-line message.
+requests and answers, the transfer settings and the delta downloads' ``HeldModel`` / ``ModelDelta`` meet their
+messages. Tensors inside them travel through ``codec`` (an update's chunks in the ``SubmitUpdateRequest.chunk``
+oneof, a gradient answer's in ``OracleRequest.chunk``). Decoding validates and raises ``codec.WireError`` with a
+one-line message.
 
 Enums: each proto enum has one table here (Python value <-> enum value; the tensor-level ones are in
 ``codec``). A value outside its table (``*_UNSPECIFIED``, or one from newer protos) is a WireError, which a
 servicer answers with INVALID_ARGUMENT. Free-form dicts (the worker's config, the estimator's reports)
 travel as ``google.protobuf.Struct``: ``dict_to_struct`` / ``struct_to_dict``.
 
-Why ~460 lines in one module: it is the one place named above, a flat list of small to/from pairs that share
+Why ~560 lines in one module: it is the one place named above, a flat list of small to/from pairs that share
 the enum lookup and the Struct helpers; split by service, no part would be simpler and the helpers would cross
 modules.
 """
