@@ -361,7 +361,7 @@ def test_fetch_blob_answers_a_held_model_by_the_download_encoding(start: Any, en
     from fedentrpc import model_delta
 
     inputs = tiny_inputs()
-    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, download_encoding=encoding)
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, download_encoding=encoding, chunk_bytes=4)
     stub = _stub(h)
     md5 = inputs.partition_info["md5"]
     reg = stub.Register(pb.RegisterRequest(worker_name="raw", client_ids=[0, 1]), timeout=10)
@@ -373,8 +373,9 @@ def test_fetch_blob_answers_a_held_model_by_the_download_encoding(start: Any, en
     w = fake.model(fit.model_blob)
     held = model_delta.Held.of(fit.model_blob, w, "native").ref
 
-    def fetch(ref: Any) -> list[pb.AggregatorServiceFetchBlobResponse]:
-        return list(stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=fit.model_blob, held=ref)))
+    def fetch(ref: Any, start_chunk: int = 0) -> list[pb.AggregatorServiceFetchBlobResponse]:
+        return list(stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=fit.model_blob, held=ref,
+                                                                         start_chunk=start_chunk)))
 
     same = fetch(mappers.held_to_msg(held))
     assert same[0].HasField("delta") is (encoding == "delta")
@@ -382,6 +383,12 @@ def test_fetch_blob_answers_a_held_model_by_the_download_encoding(start: Any, en
         info = mappers.delta_from_msg(same[0])
         assert info is not None and info.base_blob == fit.model_blob and info.digest == held.digest
         assert sum(len(m.chunk.data) for m in same) < 0.2 * sum(p.numel() * 4 for p in w)
+        before = dict(h.run.remote.traffic)
+        rest = fetch(mappers.held_to_msg(held), start_chunk=2)  # a cut delta download, resumed: the same chunks
+        assert len(same) > 2 and [m.SerializeToString() for m in rest] == [m.SerializeToString() for m in same[2:]]
+        after = h.run.remote.traffic
+        assert after["bytes_down"] - before["bytes_down"] == sum(len(m.chunk.data) for m in rest)
+        assert after["downloads_delta"] == before["downloads_delta"]  # a resumption is not a new download
     wrong = fetch(mappers.held_to_msg(model_delta.Held.of(fit.model_blob, [p + 1 for p in w], "native").ref))
     assert not wrong[0].HasField("delta")
     assert _code(lambda: fetch(pb.HeldModel(blob_id=fit.model_blob, digest=b"short"))) == \
