@@ -720,9 +720,6 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     robust = c.run(dataclass_from_mapping, RobustConfig, raw.get("robust"), "robust")
     adversary = c.run(dataclass_from_mapping, AdversaryConfig, raw.get("adversary"), "adversary")
     privacy = c.run(dataclass_from_mapping, PrivacyConfig, raw.get("privacy"), "privacy")
-    if privacy is not None and train is not None and privacy.dp == "local" and train.executor == "vectorised":
-        c.problems.append("privacy.dp: local (DP-SGD) runs on the sequential executor only; set train.executor "
-                          "to sequential or auto")
     if privacy is not None and algorithm is not None and train is not None:
         c.problems.extend(privacy_problems(privacy, algorithm, train, robust))
     if data is not None and model is not None and not c.problems:

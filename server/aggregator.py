@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -22,10 +21,10 @@ import grpc
 from fedent.strategies.base import StrategyError
 from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
-from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import caller_identity, server_interceptors
+from fedentrpc.security.interceptors import caller_identity
 from fedentrpc.security.tls import bind
+from fedentrpc.serving import create_server, method_name
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from server import uploads
@@ -216,8 +215,8 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     ``security``: TLS / mutual TLS / worker tokens (fedentrpc.security); None = plaintext without auth.
     """
     sec = security or ServerSecurity(insecure=True)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
-                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
+    server = create_server(sec, settings.max_workers, settings.stream_limits(),
+                           sessions=[method_name(SERVICE_NAME, "Work")], name="agg")
     pb_grpc.add_AggregatorServiceServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:

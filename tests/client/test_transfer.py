@@ -173,3 +173,73 @@ def test_a_delta_that_was_not_asked_for_is_refused() -> None:
     agg.full = delta  # served to a caller that holds nothing
     with _serving(agg) as stub, pytest.raises(codec.WireError, match="not asked for"):
         transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30)
+
+
+def test_an_upload_cut_by_the_servers_idle_limit_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aggregator's stream deadline (fedentrpc.stream_deadline) cancels an upload that pauses longer than
+    its idle limit; the honest worker takes that as a cut link and resumes at the chunks the server kept."""
+    from fedentrpc.security.flags import ServerSecurity
+    from fedentrpc.serving import create_server
+    from fedentrpc.stream_limit import StreamLimits
+
+    parts = mappers.update_to_parts
+    attempts: list[int] = []
+
+    def pausing(*args: object, **kwargs: object) -> Iterator[pb.SubmitUpdateRequest]:
+        attempts.append(int(kwargs.get("resume_from", 0)))  # type: ignore[call-overload]
+        for n, part in enumerate(parts(*args, **kwargs)):  # type: ignore[arg-type]
+            if len(attempts) == 1 and n == 4:  # the header and 3 chunks sent, then a pause of 4 idle limits
+                time.sleep(2.0)
+            yield part
+
+    monkeypatch.setattr(mappers, "update_to_parts", pausing)
+    agg = _Flaky(cut_after=99)  # the servicer itself never cuts
+    server = create_server(ServerSecurity(insecure=True), 8, StreamLimits(idle_s=0.5))
+    pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            sent = transfer.upload(pb_grpc.AggregatorServiceStub(ch), _update(), mappers.UpdateMeta("w", 3, 0), SPEC,
+                                   stall_s=5, timeout_s=20)  # the worker's own stall watch would wait 5 s
+    finally:
+        server.stop(0)
+    assert attempts == [0, 3] and sent.resumed == [(3, 3000)] and agg.streams == 2
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
+
+
+def test_an_upload_refused_while_the_servers_stream_threads_are_taken_waits_and_goes_through() -> None:
+    """RESOURCE_EXHAUSTED (fedentrpc.stream_limit: the stream budget of a 5-thread server is 1) is "not now":
+    the worker backs off and tries again instead of dropping its update."""
+    import threading
+
+    from fedentrpc.security.flags import ServerSecurity
+    from fedentrpc.serving import create_server
+    from fedentrpc.stream_limit import StreamLimits
+
+    agg = _Flaky(cut_after=99)
+    server = create_server(ServerSecurity(insecure=True), 5, StreamLimits())
+    pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    gate = threading.Event()
+
+    def holder() -> Iterator[pb.SubmitUpdateRequest]:
+        gate.wait(20)  # holds the one stream slot, sending nothing
+        return
+        yield
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.AggregatorServiceStub(ch)
+            held = stub.SubmitUpdate.future(holder(), timeout=20)
+            while agg.streams == 0:
+                time.sleep(0.01)
+            threading.Timer(1.0, gate.set).start()  # the slot comes back after a second
+            sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=5, timeout_s=20)
+            assert held.exception(timeout=10) is not None  # the holder ended (no header: not an update)
+    finally:
+        gate.set()
+        server.stop(0)
+    assert sent.resumed == [] and agg.streams == 2  # the holder's stream and one whole upload; refusals never ran
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])

@@ -393,3 +393,17 @@ def test_fetch_blob_answers_a_held_model_by_the_download_encoding(start: Any, en
     assert not wrong[0].HasField("delta")
     assert _code(lambda: fetch(pb.HeldModel(blob_id=fit.model_blob, digest=b"short"))) == \
         grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_work_stream_without_heartbeats_is_closed_by_the_aggregator(start: Any) -> None:
+    """The Work stream idles between rounds on purpose, so its deadline is its worker's heartbeats
+    (fedentrpc.stream_deadline calls it a session): a worker that stops heartbeating loses the stream."""
+    inputs = tiny_inputs()
+    h = start(tiny_config(rounds=1), inputs, heartbeat_s=0.2, heartbeat_misses=2, register_timeout_s=30)
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])  # never heartbeats
+    deadline = time.monotonic() + 20
+    while not fake.call.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fake.call.done() and fake.call.code() == grpc.StatusCode.OK  # ended by the server, not cut by us
+    assert not _stub(h).Heartbeat(pb.HeartbeatRequest(worker_id=fake.wid), timeout=5).known
+    fake.channel.close()

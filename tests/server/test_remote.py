@@ -109,14 +109,17 @@ def test_nan_uploads_end_the_simulation_under_its_default_policy(tmp_path: Path)
     assert diverged(tmp_path / "sim") is not None
 
 
-@pytest.mark.parametrize("dp", ["central", "local"])
-def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: DPMode) -> None:
+@pytest.mark.parametrize(("dp", "executor"), [("central", "sequential"), ("local", "sequential"),
+                                               ("local", "vectorised")])
+def test_a_cluster_under_differential_privacy_equals_the_simulator(start: Any, tmp_path: Path, dp: DPMode,
+                                                                   executor: str) -> None:
     """Central noise is drawn in the engine from (seed, round), DP-SGD's on each worker from the client's own
-    generator: the same model (1e-5) and the same logged ε in both worlds, and the noise is really there."""
-    plain = tiny_config("fedavg", num_clients=10, rounds=2, executor="sequential")
+    generator (a vectorised worker's too): the same model (1e-5) and the same logged ε in both worlds, and the
+    noise is really there."""
+    plain = tiny_config("fedavg", num_clients=10, rounds=2, executor=executor)
     cfg = dataclasses.replace(plain, privacy=PrivacyConfig(dp=dp, noise_multiplier=1.0, clip_norm=0.5))
     inputs = tiny_inputs(10)
-    run_dir = _cluster(start, cfg, inputs, "sequential")
+    run_dir = _cluster(start, cfg, inputs, executor)
     sim = run_simulation(cfg, tmp_path / "sim", progress=False, inputs=inputs, plots=False)
     _same_model(load_model_file(run_dir / "model_final.pt").params, sim.params)
     cluster = read_metrics(run_dir / "metrics.jsonl")
