@@ -104,6 +104,9 @@ CONTROL_ROWS = (*(f"fedavg-lr{k}" for k in LR_SCALES), "fedavg-replay", "fedavg-
                 "fedent-offline-first")
 # spec §5's first readings: η* uncapped, the mean field at η*, Algorithm 1 over the population
 FIRST_READING: tuple[tuple[str, Any], ...] = (("eta_max", None), ("phi2_rate", "star"))
+# issue 29's controls: FedEnt's rates shuffled across a round's clients, FedEnt at its base rate (no adaptation),
+# and the cap η_max varied alone (φ2's rate and Algorithm 1's clients stay at the revised defaults, spec §5)
+RATE_CONTROL_ROWS = ("fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedent-cap2")
 BETAS = (0.5, 0.9, 0.95)  # plus 0.99 = the default FedEnt row (paper Fig. beta)
 GAMMAS = (0.5, 0.9, 0.95)  # plus 0.99 (paper Fig. ex_gamma)
 
@@ -132,6 +135,10 @@ def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
         Row("fedavg-replay-mean", "fedavg", (("replay", "round_mean"),), replay_of="fedent"),
         Row("fedent-first", "fedent", FIRST_READING),
         Row("fedent-offline-first", "fedent", off + FIRST_READING + (("offline_clients", "population"),)),
+        Row("fedent-shuffled", "fedent", (("rates", "shuffled"),)),
+        Row("fedent-fixed", "fedent", (("rates", "fixed"),)),
+        Row("fedent-cap-none", "fedent", (("eta_max", None),)),
+        Row("fedent-cap2", "fedent", (("eta_max", 2.0),)),
     ]
     return tuple(rows)
 
@@ -303,7 +310,7 @@ def full_profile() -> Profile:
     base = paper_profile(False)
     settings = tuple(Setting(s.key, s.title, s.base, (*s.overrides, *FULL_TRAIN), s.paper_ref)
                      for s in base.settings if s.key in FULL_MAIN)
-    rows = (*BASELINES, *FEDENT_ROWS, *CONTROL_ROWS)
+    rows = (*BASELINES, *FEDENT_ROWS, *CONTROL_ROWS, *RATE_CONTROL_ROWS)
     return Profile(
         "full", "Table IV settings unchanged on the Fashion-MNIST twins, every algorithm and control, 3 seeds; one "
                 "GPU call", settings, paper_rows(offline_sweeps=None),

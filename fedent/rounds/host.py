@@ -56,6 +56,7 @@ class ClientTraining:
     dp: DPSGD | None = None  # privacy.dp local: every hosted client trains with DP-SGD
     upload: str = "none"  # train.upload_encoding (fedent.compress)
     topk_fraction: float = 0.01
+    secagg_threat: str = "malicious"  # privacy.secagg_threat: the weakest secure-aggregation model clients accept
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
@@ -63,7 +64,7 @@ class ClientTraining:
         dp = DPSGD(pr.clip_norm, pr.noise_multiplier) if pr.dp == "local" else None
         return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size),
                    Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)), dp,
-                   tr.upload_encoding, float(tr.topk_fraction))
+                   tr.upload_encoding, float(tr.topk_fraction), pr.secagg_threat)
 
     def encode_upload(self, rnd: int, update: ClientUpdate, global_params: Sequence[Tensor],
                       state: ClientState) -> None:
@@ -144,7 +145,8 @@ class ClientHost:
                 num_classes = int(trainer.model(trainer.x[:1]).shape[-1])
             trainer.y = trainer.y.clone()  # never the caller's tensor (the CPU's .to() does not copy)
             adv.poison_labels(trainer.y, self.indices, num_classes)
-        self.secagg = HostedSecAgg(training.seed)  # secure aggregation: the hosted clients' protocol sessions
+        # secure aggregation: the hosted clients' protocol sessions
+        self.secagg = HostedSecAgg(training.seed, training.secagg_threat)
 
     @property
     def hosted(self) -> list[int]:

@@ -127,7 +127,7 @@ def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path
         ("{name: fedcos, foo: 1}", "algorithm: unknown key(s) foo for fedcos; allowed: (none)"),
         ("{name: fedent, foo: 1, bar: 2}", "algorithm: unknown key(s) bar, foo for fedent; allowed: beta, eps1, eps2, "
                                            "estimator, eta_max, gamma, max_sweeps, offline_clients, phi2_rate, "
-                                           "probe_batch_size, variant"),
+                                           "probe_batch_size, rates, shuffle_seed, variant"),
         ("{name: fedprox, mew: 1}", "allowed: mu"),
         ("{name: fedent, beta: 1}", "algorithm.beta: must be in (0, 1), got 1.0"),
         ("{name: fedent, gamma: -0.1}", "algorithm.gamma: must be in [0, 1], got -0.1"),
@@ -320,3 +320,11 @@ def test_privacy_settings_are_checked() -> None:
         config_from_dict({"privacy": {"secagg_threshold": 0.4}})
     with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
         config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})
+
+
+def test_the_secure_aggregation_threat_model_defaults_to_malicious_and_is_checked() -> None:
+    assert config_from_dict({}).privacy.secagg_threat == "malicious"
+    hbc = config_from_dict({"privacy": {"secure_aggregation": True, "secagg_threat": "honest-but-curious"}})
+    assert hbc.privacy.secagg_threat == "honest-but-curious"
+    with pytest.raises(ConfigError, match="privacy.secagg_threat"):
+        config_from_dict({"privacy": {"secagg_threat": "paranoid"}})

@@ -192,3 +192,31 @@ def test_delta_downloads_give_the_same_model_in_fewer_bytes(start: Any, tmp_path
     assert 0 < delta[0]["bytes_down"] < full[0]["bytes_down"]
     # later rounds: w(t) from the w(t) evaluated last round (an all-zero XOR), then w(t+1) from w(t)
     assert all(0 < d["bytes_down"] < 0.6 * f["bytes_down"] for d, f in zip(delta[1:], full[1:], strict=True))
+
+
+def test_a_lying_aggregator_is_refused_by_the_workers_clients(start: Any, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consistency check over the work stream: an aggregator that shows the odd clients a U3 without client 9
+    (as if it had dropped) and forwards every signature gets no share back from either worker; the round is
+    skipped with the clients' refusal."""
+    from fedent.secagg.protocol import ServerSession, pack
+
+    honest = ServerSession.consistency_requests
+
+    def split(self: ServerSession, survivors: list[int]) -> dict[int, bytes]:
+        reqs = honest(self, survivors)
+        self.pki = None  # skip its own signature checks
+        lie = pack({"step": "consistency", "survivors": self.u3[:-1]})
+        return {c: lie if c % 2 else r for c, r in reqs.items() if c != self.u3[-1]}
+
+    monkeypatch.setattr(ServerSession, "consistency_requests", split)
+    cfg = dataclasses.replace(tiny_config("fedavg", num_clients=10, rounds=1, fraction=1.0),
+                              privacy=PrivacyConfig(secure_aggregation=True))
+    inputs = tiny_inputs(10)
+    h = start(cfg, inputs)
+    run_inthread_workers(h, inputs, [tuple(range(5)), tuple(range(5, 10))], 90)
+    assert h.run.error is None  # the cluster's policy skips a round that cannot be unmasked
+    skipped = read_metrics(Path(h.run_dir) / "metrics.jsonl")[0]["diagnostics"]["skipped"]
+    assert skipped.startswith("secure aggregation could not unmask the sum: secagg: cannot remove client 0's self "
+                              "mask: 0 share(s)")  # not one share of anyone came back
+    assert "9 client(s) refused" in skipped and "signature on U3 is not valid" in skipped

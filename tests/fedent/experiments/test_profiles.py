@@ -65,3 +65,15 @@ def test_paper_profile_keeps_table_iv(tmp_path: Path) -> None:
     assert cfg["cifar100-dir0.5"]["train"]["rounds"] == 110
     with pytest.raises(ConfigError, match="--only"):
         build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["nope"])
+
+
+def test_issue_29_rate_controls_vary_one_thing_each() -> None:
+    from fedent.experiments.profiles import RATE_CONTROL_ROWS, get_profile
+
+    prof = get_profile("full")
+    base = prof.row("fedent")
+    assert set(RATE_CONTROL_ROWS) <= set(prof.section("main").rows)
+    changed = {r: prof.row(r).options_dict() for r in RATE_CONTROL_ROWS}
+    assert changed == {"fedent-shuffled": {"rates": "shuffled"}, "fedent-fixed": {"rates": "fixed"},
+                       "fedent-cap-none": {"eta_max": None}, "fedent-cap2": {"eta_max": 2.0}}
+    assert base.options_dict() == {} and all(prof.row(r).lr_scale == 1.0 for r in RATE_CONTROL_ROWS)
