@@ -415,6 +415,8 @@ PHI2_RATES = {"used": est_pb.PHI2_RATE_USED, "star": est_pb.PHI2_RATE_STAR}
 ESTIMATOR_MODES = {"online": est_pb.ESTIMATOR_MODE_ONLINE, "offline": est_pb.ESTIMATOR_MODE_OFFLINE}
 OFFLINE_CLIENTS = {"participants": est_pb.OFFLINE_CLIENTS_PARTICIPANTS,
                    "population": est_pb.OFFLINE_CLIENTS_POPULATION}
+RATE_CONTROLS = {"adaptive": est_pb.RATE_CONTROL_ADAPTIVE, "shuffled": est_pb.RATE_CONTROL_SHUFFLED,
+                 "fixed": est_pb.RATE_CONTROL_FIXED}
 JOB_STATES = {"pending": est_pb.OFFLINE_JOB_STATE_PENDING, "running": est_pb.OFFLINE_JOB_STATE_RUNNING,
               "done": est_pb.OFFLINE_JOB_STATE_DONE, "failed": est_pb.OFFLINE_JOB_STATE_FAILED}
 # the estimator's job vocabulary: "both" = Algorithm 1's two tests (eps1, eps2) passed, "" = not finished
@@ -427,6 +429,7 @@ _OPTION_ENUMS: dict[str, tuple[Mapping[str, int], Any]] = {
     "phi2_rate": (PHI2_RATES, est_pb.Phi2Rate),
     "estimator": (ESTIMATOR_MODES, est_pb.EstimatorMode),
     "offline_clients": (OFFLINE_CLIENTS, est_pb.OfflineClients),
+    "rates": (RATE_CONTROLS, est_pb.RateControl),
 }
 _OPTION_NULLABLE = ("eta_max", "probe_batch_size")  # proto3 optional: unset = null
 

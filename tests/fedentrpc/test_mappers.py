@@ -280,7 +280,7 @@ def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:
 # every field away from its default (a field added to FedEntOptions without a value here fails the test below)
 NON_DEFAULT = {"beta": 0.5, "gamma": 0.25, "variant": "paper", "estimator": "offline", "eps1": 0.02, "eps2": 0.03,
                "max_sweeps": 7, "probe_batch_size": 16, "eta_max": 0.5, "phi2_rate": "star",
-               "offline_clients": "population"}
+               "offline_clients": "population", "rates": "shuffled", "shuffle_seed": 3}
 
 
 def test_every_field_round_trips_unchanged_away_from_its_default() -> None:
@@ -308,12 +308,13 @@ def test_null_options_travel_as_unset_fields(nulls: dict[str, None]) -> None:
 def test_the_enum_tables_cover_the_options_choices_exactly() -> None:
     hints = typing.get_type_hints(FedEntOptions)
     for name, table in (("variant", mappers.VARIANTS), ("phi2_rate", mappers.PHI2_RATES),
-                        ("estimator", mappers.ESTIMATOR_MODES), ("offline_clients", mappers.OFFLINE_CLIENTS)):
+                        ("estimator", mappers.ESTIMATOR_MODES), ("offline_clients", mappers.OFFLINE_CLIENTS),
+                        ("rates", mappers.RATE_CONTROLS)):
         assert set(table) == set(typing.get_args(hints[name])), name
         assert 0 not in table.values(), f"{name}: UNSPECIFIED must not map to a choice"
 
 
-@pytest.mark.parametrize("name", ["variant", "phi2_rate", "estimator", "offline_clients"])
+@pytest.mark.parametrize("name", ["variant", "phi2_rate", "estimator", "offline_clients", "rates"])
 @pytest.mark.parametrize("value", [0, 99])
 def test_a_bad_enum_value_is_a_structured_error_naming_the_field(name: str, value: int) -> None:
     msg = mappers.fedent_options_to_msg(FedEntOptions())
