@@ -8,7 +8,9 @@ download asks for the blob from its next chunk on (``start_chunk``) and keeps th
 assembler. The encoding is deterministic, so chunk i is the same bytes on every attempt, and every chunk
 carries its CRC. The aggregator drops chunks it holds already and refuses an upload it received whole, so
 no update is counted twice. A stream the server refuses for now (RESOURCE_EXHAUSTED: its stream limits,
-``fedentrpc.stream_limit``) is tried again after a full-jitter backoff, never past the transfer's time.
+``fedentrpc.stream_limit``) is tried again after a full-jitter backoff, never past the transfer's time. A delta
+download (``--download-encoding delta``) resumes like any other: the worker names the same held model again, and
+the aggregator serves the delta it encoded once for that base.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
@@ -150,25 +152,43 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
     raise TransferError(f"the upload of client {update.cid} did not complete within {timeout_s:.0f}s")
 
 
+@dataclass
+class Fetched:
+    """A finished download: its tensors, and what its first message said it is (``delta``: None for the blob
+    itself, else the delta's base and digests, ``fedentrpc.model_delta``)."""
+
+    bundle: codec.Bundle
+    delta: model_delta.DeltaInfo | None = None
+
+
 def fetch(stub: pb_grpc.AggregatorServiceStub, blob_id: str, worker_id: str, stall_s: float,
-          timeout_s: float) -> codec.Bundle:
-    """A blob, its download resumed at the next chunk when the stream is cut."""
+          timeout_s: float, held: model_delta.HeldRef | None = None) -> Fetched:
+    """A blob, its download resumed at the next chunk when the stream is cut. ``held``: the model this worker
+    holds, offered as the base of a delta download; the aggregator answers with the blob or a delta from it, and
+    a resumed download asks for the same stream again (the held model for a delta, none for the blob)."""
     end = time.monotonic() + timeout_s
     asm = codec.TensorAssembler()
+    delta: model_delta.DeltaInfo | None = None
     busy = 0
     for _ in range(MAX_CUTS):
         left = end - time.monotonic()
         if left <= 0:
             break
         watch = StallWatch(stall_s)
+        offer = held if asm.chunks == 0 or delta is not None else None
         call = stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob_id, worker_id=worker_id,
-                                                                   start_chunk=asm.chunks), timeout=left)
+                                                                   start_chunk=asm.chunks,
+                                                                   held=mappers.held_to_msg(offer)), timeout=left)
         watch.watch(call)
         try:
             for m in call:
                 watch.touch()
+                if asm.chunks == 0:
+                    delta = mappers.delta_from_msg(m)
+                    if delta is not None and held is None:
+                        raise codec.WireError("a delta download that was not asked for")
                 asm.add(codec.chunk_of(m))
-            return asm.finish()
+            return Fetched(asm.finish(), delta)
         except grpc.RpcError as e:
             if e.code() in BUSY:
                 _wait_busy(f"download of {blob_id}", e, busy, end)

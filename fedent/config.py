@@ -304,7 +304,7 @@ class TrainConfig(Declared):
 
 
 Aggregator = Literal["mean", "median", "trimmed-mean", "krum", "multi-krum"]
-Attack = Literal["none", "sign-flip", "scale", "gaussian", "label-flip", "inflate-count"]
+Attack = Literal["none", "sign-flip", "scale", "gaussian", "label-flip", "alie", "inflate-count"]
 
 
 @dataclass(frozen=True)
@@ -336,12 +336,15 @@ class AdversaryConfig(Declared):
     key_prefix = "adversary"
 
     attack: Attack = option("none", "sign-flip: -delta; scale: scale * delta; gaussian: N(0, noise_std^2) as the "
-                                    "delta; label-flip: train on label C-1-y; inflate-count: report "
-                                    "inflated_count samples and upload zeros")
+                                    "delta; label-flip: train on label C-1-y; alie: the colluding attackers "
+                                    "a host trains in a round upload mean - z * std of their honest updates; "
+                                    "inflate-count: report inflated_count samples and upload zeros")
     fraction: float = option(0.2, "fraction of the clients that attack (chosen from train.seed)", ge=0, le=1)
     scale: float = option(-10.0, "scale: the factor on the attacker's delta")
     noise_std: float = option(1.0, "gaussian: the standard deviation of the uploaded delta", gt=0)
     inflated_count: int = option(10**12, "inflate-count: the sample count the attacker reports", ge=1)
+    z: float | None = option(None, "alie: the number of standard deviations (null: Baruch et al.'s z_max from the "
+                                   "number of clients and of attackers)")
 
 
 

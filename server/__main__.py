@@ -54,6 +54,11 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
                    help="a round missing its quorum: -1 skips it, N retries it with fresh clients N times then fails")
     p.add_argument("--wire-dtype", default=d.wire_dtype, choices=["native", "float16", "bfloat16"])
     p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
+    p.add_argument("--download-encoding", default=d.download_encoding, choices=["full", "delta"],
+                   help="delta: a worker holding a recent model downloads the new one as an exact, zlib-compressed "
+                   "XOR delta from it (whole otherwise)")
+    p.add_argument("--delta-history", type=int, default=d.delta_history,
+                   help="--download-encoding delta: how many past rounds' models serve as bases")
     p.add_argument("--chunk-bytes", type=int, default=d.chunk_bytes,
                    help="tensor chunk size in bytes (≤ 4 MiB); a cut transfer resumes at a chunk boundary")
     p.add_argument("--token", default="", help="registration token workers must present")
@@ -71,6 +76,7 @@ def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSet
     return AggregatorSettings(host=args.host, port=port, token=args.token, round_deadline_s=args.round_deadline,
                               quorum=args.quorum, register_timeout_s=args.register_timeout,
                               wire_dtype=args.wire_dtype, compression=args.compression, chunk_bytes=args.chunk_bytes,
+                              download_encoding=args.download_encoding, delta_history=args.delta_history,
                               estimator=args.estimator,
                               heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
                               round_retries=args.round_retries, clients_file=args.clients_file,

@@ -88,7 +88,8 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         return pb.RegisterResponse(worker_id=reg.worker_id, run_id=reg.run_id,
                                    config=mappers.config_to_struct(reg.worker_config),
                                    partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
-                                   heartbeat_s=reg.heartbeat_s)
+                                   heartbeat_s=reg.heartbeat_s,
+                                   download_encoding=mappers.download_encoding_to_msg(reg.download_encoding))
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes, details = mappers.client_info_from_msgs(request.clients)
@@ -113,8 +114,10 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
         enc = _guard(context, lambda: self.run.remote.fetch_blob(request.blob_id, request.worker_id,
-                                                                 caller_identity(context), request.start_chunk))
-        msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
+                                                                 caller_identity(context), request.start_chunk,
+                                                                 mappers.held_from_msg(request)))
+        # encoded once per round (a delta once per base), in these; a delta stream's first message says so
+        msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)
         yield from msgs[request.start_chunk:]  # a cut download resumes where the worker's copy ends
 
     def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:

@@ -18,6 +18,7 @@ __all__ = ["AggregatorSettings", "SettingsError"]
 
 WireDtypeName = Literal["native", "float16", "bfloat16"]  # fedentrpc.codec.WIRE_DTYPES (a test checks they agree)
 CompressionName = Literal["none", "zlib"]  # fedentrpc.codec.COMPRESSIONS
+DownloadEncodingName = Literal["full", "delta"]  # fedentrpc.model_delta.DOWNLOAD_ENCODINGS
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class AggregatorSettings(Declared):
     wire_dtype: WireDtypeName = option("native", "how uploads encode floating tensors")
     compression: CompressionName = option("none", "how uploads are compressed")
     chunk_bytes: int = option(MAX_CHUNK_BYTES, "upload chunk size in bytes", ge=1, le=MAX_CHUNK_BYTES)
+    download_encoding: DownloadEncodingName = option(
+        "full", "full: every model download is the whole model (in the wire dtype); delta: a worker that holds a "
+                "model of the last delta_history rounds gets the new one as the XOR of their bit patterns in the "
+                "wire dtype, byte planes, zlib-compressed (exact: bit-identical to the full download; "
+                "fedentrpc.model_delta), or the whole model when that is not smaller")
+    delta_history: int = option(1, "download_encoding delta: rounds whose models the aggregator keeps as bases "
+                                   "(each costs a model's memory per blob); a worker holding an older model, or "
+                                   "none, gets the whole model", ge=1, le=16)
     estimator: str = option("", "HOST:PORT of the estimator service; empty = in-process fallback")
     max_workers: int = option(128, "gRPC thread pool; every connected worker's Work stream holds one thread", ge=8)
     max_streams_per_identity: int = option(16, ("open streaming calls (Work, uploads, health Watch...) one worker "

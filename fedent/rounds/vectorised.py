@@ -122,6 +122,7 @@ class VectorisedHost(ClientHost):
         self.check_hosted(cids)
         out: Gathered[ClientUpdate] = Gathered()
         with self.lock:
+            self.coalition = []
             plans: dict[int, LocalFit] = {}
             states: dict[int, ClientState] = {}
             for c in cids:  # in cid order: plans read and write client state as the sequential fits do
@@ -141,6 +142,7 @@ class VectorisedHost(ClientHost):
                         return plans[c].finish(params, res), states[c]
 
                     self._keep(out, c, rnd, one, start)
+            self._collude(out, rnd, start)
         return Gathered(out.results, out.failed)
 
     def _chunks(self, cids: Sequence[int], point: Sequence[Tensor]) -> list[list[int]]:

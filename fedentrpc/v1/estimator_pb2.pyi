@@ -46,6 +46,13 @@ class OfflineClients(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFLINE_CLIENTS_UNSPECIFIED: _ClassVar[OfflineClients]
     OFFLINE_CLIENTS_PARTICIPANTS: _ClassVar[OfflineClients]
     OFFLINE_CLIENTS_POPULATION: _ClassVar[OfflineClients]
+
+class RateControl(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RATE_CONTROL_UNSPECIFIED: _ClassVar[RateControl]
+    RATE_CONTROL_ADAPTIVE: _ClassVar[RateControl]
+    RATE_CONTROL_SHUFFLED: _ClassVar[RateControl]
+    RATE_CONTROL_FIXED: _ClassVar[RateControl]
 FEDENT_VARIANT_UNSPECIFIED: FedentVariant
 FEDENT_VARIANT_EXACT: FedentVariant
 FEDENT_VARIANT_PAPER: FedentVariant
@@ -66,9 +73,13 @@ ESTIMATOR_MODE_OFFLINE: EstimatorMode
 OFFLINE_CLIENTS_UNSPECIFIED: OfflineClients
 OFFLINE_CLIENTS_PARTICIPANTS: OfflineClients
 OFFLINE_CLIENTS_POPULATION: OfflineClients
+RATE_CONTROL_UNSPECIFIED: RateControl
+RATE_CONTROL_ADAPTIVE: RateControl
+RATE_CONTROL_SHUFFLED: RateControl
+RATE_CONTROL_FIXED: RateControl
 
 class FedEntParams(_message.Message):
-    __slots__ = ("beta", "gamma", "tol", "max_iter", "variant", "eta_max", "phi2_rate", "estimator", "eps1", "eps2", "max_sweeps", "probe_batch_size", "offline_clients")
+    __slots__ = ("beta", "gamma", "tol", "max_iter", "variant", "eta_max", "phi2_rate", "estimator", "eps1", "eps2", "max_sweeps", "probe_batch_size", "offline_clients", "rates", "shuffle_seed")
     BETA_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     TOL_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +93,8 @@ class FedEntParams(_message.Message):
     MAX_SWEEPS_FIELD_NUMBER: _ClassVar[int]
     PROBE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     OFFLINE_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_SEED_FIELD_NUMBER: _ClassVar[int]
     beta: float
     gamma: float
     tol: float
@@ -95,7 +108,9 @@ class FedEntParams(_message.Message):
     max_sweeps: int
     probe_batch_size: int
     offline_clients: OfflineClients
-    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., variant: _Optional[_Union[FedentVariant, str]] = ..., eta_max: _Optional[float] = ..., phi2_rate: _Optional[_Union[Phi2Rate, str]] = ..., estimator: _Optional[_Union[EstimatorMode, str]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., probe_batch_size: _Optional[int] = ..., offline_clients: _Optional[_Union[OfflineClients, str]] = ...) -> None: ...
+    rates: RateControl
+    shuffle_seed: int
+    def __init__(self, beta: _Optional[float] = ..., gamma: _Optional[float] = ..., tol: _Optional[float] = ..., max_iter: _Optional[int] = ..., variant: _Optional[_Union[FedentVariant, str]] = ..., eta_max: _Optional[float] = ..., phi2_rate: _Optional[_Union[Phi2Rate, str]] = ..., estimator: _Optional[_Union[EstimatorMode, str]] = ..., eps1: _Optional[float] = ..., eps2: _Optional[float] = ..., max_sweeps: _Optional[int] = ..., probe_batch_size: _Optional[int] = ..., offline_clients: _Optional[_Union[OfflineClients, str]] = ..., rates: _Optional[_Union[RateControl, str]] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
 
 class ClientScalars(_message.Message):
     __slots__ = ("cid", "a", "b", "num_samples", "theta", "eta_prev")

@@ -1,7 +1,8 @@
 """client.transfer against an in-process aggregator stand-in whose streams break: an upload cut after three
 chunks resumes at chunk 3 (byte 3000), not 0, and arrives whole; a stalled stream is cancelled by the stall
 watch and resumed; a download cut after two chunks asks for chunk 2 on and decodes the whole blob; a refusal
-is not retried."""
+is not retried. A cut delta download asks again from the same held model and rebuilds the new one; a cut full
+download resumes without offering a base; a delta the worker did not ask for is refused."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import torch
 
 from client import transfer
 from fedent.strategies.base import ClientUpdate
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from server.downloads import DeltaDownloads
 from server.uploads import UploadBook, key_of
 
 SPEC = codec.TransferSpec(chunk_bytes=1000)
@@ -73,7 +75,7 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
 
 
 @contextlib.contextmanager
-def _serving(servicer: _Flaky) -> Iterator[pb_grpc.AggregatorServiceStub]:
+def _serving(servicer: pb_grpc.AggregatorServiceServicer) -> Iterator[pb_grpc.AggregatorServiceStub]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_AggregatorServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -112,7 +114,65 @@ def test_a_cut_download_resumes_at_the_next_chunk() -> None:
     with _serving(agg) as stub:
         got = transfer.fetch(stub, "r0-model", "w", stall_s=5, timeout_s=30)
     assert agg.fetches == [0, 2]
-    assert torch.equal(got["params"][0], PARAMS[0])
+    assert got.delta is None and torch.equal(got.bundle["params"][0], PARAMS[0])
+
+
+W0 = [torch.linspace(-1, 1, 3000)]
+W1 = [W0[0] + 1e-4 * torch.sin(torch.arange(3000, dtype=torch.float32))]
+DELTA_SPEC = codec.TransferSpec(chunk_bytes=500)
+
+
+class _DeltaServer(pb_grpc.AggregatorServiceServicer):
+    """Serves r1-model (W1) whole, or as a delta from r0-model (W0) to a caller holding it (server.downloads);
+    the first stream breaks after two chunks."""
+
+    def __init__(self) -> None:
+        self.deltas = DeltaDownloads(DELTA_SPEC, history=1)
+        self.deltas.publish(0, "r0-model", W0)
+        self.deltas.publish(1, "r1-model", W1)
+        self.full = codec.encode_tensors({"params": W1}, DELTA_SPEC, pb.AggregatorServiceFetchBlobResponse)
+        self.requests: list[tuple[int, str | None]] = []
+
+    def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
+        held = mappers.held_from_msg(request)
+        self.requests.append((request.start_chunk, held.blob_id if held else None))
+        enc = self.deltas.serve(request.blob_id, held, self.full.wire_bytes) if held else None
+        for n, m in enumerate((enc or self.full).as_messages(pb.AggregatorServiceFetchBlobResponse)
+                              [request.start_chunk:]):
+            if len(self.requests) == 1 and n == 2:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+            yield m
+
+
+def test_a_cut_delta_download_resumes_from_the_same_base() -> None:
+    agg = _DeltaServer()
+    held = model_delta.Held.of("r0-model", W0, "native")
+    with _serving(agg) as stub:
+        got = transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30, held=held.ref)
+    assert agg.requests == [(0, "r0-model"), (2, "r0-model")]
+    assert got.delta is not None and got.delta.base_blob == "r0-model"
+    delta_bytes = sum(len(c.data) for c in agg.deltas.serve("r1-model", held.ref, 1 << 30) or [])
+    assert 0 < delta_bytes < agg.full.wire_bytes
+    assert torch.equal(held.rebuild(got.delta, got.bundle[model_delta.DELTA_GROUP])[0], W1[0])
+
+
+def test_a_cut_full_download_resumes_without_offering_the_base() -> None:
+    agg = _DeltaServer()
+    stale = model_delta.Held.of("r0-model", W1, "native")  # the right id, another model: the blob itself comes
+    with _serving(agg) as stub:
+        got = transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30, held=stale.ref)
+    assert agg.requests == [(0, "r0-model"), (2, None)]
+    assert got.delta is None and torch.equal(got.bundle["params"][0], W1[0])
+
+
+def test_a_delta_that_was_not_asked_for_is_refused() -> None:
+    agg = _DeltaServer()
+    delta = agg.deltas.serve("r1-model", model_delta.Held.of("r0-model", W0, "native").ref, 1 << 30)
+    assert delta is not None
+    agg.full = delta  # served to a caller that holds nothing
+    with _serving(agg) as stub, pytest.raises(codec.WireError, match="not asked for"):
+        transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30)
 
 
 def test_an_upload_cut_by_the_servers_idle_limit_resumes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -280,7 +280,7 @@ def test_the_fuzz_oracle_itself_rejects_other_exceptions() -> None:
 # every field away from its default (a field added to FedEntOptions without a value here fails the test below)
 NON_DEFAULT = {"beta": 0.5, "gamma": 0.25, "variant": "paper", "estimator": "offline", "eps1": 0.02, "eps2": 0.03,
                "max_sweeps": 7, "probe_batch_size": 16, "eta_max": 0.5, "phi2_rate": "star",
-               "offline_clients": "population"}
+               "offline_clients": "population", "rates": "shuffled", "shuffle_seed": 3}
 
 
 def test_every_field_round_trips_unchanged_away_from_its_default() -> None:
@@ -308,12 +308,13 @@ def test_null_options_travel_as_unset_fields(nulls: dict[str, None]) -> None:
 def test_the_enum_tables_cover_the_options_choices_exactly() -> None:
     hints = typing.get_type_hints(FedEntOptions)
     for name, table in (("variant", mappers.VARIANTS), ("phi2_rate", mappers.PHI2_RATES),
-                        ("estimator", mappers.ESTIMATOR_MODES), ("offline_clients", mappers.OFFLINE_CLIENTS)):
+                        ("estimator", mappers.ESTIMATOR_MODES), ("offline_clients", mappers.OFFLINE_CLIENTS),
+                        ("rates", mappers.RATE_CONTROLS)):
         assert set(table) == set(typing.get_args(hints[name])), name
         assert 0 not in table.values(), f"{name}: UNSPECIFIED must not map to a choice"
 
 
-@pytest.mark.parametrize("name", ["variant", "phi2_rate", "estimator", "offline_clients"])
+@pytest.mark.parametrize("name", ["variant", "phi2_rate", "estimator", "offline_clients", "rates"])
 @pytest.mark.parametrize("value", [0, 99])
 def test_a_bad_enum_value_is_a_structured_error_naming_the_field(name: str, value: int) -> None:
     msg = mappers.fedent_options_to_msg(FedEntOptions())
@@ -415,3 +416,31 @@ def test_an_encoded_upload_sends_its_codes_and_is_rebuilt_from_the_rounds_model(
         mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes)
     with pytest.raises(codec.WireError, match="upload codes"):
         mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes, lambda rnd: base[:1])
+
+
+def test_delta_download_messages_round_trip_and_unknown_values_are_refused() -> None:
+    from fedentrpc import model_delta
+
+    assert {mappers.download_encoding_from_msg(mappers.download_encoding_to_msg(n))
+            for n in model_delta.DOWNLOAD_ENCODINGS} == set(model_delta.DOWNLOAD_ENCODINGS)
+    assert set(mappers.DOWNLOAD_ENCODINGS.values()) == set(agg_pb.DownloadEncoding.values()) - {0}
+    with pytest.raises(codec.WireError, match="DOWNLOAD_ENCODING_UNSPECIFIED is not allowed"):
+        mappers.download_encoding_from_msg(agg_pb.DOWNLOAD_ENCODING_UNSPECIFIED)
+    ref = model_delta.HeldRef("r3-eval", bytes(range(32)))
+    req = agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model", held=mappers.held_to_msg(ref))
+    assert mappers.held_from_msg(req) == ref
+    assert mappers.held_from_msg(agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model")) is None
+    for bad in (agg_pb.HeldModel(blob_id="", digest=bytes(32)), agg_pb.HeldModel(blob_id="r3-eval", digest=b"x"),
+                agg_pb.HeldModel(blob_id="r" * 201, digest=bytes(32))):
+        with pytest.raises(codec.WireError, match="held"):
+            mappers.held_from_msg(agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model", held=bad))
+    info = model_delta.DeltaInfo("r3-eval", bytes(32), bytes(range(32)), "bfloat16")
+    msg = agg_pb.AggregatorServiceFetchBlobResponse(delta=mappers.delta_to_msg(info))
+    assert mappers.delta_from_msg(msg) == info
+    assert mappers.delta_from_msg(agg_pb.AggregatorServiceFetchBlobResponse()) is None
+    msg.delta.encoding = agg_pb.DELTA_ENCODING_UNSPECIFIED
+    with pytest.raises(codec.WireError, match="delta.encoding"):
+        mappers.delta_from_msg(msg)
+    msg.delta.encoding, msg.delta.wire_dtype = agg_pb.DELTA_ENCODING_XOR_PLANES, 9
+    with pytest.raises(codec.WireError, match="delta.wire_dtype"):
+        mappers.delta_from_msg(msg)

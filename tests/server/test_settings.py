@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from fedentrpc import codec
+from fedentrpc import codec, mappers, model_delta
 from server.settings import AggregatorSettings, SettingsError
 
 
@@ -45,6 +45,16 @@ def test_the_transfer_choices_are_the_codecs() -> None:
     hints = typing.get_type_hints(AggregatorSettings)
     assert set(typing.get_args(hints["wire_dtype"])) == set(codec.WIRE_DTYPES)
     assert set(typing.get_args(hints["compression"])) == set(codec.COMPRESSIONS)
+    assert set(typing.get_args(hints["download_encoding"])) == set(model_delta.DOWNLOAD_ENCODINGS) == \
+        set(mappers.DOWNLOAD_ENCODINGS)
+
+
+def test_download_settings_are_checked() -> None:
+    assert AggregatorSettings().download_encoding == "full"  # whole models unless asked
+    with pytest.raises(SettingsError, match="download_encoding: must be one of full, delta"):
+        AggregatorSettings(download_encoding="xor")  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="delta_history"):
+        AggregatorSettings(delta_history=0)
 
 
 def test_every_setting_is_documented() -> None:
