@@ -77,7 +77,7 @@ def _pyproject(target: str, tests: list[str]) -> str:
         "use_git_change_detection = false\n"
         # torch (and grpc) are not fork-safe: a worker forked from the process that ran the tests hangs
         'process_isolation = "forkserver"\n'
-        'forkserver_warmup = "none"\n'
+        'forkserver_warmup = "collect"\n'
     )
 
 
