@@ -392,7 +392,7 @@ def test_metrics_lines_hold_the_rounds_values_and_status_the_runs(tmp_path: Path
         def round_diagnostics(self, rnd: int) -> dict[str, Any]:
             return {"wire": {"round": rnd}}
 
-    e = engine(tmp_path, Extra, rounds=3, train={"eval_every": 2}, local_models=1, down=set())
+    e = engine(tmp_path, Extra, rounds=3, train={"eval_every": 2, "fraction": 1.0}, local_models=2, down=set())
     assert (e.phase, e.round) == ("starting", None) and abs(e.started_at - time.time()) < 60
     seen: list[tuple[dict[str, Any], list[Tensor]]] = []
     e.on_round = lambda rec: seen.append((rec, [p.clone() for p in e.global_params]))
@@ -416,9 +416,9 @@ def test_metrics_lines_hold_the_rounds_values_and_status_the_runs(tmp_path: Path
             continue
         assert (rec["test_loss"], rec["test_acc"]) == e.evaluator.evaluate(params)
         assert rec["diagnostics"]["evaluation"] == {"mode": "server", "samples": 30}
-        pick = int(numpy_rng(e.seed, "eval", rec["round"] - 1).choice(len(ups), size=1, replace=False)[0])
-        assert rec["diagnostics"]["local_clients"] == [ups[pick].cid]
-        assert rec["diagnostics"]["local_acc"] == [e.evaluator.evaluate(ups[pick].params)[1]]
+        pick = sorted(int(i) for i in numpy_rng(e.seed, "eval", rec["round"] - 1).choice(4, size=2, replace=False))
+        assert rec["diagnostics"]["local_clients"] == [ups[i].cid for i in pick]
+        assert rec["diagnostics"]["local_acc"] == [e.evaluator.evaluate(ups[i].params)[1] for i in pick]
     assert records[1]["elapsed_s"] < records[2]["elapsed_s"]
     st = status(e)
     assert (st["run_id"], st["algorithm"], st["phase"], st["round"], st["rounds"]) == (
@@ -598,3 +598,25 @@ def test_secure_aggregation_aggregates_the_unmasked_sum_and_a_failed_unmasking_s
                                        "not unmask the sum: too few shares"):
         retry.run()
     assert plain.secure is None
+
+
+def test_a_federated_evaluation_is_asked_for_its_round_and_its_rejected_clients_are_recorded(tmp_path: Path) -> None:
+    from fedent.rounds.evaluation import ClientEval
+
+    asked: list[int] = []
+
+    def federated(rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
+        asked.append(rnd)
+        return Gathered({0: ClientEval(0, 10, 0.5, 0.75), 1: ClientEval(1, 5, 1.0, 2.0)}, {2: "eval deadline"})
+
+    e = engine(tmp_path, rounds=2)
+    e.evaluator.federated, e.evaluator.mode = federated, "federated"
+    records = e.run()
+    assert asked == [0, 1]
+    why = "rejected: evaluation of client 1: accuracy 2.0 is outside [0, 1]"
+    for r in records:
+        assert (r["test_loss"], r["test_acc"]) == (0.5, 0.75)
+        assert r["diagnostics"]["evaluation"] == {"mode": "federated", "samples": 10, "clients": 1,
+                                                  "failed": {"2": "eval deadline"}, "rejected": {"1": why}}
+    rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
+    assert rows[1]["last_failure"] == f"round 2: {why}"
