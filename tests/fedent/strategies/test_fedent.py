@@ -36,6 +36,13 @@ def _setup() -> tuple[LocalTrainer, list[torch.Tensor], list[torch.Tensor]]:
     return trainer, indices, clone(trainer.params)
 
 
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """torch.testing.assert_close's check for float32 (same shape and dtype, rtol 1.3e-6, atol 1e-5) without its
+    first-call import of torch.distributed.tensor (~10 s: it made this file's tests, and each mutant's run, slow)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype == torch.float32
+    assert torch.allclose(actual, expected, rtol=1.3e-6, atol=1e-5), (actual, expected)
+
+
 def _task(cid: int, rnd: int, indices: list[torch.Tensor]) -> ClientTask:
     return ClientTask(cid=cid, round=rnd, indices=indices[cid], lr=LR, epochs=EPOCHS, seed=SEED)
 
@@ -101,7 +108,7 @@ def test_rounds_follow_prop1_decay_and_aggregation(phi2_rate: str, eta_max: floa
         # aggregation: θ-weighted mean of the uploads; φ2 actual and entropy recorded
         expected = weighted_sum([u.params for u in updates], th.tolist())
         for p, e in zip(agg.params, expected, strict=True):
-            torch.testing.assert_close(p, e)
+            _assert_close(p, e)
         actual = float(np.sum(th * np.array([norm_sq(u.params) for u in updates])))
         assert rec["phi2_actual"] == pytest.approx(actual, rel=1e-12)
         assert rec["entropy"] <= 0 and rec["phi2_pred"] == phi2
@@ -125,7 +132,7 @@ def test_fit_trains_at_the_decayed_rate_and_recomputes_a_missing_probe() -> None
     trainer.load(w)
     trainer.train(indices[1], up.scalars["eta"], EPOCHS, torch_generator(SEED, "train", 0, 1))
     for p, q in zip(up.params, trainer.params, strict=True):
-        torch.testing.assert_close(p, q)
+        _assert_close(p, q)
 
 
 def test_offline_estimator_prepare_and_checkpoint_roundtrip() -> None:
