@@ -332,10 +332,10 @@ def test_offline_population_reports_its_options_and_round_trips_its_state() -> N
 def test_aggregate_sum_keeps_the_rates_record_without_the_model_norms() -> None:
     """Under secure aggregation the server step is the secure sum's mean; the record is the clear one's but for
     φ2_actual and the entropy (they need each ‖w_i(t+1)‖²), with the round's estimate attached."""
-    from fedent.strategies.base import SecureSum
+    from fedent.strategies.base import SecureSum, StrategyError
 
     trainer, indices, w = _setup()
-    strategy = FedEnt(FedEntOptions(gamma=0.5, eta_max=0.5, variant="paper", phi2_rate="star"))
+    strategy = FedEnt(FedEntOptions(gamma=0.5, eta_max=0.5, variant="paper", phi2_rate="used"))
     states = {c: ClientState() for c in (1, 3)}
     payload, updates, clear = _run_round(strategy, trainer, indices, w, 0, [1, 3], states)
     strategy.round_payload(0, w, [strategy.probe(trainer, w, _task(c, 0, indices), ClientState()) for c in (1, 3)])
@@ -348,8 +348,14 @@ def test_aggregate_sum_keeps_the_rates_record_without_the_model_norms() -> None:
     rec, ref = got.diagnostics["fedent"], clear.diagnostics["fedent"]
     assert rec["phi2_actual"] is None and rec["entropy"] is None and rec["estimate"] == ref["estimate"]
     assert rec["clients"] == ref["clients"] and rec["phi2_pred"] == ref["phi2_pred"]
-    assert [c["variant"] for c in rec["clients"]] == ["paper", "paper"] and rec["phi2_rate"] == "star"
+    assert [c["variant"] for c in rec["clients"]] == ["paper", "paper"] and rec["phi2_rate"] == "used"
     assert rec["eta_max"] == 0.5 and {c["gamma"] for c in rec["clients"]} == {0.5}
+    lacking = dataclasses.replace(total, clients=[dataclasses.replace(updates[0], params=[], scalars={
+        k: v for k, v in updates[0].scalars.items() if k != "eta"})])
+    with pytest.raises(StrategyError, match=r"^fedent: an update lacks scalar 'eta'$"):
+        strategy.aggregate_sum(0, w, lacking)
+    with pytest.raises(StrategyError, match=r"^fedent: an update lacks scalar 'eta'$"):
+        strategy.aggregate(0, w, [dataclasses.replace(updates[0], scalars=lacking.clients[0].scalars)])
     # without a payload for the round there is no estimate to attach (aggregate and aggregate_sum alike)
     assert "estimate" not in strategy.aggregate_sum(7, w, total).diagnostics["fedent"]
     assert "estimate" not in strategy.aggregate(7, w, updates).diagnostics["fedent"]
