@@ -59,6 +59,9 @@ EQUIVALENT: dict[str, str] = {
         "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
+    "fedent.strategies.fedent.xǁFedEntǁprepare__mutmut_39":
+        "`else 1.0` for `else 0.0` as the base rate when set_run_plan gave none: that happens only with phi2_rate "
+        "star (\"used\" raises just below), where solve_fixed_point never reads base_lr",
     "fedent.rounds.engine.xǁRoundEngineǁattempt__mutmut_2":
         "`self.secure_sum = \"\"` for `= None` at the start of a try: the sum is read only in a released round "
         "under secure aggregation, where finish() has replaced it; a skipped round never reads it",
