@@ -562,7 +562,8 @@ def test_a_privacy_budget_ends_the_run_early_and_evaluates_its_last_round(tmp_pa
     assert [r["round"] for r in records] == [1, 2] and [r["test_acc"] is None for r in records] == [True, False]
     st = status(e)
     assert (st["phase"], st["round"], st["state"]["final_acc"]) == ("done", 2, records[-1]["test_acc"])
-    assert st["state"]["stopped_early"] == e.budget_stop and e.budget_stop.startswith("privacy budget: round 3 ")
+    assert e.budget_stop is not None and st["state"]["stopped_early"] == e.budget_stop
+    assert e.budget_stop.startswith("privacy budget: round 3 ")
     assert isinstance(e.executor, Dropping) and e.executor.finished == [(True, "run finished")]
 
 
