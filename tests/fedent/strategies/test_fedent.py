@@ -315,6 +315,7 @@ def test_offline_population_reports_its_options_and_round_trips_its_state() -> N
                             opts.beta, opts.variant, opts.eps1, opts.eps2, 2, eta_max=0.02, phi2_rate="star",
                             gamma=0.5, base_lr=0.0)
     assert report["phi2"] == [float(v) for v in ref.phi2]
+    assert report["gradient_evaluations"] == report["sweeps"] * 2 * len(cids)  # client 2 is never asked
     assert (report["offline_clients"], report["phi2_rate"], report["eta_max"]) == ("population", "star", 0.02)
     state = strategy.server_state()
     assert "schedule" not in state["offline"]  # population: no schedule
@@ -360,3 +361,69 @@ def test_aggregate_sum_keeps_the_rates_record_without_the_model_norms() -> None:
     assert "estimate" not in strategy.aggregate_sum(7, w, total).diagnostics["fedent"]
     assert "estimate" not in strategy.aggregate(7, w, updates).diagnostics["fedent"]
     assert "estimate" not in FedEnt().aggregate(0, w, updates).diagnostics["fedent"]
+
+
+def test_the_online_estimator_gets_every_option_and_an_injected_one_is_used_as_it_is() -> None:
+    """The online φ2' is OnlinePhi2Estimator's with the strategy's beta, variant, eta_max, phi2_rate and gamma; an
+    injected estimator needs no Algorithm 1 (no oracle capability, prepare a no-op) and is the one asked."""
+    from fedent.meanfield.estimator import OnlinePhi2Estimator
+    from fedent.strategies.base import StrategyError
+
+    trainer, indices, w = _setup()
+    opts = FedEntOptions(beta=0.9, variant="paper", eta_max=1e-3, phi2_rate="used", gamma=0.5)
+    strategy = FedEnt(opts)
+    probes = [strategy.probe(trainer, w, _task(c, 1, indices), ClientState()) for c in (2, 4)]
+    payload = strategy.round_payload(1, w, probes)
+    total = sum(p.num_samples for p in probes)
+    ref = OnlinePhi2Estimator(0.9, "paper", eta_max=1e-3, phi2_rate="used", gamma=0.5).estimate(
+        1, norm_sq(w), [p.num_samples / total for p in probes], [p.scalars["a"] for p in probes],
+        [p.scalars["b"] for p in probes], cids=[2, 4], eta_prev=[LR, LR])
+    assert payload.round == 1 and payload.scalars["phi2_next"] == ref.phi2_next
+    for c in (2, 4):  # each client's η* is Prop. 1's with the strategy's variant and cap
+        up = strategy.fit(trainer, w, payload, _task(c, 1, indices), ClientState())
+        s = up.scalars
+        assert s["eta_star"] == solve_eta(s["a"], s["b"], s["c"], s["theta"], s["phi2_next"], 0.9, "paper",
+                                          eta_max=1e-3).eta_star[0]
+    assert FedEnt().prepare(TrainerOracle(trainer, indices, SEED, 8), w, [10] * N_CLIENTS, rounds=2) == {}
+
+    class Fixed(OnlinePhi2Estimator):
+        def estimate(self, *args, **kw):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(super().estimate(*args, **kw), phi2_next=0.5)
+
+    injected = FedEnt(FedEntOptions(estimator="offline"), estimator=Fixed(0.9))
+    assert not injected.capabilities.oracle and FedEnt(FedEntOptions(estimator="offline")).capabilities.oracle
+    assert injected.prepare(TrainerOracle(trainer, indices, SEED, 8), w, [10] * N_CLIENTS, rounds=2) == {}
+    assert injected.round_payload(0, w, probes).scalars["phi2_next"] == 0.5
+    with pytest.raises(StrategyError, match=r"^fedent: the offline estimator needs prepare\(\) \(Algorithm 1\) before "
+                                            r"round 0$"):
+        FedEnt(FedEntOptions(estimator="offline")).round_payload(0, w, probes)
+
+
+def test_one_sample_is_enough_and_a_fit_after_its_probe_computes_no_gradient() -> None:
+    from fedent.strategies.base import Probe, RoundPayload
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt()
+    one = strategy.round_payload(0, w, [Probe(3, 1, {"a": 0.1, "b": 1.0, "eta_prev": LR})])
+    assert one.scalars["total_samples"] == 1.0
+    task = _task(3, 0, indices)
+    up = strategy.fit(trainer, w, RoundPayload(0, scalars={"phi2_next": 1.0, "c": 1.0, "total_samples": 1.0}), task,
+                      ClientState())
+    assert up.scalars["theta"] == 22.0  # D_i / ΣD with ΣD = 1 as the payload says
+    offline = FedEnt(FedEntOptions(estimator="offline", offline_clients="population", phi2_rate="star",
+                                   max_sweeps=1))
+    report = offline.prepare(TrainerOracle(trainer, indices, SEED, 8), w, [1, 0, 0, 0, 0, 0], rounds=1)
+    assert report["gradient_evaluations"] == 1 and len(report["phi2"]) == 2  # only the client with a sample
+    calls: list[int] = []
+    real = trainer.gradient
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kw)
+
+    trainer.gradient = counted  # type: ignore[method-assign]
+    state = ClientState()
+    probe = strategy.probe(trainer, w, task, state)
+    assert len(calls) == 1
+    strategy.fit(trainer, w, strategy.round_payload(0, w, [probe]), task, state)
+    assert len(calls) == 1  # the probe's (a, b) were kept in the client's state
