@@ -62,6 +62,9 @@ EQUIVALENT: dict[str, str] = {
     "fedent.strategies.fedent.xǁFedEntǁprepare__mutmut_39":
         "`else 1.0` for `else 0.0` as the base rate when set_run_plan gave none: that happens only with phi2_rate "
         "star (\"used\" raises just below), where solve_fixed_point never reads base_lr",
+    "fedent.strategies.fedent.xǁFedEntǁaggregate_sum__mutmut_11":
+        "a model norm of 1.0 for 0.0 in the secure record: the norms feed only phi2_actual and the entropy, which "
+        "aggregate_sum then sets to None",
     "fedent.rounds.engine.xǁRoundEngineǁattempt__mutmut_2":
         "`self.secure_sum = \"\"` for `= None` at the start of a try: the sum is read only in a released round "
         "under secure aggregation, where finish() has replaced it; a skipped round never reads it",
