@@ -485,3 +485,34 @@ def test_encoded_sizes_and_bool_and_cpu_tensors() -> None:
     assert [g.name for g in enc.chunks[0].header.groups] == ["flags", "w"]
     half = decode_tensors(encode_tensors(b, TransferSpec(wire_dtype="float16")))
     assert half["flags"][0].dtype == torch.bool and half["w"][0].dtype == torch.float64
+
+
+def test_a_non_canonical_bool_byte_decodes_to_a_canonical_true() -> None:
+    """A peer may send any byte for a bool: the receiver converts (uint8 -> bool), never reinterprets, so every
+    decoded bool is stored as 0 or 1 (a bool byte of 2 is undefined behaviour in torch's kernels)."""
+    chunks = _copy(encode_tensors({"flags": [torch.tensor([True, False, True])]}))
+    chunks[0].data = bytes([2, 0, 1])
+    chunks[0].checksum = codec.checksum(codec.DEFAULT_CHECKSUM, chunks[0].data)
+    out = decode_tensors(chunks)["flags"][0]
+    assert out.dtype == torch.bool and out.view(torch.uint8).tolist() == [1, 0, 1]
+
+
+def test_layout_refuses_an_unknown_wire_dtype_itself() -> None:
+    """_layout (verify's shape check and the decoder's split) checks the wire dtype on its own, not only the
+    assembler's header check before it."""
+    h = pb.TensorListHeader(tensors=[pb.TensorSpec(dtype=pb.DTYPE_FLOAT32, shape=[1])],
+                            groups=[pb.TensorGroup(name="p", count=1)], wire_dtype=77)  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="^unknown wire dtype value 77$"):
+        codec._layout(h, 4)
+
+
+def test_encoded_messages_are_built_in_the_carrier_asked_for() -> None:
+    b = _bundle()
+    kept = encode_tensors(b, TransferSpec(chunk_bytes=24), est_pb.EstimatorServiceFetchBlobResponse)
+    assert all(type(m) is est_pb.EstimatorServiceFetchBlobResponse for m in kept._messages)  # built once, at encode
+    bare = encode_tensors(b, TransferSpec(chunk_bytes=24))
+    assert all(type(m) is pb.TensorChunk for m in bare._messages)
+    received = list(codec.stream_tensors(b, est_pb.PutBlobRequest, TransferSpec(chunk_bytes=24)))
+    rewrapped = codec.EncodedTensors(received, 0, 0).as_messages(est_pb.EstimatorServiceFetchBlobResponse)
+    assert all(type(m) is est_pb.EstimatorServiceFetchBlobResponse for m in rewrapped)
+    assert codec.EncodedTensors([], 0, 0).as_messages(est_pb.PutBlobRequest) == ()
