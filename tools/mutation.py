@@ -65,6 +65,12 @@ EQUIVALENT: dict[str, str] = {
     "fedent.strategies.fedent.xǁFedEntǁaggregate_sum__mutmut_11":
         "a model norm of 1.0 for 0.0 in the secure record: the norms feed only phi2_actual and the entropy, which "
         "aggregate_sum then sets to None",
+    "fedentrpc.codec.x__inflate__mutmut_25":
+        "`torch.empty(0, dtype=None)` for a uint8 one when nothing inflated: every tensor cut from an empty payload "
+        "is empty and viewed as its own dtype, so the buffer's dtype is never seen",
+    "fedentrpc.codec.x__tensor_u8__mutmut_15":
+        "`t.to(None)` for `t.to(torch.uint8)` on a bool tensor: to(None) keeps it bool, and the next line's "
+        "view(torch.uint8) gives the same bytes",
     "fedent.rounds.engine.xǁRoundEngineǁattempt__mutmut_2":
         "`self.secure_sum = \"\"` for `= None` at the start of a try: the sum is read only in a released round "
         "under secure aggregation, where finish() has replaced it; a skipped round never reads it",
