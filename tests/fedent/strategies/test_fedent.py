@@ -370,20 +370,20 @@ def test_the_online_estimator_gets_every_option_and_an_injected_one_is_used_as_i
     from fedent.strategies.base import StrategyError
 
     trainer, indices, w = _setup()
-    opts = FedEntOptions(beta=0.9, variant="paper", eta_max=1e-3, phi2_rate="used", gamma=0.5)
-    strategy = FedEnt(opts)
-    probes = [strategy.probe(trainer, w, _task(c, 1, indices), ClientState()) for c in (2, 4)]
-    payload = strategy.round_payload(1, w, probes)
-    total = sum(p.num_samples for p in probes)
-    ref = OnlinePhi2Estimator(0.9, "paper", eta_max=1e-3, phi2_rate="used", gamma=0.5).estimate(
-        1, norm_sq(w), [p.num_samples / total for p in probes], [p.scalars["a"] for p in probes],
-        [p.scalars["b"] for p in probes], cids=[2, 4], eta_prev=[LR, LR])
-    assert payload.round == 1 and payload.scalars["phi2_next"] == ref.phi2_next
-    for c in (2, 4):  # each client's η* is Prop. 1's with the strategy's variant and cap
-        up = strategy.fit(trainer, w, payload, _task(c, 1, indices), ClientState())
-        s = up.scalars
-        assert s["eta_star"] == solve_eta(s["a"], s["b"], s["c"], s["theta"], s["phi2_next"], 0.9, "paper",
-                                          eta_max=1e-3).eta_star[0]
+    for cap in (None, 1e-3):  # uncapped, the variant shows (paper and exact differ); capped, the cap does
+        opts = FedEntOptions(beta=0.9, variant="paper", eta_max=cap, phi2_rate="used", gamma=0.5)
+        strategy = FedEnt(opts)
+        probes = [strategy.probe(trainer, w, _task(c, 1, indices), ClientState()) for c in (2, 4)]
+        payload = strategy.round_payload(1, w, probes)
+        total = sum(p.num_samples for p in probes)
+        ref = OnlinePhi2Estimator(0.9, "paper", eta_max=cap, phi2_rate="used", gamma=0.5).estimate(
+            1, norm_sq(w), [p.num_samples / total for p in probes], [p.scalars["a"] for p in probes],
+            [p.scalars["b"] for p in probes], cids=[2, 4], eta_prev=[LR, LR])
+        assert payload.round == 1 and payload.scalars["phi2_next"] == ref.phi2_next
+        for c in (2, 4):  # each client's η* is Prop. 1's with the strategy's variant and cap
+            s = strategy.fit(trainer, w, payload, _task(c, 1, indices), ClientState()).scalars
+            assert s["eta_star"] == solve_eta(s["a"], s["b"], s["c"], s["theta"], s["phi2_next"], 0.9, "paper",
+                                              eta_max=cap).eta_star[0]
     assert FedEnt().prepare(TrainerOracle(trainer, indices, SEED, 8), w, [10] * N_CLIENTS, rounds=2) == {}
 
     class Fixed(OnlinePhi2Estimator):
