@@ -120,18 +120,20 @@ class _StampedLog(runlog.MetricsLog):
 
 
 def sim_round_times(inputs: RunInputs, algorithm: str, rounds: int, device: str,
-                    executor: str = "sequential") -> tuple[list[Timing], list[Tensor]]:
+                    executor: str = "sequential", cfg: ExperimentConfig | None = None
+                    ) -> tuple[list[Timing], list[Tensor]]:
     """Per-round (wall, cpu) seconds of the simulator: differences of the clocks at consecutive log lines,
     so the bookkeeping after a line (clients.json, estimator.json, status.json) is charged to the next
-    round. The last round (the only evaluation) is left out."""
+    round. The last round (the only evaluation) is left out. ``cfg`` replaces this benchmark's config (other
+    benchmarks time their own variants of it with the same harness)."""
     _StampedLog.stamps = []
     original = runlog.MetricsLog
     runlog.MetricsLog = _StampedLog  # type: ignore[misc]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = Timing(time.perf_counter(), time.process_time())
-            res = run_simulation(config(algorithm, rounds, device, executor), Path(tmp) / "run", progress=False,
-                                 inputs=inputs, plots=False)
+            res = run_simulation(cfg or config(algorithm, rounds, device, executor), Path(tmp) / "run",
+                                 progress=False, inputs=inputs, plots=False)
     finally:
         runlog.MetricsLog = original  # type: ignore[misc]
     marks = [t0, *_StampedLog.stamps]

@@ -23,6 +23,7 @@ QUICK = {
     "bench_vectorised_step.py": ["--clients", "4", "--samples", "128", "--repeats", "1"],
     "bench_privacy.py": ["--quick", "--rounds", "2", "--repeats", "1", "--threads", "1"],
     "bench_secagg.py": ["--rounds", "3", "--clients", "10", "--per-round", "5", "--repeats", "1"],
+    "bench_robust.py": ["--model", "lenet5", "--repeats", "2", "--rounds", "2"],
 }
 
 

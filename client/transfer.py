@@ -7,12 +7,16 @@ aggregator how many of its chunks it holds (``QueryUpload``) and sends the rest 
 download asks for the blob from its next chunk on (``start_chunk``) and keeps the chunks it has in its
 assembler. The encoding is deterministic, so chunk i is the same bytes on every attempt, and every chunk
 carries its CRC. The aggregator drops chunks it holds already and refuses an upload it received whole, so
-no update is counted twice.
+no update is counted twice. A stream the server refuses for now (RESOURCE_EXHAUSTED: its stream limits,
+``fedentrpc.stream_limit``) is tried again after a full-jitter backoff, never past the transfer's time. A delta
+download (``--download-encoding delta``) resumes like any other: the worker names the same held model again, and
+the aggregator serves the delta it encoded once for that base.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
+from fedentrpc.backoff import backoff_delay
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 
@@ -30,6 +35,10 @@ log = logging.getLogger("fedent.worker")
 # a stream ending with one of these was cut (or cancelled by the stall watch), not refused: resume it
 CUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
                  grpc.StatusCode.INTERNAL})
+# the server refused the stream for now (its stream threads or this worker's stream limit are taken,
+# fedentrpc.stream_limit): nothing was sent; wait (full-jitter backoff) and try again
+BUSY = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})
+BUSY_BACKOFF_S = (0.2, 5.0)  # base, cap
 MAX_CUTS = 100  # a link that breaks this often within one transfer is not one to keep trying
 
 
@@ -93,6 +102,13 @@ def _query(stub: pb_grpc.AggregatorServiceStub, req: pb.QueryUploadRequest, end:
             time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
+def _wait_busy(what: str, e: grpc.RpcError, attempt: int, end: float) -> None:
+    """Sleep before retrying a stream the server refused for now (never past ``end``)."""
+    delay = min(backoff_delay(attempt, *BUSY_BACKOFF_S, random.Random()), max(0.0, end - time.monotonic()))
+    log.warning("%s refused for now (%s: %s); retrying in %.1fs", what, e.code().name, e.details(), delay)
+    time.sleep(delay)
+
+
 def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.UpdateMeta, spec: codec.TransferSpec,
            stall_s: float, timeout_s: float) -> Sent:
     """Send ``update``; a cut stream is resumed from the aggregator's chunk count. A refusal (invalid update,
@@ -100,6 +116,7 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
     end = time.monotonic() + timeout_s
     start, sent = 0, Sent([])
     req = pb.QueryUploadRequest(worker_id=meta.worker_id, task_id=meta.task_id, round=meta.round, cid=update.cid)
+    busy = 0
     for _ in range(MAX_CUTS):
         left = end - time.monotonic()
         if left <= 0:
@@ -115,6 +132,10 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
             why = "stalled"
         except grpc.RpcError as e:
             code = e.code()
+            if code in BUSY:
+                _wait_busy(f"upload of client {update.cid}", e, busy, end)
+                busy += 1
+                continue
             if code not in CUT and start == 0:
                 raise
             why = "stalled" if watch.stalled else f"{code.name}: {e.details()}"
@@ -131,25 +152,48 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
     raise TransferError(f"the upload of client {update.cid} did not complete within {timeout_s:.0f}s")
 
 
+@dataclass
+class Fetched:
+    """A finished download: its tensors, and what its first message said it is (``delta``: None for the blob
+    itself, else the delta's base and digests, ``fedentrpc.model_delta``)."""
+
+    bundle: codec.Bundle
+    delta: model_delta.DeltaInfo | None = None
+
+
 def fetch(stub: pb_grpc.AggregatorServiceStub, blob_id: str, worker_id: str, stall_s: float,
-          timeout_s: float) -> codec.Bundle:
-    """A blob, its download resumed at the next chunk when the stream is cut."""
+          timeout_s: float, held: model_delta.HeldRef | None = None) -> Fetched:
+    """A blob, its download resumed at the next chunk when the stream is cut. ``held``: the model this worker
+    holds, offered as the base of a delta download; the aggregator answers with the blob or a delta from it, and
+    a resumed download asks for the same stream again (the held model for a delta, none for the blob)."""
     end = time.monotonic() + timeout_s
     asm = codec.TensorAssembler()
+    delta: model_delta.DeltaInfo | None = None
+    busy = 0
     for _ in range(MAX_CUTS):
         left = end - time.monotonic()
         if left <= 0:
             break
         watch = StallWatch(stall_s)
+        offer = held if asm.chunks == 0 or delta is not None else None
         call = stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=blob_id, worker_id=worker_id,
-                                                                   start_chunk=asm.chunks), timeout=left)
+                                                                   start_chunk=asm.chunks,
+                                                                   held=mappers.held_to_msg(offer)), timeout=left)
         watch.watch(call)
         try:
             for m in call:
                 watch.touch()
+                if asm.chunks == 0:
+                    delta = mappers.delta_from_msg(m)
+                    if delta is not None and held is None:
+                        raise codec.WireError("a delta download that was not asked for")
                 asm.add(codec.chunk_of(m))
-            return asm.finish()
+            return Fetched(asm.finish(), delta)
         except grpc.RpcError as e:
+            if e.code() in BUSY:
+                _wait_busy(f"download of {blob_id}", e, busy, end)
+                busy += 1
+                continue
             if e.code() not in CUT:
                 raise
             why = "stalled" if watch.stalled else f"{e.code().name}: {e.details()}"

@@ -10,9 +10,10 @@ The worker keeps only the link; the client half of every task (task parameters f
 client state in memory or in ``--state-dir``, probe / fit / evaluate, Algorithm 1's gradients, sequential or
 vectorised) is the core's ``ClientHost`` (fedent.rounds.host), the one the simulator runs. The global model
 is fetched once per round per worker (FetchBlob, cached by blob id), however many of the round's clients
-this worker hosts.
+this worker hosts; under the aggregator's ``--download-encoding delta`` the worker keeps the last model it
+downloaded and offers it, so the next one may come as an exact delta from it (fedentrpc.model_delta).
 
-Why ~530 lines in one module: the worker is one state machine (connect with its failure reasons, register,
+Why ~590 lines in one module: the worker is one state machine (connect with its failure reasons, register,
 local or central data, ready, work stream, heartbeats, reconnect) over one channel; its parts are methods of
 that machine. The Oracle stream lives in client.oracle_link, the client half in the core.
 """
@@ -51,7 +52,7 @@ from fedent.rounds.vectorised import make_host
 from fedent.strategies.base import ClientUpdate, RoundPayload, Strategy
 from fedent.strategies.registry import build_strategy
 from fedent.trainer import LocalTrainer, resolve_device
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.backoff import backoff_delay
 from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ClientSecurity
@@ -150,6 +151,8 @@ class Worker:
         self.worker_id = ""
         self.transfer = codec.TransferSpec()
         self._blob_cache: dict[str, codec.Bundle] = {}
+        self.download_delta = False  # the aggregator's --download-encoding is delta: keep the last model as a base
+        self.held: model_delta.Held | None = None  # the last model downloaded (the base a delta is rebuilt on)
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self.stopping = threading.Event()
         self.tasks_done = 0
@@ -204,8 +207,11 @@ class Worker:
             self.states = ClientStates(store, self.device)
             if self.host is not None:
                 self.host.states = self.states
+        if reply.run_id != self.run_id:
+            self.held = None  # another run's model is no base for this one's
         self.run_id = reply.run_id
         self.transfer = mappers.transfer_from_msg(reply.transfer)
+        self.download_delta = mappers.download_encoding_from_msg(reply.download_encoding) == "delta"
         self.heartbeat_s = reply.heartbeat_s
         loaded = (reply.config.SerializeToString(deterministic=True), reply.partition_md5)
         if self._loaded == loaded:  # a re-registration: data already here
@@ -337,13 +343,13 @@ class Worker:
                               f"{e.code().name}: {e.details()}") from None
 
     # ---- tasks ---------------------------------------------------------------------------------
-    def fetch(self, blob_id: str) -> codec.Bundle:
-        """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients)."""
+    def fetch(self, blob_id: str, model: bool = False) -> codec.Bundle:
+        """A blob from the aggregator, fetched once and cached (the round's model for all hosted clients).
+        ``model``: a global model blob, which may come as a delta from the held model (``download_model``)."""
         got = self._blob_cache.get(blob_id)
         if got is None:
             try:
-                got = transfer.fetch(self.stub, blob_id, self.worker_id, self.settings.stall_timeout_s,
-                                     self.settings.connect_timeout_s * 10)
+                got = self.download_model(blob_id) if model else self._download(blob_id).bundle
             except transfer.TransferError as e:
                 raise AggregatorLostError(str(e)) from None
             except grpc.RpcError as e:  # a task that waited out a partition: its round is over, the link is fine
@@ -355,8 +361,31 @@ class Worker:
             self._blob_cache[blob_id] = got
         return got
 
+    def _download(self, blob_id: str, held: model_delta.HeldRef | None = None) -> transfer.Fetched:
+        return transfer.fetch(self.stub, blob_id, self.worker_id, self.settings.stall_timeout_s,
+                              self.settings.connect_timeout_s * 10, held=held)
+
+    def download_model(self, blob_id: str) -> codec.Bundle:
+        """A global model. Under ``--download-encoding delta`` the worker offers the model it holds; a delta
+        answer is rebuilt on it (bit-identical to the blob's own download, its digest checked against the
+        aggregator's), and one that does not rebuild is fetched again whole. The model is then the next base."""
+        base = self.held if self.download_delta else None
+        got = self._download(blob_id, base.ref if base is not None else None)
+        bundle = got.bundle
+        if got.delta is not None:
+            assert base is not None  # transfer.fetch refuses a delta that was not asked for
+            try:
+                bundle = {codec.PARAMS_GROUP: base.rebuild(got.delta, got.bundle.get(model_delta.DELTA_GROUP, []))}
+            except model_delta.DeltaError as e:
+                log.warning("the delta download of %s did not rebuild the model (%s): fetching it whole", blob_id, e)
+                self.held = None
+                bundle = self._download(blob_id).bundle
+        if self.download_delta:
+            self.held = model_delta.Held.of(blob_id, bundle[codec.PARAMS_GROUP], self.transfer.wire_dtype)
+        return bundle
+
     def _model(self, blob_id: str) -> Params:
-        return [t.to(self.device) for t in self.fetch(blob_id)[codec.PARAMS_GROUP]]
+        return [t.to(self.device) for t in self.fetch(blob_id, model=True)[codec.PARAMS_GROUP]]
 
     def _check_cids(self, h: pb.TaskHeader) -> tuple[ClientHost, list[int]]:
         cids = [int(c) for c in h.client_ids]

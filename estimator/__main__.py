@@ -20,6 +20,7 @@ from fedentrpc.lifeline import watch_parent
 from fedentrpc.security.errors import SecurityConfigError
 from fedentrpc.security.flags import add_server_security_args, server_security_from_args
 from fedentrpc.security.redaction import install_log_redaction
+from fedentrpc.stream_limit import add_stream_limit_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default="", help="token the workers' oracle streams must present")
     p.add_argument("--max-workers", type=int, default=d.max_workers, help="gRPC thread pool size")
     p.add_argument("--max-streams-per-identity", type=int, default=d.max_streams_per_identity,
-                   help="open streaming calls one worker identity may hold (callers without credentials share one "
-                   "such budget); more get RESOURCE_EXHAUSTED; only with worker authentication; 0 = no limit")
+                   help="open streaming calls one worker identity may hold; more get RESOURCE_EXHAUSTED; only with "
+                   "worker authentication; 0 = no limit")
+    add_stream_limit_args(p, d.max_anonymous_streams, d.stream_idle_s, d.open_stream_max_s)
     p.add_argument("--oracle-timeout", type=float, default=d.oracle_timeout_s,
                    help="seconds one gradient request to a worker may take")
     p.add_argument("--oracle-retries", type=int, default=d.oracle_retries,
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
     return EstimatorSettings(host=args.host, port=args.port, token=args.token, max_workers=args.max_workers,
                              max_streams_per_identity=args.max_streams_per_identity,
+                             max_anonymous_streams=args.max_anonymous_streams, stream_idle_s=args.stream_idle,
+                             open_stream_max_s=args.open_stream_max,
                              oracle_timeout_s=args.oracle_timeout, oracle_retries=args.oracle_retries,
                              oracle_prefetch=args.oracle_prefetch, wait_workers_s=args.wait_workers,
                              blob_cache_bytes=args.blob_cache_mb * 2**20, run_dir=args.run_dir,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
@@ -26,10 +25,10 @@ from estimator.settings import EstimatorSettings
 from estimator.solve_round import solve_online_reply
 from fedentrpc import codec
 from fedentrpc.health import add_health_and_reflection
-from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import caller_identity, server_interceptors
+from fedentrpc.security.interceptors import caller_identity
 from fedentrpc.security.tls import bind
+from fedentrpc.serving import create_server, method_name
 from fedentrpc.v1 import estimator_pb2 as est_pb
 from fedentrpc.v1 import estimator_pb2_grpc as est_grpc
 
@@ -160,9 +159,9 @@ def create_estimator_service(settings: EstimatorSettings, security: ServerSecuri
     hub = OracleHub()
     jobs = OfflineJobs(hub, blobs, settings.oracle_timeout_s, settings.oracle_retries, settings.oracle_prefetch,
                        settings.run_dir)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix="est"),
-                         options=grpc_options(),
-                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
+    server = create_server(sec, settings.max_workers, settings.stream_limits(),
+                           sessions=[method_name(SERVICE_NAME, "Oracle")],
+                           held=[method_name(SERVICE_NAME, "GetOffline")], name="est")
     est_grpc.add_EstimatorServiceServicer_to_server(EstimatorServicer(settings, blobs, hub, jobs), server)
     hs = add_health_and_reflection(server, [SERVICE_NAME])
     try:

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "partition": "fedent.commands.partition",
     "simulate": "fedent.commands.simulate",
     "compare": "fedent.commands.compare",
+    "tune": "fedent.commands.tune",
     "plot": "fedent.commands.plot",
     "reproduce": "fedent.commands.reproduce",
     "tensorboard": "fedent.commands.tensorboard",
@@ -36,7 +37,7 @@ SUBCOMMANDS: dict[str, str] = {
 ENTRY_POINT_GROUP = "fedent.commands"
 # Commands that run the round engine in this process: SIGTERM stops them as SIGINT does (fedent.signals), so the
 # run's status.json ends "stopped" with the reason and the run can resume.
-STOP_ON_SIGNALS = frozenset({"simulate", "compare", "reproduce"})
+STOP_ON_SIGNALS = frozenset({"simulate", "compare", "reproduce", "tune"})
 
 
 def subcommands() -> dict[str, str]:

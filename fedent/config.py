@@ -211,6 +211,13 @@ class DataConfig(Declared):
     image_size: int | None = option(None, "the model's input size when no dataset says it", ge=1)
     server_test: str | None = option(None, "a .npz/.pt file (x, y): the aggregator's held-out set with placement "
                                            "workers")
+    validation_fraction: float = option(0.0, "a seeded share of every client's training samples held out as the "
+                                             "validation set (fedent.data.validation; tuning scores on it, never on "
+                                             "the test set); 0: none", ge=0, lt=1)
+
+    def checks(self) -> Iterable[tuple[str, str]]:
+        if self.validation_fraction > 0 and self.placement != "central":
+            yield "validation_fraction", "needs placement central (the validation set is carved where the partition is)"
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,8 @@ class TrainConfig(Declared):
                                                      "stochastic 8-bit, ~4x fewer bytes), topk (the largest "
                                                      "topk_fraction of entries, with error feedback)")
     topk_fraction: float = option(0.01, "topk: fraction of each tensor's entries sent per upload", gt=0, le=1)
+    evaluate_test: bool = option(True, "false (tuning runs): the test set is never evaluated, test_acc stays null and "
+                                       "only the validation set (data.validation_fraction) is scored")
     perf: PerfOptions = field(default_factory=PerfOptions, metadata={"doc": "speed levers (PerfOptions)"})
 
     def __post_init__(self) -> None:
@@ -295,7 +304,7 @@ class TrainConfig(Declared):
 
 
 Aggregator = Literal["mean", "median", "trimmed-mean", "krum", "multi-krum"]
-Attack = Literal["none", "sign-flip", "scale", "gaussian", "label-flip", "inflate-count"]
+Attack = Literal["none", "sign-flip", "scale", "gaussian", "label-flip", "alie", "inflate-count"]
 
 
 @dataclass(frozen=True)
@@ -327,17 +336,21 @@ class AdversaryConfig(Declared):
     key_prefix = "adversary"
 
     attack: Attack = option("none", "sign-flip: -delta; scale: scale * delta; gaussian: N(0, noise_std^2) as the "
-                                    "delta; label-flip: train on label C-1-y; inflate-count: report "
-                                    "inflated_count samples and upload zeros")
+                                    "delta; label-flip: train on label C-1-y; alie: the colluding attackers "
+                                    "a host trains in a round upload mean - z * std of their honest updates; "
+                                    "inflate-count: report inflated_count samples and upload zeros")
     fraction: float = option(0.2, "fraction of the clients that attack (chosen from train.seed)", ge=0, le=1)
     scale: float = option(-10.0, "scale: the factor on the attacker's delta")
     noise_std: float = option(1.0, "gaussian: the standard deviation of the uploaded delta", gt=0)
     inflated_count: int = option(10**12, "inflate-count: the sample count the attacker reports", ge=1)
+    z: float | None = option(None, "alie: the number of standard deviations (null: Baruch et al.'s z_max from the "
+                                   "number of clients and of attackers)")
 
 
 
 DPMode = Literal["none", "central", "local"]
 SecAggRounding = Literal["nearest", "stochastic"]
+SecAggThreat = Literal["honest-but-curious", "malicious"]
 
 
 @dataclass(frozen=True)
@@ -380,6 +393,10 @@ class PrivacyConfig(Declared):
     secagg_ring_bits: int = option(64, "masks and sums live in the ring Z_2^ring_bits", ge=16, le=64)
     secagg_rounding: SecAggRounding = option("nearest", "fixed-point rounding: nearest, or stochastic (unbiased, "
                                                         "seeded by (seed, round, client))")
+    secagg_threat: SecAggThreat = option("malicious", "malicious: clients sign their keys and the survivor set "
+                                                      "(Bonawitz et al.'s consistency check, one more round trip), so "
+                                                      "a lying aggregator cannot unmask a client; honest-but-curious: "
+                                                      "neither (docs/security.md, \"Secure aggregation\")")
 
     def checks(self) -> Iterable[tuple[str, str]]:
         if self.secagg_frac_bits >= self.secagg_ring_bits - 8:
@@ -492,9 +509,14 @@ class StrategyOptions(Declared):
                 raise
             raise e.keyed(prefix) from None
 
+    # fields added after runs were published: written only when not at this default (a run without them keeps
+    # the config, checkpoint fingerprint and reproduce cache key it had before they existed)
+    quiet_defaults: ClassVar[Mapping[str, Any]] = {}
+
     def to_dict(self) -> dict[str, Any]:
         """Every field, in declaration order (the ``algorithm:`` section of config.yaml, besides ``name``)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _without_defaults({f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                                 self.quiet_defaults)
 
 
 SO = TypeVar("SO", bound=StrategyOptions)
@@ -606,9 +628,9 @@ class ExperimentConfig:
         # The algorithm section keeps its flat YAML layout {name, <options>} (asdict would nest "options").
         return {
             "name": self.name,
-            "data": dataclasses.asdict(self.data),
+            "data": _without_defaults(dataclasses.asdict(self.data), QUIET_DEFAULTS["data"]),
             "model": dataclasses.asdict(self.model),
-            "train": dataclasses.asdict(self.train),
+            "train": _without_defaults(dataclasses.asdict(self.train), QUIET_DEFAULTS["train"]),
             "algorithm": self.algorithm.to_dict(),
             "out_dir": self.out_dir,
             "robust": dataclasses.asdict(self.robust),
@@ -617,6 +639,15 @@ class ExperimentConfig:
             # reproduce cache key) it had before the section existed
             **({"privacy": dataclasses.asdict(self.privacy)} if self.privacy != PrivacyConfig() else {}),
         }
+
+
+# Options added after runs were published: left out of to_dict at their default, so a run without them keeps the
+# config (checkpoint fingerprint, reproduce cache key) it had before they existed.
+QUIET_DEFAULTS: dict[str, dict[str, Any]] = {"data": {"validation_fraction": 0.0}, "train": {"evaluate_test": True}}
+
+
+def _without_defaults(d: dict[str, Any], quiet: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if not (k in quiet and v == quiet[k])}
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -720,9 +751,6 @@ def config_from_dict(raw: Mapping[str, Any]) -> ExperimentConfig:
     robust = c.run(dataclass_from_mapping, RobustConfig, raw.get("robust"), "robust")
     adversary = c.run(dataclass_from_mapping, AdversaryConfig, raw.get("adversary"), "adversary")
     privacy = c.run(dataclass_from_mapping, PrivacyConfig, raw.get("privacy"), "privacy")
-    if privacy is not None and train is not None and privacy.dp == "local" and train.executor == "vectorised":
-        c.problems.append("privacy.dp: local (DP-SGD) runs on the sequential executor only; set train.executor "
-                          "to sequential or auto")
     if privacy is not None and algorithm is not None and train is not None:
         c.problems.extend(privacy_problems(privacy, algorithm, train, robust))
     if data is not None and model is not None and not c.problems:

@@ -44,6 +44,9 @@ class RunInputs:
     client_indices: Sequence[np.ndarray]  # int64 train-sample indices per client
     make_model: Callable[[], nn.Module]
     partition_info: Mapping[str, Any] = field(default_factory=dict)  # partition.json content
+    # data.validation_fraction > 0: the held-out validation samples (indices into data.x_train), disjoint from
+    # every client's training indices (fedent.data.validation)
+    validation_indices: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -142,6 +145,23 @@ def load_inputs(cfg: ExperimentConfig) -> RunInputs:
     info.setdefault("seed", seed)
     info.setdefault("dataset", data.name)
     info.setdefault("source", data.source)
+    inputs = RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=model_factory(cfg, data),
+                       partition_info=info)
+    return with_validation(inputs, cfg)
 
-    return RunInputs(data=data, client_indices=tuple(part.client_indices), make_model=model_factory(cfg, data),
-                     partition_info=info)
+
+def with_validation(inputs: RunInputs, cfg: ExperimentConfig) -> RunInputs:
+    """``inputs`` with ``data.validation_fraction`` of every client's samples held out (fedent.data.validation,
+    seeded by train.seed); unchanged when the fraction is 0 or the split is already there."""
+    import dataclasses
+
+    fraction = cfg.data.validation_fraction
+    if fraction <= 0 or inputs.validation_indices is not None:
+        return inputs
+    from fedent.data.validation import carve_validation
+
+    split = carve_validation(inputs.client_indices, fraction, cfg.train.seed)
+    info = {**inputs.partition_info, "validation": split.info(),
+            "train_sizes": [int(len(ix)) for ix in split.train]}  # what each client trains on ("sizes": before)
+    return dataclasses.replace(inputs, client_indices=split.train, partition_info=info,
+                               validation_indices=split.validation)

@@ -15,7 +15,8 @@ import torch
 PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "data", "retry", "test-split",
             "adversary", "dp",
             "secagg-graph", "secagg-rounding",
-            "upload")  # upload: fedent.compress's stochastic rounding
+            "upload",  # upload: fedent.compress's stochastic rounding
+            "validation", "fedent-shuffle")  # the validation split (issue 29); FedEnt's shuffled-rates control
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

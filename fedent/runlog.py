@@ -34,7 +34,7 @@ import yaml
 # Keys of one metrics.jsonl line; always present, null when not measured that round (docs/architecture.md).
 METRIC_KEYS = (
     "round", "round_base", "algorithm", "test_acc", "test_loss", "train_loss", "clients", "num_clients",
-    "wall_s", "elapsed_s", "fedent", "diagnostics", "privacy",
+    "wall_s", "elapsed_s", "fedent", "diagnostics", "privacy", "val_acc", "val_loss",
 )
 PHASES = ("starting", "estimating", "training", "aggregating", "evaluating", "done", "failed", "stopped")
 STATUS_KEYS = ("run_id", "algorithm", "phase", "round", "round_base", "rounds", "started_at", "updated_at", "state")

@@ -7,6 +7,11 @@ gradient correction (``LocalFit``). A client with fewer batches is masked (its r
 does not have), never given extra steps; a short last batch is padded with weight-0 samples, so its loss
 is the mean over its real samples, as in the sequential trainer.
 
+Local DP (``trainer.dp``, set by the client host): each step is DP-SGD's (``fedent.privacy.dpsgd``), the
+per-sample gradients of every client in one pass (``vmap`` over clients of the per-sample ``vmap``), clipped,
+and noised with a draw from each client's own generator after its batch plan, exactly as ``LocalTrainer.train``
+draws it, so a vectorised local-DP run equals the sequential one.
+
 Models with dropout, batch norm or anything else ``vmap`` cannot run are refused by ``unsupported``, and
 the executor then falls back to the sequential one with that message.
 """
@@ -25,6 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedent.params import Params
+from fedent.privacy.dpsgd import DPSGD, clip_and_noise_stacked, draw_noise, per_sample_grads
 from fedent.trainer import LocalTrainer, TrainResult
 
 
@@ -134,6 +140,11 @@ def unfold_convs(model: nn.Module) -> tuple[nn.Module, int]:
     return out, swapped
 
 
+# A step's shape: clients in the chunk, whether they carry a w-weighted and a constant correction, local DP's
+# numbers (None: plain SGD); each has its own buffers and (on CUDA) its own captured graph.
+StepKey = tuple[int, bool, bool, DPSGD | None]
+
+
 @dataclass
 class StepState:
     """The tensors one vectorised SGD step reads and writes in place; static, so a CUDA graph can replay it."""
@@ -146,10 +157,11 @@ class StepState:
     weight: Tensor  # (C, B) 1 for a real sample, 0 for padding
     active: Tensor  # (C,) 1 where the client really takes this step
     total: Tensor  # (C,) float32 sum of the losses of the steps taken
+    noise: dict[str, Tensor] | None = None  # (C, ...) local DP: this step's standard normal draw per client
 
     @classmethod
     def empty(cls, trainer: LocalTrainer, names: Sequence[str], n: int, has_coef: bool,
-              has_linear: bool) -> StepState:
+              has_linear: bool, noised: bool = False) -> StepState:
         dev, bs = trainer.device, trainer.batch_size
         params = {name: torch.empty((n, *p.shape), dtype=p.dtype, device=dev)
                   for name, p in zip(names, trainer.params, strict=True)}
@@ -158,7 +170,8 @@ class StepState:
         return cls(params, vec(), vec() if has_coef else None,
                    {k: torch.zeros_like(v) for k, v in params.items()} if has_linear else None,
                    torch.zeros((n, bs), dtype=torch.int64, device=dev), torch.zeros((n, bs), dtype=dtype, device=dev),
-                   vec(), torch.zeros(n, dtype=torch.float32, device=dev))
+                   vec(), torch.zeros(n, dtype=torch.float32, device=dev),
+                   {k: torch.zeros_like(v) for k, v in params.items()} if noised else None)
 
     def load(self, start: Sequence[Tensor], runs: Sequence[ClientRun], names: Sequence[str]) -> None:
         """Every client starts from ``start`` with its own rate and correction; the loss sums restart at 0."""
@@ -247,9 +260,11 @@ class VectorisedTrainer:
 
         self._step = vmap(grad_and_value(loss_fn))
         self._grad_at = vmap(grad(loss_fn), in_dims=(None, 0, 0, 0))  # many batches, one point
+        # local DP: ({name: (C, B, ...)}, (C, B) losses), every client's per-sample gradients in one pass
+        self._per_sample = vmap(per_sample_grads(model, self.buffers))
         self.use_graphs = os.environ.get("FEDENT_CUDA_GRAPHS", "1") != "0"
-        self._states: dict[tuple[int, bool, bool], StepState] = {}
-        self._runners: dict[tuple[int, bool, bool], Callable[[], None]] = {}
+        self._states: dict[StepKey, StepState] = {}
+        self._runners: dict[StepKey, Callable[[], None]] = {}
 
     def train(self, start: Sequence[Tensor], runs: Sequence[ClientRun],
               epochs: int) -> list[tuple[Params, TrainResult]]:
@@ -261,9 +276,11 @@ class VectorisedTrainer:
         table = batch_table(tr, runs, epochs)
         has_coef = any(r.weight_coef != 0.0 for r in runs)
         has_linear = any(r.linear is not None for r in runs)
-        key = (len(runs), has_coef, has_linear)
+        dp = tr.dp
+        noised = dp is not None and dp.noise_multiplier * dp.clip_norm > 0
+        key: StepKey = (len(runs), has_coef, has_linear, dp)
         st = self._states.get(key) or self._states.setdefault(
-            key, StepState.empty(tr, self.names, len(runs), has_coef, has_linear))
+            key, StepState.empty(tr, self.names, len(runs), has_coef, has_linear, noised))
         st.load(start, runs, self.names)
         active = table.active.to(st.lr.dtype)  # (C, S)
         was_grad = torch.is_grad_enabled()
@@ -274,6 +291,8 @@ class VectorisedTrainer:
                 st.index.copy_(table.index[:, s])
                 st.weight.copy_(table.weight[:, s])
                 st.active.copy_(active[:, s])
+                if st.noise is not None:
+                    self._draw_noise(st, runs, [k > s for k in table.steps])
                 run = run or self._runner(key, st)  # after step 0's inputs are in place: a capture uses them
                 run()
         finally:
@@ -309,10 +328,35 @@ class VectorisedTrainer:
             grads = self._grad_at(params, tr.x[index], tr.y[index], weight)
         return [[grads[n][c] for n in self.names] for c in range(len(picks))]
 
+    def _draw_noise(self, st: StepState, runs: Sequence[ClientRun], takes: Sequence[bool]) -> None:
+        """This step's DP-SGD noise: for each client that takes the step, one ``draw_noise`` from its own
+        generator (the draw ``LocalTrainer.train`` makes at the same step); zeros for a masked client, which
+        draws nothing, as the sequential trainer takes no such step."""
+        assert st.noise is not None
+        shapes = [p.shape for p in self.trainer.params]
+        dtype = self.trainer.params[0].dtype
+        draws = [draw_noise(shapes, dtype, r.generator) if t else [torch.zeros(s, dtype=dtype) for s in shapes]
+                 for r, t in zip(runs, takes, strict=True)]
+        for i, n in enumerate(self.names):
+            st.noise[n].copy_(torch.stack([d[i] for d in draws]))
+
+    def _gradients(self, st: StepState) -> tuple[dict[str, Tensor], Tensor]:
+        """Every client's step gradient and loss: the batch mean's, or under local DP Eq. (DP4)'s clipped and
+        noised per-sample mean (the loss then the mean of the real samples' losses, as the sequential one)."""
+        x, y = self.trainer.x, self.trainer.y
+        dp = self.trainer.dp
+        if dp is None:
+            grads, loss = self._step(st.params, x[st.index], y[st.index], st.weight)
+            return grads, loss
+        per, losses = self._per_sample(st.params, x[st.index], y[st.index])
+        noise = None if st.noise is None else [st.noise[n] for n in self.names]
+        out = clip_and_noise_stacked([per[n] for n in self.names], st.weight, noise, dp)
+        loss = (losses * st.weight).sum(1) / st.weight.sum(1).clamp_min(1.0)
+        return dict(zip(self.names, out, strict=True)), loss
+
     def _sgd_step(self, st: StepState) -> None:
         """One step for every client, in place: w ← w − η·active·(∇ + coef·w + linear); loss summed where active."""
-        x, y = self.trainer.x, self.trainer.y
-        grads, loss = self._step(st.params, x[st.index], y[st.index], st.weight)
+        grads, loss = self._gradients(st)
         rate = st.lr * st.active
         for n in self.names:
             p, g = st.params[n], grads[n]
@@ -324,7 +368,7 @@ class VectorisedTrainer:
             p.sub_(rate.view(shape) * g)
         st.total.add_(loss.float() * st.active)
 
-    def _runner(self, key: tuple[int, bool, bool], st: StepState) -> Callable[[], None]:
+    def _runner(self, key: StepKey, st: StepState) -> Callable[[], None]:
         """How to run one step on ``st``: a replayed CUDA graph on a GPU (the step is launch-bound: one graph
         replaces hundreds of kernel launches), else the eager step. Captured on first use, with real inputs, and
         kept per chunk shape, so later rounds reuse the graph of the first."""

@@ -2,16 +2,17 @@
 
 Why it exists: the core (``fedent``) knows no protobuf, and the services should not build messages field
 by field; this is the one place where ``Probe``, ``RoundPayload``, ``ClientUpdate``, the estimator's
-requests and answers, and the transfer settings meet their messages. Tensors inside them travel through
-``codec`` (an update's chunks in the ``SubmitUpdateRequest.chunk`` oneof, a gradient answer's in
-``OracleRequest.chunk``). Decoding validates and raises ``codec.WireError`` with a one-line message.
+requests and answers, the transfer settings and the delta downloads' ``HeldModel`` / ``ModelDelta`` meet their
+messages. Tensors inside them travel through ``codec`` (an update's chunks in the ``SubmitUpdateRequest.chunk``
+oneof, a gradient answer's in ``OracleRequest.chunk``). Decoding validates and raises ``codec.WireError`` with a
+one-line message.
 
 Enums: each proto enum has one table here (Python value <-> enum value; the tensor-level ones are in
 ``codec``). A value outside its table (``*_UNSPECIFIED``, or one from newer protos) is a WireError, which a
 servicer answers with INVALID_ARGUMENT. Free-form dicts (the worker's config, the estimator's reports)
 travel as ``google.protobuf.Struct``: ``dict_to_struct`` / ``struct_to_dict``.
 
-Why ~460 lines in one module: it is the one place named above, a flat list of small to/from pairs that share
+Why ~560 lines in one module: it is the one place named above, a flat list of small to/from pairs that share
 the enum lookup and the Struct helpers; split by service, no part would be simpler and the helpers would cross
 modules.
 """
@@ -36,6 +37,7 @@ from fedent.meanfield.estimator import OfflinePhi2Estimator, Phi2Estimate
 from fedent.rounds.evaluation import ClientEval
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload
 from fedent.strategies.options import FedEntOptions
+from fedentrpc import model_delta
 from fedentrpc.codec import (
     COMPRESSIONS,
     DEFAULT_MAX_STREAM_BYTES,
@@ -136,6 +138,50 @@ def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
 def transfer_to_msg(spec: TransferSpec) -> pb.TransferSettings:
     return pb.TransferSettings(wire_dtype=WIRE_DTYPES[spec.wire_dtype], compression=COMPRESSIONS[spec.compression],
                                chunk_bytes=spec.chunk_bytes)
+
+
+DOWNLOAD_ENCODINGS = {"full": agg_pb.DOWNLOAD_ENCODING_FULL, "delta": agg_pb.DOWNLOAD_ENCODING_DELTA}
+
+
+def download_encoding_to_msg(name: str) -> agg_pb.DownloadEncoding:
+    return DOWNLOAD_ENCODINGS[name]
+
+
+def download_encoding_from_msg(value: int) -> str:
+    return str(_lookup({v: k for k, v in DOWNLOAD_ENCODINGS.items()}, value, "download_encoding",
+                       agg_pb.DownloadEncoding))
+
+
+def held_to_msg(held: model_delta.HeldRef | None) -> agg_pb.HeldModel | None:
+    return None if held is None else agg_pb.HeldModel(blob_id=held.blob_id, digest=held.digest)
+
+
+def held_from_msg(req: agg_pb.AggregatorServiceFetchBlobRequest) -> model_delta.HeldRef | None:
+    """The model a FetchBlob caller holds, or None (no ``held``); WireError for a malformed one."""
+    if not req.HasField("held"):
+        return None
+    h = req.held
+    if not h.blob_id or len(h.blob_id) > 200 or len(h.digest) != model_delta.DIGEST_BYTES:
+        raise WireError(field="held", why=f"a blob id (≤ 200 characters) and a {model_delta.DIGEST_BYTES}-byte "
+                                          "digest are needed")
+    return model_delta.HeldRef(h.blob_id, bytes(h.digest))
+
+
+def delta_to_msg(info: model_delta.DeltaInfo) -> agg_pb.ModelDelta:
+    return agg_pb.ModelDelta(encoding=agg_pb.DELTA_ENCODING_XOR_PLANES, base_blob=info.base_blob,
+                             base_digest=info.base_digest, digest=info.digest,
+                             wire_dtype=WIRE_DTYPES[info.wire_dtype])
+
+
+def delta_from_msg(m: agg_pb.AggregatorServiceFetchBlobResponse) -> model_delta.DeltaInfo | None:
+    """What the first message of a FetchBlob stream says it carries: None for the blob itself, else the delta's
+    base and digests; WireError for an unknown delta encoding or wire dtype."""
+    if not m.HasField("delta"):
+        return None
+    d = m.delta
+    _lookup({agg_pb.DELTA_ENCODING_XOR_PLANES: "xor"}, d.encoding, "delta.encoding", agg_pb.DeltaEncoding)
+    wire = _lookup({v: k for k, v in WIRE_DTYPES.items()}, d.wire_dtype, "delta.wire_dtype", pb.WireDtype)
+    return model_delta.DeltaInfo(d.base_blob, bytes(d.base_digest), bytes(d.digest), wire)
 
 
 def transfer_from_msg(msg: pb.TransferSettings) -> TransferSpec:

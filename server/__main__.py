@@ -25,6 +25,7 @@ from fedentrpc.security.flags import (
 )
 from fedentrpc.security.redaction import install_log_redaction
 from fedentrpc.security.tokens import read_worker_token
+from fedentrpc.stream_limit import StreamLimits, add_stream_limit_args
 from server.app import save_port, start_aggregator
 from server.dashboard_access import (
     DashboardToken,
@@ -53,6 +54,11 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
                    help="a round missing its quorum: -1 skips it, N retries it with fresh clients N times then fails")
     p.add_argument("--wire-dtype", default=d.wire_dtype, choices=["native", "float16", "bfloat16"])
     p.add_argument("--compression", default=d.compression, choices=["none", "zlib"])
+    p.add_argument("--download-encoding", default=d.download_encoding, choices=["full", "delta"],
+                   help="delta: a worker holding a recent model downloads the new one as an exact, zlib-compressed "
+                   "XOR delta from it (whole otherwise)")
+    p.add_argument("--delta-history", type=int, default=d.delta_history,
+                   help="--download-encoding delta: how many past rounds' models serve as bases")
     p.add_argument("--chunk-bytes", type=int, default=d.chunk_bytes,
                    help="tensor chunk size in bytes (≤ 4 MiB); a cut transfer resumes at a chunk boundary")
     p.add_argument("--token", default="", help="registration token workers must present")
@@ -61,18 +67,22 @@ def add_settings_args(p: argparse.ArgumentParser) -> None:
                    "the mapped identity may host a client, here and at the estimator (needs --token-file or "
                    "mutual TLS); default: the first identity to register a client hosts it while it is live")
     p.add_argument("--max-streams-per-identity", type=int, default=d.max_streams_per_identity,
-                   help="open streaming calls one worker identity may hold (callers without credentials share one "
-                   "such budget); more get RESOURCE_EXHAUSTED; only with worker authentication; 0 = no limit")
+                   help="open streaming calls one worker identity may hold; more get RESOURCE_EXHAUSTED; only with "
+                   "worker authentication; 0 = no limit")
+    add_stream_limit_args(p, d.max_anonymous_streams, d.stream_idle_s, d.open_stream_max_s)
 
 
 def settings_from_args(args: argparse.Namespace, port: int = 0) -> AggregatorSettings:
     return AggregatorSettings(host=args.host, port=port, token=args.token, round_deadline_s=args.round_deadline,
                               quorum=args.quorum, register_timeout_s=args.register_timeout,
                               wire_dtype=args.wire_dtype, compression=args.compression, chunk_bytes=args.chunk_bytes,
+                              download_encoding=args.download_encoding, delta_history=args.delta_history,
                               estimator=args.estimator,
                               heartbeat_s=args.heartbeat, heartbeat_misses=args.heartbeat_misses,
                               round_retries=args.round_retries, clients_file=args.clients_file,
-                              max_streams_per_identity=args.max_streams_per_identity)
+                              max_streams_per_identity=args.max_streams_per_identity,
+                              max_anonymous_streams=args.max_anonymous_streams, stream_idle_s=args.stream_idle,
+                              open_stream_max_s=args.open_stream_max)
 
 
 def estimator_client_security(sec: ServerSecurity, token_file: str | None, estimator: str,
@@ -146,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = with_device(cfg, args.device)
         settings = settings_from_args(args, args.port)
         if args.keep_serving and not args.fresh and args.out and finished_run(args.out) is not None:
-            return serve_finished_until_stopped(args, security, dash_access)
+            return serve_finished_until_stopped(args, security, dash_access, settings.stream_limits())
         run_dir = Path(args.out) if args.out else Path(cfg.out_dir) / runlog.new_run_id(
             cfg.name, cfg.algorithm.name, cfg.train.seed)
         rounds = cfg.train.rounds
@@ -200,12 +210,13 @@ def wait_for_stop() -> None:
 
 
 def serve_finished_until_stopped(args: argparse.Namespace, security: ServerSecurity,
-                                 dash_access: DashboardToken) -> int:
+                                 dash_access: DashboardToken, limits: StreamLimits | None = None) -> int:
     """--keep-serving on a run directory whose run already finished: read-only, nothing rewritten."""
     try:
         handle = serve_finished(args.out, args.host, args.port, security,
                                 dashboard=args.dashboard_port is not None, dashboard_port=args.dashboard_port or 0,
-                                dashboard_token=dash_access.token)
+                                dashboard_token=dash_access.token,
+                                limits=limits)
     except OSError as e:
         print(f"aggregator: {e}", file=sys.stderr)
         return 2

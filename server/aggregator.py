@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -22,10 +21,10 @@ import grpc
 from fedent.strategies.base import StrategyError
 from fedentrpc import codec, mappers
 from fedentrpc.health import add_health_and_reflection
-from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import caller_identity, server_interceptors
+from fedentrpc.security.interceptors import caller_identity
 from fedentrpc.security.tls import bind
+from fedentrpc.serving import create_server, method_name
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 from server import uploads
@@ -89,7 +88,8 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         return pb.RegisterResponse(worker_id=reg.worker_id, run_id=reg.run_id,
                                    config=mappers.config_to_struct(reg.worker_config),
                                    partition_md5=reg.partition_md5, transfer=mappers.transfer_to_msg(reg.transfer),
-                                   heartbeat_s=reg.heartbeat_s)
+                                   heartbeat_s=reg.heartbeat_s,
+                                   download_encoding=mappers.download_encoding_to_msg(reg.download_encoding))
 
     def Ready(self, request: pb.ReadyRequest, context: grpc.ServicerContext) -> pb.ReadyResponse:
         sizes, details = mappers.client_info_from_msgs(request.clients)
@@ -114,8 +114,10 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
     def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
                   context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
         enc = _guard(context, lambda: self.run.remote.fetch_blob(request.blob_id, request.worker_id,
-                                                                 caller_identity(context), request.start_chunk))
-        msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)  # encoded once per round, in these
+                                                                 caller_identity(context), request.start_chunk,
+                                                                 mappers.held_from_msg(request)))
+        # encoded once per round (a delta once per base), in these; a delta stream's first message says so
+        msgs = enc.as_messages(pb.AggregatorServiceFetchBlobResponse)
         yield from msgs[request.start_chunk:]  # a cut download resumes where the worker's copy ends
 
     def SubmitProbes(self, request: pb.SubmitProbesRequest, context: grpc.ServicerContext) -> pb.SubmitProbesResponse:
@@ -213,8 +215,8 @@ def create_aggregator_server(settings: AggregatorSettings, run: ClusterRun,
     ``security``: TLS / mutual TLS / worker tokens (fedentrpc.security); None = plaintext without auth.
     """
     sec = security or ServerSecurity(insecure=True)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.max_workers), options=grpc_options(),
-                         interceptors=server_interceptors(sec, settings.max_streams_per_identity))
+    server = create_server(sec, settings.max_workers, settings.stream_limits(),
+                           sessions=[method_name(SERVICE_NAME, "Work")], name="agg")
     pb_grpc.add_AggregatorServiceServicer_to_server(AggregatorServicer(run), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:

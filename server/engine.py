@@ -57,9 +57,11 @@ class ClusterRun:
                                        int(inputs.partition_info.get("num_classes") or 0), cfg.train.seed,
                                        run_key or paths.run_id, worker_config)
         self.remote = RemoteExecutor(self.registry, settings, offline, rebuild_strategy)
-        federated = self.remote.evaluate_clients if cfg.train.evaluation == "federated" else None
+        federated = (self.remote.evaluate_clients if cfg.train.evaluation == "federated" and cfg.train.evaluate_test
+                     else None)
+        # train.evaluate_test false seals the test set here too; the validation split is scored in the simulator
         evaluator = Evaluator(trainer, data.x_test, data.y_test, cfg.train.eval_batch_size, cfg.train.seed,
-                              int(getattr(cfg.train, "local_eval", 0) or 0), federated)
+                              int(getattr(cfg.train, "local_eval", 0) or 0), federated, test=cfg.train.evaluate_test)
         policy = RoundPolicy(settings.quorum, settings.round_retries, settings.checkpoint_keep)
         self.engine = RoundEngine(cfg, paths, strategy, self.remote, evaluator, trainer.params, sizes,
                                   dict(inputs.partition_info), policy, on_phase=on_phase, on_round=on_round)

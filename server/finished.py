@@ -9,7 +9,6 @@ as "nothing to do" and exit 0.
 
 from __future__ import annotations
 
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,15 +18,16 @@ import grpc
 from fedent import runlog
 from fedent.rounds.rundir import finished_status
 from fedentrpc.health import add_health_and_reflection
-from fedentrpc.options import grpc_options
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.security.interceptors import server_interceptors
 from fedentrpc.security.tls import bind
+from fedentrpc.serving import create_server
+from fedentrpc.stream_limit import StreamLimits
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AggregatorService"].full_name
 RUN_OVER = "the run is over (finished); nothing to do"
+FINISHED_THREADS = 4  # every worker call is refused at once; health has a pool of its own
 
 
 def finished_run(run_dir: str | Path) -> dict[str, Any] | None:
@@ -60,14 +60,17 @@ class FinishedHandle:
 
 
 def serve_finished(run_dir: str | Path, host: str, port: int, security: ServerSecurity | None = None, *,
-                   dashboard: bool = False, dashboard_port: int = 0,
-                   dashboard_token: str | None = None) -> FinishedHandle:
-    """Health + refusals on ``host:port`` and, with ``dashboard``, the run's dashboard; writes nothing."""
+                   dashboard: bool = False, dashboard_port: int = 0, dashboard_token: str | None = None,
+                   limits: StreamLimits | None = None) -> FinishedHandle:
+    """Health + refusals on ``host:port`` and, with ``dashboard``, the run's dashboard; writes nothing.
+
+    ``limits``: the stream limits (the aggregator's settings'); health runs on its own pool
+    (:mod:`fedentrpc.serving`), so open streams cannot silence it.
+    """
     from server.app import start_dashboard
 
     sec = security or ServerSecurity(insecure=True)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=grpc_options(),
-                         interceptors=server_interceptors(sec))
+    server = create_server(sec, FINISHED_THREADS, limits or StreamLimits(), name="finished")
     pb_grpc.add_AggregatorServiceServicer_to_server(FinishedServicer(), server)
     add_health_and_reflection(server, [SERVICE_NAME])
     try:

@@ -134,7 +134,7 @@ class WorkerRegistry:
                 self.book.update([c], worker=name or wid, device=device, state="registered")
         self.book.write()
         return Registration(wid, self.run_key, self.worker_config, self.md5, self.settings.transfer(),
-                            self.settings.heartbeat_s)
+                            self.settings.heartbeat_s, self.settings.download_encoding)
 
     def _check_map(self, wanted: Sequence[int], identity: str | None) -> None:
         """With a client map, every wanted client must be mapped to the caller's identity (PERMISSION_DENIED)."""

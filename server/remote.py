@@ -23,8 +23,9 @@ from fedent.rounds import Gathered, RunError
 from fedent.rounds.evaluation import ClientEval
 from fedent.rounds.inprocess import central_source
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
+from server.downloads import DeltaDownloads
 from server.registry import WorkerRegistry
 from server.settings import AggregatorSettings
 from server.uploads import UploadBook
@@ -62,8 +63,11 @@ class RemoteExecutor:
         self.collector: Collector | None = None
         self.task_ids = itertools.count(1)
         self.uploads = UploadBook()  # partial uploads of cut streams, resumed by the workers
-        self.traffic = {"bytes_up": 0, "bytes_down": 0}  # this round's payload bytes (round_diagnostics)
+        self.traffic = self._no_traffic()  # this round's payload bytes and downloads (round_diagnostics)
         self.round_model: tuple[int, list[Tensor]] | None = None
+        # --download-encoding delta: the recent models a worker's download may be a delta from
+        self.deltas = (DeltaDownloads(settings.transfer(), settings.delta_history)
+                       if settings.download_encoding == "delta" else None)
         registry.on_gone = self.worker_gone
 
     def worker_gone(self, w: WorkerHandle, why: str) -> None:
@@ -111,10 +115,18 @@ class RemoteExecutor:
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """w(t) encoded once for every download of the round; the previous round's blobs are dropped."""
         enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer(), BlobMessage)
+        if self.deltas is not None:
+            self.deltas.publish(rnd, model_blob(rnd), global_params)
         with self.blob_lock:
             self.blobs = {model_blob(rnd): enc}
-            self.traffic = {"bytes_up": 0, "bytes_down": 0}
+            self.traffic = self._no_traffic()
             self.round_model = (rnd, [p.detach().cpu() for p in global_params])
+
+    def _no_traffic(self) -> dict[str, int]:
+        """``bytes_up`` / ``bytes_down``: payload bytes received / served; the downloads started (a resumed one
+        is not counted again) whole (``downloads_full``) or as a delta (``downloads_delta``)."""
+        return {"bytes_up": 0, "bytes_down": 0, **({"downloads_full": 0, "downloads_delta": 0}
+                                                   if self.settings.download_encoding == "delta" else {})}
 
     def base_of(self, rnd: int) -> list[Tensor]:
         """w(rnd), which an encoded upload of that round is a delta from (``train.upload_encoding``)."""
@@ -126,8 +138,9 @@ class RemoteExecutor:
         return got[1]
 
     def round_diagnostics(self, rnd: int) -> dict[str, Any]:
-        """The round's payload bytes on the wire (``transfer``: uploads received, blob bytes served), for
-        metrics.jsonl: on a capped link these, not compute, set a round's time."""
+        """The round's payload bytes on the wire (``transfer``: uploads received, blob bytes served as they were
+        sent, a delta download's bytes for a delta), for metrics.jsonl: on a capped link these, not compute, set
+        a round's time."""
         with self.blob_lock:
             return {"transfer": dict(self.traffic)}
 
@@ -173,7 +186,9 @@ class RemoteExecutor:
             self.registry.shutdown_workers(reason, failed=not ok)
 
     def fetch_blob(self, blob_id: str, worker_id: str = "", identity: str | None = None,
-                   start_chunk: int = 0) -> codec.EncodedTensors:
+                   start_chunk: int = 0, held: model_delta.HeldRef | None = None) -> codec.EncodedTensors:
+        """The stream to serve for ``blob_id``: the blob, or (``--download-encoding delta``, the caller holding a
+        kept model) its delta from ``held``; its bytes from ``start_chunk`` on are counted as sent."""
         with self.registry.lock:
             owner = self.registry.workers.get(worker_id)
         if identity is not None and owner is not None and owner.identity != identity:
@@ -183,9 +198,16 @@ class RemoteExecutor:
             enc = self.blobs.get(blob_id)
         if enc is None:
             raise ClusterError("not_found", f"no blob {blob_id!r} (it belongs to a finished round)")
+        delta = None
+        is_model = self.deltas is not None and self.deltas.digest_of(blob_id) is not None  # not a payload blob
+        if self.deltas is not None and held is not None:
+            delta = self.deltas.serve(blob_id, held, enc.wire_bytes)
+            enc = delta or enc
         sent = max(0, enc.wire_bytes - start_chunk * self.settings.chunk_bytes)  # a resumed download: the rest
         with self.blob_lock:
             self.traffic["bytes_down"] += sent
+            if is_model and start_chunk == 0:
+                self.traffic["downloads_delta" if delta is not None else "downloads_full"] += 1
         if worker_id:
             with self.registry.lock:
                 w = self.registry.workers.get(worker_id)
@@ -278,6 +300,8 @@ class RemoteExecutor:
         """Federated evaluation of ``params`` (w(t+1)) by every hosted client on its local test split."""
         blob = f"r{rnd}-eval"
         enc = codec.encode_tensors({codec.PARAMS_GROUP: list(params)}, self.settings.transfer(), BlobMessage)
+        if self.deltas is not None:  # w(t+1): the next round's w(t) is a delta of nothing from it
+            self.deltas.publish(rnd, blob, params)
         with self.blob_lock:
             self.blobs[blob] = enc
         reg = self.registry

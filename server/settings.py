@@ -12,11 +12,13 @@ from typing import Literal
 
 from fedent.config import Declared, SettingsError, option
 from fedentrpc.codec import MAX_CHUNK_BYTES, TransferSpec
+from fedentrpc.stream_limit import StreamLimits
 
 __all__ = ["AggregatorSettings", "SettingsError"]
 
 WireDtypeName = Literal["native", "float16", "bfloat16"]  # fedentrpc.codec.WIRE_DTYPES (a test checks they agree)
 CompressionName = Literal["none", "zlib"]  # fedentrpc.codec.COMPRESSIONS
+DownloadEncodingName = Literal["full", "delta"]  # fedentrpc.model_delta.DOWNLOAD_ENCODINGS
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,28 @@ class AggregatorSettings(Declared):
     wire_dtype: WireDtypeName = option("native", "how uploads encode floating tensors")
     compression: CompressionName = option("none", "how uploads are compressed")
     chunk_bytes: int = option(MAX_CHUNK_BYTES, "upload chunk size in bytes", ge=1, le=MAX_CHUNK_BYTES)
+    download_encoding: DownloadEncodingName = option(
+        "full", "full: every model download is the whole model (in the wire dtype); delta: a worker that holds a "
+                "model of the last delta_history rounds gets the new one as the XOR of their bit patterns in the "
+                "wire dtype, byte planes, zlib-compressed (exact: bit-identical to the full download; "
+                "fedentrpc.model_delta), or the whole model when that is not smaller")
+    delta_history: int = option(1, "download_encoding delta: rounds whose models the aggregator keeps as bases "
+                                   "(each costs a model's memory per blob); a worker holding an older model, or "
+                                   "none, gets the whole model", ge=1, le=16)
     estimator: str = option("", "HOST:PORT of the estimator service; empty = in-process fallback")
     max_workers: int = option(128, "gRPC thread pool; every connected worker's Work stream holds one thread", ge=8)
     max_streams_per_identity: int = option(16, ("open streaming calls (Work, uploads, health Watch...) one worker "
                                                  "identity may hold at once, callers without credentials sharing "
                                                  "one such budget; more get RESOURCE_EXHAUSTED. Only with worker "
                                                  "authentication; 0 = no limit"), ge=0)
+    max_anonymous_streams: int = option(8, ("open streaming calls on health and reflection (no credentials needed), "
+                                            "all callers together; they run on a pool of their own with 4 more "
+                                            "threads for health checks; more get RESOURCE_EXHAUSTED"), ge=1)
+    stream_idle_s: float = option(120.0, ("a stream that keeps the server waiting on its peer this long (no upload "
+                                          "chunk, a download not read, a session's first message) is cancelled"),
+                                  gt=0)
+    open_stream_max_s: float = option(600.0, "a health Watch (or reflection) stream is closed after this long",
+                                      gt=0)
     stop_workers_when_done: bool = option(True, "send the workers Shutdown when the run ends")
     checkpoint_keep: int = option(2, "checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints", ge=0)
     clients_file: str = option("", "client map {worker identity: client ids} (YAML/JSON): only the mapped identity "
@@ -61,3 +79,8 @@ class AggregatorSettings(Declared):
 
     def transfer(self) -> TransferSpec:
         return TransferSpec(wire_dtype=self.wire_dtype, compression=self.compression, chunk_bytes=self.chunk_bytes)
+
+    def stream_limits(self) -> StreamLimits:
+        """The limits :func:`fedentrpc.serving.create_server` enforces (docs/security.md, "Resource limits")."""
+        return StreamLimits(per_identity=self.max_streams_per_identity, anonymous=self.max_anonymous_streams,
+                            idle_s=self.stream_idle_s, open_max_s=self.open_stream_max_s)

@@ -114,3 +114,4 @@ class Registration:
     partition_md5: str
     transfer: codec.TransferSpec
     heartbeat_s: float
+    download_encoding: str = "full"  # server.settings.AggregatorSettings.download_encoding

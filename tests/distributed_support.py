@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 from sim_support import tiny_config, tiny_inputs
 
-from fedent.config import ExperimentConfig, config_from_dict
+from fedent.config import ExperimentConfig, PrivacyConfig, config_from_dict
 from fedent.distributed import World, rank_env
 
 
@@ -21,6 +22,8 @@ def cases() -> list[tuple[str, ExperimentConfig]]:
         ("fedavg", tiny_config("fedavg", rounds=3, fraction=0.5)),
         ("fedent", tiny_config("fedent", rounds=4, fraction=0.5, evaluation="federated")),
         ("fedent-offline-vectorised", config_from_dict(offline)),
+        ("fedavg-secure", dataclasses.replace(tiny_config("fedavg", rounds=2, fraction=0.5),
+                                              privacy=PrivacyConfig(secure_aggregation=True))),
     ]
 
 

@@ -19,7 +19,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         description="Run several algorithms for several seeds on identical data, partitions and client sampling; "
                     "write compare.md (final/best accuracy, rounds to target) and paper-style figures.")
     p.add_argument("--config", required=True, help="experiment YAML (its algorithm section is the default options)")
-    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS, help=f"comma-separated (default {DEFAULT_ALGORITHMS})")
+    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+                   help=f"comma-separated (default {DEFAULT_ALGORITHMS}); LABEL=ALGORITHM adds a control row, e.g. "
+                        "fedent-fixed=fedent with --algo-set fedent-fixed.rates=fixed")
+    p.add_argument("--tuned", default=None, metavar="FILE",
+                   help="a tuned.json of fedent tune: each algorithm's chosen values and the validation split "
+                        "they were tuned on (a LABEL=ALGORITHM row inherits its algorithm's values)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key for every run (repeatable)")
@@ -56,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--tail-k: must be >= 1")
     check_device(cfg, args.device)
     set_threads(args.threads)
+    from fedent.experiments.tuning import Tuned
+
+    tuned = Tuned.read(args.tuned) if args.tuned else None
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"compare-{cfg.name}"
     if (out / "runs").exists() and any((out / "runs").iterdir()):  # an interrupted comparison: continue it
         print(f"fedent compare: continuing the comparison in {out} (finished runs are kept, an interrupted one "
@@ -63,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
                              device=args.device, progress=not args.no_progress, local_eval=args.local_eval,
-                             workers=args.workers,
+                             workers=args.workers, tuned=tuned,
                              **({} if args.tail_k is None else {"tail_k": args.tail_k}))
     except input_error_types() as e:
         print(f"fedent compare: {one_line(e)}", file=sys.stderr)

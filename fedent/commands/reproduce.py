@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="cpu: reduced, about an hour on 2 cores (default); medium: full client data, one seed, the "
                         "controls, ~90 min on 2 cores; full: Table IV on the Fashion-MNIST twins with every "
                         "algorithm and control, 3 seeds, for one GPU call; paper: Table IV, every analysis; robust: "
-                        "attack x defence x accuracy for FedAvg and FedEnt (docs/security.md), minutes on 2 cores")
+                        "attack x defence x accuracy for FedAvg and FedEnt (docs/security.md), 54 runs, ~35 min on 2 "
+                        "shared cores")
     p.add_argument("--paper-datasets", action="store_true",
                    help="with --profile paper: the paper's datasets instead of the Fashion-MNIST twins")
     p.add_argument("--out", default="results/reproduce", help="output directory (default results/reproduce)")

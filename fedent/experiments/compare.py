@@ -3,6 +3,9 @@
 For one seed every algorithm gets the same data, partition, initial model and participants per round
 (fedent.rng.sample_clients depends only on the seed), so differences come from the algorithms alone. The
 summary checks that claim from the logs themselves (participants per round and partition md5).
+
+Why ~440 lines in one module: the rows (an algorithm, a control ``LABEL=ALGORITHM``, tuned values), the runs and
+the report that states what each row ran are one unit; split, the report would re-derive the rows' configs.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from fedent import provenance, runlog
-from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides
+from fedent.config import AlgorithmConfig, ConfigError, ExperimentConfig, apply_overrides, config_from_dict
 from fedent.experiments import paired
+from fedent.experiments.tuning import Tuned
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
@@ -63,6 +67,7 @@ class ComparisonResult:
     target: float | None
     same_sampling: bool
     figures: list[Path] = field(default_factory=list)
+    arms: dict[str, str] = field(default_factory=dict)  # rows that are not the base config: what each one runs
 
 
 def rounds_to_target(records: Records, target: float | None) -> int | None:
@@ -142,14 +147,45 @@ def sampling_identical(records_by_run: Mapping[tuple[str, int], Records]) -> boo
     return True
 
 
-def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str]) -> AlgorithmConfig:
-    """Options for ``name``: the config's own options when it names that algorithm, then ``NAME.KEY=VALUE``."""
+def parse_arm(entry: str) -> tuple[str, str]:
+    """An --algorithms entry: ``ALGORITHM`` or ``LABEL=ALGORITHM`` (a control: the same algorithm under another
+    name, with its own --algo-set LABEL.KEY=VALUE options, e.g. ``fedent-shuffled=fedent``)."""
+    label, eq, algorithm = entry.partition("=")
+    label, algorithm = label.strip(), algorithm.strip()
+    if not eq:
+        return label, label
+    if not label or not algorithm or "." in label:
+        raise ConfigError(f"--algorithms {entry!r}: expected LABEL=ALGORITHM with a label without dots")
+    return label, algorithm
+
+
+def algorithm_config(name: str, base: ExperimentConfig, overrides: Sequence[str], algorithm: str | None = None,
+                     preset: Mapping[str, Any] | None = None) -> AlgorithmConfig:
+    """Options for arm ``name`` of ``algorithm`` (default: ``name``): the config's own options when it names that
+    algorithm, then ``preset`` (tuned values), then ``NAME.KEY=VALUE``."""
+    algorithm = algorithm or name
     for o in overrides:
         if "." not in o.partition("=")[0]:
             raise ConfigError(f"--algo-set {o!r}: expected ALGORITHM.KEY=VALUE, e.g. fedprox.mu=0.1")
-    opts: dict[str, Any] = base.algorithm.options.to_dict() if base.algorithm.name == name else {}
+    opts: dict[str, Any] = base.algorithm.options.to_dict() if base.algorithm.name == algorithm else {}
+    opts.update(preset or {})
     mine = [o.partition(".")[2] for o in overrides if o.partition(".")[0] == name]
-    return AlgorithmConfig.from_mapping({**apply_overrides(opts, mine), "name": name})
+    return AlgorithmConfig.from_mapping({**apply_overrides(opts, mine), "name": algorithm})
+
+
+def arm_config(cfg: ExperimentConfig, label: str, algorithm: str, overrides: Sequence[str],
+               tuned: Tuned | None) -> ExperimentConfig:
+    """The config of one arm: the tuned values (``train.*`` and ``algorithm.*``) and validation split of
+    ``tuned`` when given, the arm's --algo-set options on top; the test set is evaluated."""
+    values = tuned.for_arm(label, algorithm) if tuned is not None else {}
+    preset = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("algorithm.")}
+    algo = algorithm_config(label, cfg, overrides, algorithm, preset)
+    if tuned is not None:
+        sets = [f"{k}={json.dumps(v)}" for k, v in values.items() if not k.startswith("algorithm.")]
+        sets += [f"data.validation_fraction={tuned.validation_fraction!r}", "train.evaluate_test=true"]
+        raw = cfg.to_dict()
+        cfg = config_from_dict(apply_overrides(raw, sets))
+    return dataclasses.replace(cfg, algorithm=algo)
 
 
 def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
@@ -167,9 +203,11 @@ def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
 
 def _one_run(cfg_a: ExperimentConfig, run_dir: Path, inputs: RunInputs | None,
              inputs_for: Callable[[ExperimentConfig], RunInputs], device: str | None, progress: bool,
-             local_eval: int | None, label: str, target: float | None) -> tuple[RunSummary, Records]:
-    """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's."""
-    algo, seed = cfg_a.algorithm.name, int(cfg_a.train.seed)
+             local_eval: int | None, label: str, target: float | None,
+             arm: str | None = None) -> tuple[RunSummary, Records]:
+    """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's.
+    ``arm``: the row's label when it is not the algorithm's name (a control)."""
+    algo, seed = arm or cfg_a.algorithm.name, int(cfg_a.train.seed)
     try:
         res = run_simulation(cfg_a, run_dir, device=device, progress=progress,
                              inputs=inputs if inputs is not None else inputs_for(cfg_a),
@@ -207,17 +245,24 @@ def run_comparison(
     inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
     tail_k: int = paired.TAIL_K,
     workers: int = 1,
+    tuned: Tuned | None = None,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
 
     Started again on the same ``out_dir`` (after Ctrl-C, SIGTERM, a crash) it continues where it stopped: a
     finished run is read back, not run again, and an interrupted one resumes from its last checkpoint.
     ``workers`` > 1: the runs go to a pool of that many processes (each with its share of the CPU threads, no
-    progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's."""
+    progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's.
+    ``algorithms`` entries may be ``LABEL=ALGORITHM`` (controls); ``tuned`` (fedent.experiments.tuning, a
+    tuned.json) gives each arm its tuned values and the validation split they were chosen on."""
     out = Path(out_dir)
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    specs = {a: algorithm_config(a, cfg, algo_overrides) for a in algorithms}  # fail before any training
+    arms = dict(parse_arm(a) for a in algorithms)
+    if len(arms) != len(algorithms):
+        raise ConfigError("--algorithms: duplicate labels")
+    algorithms = list(arms)
+    specs = {a: arm_config(cfg, a, algo, algo_overrides, tuned) for a, algo in arms.items()}  # fail before training
     unknown = sorted({o.partition(".")[0] for o in algo_overrides} - set(algorithms))
     if unknown:
         raise ConfigError(f"--algo-set: {', '.join(unknown)} is not among --algorithms")
@@ -228,9 +273,10 @@ def run_comparison(
     total = len(seeds) * len(algorithms)
     jobs: list[tuple[ExperimentConfig, Path, str]] = []
     for seed in seeds:
-        cfg_s = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=int(seed)))
         for algo in algorithms:
-            cfg_a = dataclasses.replace(cfg_s, algorithm=specs[algo], name=f"{cfg.name}-{algo}")
+            spec = specs[algo]
+            cfg_a = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=int(seed)),
+                                        name=f"{cfg.name}-{algo}")
             jobs.append((cfg_a, out / "runs" / f"{algo}-s{seed}", f"run {len(jobs) + 1}/{total} {algo} s{seed}"))
     if workers == 1:
         inputs_by_seed: dict[int, RunInputs] = {}
@@ -240,7 +286,7 @@ def run_comparison(
                 inputs_by_seed[seed] = inputs_for(cfg_a)
                 md5s[seed] = inputs_by_seed[seed].partition_info.get("md5")
             summary, recs = _one_run(cfg_a, run_dir, inputs_by_seed[seed], inputs_for, device, progress,
-                                     local_eval, label, target)
+                                     local_eval, label, target, run_dir.name.rpartition("-s")[0])
             runs.append(summary)
             records[(summary.algorithm, summary.seed)] = recs
     else:
@@ -252,7 +298,7 @@ def run_comparison(
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                     initializer=_pool_init, initargs=(threads,)) as pool:
             futures = [pool.submit(_one_run, cfg_a, run_dir, None, inputs_for, device, False, local_eval, label,
-                                   target) for cfg_a, run_dir, label in jobs]
+                                   target, run_dir.name.rpartition("-s")[0]) for cfg_a, run_dir, label in jobs]
             for fut in futures:  # in the order of the jobs, so the report reads as one process's
                 summary, recs = fut.result()
                 runs.append(summary)
@@ -267,9 +313,28 @@ def run_comparison(
 
     groups = {a: [records[(a, int(s))] for s in seeds if records.get((a, int(s)))] for a in algorithms}
     figures = plot_groups(groups, out / "figures", title=cfg.name)
-    result = ComparisonResult(out, runs, summaries, target, same, figures)
+    result = ComparisonResult(out, runs, summaries, target, same, figures, arm_lines(cfg, specs, arms, tuned))
     write_report(result, cfg, seeds, md5s, tail_k)
     return result
+
+
+def arm_lines(cfg: ExperimentConfig, specs: Mapping[str, ExperimentConfig], arms: Mapping[str, str],
+              tuned: Tuned | None) -> dict[str, str]:
+    """What each row runs, for the report, when any row is not the base config with the algorithm's defaults
+    (a control row, an --algo-set option, tuned values): its algorithm, rate and options off their defaults."""
+    out: dict[str, str] = {}
+    for label, spec in specs.items():
+        defaults = type(spec.algorithm.options)().to_dict()
+        opts = {k: v for k, v in spec.algorithm.options.to_dict().items() if defaults.get(k) != v}
+        text = f"{arms[label]}, lr {spec.train.lr:g}" + "".join(f", {k} {v}" for k, v in opts.items())
+        out[label] = text
+    plain = all(v == f"{a}, lr {cfg.train.lr:g}" for v, a in zip(out.values(), arms.values(), strict=True))
+    if plain and tuned is None:
+        return {}
+    if tuned is not None:
+        out = {k: f"{v} (tuned values of {tuned.source or 'a tuned.json'})" if tuned.for_arm(k, arms[k]) else v
+               for k, v in out.items()}
+    return out
 
 
 def paired_rows(result: ComparisonResult, tail_k: int = paired.TAIL_K) -> list[dict[str, Any]]:
@@ -293,6 +358,18 @@ def paired_rows(result: ComparisonResult, tail_k: int = paired.TAIL_K) -> list[d
              "rounds_to_target": paired.paired(reach(a), reach(ref))} for a in algos[1:]]
 
 
+def cfg_val(result: ComparisonResult) -> float:
+    """The validation fraction the runs trained with (0: none), from their config.yaml."""
+    for r in result.runs:
+        path = runlog.RunPaths(r.run_dir).config
+        if path.exists():
+            import yaml
+
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            return float((raw.get("data") or {}).get("validation_fraction") or 0.0)
+    return 0.0
+
+
 def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequence[int],
                  md5s: Mapping[int, Any], tail_k: int = paired.TAIL_K) -> None:
     """compare.md (human) and summary.json (machine) in the comparison directory."""
@@ -311,6 +388,10 @@ def write_report(result: ComparisonResult, cfg: ExperimentConfig, seeds: Sequenc
         f"- seeds: {', '.join(str(s) for s in seeds)} (accuracy: mean ± sample std over seeds)",
         f"- partition md5 per seed: {', '.join(f'{s}: {md5s.get(int(s))}' for s in seeds)}",
         f"- identical participants per round across algorithms: {'yes' if result.same_sampling else 'NO'}",
+        *([f"- validation split: {cfg_val(result)} of every client's training samples held out (not trained on)"]
+          if cfg_val(result) else []),
+        *(["- rows (the lr above is the base config's; each row's own):"] if result.arms else []),
+        *[f"  - {label}: {text}" for label, text in result.arms.items()],
         "",
         markdown_table(result.summaries, result.target),
         "",

@@ -8,13 +8,20 @@
   by s (w → s w with F(w/s): a → a, b → b/s², c → s² c), against how a learning rate should move to give the
   same step (1/s and s²), with φ2' re-solved online each time.
 
-Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale]`` prints markdown tables.
+* ``phi2_scores`` (issue 29, item 4): the mean field's φ2(t+1) against the naive guess ‖w(t)‖² (c: "no change"),
+  per round: each one's relative error, how often the mean field is the closer one, and whether it gets the sign
+  of the change right, sign(φ2' − c) = sign(φ2_actual − c), with Wilson 95% intervals over rounds (rounds of one
+  run are not independent, so the intervals are optimistic).
+
+Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale] [--phi2] [--pool]`` prints markdown
+tables (``--pool``: the seeds of one comparison row, ``<row>-s<seed>``, pooled into one line).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -97,14 +104,93 @@ def solve_stats(runs: Sequence[Records]) -> dict[str, Any] | None:
 def _phi2_errors(cl: Sequence[Mapping[str, Any]], pred: float, actual: float) -> tuple[float, float | None]:
     """(|logged prediction − actual|/actual, |prediction re-solved at the used rate − actual|/actual)."""
     logged = abs(pred - actual) / actual
-    c0 = cl[0]
-    if c0.get("variant") is None or "eta_prev" not in c0:
+    if not _resolvable(cl):
         return logged, None
-    sol = solve_online(float(c0["c"]), [float(c["theta"]) for c in cl], [float(c["a"]) for c in cl],
-                       [float(c["b"]) for c in cl], float(c0["beta"]), str(c0["variant"]),
-                       eta_max=None if c0.get("eta_max") is None else float(c0["eta_max"]),
-                       eta_prev=[float(c["eta_prev"]) for c in cl], gamma=float(c0["gamma"]))
-    return logged, abs(sol.phi2_next - actual) / actual
+    return logged, abs(_used_prediction(cl) - actual) / actual
+
+
+def _resolvable(cl: Sequence[Mapping[str, Any]]) -> bool:
+    """The round logs what re-solving φ2' at the used rate needs (variant and η_i(t−1))."""
+    return cl[0].get("variant") is not None and "eta_prev" in cl[0]
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
+    """Wilson score 95% interval of a proportion k/n (None for n = 0)."""
+    if n <= 0:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def phi2_scores(runs: Sequence[Records]) -> dict[str, Any] | None:
+    """The φ2(t+1) prediction scored per round against the naive guess c = ‖w(t)‖² and on the predicted change;
+    the prediction both as logged and re-solved at the rate actually used (``_phi2_errors``). None: no round
+    with a prediction and an actual value."""
+    rows: list[tuple[float, float | None, float, float]] = []  # (pred, used-rate pred, c, actual)
+    for recs in runs:
+        for rec in recs:
+            cl, fed = _clients(rec), rec.get("fedent") or {}
+            pred, actual = fed.get("phi2_pred"), fed.get("phi2_actual")
+            if not cl or pred is None or not actual:
+                continue
+            used = _used_prediction(cl) if _resolvable(cl) else None
+            rows.append((float(pred), used, float(cl[0]["c"]), float(actual)))
+    if not rows:
+        return None
+    out: dict[str, Any] = {"rounds": len(rows)}
+    naive_err = [abs(c - act) / act for _, _, c, act in rows]
+    out["naive_err"] = float(np.median(naive_err))
+    for name, idx in (("logged", 0), ("used", 1)):
+        preds: list[tuple[float, float, float]] = [(float(p_), r[2], r[3]) for r in rows
+                                                   if (p_ := r[idx]) is not None]
+        if not preds:
+            out[name] = None
+            continue
+        err = [abs(p - act) / act for p, _, act in preds]
+        closer = sum(abs(p - act) < abs(c - act) for p, c, act in preds)
+        moved = [(p, c, act) for p, c, act in preds if act != c and p != c]
+        agree = sum((p > c) == (act > c) for p, c, act in moved)
+        out[name] = {"n": len(preds), "err": float(np.median(err)), "closer": closer / len(preds),
+                     "closer_ci": wilson(closer, len(preds)), "sign_n": len(moved),
+                     "sign": agree / len(moved) if moved else None, "sign_ci": wilson(agree, len(moved))}
+    return out
+
+
+def _used_prediction(cl: Sequence[Mapping[str, Any]]) -> float:
+    """φ2(t+1) re-solved online with the decayed rates the clients trained with (spec §5, phi2_rate used)."""
+    c0 = cl[0]
+    return float(solve_online(float(c0["c"]), [float(c["theta"]) for c in cl], [float(c["a"]) for c in cl],
+                              [float(c["b"]) for c in cl], float(c0["beta"]), str(c0["variant"]),
+                              eta_max=None if c0.get("eta_max") is None else float(c0["eta_max"]),
+                              eta_prev=[float(c["eta_prev"]) for c in cl], gamma=float(c0["gamma"])).phi2_next)
+
+
+def _ci(p: float | None, ci: tuple[float, float] | None) -> str:
+    if p is None or ci is None:
+        return "—"
+    return f"{p:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]"
+
+
+def phi2_table(named: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    """One row per run and prediction (logged, at the used rate): median relative errors of the mean field and of
+    the naive ‖w(t)‖² guess, the share of rounds the mean field is closer, and its sign agreement on the change."""
+    lines = ["| run | φ2' | rounds | median error, mean field | median error, ‖w(t)‖² guess | mean field closer "
+             "[95% CI] | sign of the change right [95% CI] (rounds) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, sc in named.items():
+        if sc is None:
+            continue
+        for which, label in (("logged", "as logged"), ("used", "at the used rate")):
+            row = sc.get(which)
+            if row is None:
+                continue
+            lines.append(f"| {name} | {label} | {row['n']} | {row['err']:.1%} | {sc['naive_err']:.1%} | "
+                         f"{_ci(row['closer'], row['closer_ci'])} | {_ci(row['sign'], row['sign_ci'])} "
+                         f"({row['sign_n']}) |")
+    return lines
 
 
 def scale_response(rec: Mapping[str, Any], scales: Sequence[float] = SCALES,
@@ -174,9 +260,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedent.experiments.mechanism", description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
     p.add_argument("--scale", action="store_true", help="also the scale response of the first run's first round")
+    p.add_argument("--phi2", action="store_true", help="also φ2' scored against the ‖w(t)‖² guess and on the change")
+    p.add_argument("--pool", action="store_true",
+                   help="one row per run name without its -s<seed> suffix (a comparison's seeds pooled)")
     args = p.parse_args(argv)
-    named = {str(r): solve_stats([runlog.read_metrics(runlog.RunPaths(Path(r)).metrics)]) for r in args.runs}
-    print("\n".join(stats_table(named)))
+    groups: dict[str, list[Records]] = {}
+    for r in args.runs:
+        name = re.sub(r"-s\d+$", "", Path(r).name) + " (pooled)" if args.pool else str(r)
+        groups.setdefault(name, []).append(runlog.read_metrics(runlog.RunPaths(Path(r)).metrics))
+    print("\n".join(stats_table({name: solve_stats(runs) for name, runs in groups.items()})))
+    if args.phi2:
+        print()
+        print("\n".join(phi2_table({name: phi2_scores(runs) for name, runs in groups.items()})))
     if args.scale:
         recs = [r for r in runlog.read_metrics(runlog.RunPaths(Path(args.runs[0])).metrics) if _clients(r)]
         if not recs:

@@ -48,14 +48,20 @@ def is_complete(run_dir: Path, rounds: int) -> bool:
     return sorted(int(r.get("round", -1)) for r in recs) == list(range(1, rounds + 1))
 
 
+# A model went non-finite, or so large that a strategy's declared scalar left its range (FedEnt's probe
+# a = <w, g> at 1e25 under a x(-10) attack): every client rejected, the quorum missed.
+DIVERGED = ("not finite", "is outside its range")
+
+
 def diverged(run_dir: Path) -> str | None:
-    """The engine's error when the run stopped because a model went non-finite, else None. Such a run has
-    settled: training is deterministic per seed, so running it again diverges again (resume skips it)."""
+    """The engine's error when the run stopped because a model went non-finite (or out of every declared scalar
+    range), else None. Such a run has settled: training is deterministic per seed, so running it again diverges
+    again (resume skips it)."""
     status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
     if not isinstance(status, dict) or status.get("phase") != "failed":
         return None
     error = str((status.get("state") or {}).get("error") or status.get("error") or "")
-    return error if "not finite" in error else None
+    return error if any(d in error for d in DIVERGED) else None
 
 
 def settled(spec: RunSpec) -> bool:

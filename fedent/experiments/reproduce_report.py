@@ -207,7 +207,7 @@ def _figures(plan: Plan, specs: Mapping[str, Mapping[tuple[str, int], RunSpec]],
             groups = {r: [records[sp[(r, s)].key] for s in seeds] for r in sec.rows_for(setting)}
             title = f"{sec.title} — {plan.profile.setting(setting).title} (seeds {', '.join(map(str, seeds))})"
             paths: list[Path] = []
-            if not seeds:
+            if not seeds or sec.key == robustness.SECTION:  # its grid is the figure (dozens of settings)
                 made[tkey] = []
                 continue
             if sec.key == "deviation":
@@ -341,8 +341,9 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
                      f"{d['max_test_samples'] or 'all'} |")
     for sec in data["sections"]:
         lines += ["", f"### {sec['title']}"]
-        if sec["key"] == robustness.SECTION:  # one grid of (attack, defence) settings
+        if sec["key"] == robustness.SECTION:  # one grid of (attack, defence) settings, no table per setting
             lines += robustness.robustness_lines(data, sec)
+            continue
         if sec["key"] == "privacy":
             lines += _privacy_lines(data, sec)
             continue

@@ -15,17 +15,27 @@ SECTION = "robustness"
 
 
 def _cell(t: Mapping[str, Any], row: str, key: str = "final_acc", scale: float = 100.0, fmt: str = ".1f") -> str:
+    """One number of a row, or "diverged" (the attack drove the model non-finite: the engine stopped the run),
+    or "—" (not run)."""
     for r in t.get("rows", []):
+        if r["row"] != row:
+            continue
         ms = r.get(key)
-        if r["row"] == row and ms is not None:
+        if ms is not None:
             return format(scale * float(ms["mean"]), fmt)
+        if r.get("diverged"):
+            return "diverged"
     return "—"
 
 
 def attack_defence(setting: Mapping[str, Any]) -> tuple[str, str]:
-    """(attack, defence) of a setting, from its ``--set`` overrides (none / mean when absent)."""
+    """(attack, defence) of a setting, from its ``--set`` overrides (none / mean when absent); a ``clip_norm``
+    is the defence "clip" before the mean, "<rule>+clip" before another rule."""
     overrides = dict(o.split("=", 1) for o in setting["overrides"] if "=" in o)
-    return overrides.get("adversary.attack", "none"), overrides.get("robust.aggregator", "mean")
+    rule = overrides.get("robust.aggregator", "mean")
+    if overrides.get("robust.clip_norm", "null") not in ("null", "None", ""):
+        rule = "clip" if rule == "mean" else f"{rule}+clip"
+    return overrides.get("adversary.attack", "none"), rule
 
 
 def robustness_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[str]:
@@ -34,7 +44,8 @@ def robustness_lines(data: Mapping[str, Any], sec: Mapping[str, Any]) -> list[st
     keyed = {attack_defence(data["settings"][k]): k for k in sec["settings"]}
     attacks = list(dict.fromkeys(a for a, _ in keyed))
     defences = list(dict.fromkeys(d for _, d in keyed))
-    algos = list(sec["rows"])
+    rows = sec["rows"]  # the summary's {setting: rows}; every setting of the grid has the same rows
+    algos = list(next(iter(rows.values()))) if isinstance(rows, dict) else list(rows)
 
     def table(a: str, d: str) -> Mapping[str, Any]:
         k = keyed.get((a, d))

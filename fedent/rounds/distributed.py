@@ -15,6 +15,7 @@ Only rank 0 writes the run directory the user asked for; the simulator points th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,9 +48,12 @@ def _moved(params: Sequence[Tensor], device: torch.device) -> Params:
 
 
 def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
-    """The update with its tensors on ``device`` (the CPU to travel between ranks, the run's device after)."""
-    return ClientUpdate(update.cid, _moved(update.params, device), update.num_samples, update.train_loss,
-                        {k: _moved(v, device) for k, v in update.tensors.items()}, dict(update.scalars))
+    """The update with its tensors on ``device`` (the CPU to travel between ranks, the run's device after); every
+    other field travels as it is (secure aggregation's masked vector, which a rebuilt update once lost: the round
+    then failed with "not masked"), except the upload encoding's codes, already decoded into params."""
+    return dataclasses.replace(update, params=_moved(update.params, device),
+                               tensors={k: _moved(v, device) for k, v in update.tensors.items()},
+                               scalars=dict(update.scalars), codes={})
 
 
 def merge(world: World, local: Gathered[T]) -> Gathered[T]:
@@ -178,8 +182,10 @@ class DistributedEvaluator(Evaluator):
     exactly)."""
 
     def __init__(self, world: World, trainer: LocalTrainer, x_test: Tensor, y_test: Tensor, batch_size: int,
-                 seed: int, local_models: int = 0, federated: FederatedEval | None = None) -> None:
-        super().__init__(trainer, x_test, y_test, batch_size, seed, local_models, federated)
+                 seed: int, local_models: int = 0, federated: FederatedEval | None = None, *,
+                 validation: tuple[Tensor, Tensor] | None = None, test: bool = True) -> None:
+        super().__init__(trainer, x_test, y_test, batch_size, seed, local_models, federated, validation=validation,
+                         test=test)
         self.world = world
 
     def evaluate(self, params: Sequence[Tensor]) -> tuple[float, float]:
@@ -214,9 +220,12 @@ def distributed_engine_parts(world: World, executor: InProcessExecutor, cfg: Exp
     """The simulator's executor and evaluator for one rank of a multi-process run."""
     tr, data = cfg.train, inputs.data
     federated = None
-    if tr.evaluation == "federated":
+    if tr.evaluation == "federated" and tr.evaluate_test:
         federated = distributed_federated(world, trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed,
                                           tr.eval_batch_size)
     evaluator = DistributedEvaluator(world, trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed,
-                                     local_eval, federated)
+                                     local_eval, federated, test=tr.evaluate_test)  # validation: every rank alike
+    if inputs.validation_indices is not None:
+        sel = torch.from_numpy(inputs.validation_indices)
+        evaluator.validation = (data.x_train[sel].to(trainer.device), data.y_train[sel].to(trainer.device))
     return DistributedExecutor(executor, world), evaluator

@@ -293,18 +293,22 @@ class RoundEngine:
         if privacy is not None:
             privacy.update(dp_info or self.privacy.carried(self.records))  # a skipped round keeps the clip norm
         last_in_budget = self.privacy.over_budget(rnd + 1, history, self.sizes) is not None
-        test_loss = test_acc = None
+        test_loss = test_acc = val_loss = val_acc = None
         if is_eval_round(rnd, self.rounds, self.cfg.train.eval_every) or last_in_budget:
             self.status("evaluating", rnd)
             diagnostics.update(self.evaluator.evaluate_local(rnd, updates))
             test_loss, test_acc, evaluated = self.evaluator.evaluate_round(rnd, self.global_params)
+            validation = evaluated.pop("validation", None)  # data.validation_fraction: its own keys
+            if validation is not None:
+                val_loss, val_acc = validation["loss"], validation["acc"]
             diagnostics.update(evaluated)
         extra = getattr(self.executor, "round_diagnostics", None)  # optional: the cluster's bytes on the wire
         if extra is not None:
             diagnostics.update(extra(rnd))
         now = time.perf_counter()
         rec = runlog.metrics_record(
-            round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss,
+            round=rnd + 1, algorithm=self.strategy.name, test_acc=test_acc, test_loss=test_loss, val_acc=val_acc,
+            val_loss=val_loss,
             train_loss=weighted_train_loss(weighed), clients=participants, num_clients=len(participants),
             wall_s=now - t0, elapsed_s=now - self.t_start, fedent=fedent_diag, diagnostics=diagnostics,
             privacy=privacy)

@@ -4,6 +4,10 @@ Two worlds (``train.evaluation``): ``server`` evaluates on a held-out set where 
 ``federated`` asks every client to evaluate the global model on its local test split (the executor gathers
 ``ClientEval``s) and reports the sample-weighted mean. Each eval round's metrics line says which, with how
 many samples and clients, under ``diagnostics.evaluation``.
+
+A validation set (``data.validation_fraction``, fedent.data.validation) is scored server-side on every eval
+round besides, into the line's ``val_acc``/``val_loss``; with ``train.evaluate_test: false`` (tuning runs) the
+test set is never evaluated at all: not the global model, not the local models, not federated.
 """
 
 from __future__ import annotations
@@ -65,10 +69,14 @@ class Evaluator:
     """The test set on the device once and a trainer to load models into (the simulator shares its own)."""
 
     def __init__(self, trainer: LocalTrainer, x_test: Tensor, y_test: Tensor, batch_size: int, seed: int,
-                 local_models: int = 0, federated: FederatedEval | None = None) -> None:
+                 local_models: int = 0, federated: FederatedEval | None = None, *,
+                 validation: tuple[Tensor, Tensor] | None = None, test: bool = True) -> None:
         self.trainer = trainer
         self.federated = federated
-        self.mode = "server" if federated is None else "federated"
+        self.test = test
+        self.mode = ("server" if federated is None else "federated") if test else "sealed"
+        self.validation = None if validation is None else (validation[0].to(trainer.device),
+                                                           validation[1].to(trainer.device))
         self.x_test = x_test.to(trainer.device)
         self.y_test = y_test.to(trainer.device)
         self.batch_size = batch_size
@@ -82,7 +90,19 @@ class Evaluator:
 
     def evaluate_round(self, rnd: int, params: Sequence[Tensor]) -> tuple[float | None, float | None, dict[str, Any]]:
         """(loss, accuracy, diagnostics) of the global model for the round's metrics line, in this
-        evaluator's mode; server mode without a held-out set measures nothing (None, None)."""
+        evaluator's mode; server mode without a held-out set measures nothing (None, None). With a validation
+        set the diagnostics hold ``validation`` (loss, acc, samples); the engine moves it to val_loss/val_acc."""
+        loss, acc, diag = self._test_round(rnd, params)
+        if self.validation is not None and int(self.validation[1].shape[0]) > 0:
+            self.trainer.load(params)
+            v_loss, v_acc = self.trainer.evaluate(self.validation[0], self.validation[1], self.batch_size)
+            diag["validation"] = {"loss": float(v_loss), "acc": float(v_acc),
+                                  "samples": int(self.validation[1].shape[0])}
+        return loss, acc, diag
+
+    def _test_round(self, rnd: int, params: Sequence[Tensor]) -> tuple[float | None, float | None, dict[str, Any]]:
+        if not self.test:
+            return None, None, {"evaluation": {"mode": "sealed", "samples": 0}}
         if self.federated is None:
             n = int(self.y_test.shape[0])
             if n == 0:
@@ -104,7 +124,7 @@ class Evaluator:
 
     def evaluate_local(self, rnd: int, updates: Sequence[ClientUpdate]) -> dict[str, Any]:
         """The deviation analysis (paper Fig. client_dev): a seeded sample of uploaded local models on the test set."""
-        k = min(self.local_models, len(updates)) if int(self.y_test.shape[0]) else 0
+        k = min(self.local_models, len(updates)) if int(self.y_test.shape[0]) and self.test else 0
         if k <= 0:
             return {}
         pick = sorted(int(i) for i in numpy_rng(self.seed, "eval", rnd).choice(len(updates), size=k, replace=False))

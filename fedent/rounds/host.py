@@ -56,6 +56,7 @@ class ClientTraining:
     dp: DPSGD | None = None  # privacy.dp local: every hosted client trains with DP-SGD
     upload: str = "none"  # train.upload_encoding (fedent.compress)
     topk_fraction: float = 0.01
+    secagg_threat: str = "malicious"  # privacy.secagg_threat: the weakest secure-aggregation model clients accept
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ClientTraining:
@@ -63,7 +64,7 @@ class ClientTraining:
         dp = DPSGD(pr.clip_norm, pr.noise_multiplier) if pr.dp == "local" else None
         return cls(float(tr.lr), int(tr.local_epochs), int(tr.seed), int(tr.batch_size),
                    Adversary.from_config(cfg.adversary, int(tr.seed), int(cfg.data.num_clients)), dp,
-                   tr.upload_encoding, float(tr.topk_fraction))
+                   tr.upload_encoding, float(tr.topk_fraction), pr.secagg_threat)
 
     def encode_upload(self, rnd: int, update: ClientUpdate, global_params: Sequence[Tensor],
                       state: ClientState) -> None:
@@ -144,7 +145,9 @@ class ClientHost:
                 num_classes = int(trainer.model(trainer.x[:1]).shape[-1])
             trainer.y = trainer.y.clone()  # never the caller's tensor (the CPU's .to() does not copy)
             adv.poison_labels(trainer.y, self.indices, num_classes)
-        self.secagg = HostedSecAgg(training.seed)  # secure aggregation: the hosted clients' protocol sessions
+        # secure aggregation: the hosted clients' protocol sessions
+        self.secagg = HostedSecAgg(training.seed, training.secagg_threat)
+        self.coalition: list[tuple[ClientUpdate, ClientState]] = []  # ALIE: honest fits held back within a fit call
 
     @property
     def hosted(self) -> list[int]:
@@ -199,24 +202,55 @@ class ClientHost:
         self.check_hosted(cids)
         out: Gathered[ClientUpdate] = Gathered()
         with self.lock:
+            self.coalition = []
             for c in cids:
                 def one(c: int = c) -> tuple[ClientUpdate, ClientState]:
                     state = self.state(strategy, c, rnd)
                     return strategy.fit(self.trainer, global_params, payload, self.task(rnd, c), state), state
 
                 self._keep(out, c, rnd, one, global_params)
+            self._collude(out, rnd, global_params)
         return Gathered(out.results, out.failed)
 
     def _keep(self, out: Gathered[ClientUpdate], cid: int, rnd: int,
               fit: Callable[[], tuple[ClientUpdate, ClientState]], global_params: Sequence[Tensor]) -> None:
         """A client's fit ends here: a simulated attacker's upload tampered with (after its honest fit,
-        fedent.rounds.adversary), the update encoded for upload (``train.upload_encoding``), masked under secure
-        aggregation, kept (and handed to ``on_update`` at once, so an upload can overlap the next client) and its
-        state saved; or its exception recorded as its failure."""
+        fedent.rounds.adversary; a colluding one's held back for ``_collude``), the update encoded for upload
+        (``train.upload_encoding``), masked under secure aggregation, kept (and handed to ``on_update`` at once, so
+        an upload can overlap the next client) and its state saved; or its exception recorded as its failure."""
+        adv = self.training.adversary
         try:
             update, state = fit()
-            if self.training.adversary is not None:
-                update = self.training.adversary.tamper(rnd, update, global_params)
+            if adv is not None and adv.colludes and adv.attacks(cid):
+                self.coalition.append((update, state))
+                return
+            if adv is not None:
+                update = adv.tamper(rnd, update, global_params)
+        except Exception as e:
+            self._failed(out, cid, "fit", rnd, e)
+            return
+        self._upload(out, cid, rnd, update, state, global_params)
+
+    def _collude(self, out: Gathered[ClientUpdate], rnd: int, global_params: Sequence[Tensor]) -> None:
+        """ALIE, after a fit call's last client: the held-back attackers' forged updates, uploaded as any other
+        (the coalition is the attackers this call fitted: fedent.rounds.adversary)."""
+        held, self.coalition = self.coalition, []
+        adv = self.training.adversary
+        if not held or adv is None:
+            return
+        try:
+            forged = adv.collude([u for u, _ in held], global_params)
+        except Exception as e:
+            for u, _ in held:
+                self._failed(out, u.cid, "fit", rnd, e)
+            return
+        for f, (_, state) in zip(forged, held, strict=True):
+            self._upload(out, f.cid, rnd, f, state, global_params)
+
+    def _upload(self, out: Gathered[ClientUpdate], cid: int, rnd: int, update: ClientUpdate, state: ClientState,
+                global_params: Sequence[Tensor]) -> None:
+        """The upload as it leaves the client: encoded, its state saved, masked under secure aggregation."""
+        try:
             self.training.encode_upload(rnd, update, global_params, state)
             self.states.fitted(cid, state, rnd)
             if self.secagg.active(rnd, cid):  # secure aggregation: only the masked vector leaves the client

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from fedent.rng import numpy_rng
 from fedent.secagg.fixedpoint import encode, limit_for
+from fedent.secagg.identity import SeededPKI
 from fedent.secagg.protocol import ClientSession, ProtocolError, Setup
 from fedent.strategies.base import ClientUpdate
 
@@ -51,10 +52,13 @@ def split_vector(vec: np.ndarray, like: Sequence[Tensor], groups: Sequence[str])
 
 
 class HostedSecAgg:
-    """The sessions of the hosted clients in the current round (a new advertise starts a client's new session)."""
+    """The sessions of the hosted clients in the current round (a new advertise starts a client's new session).
+    ``threat``: the weakest threat model the hosted clients accept; ``pki``: their identities (by default the
+    run seed's ``SeededPKI``)."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    def __init__(self, seed: int, threat: str = "malicious", pki: SeededPKI | None = None) -> None:
+        self.seed, self.threat = seed, threat
+        self.pki = pki if pki is not None else SeededPKI.from_seed(seed)
         self.sessions: dict[tuple[int, int], ClientSession] = {}
         self.lock = threading.Lock()
 
@@ -66,7 +70,7 @@ class HostedSecAgg:
         with self.lock:
             if step == "advertise":
                 self.sessions = {k: s for k, s in self.sessions.items() if k[0] >= rnd}  # older rounds are over
-                self.sessions[(rnd, cid)] = ClientSession(cid)
+                self.sessions[(rnd, cid)] = ClientSession(cid, self.pki, self.threat)
             session = self.sessions.get((rnd, cid))
         if session is None:
             raise ProtocolError(f"secagg: client {cid} has no session in round {rnd}")

@@ -1,7 +1,9 @@
 """SecAgg+ as two state machines, one client's (``ClientSession``) and the server's (``ServerSession``), exchanging
 messages as bytes (so any transport can carry them: a function call in the simulator, the work stream in the
-cluster). Semi-honest model of Bonawitz et al. 2017 (Section 4, without the consistency-check round and the
-signatures of their active variant); SecAgg+'s sparse graph of Bell et al. 2020.
+cluster). Bonawitz et al. 2017 with SecAgg+'s sparse graph of Bell et al. 2020, in either threat model of
+``Setup.threat``: ``honest-but-curious`` (their Section 4: steps 0-4 below) or ``malicious`` (their Section 6,
+the default: advertised keys are signed with each client's long-term Ed25519 identity, ``fedent.secagg.identity``,
+and step 3b, the consistency check, comes before any share is revealed).
 
 One round of aggregation, for the round's clients U:
 
@@ -14,6 +16,13 @@ One round of aggregation, for the round's clients U:
    and exactly they enter its pairwise masks.
 3. masked input (``ClientSession.mask``): y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U1} ±PRG(KA(s_u, s_v)) mod 2^k,
    + when u < v. Uploaded with the update; the server keeps the ones it accepts: U2.
+3b. consistency check (malicious only): the server sends each client of U2 (= U3 in Bonawitz's numbering: the
+   clients whose masked input it holds) that set; each signs (round, U3) and returns the signature. Responders:
+   U4. The unmask request then carries U3 and the signatures of U4; a client reveals nothing unless U3 is the
+   set it signed, at least t_u of the signatures are valid signatures of members of U3 on that same set (none
+   invalid), and the request's survivors and dropped are exactly its neighbours in U3 and outside it. A server
+   that told two clients different U3s (to learn b_v from some and s_v^SK from others, which unmasks v) cannot
+   collect t signatures on both, as honest clients sign once.
 4. unmask: each survivor reveals, for each neighbour v it holds shares of, b_v's share when v ∈ U2 and s_v^SK's
    when v ∉ U2, never both (it refuses a request that would mix them). The server rebuilds every survivor's
    b_u and every dropped client's s^SK (t shares each), removes the self masks and the dropped clients'
@@ -21,6 +30,9 @@ One round of aggregation, for the round's clients U:
 
 The pairwise masks of two survivors cancel in the sum; the server sees each y_u, which is uniform over the ring
 whatever x_u is (one-time pad with PRG(b_u)).
+
+Why over 400 lines: the two state machines are one protocol, each message built on one side and checked on the
+other; splitting them apart would separate every check from the message it guards.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import numpy as np
 
 from fedent.secagg import crypto, graph, shamir
 from fedent.secagg.fixedpoint import ring_mask
+from fedent.secagg.identity import SeededPKI, advertise_message, consistency_message
 
 
 class ProtocolError(ValueError):
@@ -114,6 +127,7 @@ def apply_mask(acc: np.ndarray, seed: bytes, sign: int, ring_bits: int) -> None:
 
 
 _SHARE = struct.Struct(">qq")
+THREATS = ("honest-but-curious", "malicious")
 
 
 @dataclass(frozen=True)
@@ -127,32 +141,46 @@ class Setup:
     weighting: str  # "samples": the client scales its vector by n_i; "uniform": by 1
     groups: tuple[str, ...]  # the update's tensor groups, after the model, in this order
     participants: int  # |U|: each client keeps |x| 2^f under 2^(k-1) / participants
+    threat: str = "malicious"  # "malicious": signed keys and the consistency check; "honest-but-curious": neither
+
+    @property
+    def checked(self) -> bool:
+        return self.threat == "malicious"
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "ring_bits": self.ring_bits, "frac_bits": self.frac_bits,
                 "rounding": self.rounding, "weighting": self.weighting, "groups": list(self.groups),
-                "participants": self.participants}
+                "participants": self.participants, "threat": self.threat}
 
     @classmethod
     def from_dict(cls, d: Any) -> Setup:
         try:
             s = cls(int(d["round"]), int(d["ring_bits"]), int(d["frac_bits"]), str(d["rounding"]),
-                    str(d["weighting"]), tuple(str(g) for g in d["groups"]), int(d["participants"]))
+                    str(d["weighting"]), tuple(str(g) for g in d["groups"]), int(d["participants"]),
+                    str(d["threat"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"secagg advertise: bad setup ({type(e).__name__}: {e})") from None
         if not 8 <= s.ring_bits <= 64 or not 0 <= s.frac_bits < s.ring_bits or s.participants < 1:
             raise ProtocolError("secagg advertise: ring_bits, frac_bits or participants out of range")
         if s.rounding not in ("nearest", "stochastic") or s.weighting not in ("samples", "uniform"):
             raise ProtocolError("secagg advertise: unknown rounding or weighting")
+        if s.threat not in THREATS:
+            raise ProtocolError(f"secagg advertise: unknown threat model {s.threat[:40]!r}")
         return s
 
 
 class ClientSession:
-    """One client's side of one round; each step may run once and in order."""
+    """One client's side of one round; each step may run once and in order. ``pki``: the client's identity
+    (signing) and its peers' verification keys, needed under the malicious threat model; ``require``: the
+    weakest threat model this client accepts (a server cannot talk it down to ``honest-but-curious``)."""
 
-    def __init__(self, cid: int) -> None:
-        self.cid = cid
+    def __init__(self, cid: int, pki: SeededPKI | None = None, require: str = "malicious") -> None:
+        if require not in THREATS:
+            raise ValueError(f"unknown secure-aggregation threat model {require!r}")
+        self.cid, self.pki, self.require = cid, pki, require
         self.step = "new"
+        self.t = 0  # t_u: this client's Shamir threshold (from the share request)
+        self.u3: list[int] | None = None  # the survivor set this client signed (consistency check)
         self.setup: Setup | None = None
         self.c_sk = self.s_sk = b""
         self.b_seed = b""
@@ -171,7 +199,8 @@ class ClientSession:
             step = json.loads(request).get("step")
         except (ValueError, AttributeError, UnicodeDecodeError):
             raise ProtocolError("secagg: not a protocol message") from None
-        handlers = {"advertise": self.advertise, "share": self.share, "route": self.route, "unmask": self.unmask}
+        handlers = {"advertise": self.advertise, "share": self.share, "route": self.route,
+                    "consistency": self.consistency, "unmask": self.unmask}
         if step not in handlers:
             raise ProtocolError(f"secagg: unknown step {str(step)[:40]!r}")
         return handlers[step](unpack(request, step))
@@ -179,9 +208,18 @@ class ClientSession:
     def advertise(self, msg: dict[str, Any]) -> bytes:
         self._expect("new", "advertised")
         self.setup = Setup.from_dict(msg.get("setup"))
+        if self.require == "malicious" and not self.setup.checked:
+            raise ProtocolError(f"secagg advertise: client {self.cid} requires the malicious-server protocol "
+                                f"(signed keys and the consistency check), the server announced {self.setup.threat}")
+        if self.setup.checked and self.pki is None:
+            raise ProtocolError(f"secagg advertise: client {self.cid} has no identity key to sign with")
         self.c_sk, self.s_sk = crypto.new_private(), crypto.new_private()
-        return pack({"step": "advertise", "c_pk": _b64(crypto.public_of(self.c_sk)),
-                     "s_pk": _b64(crypto.public_of(self.s_sk))})
+        c_pk, s_pk = crypto.public_of(self.c_sk), crypto.public_of(self.s_sk)
+        out = {"step": "advertise", "c_pk": _b64(c_pk), "s_pk": _b64(s_pk)}
+        if self.setup.checked:
+            assert self.pki is not None
+            out["sig"] = _b64(self.pki.sign(self.cid, advertise_message(self.setup.round, self.cid, c_pk, s_pk)))
+        return pack(out)
 
     def share(self, msg: dict[str, Any]) -> bytes:
         self._expect("advertised", "shared")
@@ -194,13 +232,24 @@ class ClientSession:
             raise ProtocolError("secagg share: a client is not its own neighbour")
         if len(keys) < t:
             raise ProtocolError(f"secagg share: {len(keys)} live neighbour(s), fewer than the threshold {t}")
+        if 2 * t <= len(keys):  # two disjoint halves could each rebuild a secret: b_v from one, s_v^SK from the other
+            raise ProtocolError(f"secagg share: a threshold of {t} of {len(keys)} neighbours is at most half; client "
+                                f"{self.cid} refuses (a server could collect both secrets of a peer)")
+        checked = self.setup.checked
         c_pub = {}
         for v, pair in keys.items():
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise ProtocolError("secagg share: each neighbour needs [c_pk, s_pk]")
+            if not isinstance(pair, list) or len(pair) != (3 if checked else 2):
+                raise ProtocolError(f"secagg share: each neighbour needs [c_pk, s_pk{', sig' if checked else ''}]")
             c_pub[v], self.s_pub[v] = _unb64(pair[0], "c_pk"), _unb64(pair[1], "s_pk")
+            if checked:
+                assert self.pki is not None
+                sig = _unb64(pair[2], "sig")
+                if not self.pki.verify(v, advertise_message(self.setup.round, v, c_pub[v], self.s_pub[v]), sig):
+                    raise ProtocolError(f"secagg share: client {v}'s keys are not signed by its identity key (a "
+                                        f"forged or altered advertisement); client {self.cid} aborts")
         if len({*c_pub.values(), *self.s_pub.values()}) != 2 * len(keys):
             raise ProtocolError("secagg share: neighbours' public keys must all differ")
+        self.t = t
         self.b_seed = os.urandom(shamir.SECRET_BYTES)
         holders = [v + 1 for v in sorted(keys)]  # Shamir x = cid + 1 (x = 0 is the secret)
         b_sh, s_sh = shamir.split(self.b_seed, holders, t), shamir.split(self.s_sk, holders, t)
@@ -244,8 +293,53 @@ class ClientSession:
         np.bitwise_and(y, ring_mask(k), out=y)  # mod 2^k (2^64 wraps by itself)
         return y
 
+    def consistency(self, msg: dict[str, Any]) -> bytes:
+        """Step 3b (malicious only): sign the server's U3 once, after checking it against what this client knows."""
+        self._expect("masked", "checked")
+        assert self.setup is not None
+        if not self.setup.checked:
+            raise ProtocolError("secagg consistency: the round was announced honest-but-curious")
+        u3 = _cid_list(msg.get("survivors"), "secagg consistency: survivors")
+        if self.cid not in u3:
+            raise ProtocolError(f"secagg consistency: client {self.cid} sent its masked input but is not in U3")
+        if len(u3) < self.t:
+            raise ProtocolError(f"secagg consistency: U3 has {len(u3)} client(s), fewer than the threshold {self.t}")
+        phantom = sorted((set(u3) & set(self._c_pub)) - set(self.held))
+        if phantom:
+            raise ProtocolError(f"secagg consistency: U3 names neighbour(s) {phantom[:5]} whose shares never "
+                                f"reached client {self.cid} (they cannot have masked with it)")
+        assert self.pki is not None
+        self.u3 = u3
+        return pack({"step": "consistency", "sig": _b64(self.pki.sign(self.cid,
+                                                                     consistency_message(self.setup.round, u3)))})
+
+    def _check_signed(self, msg: dict[str, Any], survivors: list[int], dropped: list[int]) -> None:
+        """The unmask request of the malicious variant: the U3 this client signed, >= t_u valid signatures of
+        members of U3 on it (no invalid one), and survivors/dropped exactly its neighbours in and outside U3."""
+        assert self.setup is not None and self.pki is not None
+        if self.u3 is None:
+            raise ProtocolError(f"secagg unmask: client {self.cid} signed no survivor set; it reveals nothing")
+        if _cid_list(msg.get("u3"), "secagg unmask: u3") != self.u3:
+            raise ProtocolError(f"secagg unmask: the server's U3 differs from the one client {self.cid} signed "
+                                "(inconsistent survivor sets); it aborts")
+        sigs = _cid_map(msg.get("signatures"), "secagg unmask: signatures")
+        text = consistency_message(self.setup.round, self.u3)
+        for v, sig in sigs.items():
+            if v not in self.u3 or not self.pki.verify(v, text, _unb64(sig, "signature")):
+                raise ProtocolError(f"secagg unmask: client {v}'s signature on U3 is not valid (a different "
+                                    f"survivor set, or forged); client {self.cid} aborts")
+        if len(sigs) < self.t:
+            raise ProtocolError(f"secagg unmask: {len(sigs)} valid signature(s) on U3, fewer than the threshold "
+                                f"{self.t}; client {self.cid} aborts")
+        want_s = sorted(({self.cid} | set(self.held)) & set(self.u3))
+        want_d = sorted(set(self.held) - set(self.u3))
+        if survivors != want_s or dropped != want_d:
+            raise ProtocolError(f"secagg unmask: the survivors and dropped asked of client {self.cid} do not match "
+                                "the U3 it signed (a request for both shares of a peer?); it aborts")
+
     def unmask(self, msg: dict[str, Any]) -> bytes:
-        self._expect("masked", "unmasked")
+        checked = self.setup is not None and self.setup.checked
+        self._expect("checked" if checked else "masked", "unmasked")
         survivors = _cid_list(msg.get("survivors"), "secagg unmask: survivors")
         dropped = _cid_list(msg.get("dropped"), "secagg unmask: dropped")
         if set(survivors) & set(dropped):
@@ -255,6 +349,8 @@ class ClientSession:
             raise ProtocolError(f"secagg unmask: client {self.cid} sent its masked input but is not a survivor")
         if set(self.held) - set(survivors) - set(dropped):
             raise ProtocolError("secagg unmask: every neighbour must be named a survivor or dropped")
+        if checked:
+            self._check_signed(msg, survivors, dropped)
         out = {}
         for v in sorted(self.held):
             b_share, s_share = self.held[v]
@@ -263,16 +359,22 @@ class ClientSession:
 
 
 class ServerSession:
-    """The server's side of one round: it builds every request, routes the sealed shares, and unmasks the sum."""
+    """The server's side of one round: it builds every request, routes the sealed shares, and unmasks the sum.
+    ``pki`` (optional): verification keys, so that a badly signed client is dropped at once rather than making
+    its neighbours abort; the clients check every signature themselves either way."""
 
-    def __init__(self, setup: Setup, cids: Sequence[int], degree: int, fraction: float, graph_seed: int) -> None:
-        self.setup = setup
+    def __init__(self, setup: Setup, cids: Sequence[int], degree: int, fraction: float, graph_seed: int,
+                 pki: SeededPKI | None = None) -> None:
+        self.setup, self.pki = setup, pki
         self.cids = sorted(int(c) for c in cids)
         self.graph = graph.neighbours(self.cids, degree, graph_seed)
         self.t = {u: threshold(len(self.graph[u]), fraction) for u in self.cids}
         self.keys: dict[int, tuple[bytes, bytes]] = {}  # U0: (c_pk, s_pk)
         self.sealed: dict[int, dict[int, str]] = {}  # U1: sender -> receiver -> sealed share
         self.routed: dict[int, list[int]] = {}  # receiver -> senders routed to it (its mask peers)
+        self.ad_sigs: dict[int, str] = {}  # U0's signatures on their advertised keys (malicious variant)
+        self.u3: list[int] = []  # the survivor set of the consistency check (malicious variant)
+        self.signatures: dict[int, str] = {}  # U4: their signatures on U3
 
     # ---- requests and responses, in order ---------------------------------------------------------------
     def advertise_requests(self) -> dict[int, bytes]:
@@ -287,6 +389,14 @@ class ServerSession:
                 c_pk, s_pk = _unb64(msg.get("c_pk"), "c_pk"), _unb64(msg.get("s_pk"), "s_pk")
                 if len(c_pk) != 32 or len(s_pk) != 32 or c_pk == s_pk:
                     raise ProtocolError("secagg advertise: public keys must be two distinct 32-byte keys")
+                if self.setup.checked:
+                    sig = msg.get("sig")
+                    if not isinstance(sig, str):
+                        raise ProtocolError("secagg advertise: the keys are not signed")
+                    if self.pki is not None and not self.pki.verify(
+                            u, advertise_message(self.setup.round, u, c_pk, s_pk), _unb64(sig, "sig")):
+                        raise ProtocolError("secagg advertise: the keys are not signed by the client's identity")
+                    self.ad_sigs[u] = sig
                 self.keys[u] = (c_pk, s_pk)
             except ProtocolError as e:
                 bad[u] = str(e)
@@ -301,7 +411,9 @@ class ServerSession:
                 bad[u] = f"secagg: {len(live)} live neighbour(s), fewer than the threshold {self.t[u]}"
                 continue
             out[u] = pack({"step": "share", "threshold": self.t[u],
-                           "neighbours": {str(v): [_b64(self.keys[v][0]), _b64(self.keys[v][1])] for v in live}})
+                           "neighbours": {str(v): [_b64(self.keys[v][0]), _b64(self.keys[v][1]),
+                                                   *([self.ad_sigs[v]] if self.setup.checked else [])]
+                                          for v in live}})
         return out, bad
 
     def take_share(self, responses: Mapping[int, bytes]) -> dict[int, str]:
@@ -326,11 +438,39 @@ class ServerSession:
             out[u] = pack({"step": "route", "sealed": {str(v): s for v, s in got.items()}})
         return out
 
+    def consistency_requests(self, survivors: Sequence[int]) -> dict[int, bytes]:
+        """Step 3b: every client whose masked input the server holds gets that set, U3, to sign."""
+        if not self.setup.checked:
+            raise ProtocolError("secagg: no consistency check in the honest-but-curious variant")
+        self.u3, self.signatures = sorted(int(c) for c in survivors), {}
+        return {u: pack({"step": "consistency", "survivors": self.u3}) for u in self.u3}
+
+    def take_consistency(self, responses: Mapping[int, bytes]) -> dict[int, str]:
+        """Keep U4's signatures on U3; returns the clients whose answer is unusable, and why."""
+        bad: dict[int, str] = {}
+        text = consistency_message(self.setup.round, self.u3)
+        for u, data in responses.items():
+            try:
+                sig = unpack(data, "consistency").get("sig")
+                if u not in self.u3 or not isinstance(sig, str):
+                    raise ProtocolError("secagg consistency: no signature, or not a client of U3")
+                if self.pki is not None and not self.pki.verify(u, text, _unb64(sig, "sig")):
+                    raise ProtocolError("secagg consistency: the signature on U3 is not valid")
+                self.signatures[u] = sig
+            except ProtocolError as e:
+                bad[u] = str(e)
+        return bad
+
     def unmask_requests(self, survivors: Sequence[int]) -> dict[int, bytes]:
+        """Each survivor's unmask request; in the malicious variant only U4's (they signed), with U3 and every
+        signature, and ``survivors`` must be the U3 they signed."""
         alive = set(survivors)
+        if self.setup.checked and sorted(alive) != self.u3:
+            raise ProtocolError("secagg: the survivors to unmask are not the U3 of the consistency check")
+        extra = {"u3": self.u3, "signatures": {str(v): s for v, s in sorted(self.signatures.items())}}
         return {u: pack({"step": "unmask", "survivors": sorted(({u} | set(self.routed[u])) & alive),
-                         "dropped": sorted(set(self.routed[u]) - alive)})
-                for u in sorted(alive)}
+                         "dropped": sorted(set(self.routed[u]) - alive), **(extra if self.setup.checked else {})})
+                for u in sorted(alive) if not self.setup.checked or u in self.signatures}
 
     def unmask(self, masked: Mapping[int, np.ndarray], responses: Mapping[int, bytes]) -> np.ndarray:
         """Σ x_u mod 2^k over the clients in ``masked`` (U2), from the unmask responses of the survivors that

@@ -18,7 +18,7 @@ import torch
 from fedent import runlog
 from fedent.config import ExperimentConfig, with_device
 from fedent.distributed import World
-from fedent.inputs import RunInputs, load_inputs
+from fedent.inputs import RunInputs, load_inputs, with_validation
 from fedent.params import Params
 from fedent.perf import apply_host, apply_trainer, batched_federated
 from fedent.rounds import RoundEngine, RoundPolicy, RunError
@@ -81,12 +81,22 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
         return RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
                            dict(inputs.partition_info), policy, on_round=on_round)
     federated = None
-    if tr.evaluation == "federated":
+    if tr.evaluation == "federated" and tr.evaluate_test:
         make = batched_federated if tr.perf.eval_batched else central_federated
         federated = make(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed, tr.eval_batch_size)
-    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated)
+    evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated,
+                          validation=validation_set(inputs), test=tr.evaluate_test)
     return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy, on_round=on_round)
+
+
+def validation_set(inputs: RunInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The held-out validation samples of ``inputs`` (data.validation_fraction), or None."""
+    ix = inputs.validation_indices
+    if ix is None:
+        return None
+    sel = torch.from_numpy(ix)
+    return inputs.data.x_train[sel], inputs.data.y_train[sel]
 
 
 def start_banner(cfg: ExperimentConfig, inputs: RunInputs, device: torch.device, engine: RoundEngine) -> str:
@@ -108,6 +118,7 @@ def _checked(cfg: ExperimentConfig, run_dir: str | Path, inputs: RunInputs | Non
     """run_simulation's checks before any file is written: the inputs, strategy and local-eval count to use."""
     if inputs is None:
         inputs = load_inputs(cfg)
+    inputs = with_validation(inputs, cfg)  # injected inputs (a comparison's, a test's) get the split too
     if inputs.num_clients != cfg.data.num_clients:
         raise SimulationError(f"the partition has {inputs.num_clients} clients but data.num_clients is "
                               f"{cfg.data.num_clients}")

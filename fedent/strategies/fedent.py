@@ -4,6 +4,12 @@ Round t: each participant probes g_i at w(t) on one random batch and reports (a_
 (Algorithm 2, line 4); the server asks the estimator for φ2(t+1) and broadcasts (φ2', c, ΣD); each
 client solves η*_i by Proposition 1 (Eq. (eta_solve_t_1)), decays it with its own previous rate
 (Eq. (eta_deacy)), runs E epochs of SGD at that fixed rate, and the server takes the θ-weighted mean.
+
+Controls (issue 29, option ``rates``): ``shuffled`` trains each client at another participant's η_j(t) (the
+server re-solves every participant's η_i(t) from the probes, exactly as the client does, and sends the seeded
+permutation in ``RoundPayload.per_client``: same multiset, random assignment); ``fixed`` trains at the base rate.
+In both, each client's own η_i(t) is still solved, decayed (its state chain) and logged; only the rate the SGD
+steps use changes, and the round's record says which (``rates``, ``trained_rates``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from fedent.meanfield.estimator import OfflinePhi2Estimator, OnlinePhi2Estimator
 from fedent.meanfield.fixed_point import GradientOracle, solve_fixed_point
 from fedent.meanfield.lr import solve_eta
 from fedent.params import Params, dot, norm_sq
-from fedent.rng import torch_generator
+from fedent.rng import numpy_rng, torch_generator
 from fedent.strategies.base import (
     AggregateResult,
     Capabilities,
@@ -73,6 +79,7 @@ class FedEnt(Strategy):
         self.schedule: list[list[int]] | None = None  # every round's sampled clients (set_run_plan)
         self.base_lr: float | None = None
         self._estimates: dict[int, dict[str, Any]] = {}  # the round's estimator report, for its diagnostics
+        self._assigned: dict[int, dict[int, float]] = {}  # rates shuffled: the round's cid -> rate trained with
 
     def set_run_plan(self, schedule: Sequence[Sequence[int]], base_lr: float) -> None:
         """Algorithm 1 simulates each round's sampled clients with the run's base rate η_i(−1) (spec §5)."""
@@ -143,7 +150,21 @@ class FedEnt(Strategy):
         except ValueError as e:
             raise StrategyError(f"fedent estimator: {e}") from None
         self._estimates = {rnd: dict(est.report)}
-        return RoundPayload(round=rnd, scalars={"phi2_next": est.phi2_next, "c": c, "total_samples": total})
+        scalars = {"phi2_next": est.phi2_next, "c": c, "total_samples": total}
+        if self.options.rates != "shuffled":
+            return RoundPayload(round=rnd, scalars=scalars)
+        cids = [p.cid for p in probes]
+        own = [self._used_rate(a[i], b[i], c, thetas[i], est.phi2_next, eta_prev[i]) for i in range(len(probes))]
+        perm = numpy_rng(self.options.shuffle_seed, "fedent-shuffle", rnd).permutation(len(own))
+        assigned = {cid: own[int(j)] for cid, j in zip(cids, perm, strict=True)}
+        self._assigned = {rnd: assigned}
+        return RoundPayload(round=rnd, scalars=scalars, per_client={c_: {"rate": r} for c_, r in assigned.items()})
+
+    def _used_rate(self, a: float, b: float, c: float, theta: float, phi2: float, eta_prev: float) -> float:
+        """η_i(t) as client i solves it in ``plan_fit`` (Proposition 1 on [0, U_i], then the decay)."""
+        o = self.options
+        sol = solve_eta(a, b, c, theta, phi2, o.beta, o.variant, eta_max=o.eta_max)
+        return decayed_rate(eta_prev, float(sol.eta_star[0]), o.gamma)
 
     def aggregate(
         self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
@@ -158,7 +179,17 @@ class FedEnt(Strategy):
         est = self._estimates.pop(rnd, None)
         if est is not None:
             record["estimate"] = est
+        self._control_record(rnd, record)
         return AggregateResult(params, {"fedent": record})
+
+    def _control_record(self, rnd: int, record: dict[str, Any]) -> None:
+        """The rate control of the round, when not plain FedEnt: ``rates`` and the rates trained with."""
+        if self.options.rates == "adaptive":
+            return
+        record["rates"] = self.options.rates
+        assigned = self._assigned.pop(rnd, None)
+        if assigned is not None:
+            record["trained_rates"] = {str(c): r for c, r in sorted(assigned.items())}
 
     def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
         """The θ-weighted mean from the secure sum; the record keeps every rate's inputs (clear scalars) but not
@@ -173,6 +204,7 @@ class FedEnt(Strategy):
         est = self._estimates.pop(rnd, None)
         if est is not None:
             record["estimate"] = est
+        self._control_record(rnd, record)
         return AggregateResult(total.mean(), {"fedent": record})
 
     def server_state(self) -> dict[str, Any]:
@@ -241,7 +273,18 @@ class FedEnt(Strategy):
             "eta_star": eta_star, "eta": eta, "eta_prev": eta_prev, "a": a, "b": b, "c": c, "theta": theta,
             "phi2_next": phi2, "guarded": float(sol.guards),
         }
-        return LocalFit(eta, upload(task, scalars))
+        return LocalFit(self._trained_rate(eta, payload, task), upload(task, scalars))
+
+    def _trained_rate(self, eta: float, payload: RoundPayload, task: ClientTask) -> float:
+        """The rate the SGD steps use: η_i(t), or under a control the permuted one or the base rate."""
+        if self.options.rates == "fixed":
+            return float(task.lr)
+        if self.options.rates == "shuffled":
+            got = payload.per_client.get(task.cid, {}).get("rate")
+            if got is None:
+                raise StrategyError(f"fedent rates shuffled: the round payload holds no rate for client {task.cid}")
+            return float(got)
+        return eta
 
 
 STRATEGY = FedEnt

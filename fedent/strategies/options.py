@@ -11,8 +11,9 @@ are checked by ``fedent.config.StrategyOptions``; ``check()`` holds rules that s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from fedent.config import StrategyOptions, option
 from fedent.meanfield.lr import Variant
@@ -20,6 +21,7 @@ from fedent.meanfield.lr import Variant
 EstimatorMode = Literal["online", "offline"]
 Phi2Rate = Literal["used", "star"]
 OfflineClients = Literal["participants", "population"]
+RateControl = Literal["adaptive", "shuffled", "fixed"]
 
 
 ReplayMode = Literal["per_client", "round_mean"]
@@ -128,6 +130,13 @@ class FedEntOptions(StrategyOptions):
                                                               "(the round's sampled clients, θ over them as in "
                                                               "training, spec §5) or population (every client, "
                                                               "the first reading)")
+    rates: RateControl = option("adaptive", "the rate each client trains with: adaptive (its own η_i(t), FedEnt), "
+                                            "shuffled (control: the round's η_i(t) permuted across its clients, "
+                                            "seeded) or fixed (control: the base rate train.lr, no adaptation); "
+                                            "η_i(t) is solved, decayed and logged as usual in every mode")
+    shuffle_seed: int = option(0, "rates shuffled: the permutation of round t is drawn from (shuffle_seed, t)")
+
+    quiet_defaults: ClassVar[Mapping[str, Any]] = {"rates": "adaptive", "shuffle_seed": 0}
 
 
 OPTIONS: dict[str, type[StrategyOptions]] = {

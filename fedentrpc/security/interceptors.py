@@ -3,15 +3,18 @@
 * Client side: :func:`token_call_credentials` adds ``authorization: Bearer <token>`` to every call over
   TLS; :class:`MetadataClientInterceptor` does the same on an explicitly insecure channel.
 * Server side: :class:`AuthInterceptor` rejects unknown or revoked workers with UNAUTHENTICATED and logs
-  the method, peer and worker id (never the token). A worker proves who it is with its token or, under
-  mutual TLS, with its client certificate (CN/SAN). Health and reflection stay open for probes.
-  The servicer learns who that is with :func:`caller_identity` (None when nothing authenticates).
+  the method, peer and worker id (never the token). A call whose metadata already decides (no credentials
+  where tokens are required, an unknown or revoked token) is refused on a small pool of its own before
+  any work thread is taken, so a flood of them cannot queue ahead of honest calls. A worker proves who it
+  is with its token or, under mutual TLS, with its client certificate (CN/SAN). Health and reflection
+  stay open for probes. The servicer learns who that is with :func:`caller_identity` (None when nothing authenticates).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,24 +127,32 @@ def peer_cert_identities(context: grpc.ServicerContext) -> list[str]:
     return names
 
 
-def server_interceptors(sec: ServerSecurity, max_streams_per_identity: int = 0) -> list[grpc.ServerInterceptor]:
-    """The interceptors to pass to ``grpc.server(...)``: authentication when tokens or mTLS are configured,
-    then (with authentication and ``max_streams_per_identity`` > 0) the per-identity stream limit
-    (:mod:`fedentrpc.stream_limit`), then (always, inside them)
-    :class:`~fedentrpc.malformed.MalformedRequestInterceptor`, so a request that does not parse is
-    INVALID_ARGUMENT with one log line, after authentication."""
-    guard = MalformedRequestInterceptor()
+def auth_interceptors(sec: ServerSecurity) -> list[grpc.ServerInterceptor]:
+    """``[AuthInterceptor]`` when tokens or mTLS are configured, else ``[]`` (with a warning for TLS without
+    worker authentication)."""
     if not sec.authenticates:
         if not sec.insecure:
             log.warning("TLS without worker authentication: any client trusting the CA may call this server")
+        return []
+    tokens = TokenRegistry(sec.token_file) if sec.token_file else None
+    return [AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth)]
+
+
+def server_interceptors(sec: ServerSecurity, max_streams_per_identity: int = 0) -> list[grpc.ServerInterceptor]:
+    """Authentication when tokens or mTLS are configured, then (with authentication and
+    ``max_streams_per_identity`` > 0) the per-identity stream limit (:mod:`fedentrpc.stream_limit`), then
+    (always, inside them) :class:`~fedentrpc.malformed.MalformedRequestInterceptor`, so a request that does
+    not parse is INVALID_ARGUMENT with one log line, after authentication. The services build their servers
+    with :func:`fedentrpc.serving.create_server`, which adds the pools, the other limits and the deadlines."""
+    guard = MalformedRequestInterceptor()
+    auth = auth_interceptors(sec)
+    if not auth:
         return [guard]
     from fedentrpc.stream_limit import StreamLimitInterceptor  # it reads caller_identity from this module
 
-    tokens = TokenRegistry(sec.token_file) if sec.token_file else None
-    auth = AuthInterceptor(tokens=tokens, accept_client_certs=sec.require_client_auth)
     if max_streams_per_identity > 0:
-        return [auth, StreamLimitInterceptor(max_streams_per_identity), guard]
-    return [auth, guard]
+        return [*auth, StreamLimitInterceptor(max_streams_per_identity), guard]
+    return [*auth, guard]
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
@@ -163,6 +174,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self.accept_client_certs = accept_client_certs
         self.open_prefixes = tuple(open_prefixes)
         self.log = logger or log
+        # refusals decided from the metadata run here, never on the work pool (gRPC's per-method pool hook)
+        self.refusal_pool = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="refuse")
 
     def identify(self, context: grpc.ServicerContext) -> str | None:
         """The authenticated worker id of a call (for servicers), or None."""
@@ -206,7 +219,37 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if handler is None or method.startswith(self.open_prefixes):
             return handler
         token = bearer_token(handler_call_details.invocation_metadata)
+        worker, reason = self._precheck(token)
+        if reason:
+            return self._refusal(handler, method, worker, reason)
         return _wrap_handler(handler, lambda ctx: self._check(method, token, ctx))
+
+    def _precheck(self, token: str | None) -> tuple[str | None, str]:
+        """(worker, reason) when the metadata alone refuses the call; reason '' when the call goes on to the
+        full check (a client certificate can only be seen inside the call)."""
+        if token is None:
+            return None, "" if self.accept_client_certs else "no credentials"
+        if self.tokens is None:
+            return None, "unknown token"
+        self.tokens.reload_if_due()
+        worker = self.tokens.identify(token)
+        if worker is None:
+            return None, "unknown token"
+        return worker, "revoked" if self.tokens.is_revoked(worker) else ""
+
+    def _refusal(self, handler: grpc.RpcMethodHandler, method: str, worker: str | None, reason: str) -> Any:
+        """``handler``'s shape, answering UNAUTHENTICATED at once on :attr:`refusal_pool`."""
+
+        def wrap(inner: Behaviour, request_streaming: bool, response_streaming: bool) -> Behaviour:
+            def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+                self.log.warning("rejected %s from %s (worker %s): %s", method, context.peer(), worker or "?",
+                                 reason)
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked worker credentials")
+
+            refuse.experimental_thread_pool = self.refusal_pool  # type: ignore[attr-defined]
+            return refuse
+
+        return rewrap(handler, wrap)
 
 
 class IdentifiedContext:

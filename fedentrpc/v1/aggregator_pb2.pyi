@@ -20,6 +20,17 @@ class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_PHASE_DONE: _ClassVar[RunPhase]
     RUN_PHASE_FAILED: _ClassVar[RunPhase]
 
+class DownloadEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DOWNLOAD_ENCODING_UNSPECIFIED: _ClassVar[DownloadEncoding]
+    DOWNLOAD_ENCODING_FULL: _ClassVar[DownloadEncoding]
+    DOWNLOAD_ENCODING_DELTA: _ClassVar[DownloadEncoding]
+
+class DeltaEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DELTA_ENCODING_UNSPECIFIED: _ClassVar[DeltaEncoding]
+    DELTA_ENCODING_XOR_PLANES: _ClassVar[DeltaEncoding]
+
 class UploadState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     UPLOAD_STATE_UNSPECIFIED: _ClassVar[UploadState]
@@ -34,6 +45,11 @@ RUN_PHASE_AGGREGATING: RunPhase
 RUN_PHASE_EVALUATING: RunPhase
 RUN_PHASE_DONE: RunPhase
 RUN_PHASE_FAILED: RunPhase
+DOWNLOAD_ENCODING_UNSPECIFIED: DownloadEncoding
+DOWNLOAD_ENCODING_FULL: DownloadEncoding
+DOWNLOAD_ENCODING_DELTA: DownloadEncoding
+DELTA_ENCODING_UNSPECIFIED: DeltaEncoding
+DELTA_ENCODING_XOR_PLANES: DeltaEncoding
 UPLOAD_STATE_UNSPECIFIED: UploadState
 UPLOAD_STATE_NONE: UploadState
 UPLOAD_STATE_PARTIAL: UploadState
@@ -58,20 +74,22 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_name: _Optional[str] = ..., token: _Optional[str] = ..., client_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("worker_id", "run_id", "partition_md5", "transfer", "heartbeat_s", "config")
+    __slots__ = ("worker_id", "run_id", "partition_md5", "transfer", "heartbeat_s", "config", "download_encoding")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MD5_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_ENCODING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     run_id: str
     partition_md5: str
     transfer: _tensor_pb2.TransferSettings
     heartbeat_s: float
     config: _struct_pb2.Struct
-    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    download_encoding: DownloadEncoding
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., partition_md5: _Optional[str] = ..., transfer: _Optional[_Union[_tensor_pb2.TransferSettings, _Mapping]] = ..., heartbeat_s: _Optional[float] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., download_encoding: _Optional[_Union[DownloadEncoding, str]] = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("cid", "num_samples", "label_counts", "data_source", "num_test_samples")
@@ -205,20 +223,46 @@ class SecAggTask(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskHeader, _Mapping]] = ..., requests: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobRequest(_message.Message):
-    __slots__ = ("blob_id", "worker_id", "start_chunk")
+    __slots__ = ("blob_id", "worker_id", "start_chunk", "held")
     BLOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     START_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     blob_id: str
     worker_id: str
     start_chunk: int
-    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., start_chunk: _Optional[int] = ...) -> None: ...
+    held: HeldModel
+    def __init__(self, blob_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., start_chunk: _Optional[int] = ..., held: _Optional[_Union[HeldModel, _Mapping]] = ...) -> None: ...
+
+class HeldModel(_message.Message):
+    __slots__ = ("blob_id", "digest")
+    BLOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    blob_id: str
+    digest: bytes
+    def __init__(self, blob_id: _Optional[str] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class AggregatorServiceFetchBlobResponse(_message.Message):
-    __slots__ = ("chunk",)
+    __slots__ = ("chunk", "delta")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     chunk: _tensor_pb2.TensorChunk
-    def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+    delta: ModelDelta
+    def __init__(self, chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ..., delta: _Optional[_Union[ModelDelta, _Mapping]] = ...) -> None: ...
+
+class ModelDelta(_message.Message):
+    __slots__ = ("encoding", "base_blob", "base_digest", "digest", "wire_dtype")
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    BASE_BLOB_FIELD_NUMBER: _ClassVar[int]
+    BASE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    encoding: DeltaEncoding
+    base_blob: str
+    base_digest: bytes
+    digest: bytes
+    wire_dtype: _tensor_pb2.WireDtype
+    def __init__(self, encoding: _Optional[_Union[DeltaEncoding, str]] = ..., base_blob: _Optional[str] = ..., base_digest: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., wire_dtype: _Optional[_Union[_tensor_pb2.WireDtype, str]] = ...) -> None: ...
 
 class Probe(_message.Message):
     __slots__ = ("cid", "num_samples", "scalars")

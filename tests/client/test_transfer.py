@@ -1,7 +1,8 @@
 """client.transfer against an in-process aggregator stand-in whose streams break: an upload cut after three
 chunks resumes at chunk 3 (byte 3000), not 0, and arrives whole; a stalled stream is cancelled by the stall
 watch and resumed; a download cut after two chunks asks for chunk 2 on and decodes the whole blob; a refusal
-is not retried."""
+is not retried. A cut delta download asks again from the same held model and rebuilds the new one; a cut full
+download resumes without offering a base; a delta the worker did not ask for is refused."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import torch
 
 from client import transfer
 from fedent.strategies.base import ClientUpdate
-from fedentrpc import codec, mappers
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from server.downloads import DeltaDownloads
 from server.uploads import UploadBook, key_of
 
 SPEC = codec.TransferSpec(chunk_bytes=1000)
@@ -73,7 +75,7 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
 
 
 @contextlib.contextmanager
-def _serving(servicer: _Flaky) -> Iterator[pb_grpc.AggregatorServiceStub]:
+def _serving(servicer: pb_grpc.AggregatorServiceServicer) -> Iterator[pb_grpc.AggregatorServiceStub]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_AggregatorServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -112,4 +114,132 @@ def test_a_cut_download_resumes_at_the_next_chunk() -> None:
     with _serving(agg) as stub:
         got = transfer.fetch(stub, "r0-model", "w", stall_s=5, timeout_s=30)
     assert agg.fetches == [0, 2]
-    assert torch.equal(got["params"][0], PARAMS[0])
+    assert got.delta is None and torch.equal(got.bundle["params"][0], PARAMS[0])
+
+
+W0 = [torch.linspace(-1, 1, 3000)]
+W1 = [W0[0] + 1e-4 * torch.sin(torch.arange(3000, dtype=torch.float32))]
+DELTA_SPEC = codec.TransferSpec(chunk_bytes=500)
+
+
+class _DeltaServer(pb_grpc.AggregatorServiceServicer):
+    """Serves r1-model (W1) whole, or as a delta from r0-model (W0) to a caller holding it (server.downloads);
+    the first stream breaks after two chunks."""
+
+    def __init__(self) -> None:
+        self.deltas = DeltaDownloads(DELTA_SPEC, history=1)
+        self.deltas.publish(0, "r0-model", W0)
+        self.deltas.publish(1, "r1-model", W1)
+        self.full = codec.encode_tensors({"params": W1}, DELTA_SPEC, pb.AggregatorServiceFetchBlobResponse)
+        self.requests: list[tuple[int, str | None]] = []
+
+    def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[pb.AggregatorServiceFetchBlobResponse]:
+        held = mappers.held_from_msg(request)
+        self.requests.append((request.start_chunk, held.blob_id if held else None))
+        enc = self.deltas.serve(request.blob_id, held, self.full.wire_bytes) if held else None
+        for n, m in enumerate((enc or self.full).as_messages(pb.AggregatorServiceFetchBlobResponse)
+                              [request.start_chunk:]):
+            if len(self.requests) == 1 and n == 2:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+            yield m
+
+
+def test_a_cut_delta_download_resumes_from_the_same_base() -> None:
+    agg = _DeltaServer()
+    held = model_delta.Held.of("r0-model", W0, "native")
+    with _serving(agg) as stub:
+        got = transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30, held=held.ref)
+    assert agg.requests == [(0, "r0-model"), (2, "r0-model")]
+    assert got.delta is not None and got.delta.base_blob == "r0-model"
+    delta_bytes = sum(len(c.data) for c in agg.deltas.serve("r1-model", held.ref, 1 << 30) or [])
+    assert 0 < delta_bytes < agg.full.wire_bytes
+    assert torch.equal(held.rebuild(got.delta, got.bundle[model_delta.DELTA_GROUP])[0], W1[0])
+
+
+def test_a_cut_full_download_resumes_without_offering_the_base() -> None:
+    agg = _DeltaServer()
+    stale = model_delta.Held.of("r0-model", W1, "native")  # the right id, another model: the blob itself comes
+    with _serving(agg) as stub:
+        got = transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30, held=stale.ref)
+    assert agg.requests == [(0, "r0-model"), (2, None)]
+    assert got.delta is None and torch.equal(got.bundle["params"][0], W1[0])
+
+
+def test_a_delta_that_was_not_asked_for_is_refused() -> None:
+    agg = _DeltaServer()
+    delta = agg.deltas.serve("r1-model", model_delta.Held.of("r0-model", W0, "native").ref, 1 << 30)
+    assert delta is not None
+    agg.full = delta  # served to a caller that holds nothing
+    with _serving(agg) as stub, pytest.raises(codec.WireError, match="not asked for"):
+        transfer.fetch(stub, "r1-model", "w", stall_s=5, timeout_s=30)
+
+
+def test_an_upload_cut_by_the_servers_idle_limit_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The aggregator's stream deadline (fedentrpc.stream_deadline) cancels an upload that pauses longer than
+    its idle limit; the honest worker takes that as a cut link and resumes at the chunks the server kept."""
+    from fedentrpc.security.flags import ServerSecurity
+    from fedentrpc.serving import create_server
+    from fedentrpc.stream_limit import StreamLimits
+
+    parts = mappers.update_to_parts
+    attempts: list[int] = []
+
+    def pausing(*args: object, **kwargs: object) -> Iterator[pb.SubmitUpdateRequest]:
+        attempts.append(int(kwargs.get("resume_from", 0)))  # type: ignore[call-overload]
+        for n, part in enumerate(parts(*args, **kwargs)):  # type: ignore[arg-type]
+            if len(attempts) == 1 and n == 4:  # the header and 3 chunks sent, then a pause of 4 idle limits
+                time.sleep(2.0)
+            yield part
+
+    monkeypatch.setattr(mappers, "update_to_parts", pausing)
+    agg = _Flaky(cut_after=99)  # the servicer itself never cuts
+    server = create_server(ServerSecurity(insecure=True), 8, StreamLimits(idle_s=0.5))
+    pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            sent = transfer.upload(pb_grpc.AggregatorServiceStub(ch), _update(), mappers.UpdateMeta("w", 3, 0), SPEC,
+                                   stall_s=5, timeout_s=20)  # the worker's own stall watch would wait 5 s
+    finally:
+        server.stop(0)
+    assert attempts == [0, 3] and sent.resumed == [(3, 3000)] and agg.streams == 2
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
+
+
+def test_an_upload_refused_while_the_servers_stream_threads_are_taken_waits_and_goes_through() -> None:
+    """RESOURCE_EXHAUSTED (fedentrpc.stream_limit: the stream budget of a 5-thread server is 1) is "not now":
+    the worker backs off and tries again instead of dropping its update."""
+    import threading
+
+    from fedentrpc.security.flags import ServerSecurity
+    from fedentrpc.serving import create_server
+    from fedentrpc.stream_limit import StreamLimits
+
+    agg = _Flaky(cut_after=99)
+    server = create_server(ServerSecurity(insecure=True), 5, StreamLimits())
+    pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    gate = threading.Event()
+
+    def holder() -> Iterator[pb.SubmitUpdateRequest]:
+        gate.wait(20)  # holds the one stream slot, sending nothing
+        return
+        yield
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.AggregatorServiceStub(ch)
+            held = stub.SubmitUpdate.future(holder(), timeout=20)
+            while agg.streams == 0:
+                time.sleep(0.01)
+            threading.Timer(1.0, gate.set).start()  # the slot comes back after a second
+            sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=5, timeout_s=20)
+            assert held.exception(timeout=10) is not None  # the holder ended (no header: not an update)
+    finally:
+        gate.set()
+        server.stop(0)
+    assert sent.resumed == [] and agg.streams == 2  # the holder's stream and one whole upload; refusals never ran
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])

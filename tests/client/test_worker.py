@@ -1,17 +1,23 @@
 """client.worker: a worker that finds the run already finished has nothing to do and ends normally (exit 0,
 so `restart: on-failure` leaves it stopped); a run that failed is still an error (it restarts with the
-aggregator). A damaged client-state file fails that client alone, in a probe as in a fit."""
+aggregator). A damaged client-state file fails that client alone, in a probe as in a fit. Delta downloads: each
+round's model is rebuilt bit for bit from the last one; a worker that missed a round, restarted, or holds a model
+under the right name with another digest gets the whole model, and a delta that rebuilds to the wrong digest is
+fetched again whole."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
+import torch
 from conftest import tiny_config, tiny_inputs
 from finished_runs import make_finished_run
 
@@ -19,9 +25,12 @@ from client.settings import WorkerSettings
 from client.worker import RunOverError, Worker, WorkerError, connect_reason
 from fedent.rng import sample_clients
 from fedent.runlog import read_metrics
+from fedentrpc import codec, mappers, model_delta
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
+from fedentrpc.v1.aggregator_pb2 import AggregatorServiceFetchBlobResponse as BlobMessage
 from server.app import start_aggregator
+from server.downloads import DeltaDownloads
 from server.finished import serve_finished
 from server.settings import AggregatorSettings
 
@@ -124,3 +133,116 @@ def test_a_tls_failure_is_named() -> None:
     details = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:50051: "
                "Ssl handshake failed: SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED")
     assert connect_reason(details).startswith("TLS handshake failed (check --tls-ca")
+
+
+# ---- delta downloads (--download-encoding delta): the worker offers the model it holds and rebuilds the next
+# one from a delta; a worker that missed rounds, restarted or holds a mismatched base gets the whole model --------
+
+def _round_models(rounds: int) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(4)
+    out = [[torch.randn(40, 30, generator=g), torch.randn(30, generator=g)]]
+    for _ in range(rounds - 1):
+        out.append([t + 1e-3 * torch.randn(t.shape, generator=g) for t in out[-1]])
+    return out
+
+
+class _Models(pb_grpc.AggregatorServiceServicer):
+    """FetchBlob over server.downloads: ``requests`` lists (blob, held blob or None, "delta" | "full");
+    ``corrupt``: a delta's first message names a wrong rebuilt digest."""
+
+    def __init__(self, history: int = 1, corrupt: bool = False) -> None:
+        self.deltas = DeltaDownloads(codec.TransferSpec(), history)
+        self.full: dict[str, codec.EncodedTensors] = {}
+        self.requests: list[tuple[str, str | None, str]] = []
+        self.corrupt = corrupt
+
+    def publish(self, rnd: int, params: list[torch.Tensor]) -> None:
+        self.deltas.publish(rnd, f"r{rnd}-model", params)
+        self.full[f"r{rnd}-model"] = codec.encode_tensors({"params": params}, codec.TransferSpec(), BlobMessage)
+
+    def FetchBlob(self, request: pb.AggregatorServiceFetchBlobRequest,
+                  context: grpc.ServicerContext) -> Iterator[BlobMessage]:
+        held = mappers.held_from_msg(request)
+        full = self.full[request.blob_id]
+        enc = self.deltas.serve(request.blob_id, held, full.wire_bytes) if held else None
+        self.requests.append((request.blob_id, held.blob_id if held else None, "full" if enc is None else "delta"))
+        msgs = list((enc or full).as_messages(BlobMessage))
+        if enc is not None and self.corrupt:
+            first = BlobMessage()
+            first.CopyFrom(msgs[0])
+            first.delta.digest = b"\0" * 32
+            msgs[0] = first
+        yield from msgs[request.start_chunk:]
+
+
+def _delta_worker(port: int, delta: bool = True) -> Worker:
+    w = _worker(port)
+    w.worker_id, w.download_delta = "w", delta
+    return w
+
+
+def _same(got: codec.Bundle, want: list[torch.Tensor]) -> bool:
+    return all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got["params"], want, strict=True))
+
+
+@contextlib.contextmanager
+def _models_server(agg: _Models) -> Iterator[int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_AggregatorServiceServicer_to_server(agg, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(0)
+
+
+def test_a_worker_rebuilds_each_round_from_the_last_and_rejoins_whole() -> None:
+    models = _round_models(5)
+    agg = _Models(history=1)
+    with _models_server(agg) as port:
+        w = _delta_worker(port)
+        for r in (0, 1, 2):
+            agg.publish(r, models[r])
+            assert _same(w.download_model(f"r{r}-model"), models[r])  # bit-identical, rebuilt or not
+        for r in (3, 4):  # the worker misses round 3: its r2 model is older than delta_history allows
+            agg.publish(r, models[r])
+        assert _same(w.download_model("r4-model"), models[4])
+        restarted = _delta_worker(port)  # a new process holds nothing
+        assert _same(restarted.download_model("r4-model"), models[4])
+        w.close()
+        restarted.close()
+    assert agg.requests == [("r0-model", None, "full"), ("r1-model", "r0-model", "delta"),
+                            ("r2-model", "r1-model", "delta"), ("r4-model", "r2-model", "full"),
+                            ("r4-model", None, "full")]
+    assert w.held is not None and w.held.blob_id == "r4-model" and w.held.digest == agg.deltas.digest_of("r4-model")
+
+
+def test_a_mismatched_base_gets_the_whole_model_and_a_bad_delta_is_fetched_again_whole(
+        caplog: pytest.LogCaptureFixture) -> None:
+    models = _round_models(3)
+    agg = _Models()
+    with _models_server(agg) as port:
+        w = _delta_worker(port)
+        agg.publish(0, models[0])
+        agg.publish(1, models[1])
+        w.held = model_delta.Held.of("r0-model", models[2], "native")  # the right name, another model
+        assert _same(w.download_model("r1-model"), models[1])
+        bad = _Models(corrupt=True)
+        bad.publish(0, models[0])
+        bad.publish(1, models[1])
+        with _models_server(bad) as port2:
+            v = _delta_worker(port2)
+            v.held = model_delta.Held.of("r0-model", models[0], "native")
+            with caplog.at_level(logging.WARNING, logger="fedent.worker"):
+                assert _same(v.download_model("r1-model"), models[1])
+            v.close()
+        off = _delta_worker(port, delta=False)  # --download-encoding full: nothing offered, nothing kept
+        off.held = model_delta.Held.of("r0-model", models[0], "native")
+        assert _same(off.download_model("r1-model"), models[1])
+        w.close()
+        off.close()
+    assert agg.requests == [("r1-model", "r0-model", "full"), ("r1-model", None, "full")]
+    assert bad.requests == [("r1-model", "r0-model", "delta"), ("r1-model", None, "full")]
+    assert any("did not rebuild the model" in r.getMessage() for r in caplog.records)
+    assert w.held is not None and w.held.digest == agg.deltas.digest_of("r1-model")

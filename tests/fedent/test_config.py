@@ -127,7 +127,7 @@ def test_set_algorithm_name_drops_the_previous_algorithms_options(tmp_path: Path
         ("{name: fedcos, foo: 1}", "algorithm: unknown key(s) foo for fedcos; allowed: (none)"),
         ("{name: fedent, foo: 1, bar: 2}", "algorithm: unknown key(s) bar, foo for fedent; allowed: beta, eps1, eps2, "
                                            "estimator, eta_max, gamma, max_sweeps, offline_clients, phi2_rate, "
-                                           "probe_batch_size, variant"),
+                                           "probe_batch_size, rates, shuffle_seed, variant"),
         ("{name: fedprox, mew: 1}", "allowed: mu"),
         ("{name: fedent, beta: 1}", "algorithm.beta: must be in (0, 1), got 1.0"),
         ("{name: fedent, gamma: -0.1}", "algorithm.gamma: must be in [0, 1], got -0.1"),
@@ -288,9 +288,9 @@ def test_bad_privacy_sections_are_config_errors_naming_the_key(privacy: dict[str
     assert needle in str(e.value)
 
 
-def test_local_dp_refuses_the_vectorised_executor_and_the_section_round_trips() -> None:
-    with pytest.raises(ConfigError, match="privacy.dp: local .* sequential executor only"):
-        config_from_dict({"privacy": {"dp": "local"}, "train": {"executor": "vectorised"}})
+def test_the_privacy_section_round_trips() -> None:
+    # local DP runs on either executor (tests/fedent/rounds/test_vectorised.py): no combination refused
+    assert config_from_dict({"privacy": {"dp": "local"}, "train": {"executor": "vectorised"}}).privacy.dp == "local"
     cfg = config_from_dict({"privacy": {"dp": "central", "noise_multiplier": 0.8, "target_epsilon": 8}})
     assert cfg.privacy.dp == "central" and cfg.privacy.noise_multiplier == 0.8 and cfg.privacy.target_epsilon == 8.0
     assert config_from_dict(cfg.to_dict()) == cfg
@@ -320,3 +320,11 @@ def test_privacy_settings_are_checked() -> None:
         config_from_dict({"privacy": {"secagg_threshold": 0.4}})
     with pytest.raises(ConfigError, match="privacy.secagg_frac_bits"):
         config_from_dict({"privacy": {"secagg_ring_bits": 32, "secagg_frac_bits": 30}})
+
+
+def test_the_secure_aggregation_threat_model_defaults_to_malicious_and_is_checked() -> None:
+    assert config_from_dict({}).privacy.secagg_threat == "malicious"
+    hbc = config_from_dict({"privacy": {"secure_aggregation": True, "secagg_threat": "honest-but-curious"}})
+    assert hbc.privacy.secagg_threat == "honest-but-curious"
+    with pytest.raises(ConfigError, match="privacy.secagg_threat"):
+        config_from_dict({"privacy": {"secagg_threat": "paranoid"}})

@@ -415,3 +415,31 @@ def test_an_encoded_upload_sends_its_codes_and_is_rebuilt_from_the_rounds_model(
         mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes)
     with pytest.raises(codec.WireError, match="upload codes"):
         mappers.update_from_bundle(parts[0].header, dict(bundle), asm.wire_bytes, lambda rnd: base[:1])
+
+
+def test_delta_download_messages_round_trip_and_unknown_values_are_refused() -> None:
+    from fedentrpc import model_delta
+
+    assert {mappers.download_encoding_from_msg(mappers.download_encoding_to_msg(n))
+            for n in model_delta.DOWNLOAD_ENCODINGS} == set(model_delta.DOWNLOAD_ENCODINGS)
+    assert set(mappers.DOWNLOAD_ENCODINGS.values()) == set(agg_pb.DownloadEncoding.values()) - {0}
+    with pytest.raises(codec.WireError, match="DOWNLOAD_ENCODING_UNSPECIFIED is not allowed"):
+        mappers.download_encoding_from_msg(agg_pb.DOWNLOAD_ENCODING_UNSPECIFIED)
+    ref = model_delta.HeldRef("r3-eval", bytes(range(32)))
+    req = agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model", held=mappers.held_to_msg(ref))
+    assert mappers.held_from_msg(req) == ref
+    assert mappers.held_from_msg(agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model")) is None
+    for bad in (agg_pb.HeldModel(blob_id="", digest=bytes(32)), agg_pb.HeldModel(blob_id="r3-eval", digest=b"x"),
+                agg_pb.HeldModel(blob_id="r" * 201, digest=bytes(32))):
+        with pytest.raises(codec.WireError, match="held"):
+            mappers.held_from_msg(agg_pb.AggregatorServiceFetchBlobRequest(blob_id="r4-model", held=bad))
+    info = model_delta.DeltaInfo("r3-eval", bytes(32), bytes(range(32)), "bfloat16")
+    msg = agg_pb.AggregatorServiceFetchBlobResponse(delta=mappers.delta_to_msg(info))
+    assert mappers.delta_from_msg(msg) == info
+    assert mappers.delta_from_msg(agg_pb.AggregatorServiceFetchBlobResponse()) is None
+    msg.delta.encoding = agg_pb.DELTA_ENCODING_UNSPECIFIED
+    with pytest.raises(codec.WireError, match="delta.encoding"):
+        mappers.delta_from_msg(msg)
+    msg.delta.encoding, msg.delta.wire_dtype = agg_pb.DELTA_ENCODING_XOR_PLANES, 9
+    with pytest.raises(codec.WireError, match="delta.wire_dtype"):
+        mappers.delta_from_msg(msg)

@@ -29,3 +29,17 @@ def test_a_used_port_is_named_with_its_flag_and_leaves_no_run_directory(tmp_path
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr[-2000:])
     assert f"port {used}" in res.stderr and flag in res.stderr and "in use" in res.stderr, res.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_the_download_flags_reach_the_settings() -> None:
+    import argparse
+
+    from server.__main__ import add_settings_args, settings_from_args
+
+    p = argparse.ArgumentParser()
+    add_settings_args(p)
+    s = settings_from_args(p.parse_args(["--download-encoding", "delta", "--delta-history", "3"]))
+    assert (s.download_encoding, s.delta_history) == ("delta", 3)
+    assert settings_from_args(p.parse_args([])).download_encoding == "full"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--download-encoding", "xor"])

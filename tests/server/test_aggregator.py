@@ -351,3 +351,59 @@ def test_a_nan_probe_is_excluded_and_the_others_are_kept(start: Any) -> None:
     assert list(fit.client_ids) == [0, 2, 3]  # the NaN prober is not asked to train
     fake.call.cancel()
     assert h.wait(20)
+
+
+@pytest.mark.parametrize("encoding", ["full", "delta"])
+def test_fetch_blob_answers_a_held_model_by_the_download_encoding(start: Any, encoding: str) -> None:
+    """Registration tells the worker the download encoding; a FetchBlob naming a held model gets a delta stream
+    (its first message says so) only under ``delta`` and only for a held model the aggregator has with that
+    digest; a malformed held model is INVALID_ARGUMENT."""
+    from fedentrpc import model_delta
+
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, download_encoding=encoding, chunk_bytes=4)
+    stub = _stub(h)
+    md5 = inputs.partition_info["md5"]
+    reg = stub.Register(pb.RegisterRequest(worker_name="raw", client_ids=[0, 1]), timeout=10)
+    assert mappers.download_encoding_from_msg(reg.download_encoding) == encoding
+    stub.Ready(pb.ReadyRequest(worker_id=reg.worker_id, partition_md5=md5,
+                               clients=[pb.ClientInfo(cid=c, num_samples=12) for c in (0, 1)]))
+    fake = FakeWorker(h.port, [2, 3], md5)
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    held = model_delta.Held.of(fit.model_blob, w, "native").ref
+
+    def fetch(ref: Any, start_chunk: int = 0) -> list[pb.AggregatorServiceFetchBlobResponse]:
+        return list(stub.FetchBlob(pb.AggregatorServiceFetchBlobRequest(blob_id=fit.model_blob, held=ref,
+                                                                         start_chunk=start_chunk)))
+
+    same = fetch(mappers.held_to_msg(held))
+    assert same[0].HasField("delta") is (encoding == "delta")
+    if encoding == "delta":  # w(t) from w(t) itself: an all-zero XOR, a few hundred bytes
+        info = mappers.delta_from_msg(same[0])
+        assert info is not None and info.base_blob == fit.model_blob and info.digest == held.digest
+        assert sum(len(m.chunk.data) for m in same) < 0.2 * sum(p.numel() * 4 for p in w)
+        before = dict(h.run.remote.traffic)
+        rest = fetch(mappers.held_to_msg(held), start_chunk=2)  # a cut delta download, resumed: the same chunks
+        assert len(same) > 2 and [m.SerializeToString() for m in rest] == [m.SerializeToString() for m in same[2:]]
+        after = h.run.remote.traffic
+        assert after["bytes_down"] - before["bytes_down"] == sum(len(m.chunk.data) for m in rest)
+        assert after["downloads_delta"] == before["downloads_delta"]  # a resumption is not a new download
+    wrong = fetch(mappers.held_to_msg(model_delta.Held.of(fit.model_blob, [p + 1 for p in w], "native").ref))
+    assert not wrong[0].HasField("delta")
+    assert _code(lambda: fetch(pb.HeldModel(blob_id=fit.model_blob, digest=b"short"))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_work_stream_without_heartbeats_is_closed_by_the_aggregator(start: Any) -> None:
+    """The Work stream idles between rounds on purpose, so its deadline is its worker's heartbeats
+    (fedentrpc.stream_deadline calls it a session): a worker that stops heartbeating loses the stream."""
+    inputs = tiny_inputs()
+    h = start(tiny_config(rounds=1), inputs, heartbeat_s=0.2, heartbeat_misses=2, register_timeout_s=30)
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])  # never heartbeats
+    deadline = time.monotonic() + 20
+    while not fake.call.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fake.call.done() and fake.call.code() == grpc.StatusCode.OK  # ended by the server, not cut by us
+    assert not _stub(h).Heartbeat(pb.HeartbeatRequest(worker_id=fake.wid), timeout=5).known
+    fake.channel.close()

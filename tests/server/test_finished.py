@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent import futures
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 from finished_runs import make_finished_run
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
@@ -79,3 +82,33 @@ def test_keep_serving_on_a_finished_run_is_read_only_until_sigterm(tmp_path: Pat
     assert proc.returncode == 0
     assert "serving it read-only" in out
     assert snapshot(run) == before
+
+
+def _first(watch: grpc.Call) -> str:
+    """The first thing a health Watch stream says: its status, or the code it was refused with."""
+    try:
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(next(watch).status)  # type: ignore[call-overload]
+    except grpc.RpcError as e:
+        return str(e.code().name)
+
+
+def test_health_and_refusals_answer_with_sixty_open_watch_streams(tmp_path: Path) -> None:
+    """Issue 25: the read-only server (4 threads) stopped answering health checks with 8 open streams."""
+    h = serve_finished(make_run(tmp_path / "run"), "127.0.0.1", 0)
+    addr = f"127.0.0.1:{h.port}"
+    try:
+        with grpc.insecure_channel(addr) as ch:
+            watches = [health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=60)
+                       for _ in range(60)]
+            with futures.ThreadPoolExecutor(max_workers=16) as pool:
+                first = collections.Counter(pool.map(_first, watches, timeout=30))
+            assert first == {"SERVING": 8, "RESOURCE_EXHAUSTED": 52}  # the default open-stream cap
+            assert check(addr, timeout_s=3.0) == (True, f"{addr}: SERVING")
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.AggregatorServiceStub(ch).Register(pb.RegisterRequest(worker_name="w", client_ids=[0]),
+                                                           timeout=5)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and e.value.details() == RUN_OVER
+            for w in watches:
+                w.cancel()
+    finally:
+        h.stop()

@@ -167,3 +167,17 @@ def test_workers_run_the_comparison_in_a_pool_with_one_process_results(tmp_path:
     assert summary["algorithms"] == ref["algorithms"]
     with pytest.raises(Exception, match="--workers: must be >= 1"):
         run_comparison(cfg, ["fedavg"], [0], tmp_path / "bad", progress=False, inputs_for=_inputs, workers=0)
+
+
+def test_a_control_row_is_label_equals_algorithm() -> None:
+    from fedent.config import ConfigError
+    from fedent.experiments.compare import parse_arm
+
+    assert parse_arm("fedent") == ("fedent", "fedent")
+    assert parse_arm(" fedent-fixed = fedent ") == ("fedent-fixed", "fedent")
+    for bad in ("=fedent", "x=", "a.b=fedent"):
+        with pytest.raises(ConfigError, match="LABEL=ALGORITHM"):
+            parse_arm(bad)
+    with pytest.raises(ConfigError, match="duplicate labels"):
+        run_comparison(tiny_config(), ["fedavg", "fedavg=fedprox"], [0], Path("/nonexistent"), progress=False,
+                       inputs_for=_inputs)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedent.experiments.mechanism import scale_response, solve_stats
+from fedent.experiments.mechanism import main, phi2_scores, phi2_table, scale_response, solve_stats, wilson
 from fedent.meanfield.decay import decayed_rates
 from fedent.meanfield.lr import solve_eta
 from fedent.meanfield.scalar_fixed_point import solve_online
@@ -81,3 +81,51 @@ def test_phi2_error_at_the_used_rate_is_recomputed_from_the_log() -> None:
     assert st_ is not None and st_["phi2_err_at_used"] == pytest.approx(0.0, abs=1e-9)
     assert st_["phi2_err_logged"] > 0.0
     assert solve_eta(a, b, c, th, at_used.phi2_next, 0.99).eta_star.shape == used.shape
+
+
+def _scored(pred: float, actual: float, c: float) -> dict:
+    """A logged round with φ2' = ``pred``, the actual Σθ‖w_i‖² = ``actual`` and ‖w(t)‖² = ``c``."""
+    rec = _round(1, n=5)
+    for cl in rec["fedent"]["clients"]:
+        cl["c"] = c
+    rec["fedent"].update(phi2_pred=pred, phi2_actual=actual)
+    return rec
+
+
+def test_phi2_scored_against_the_naive_guess_and_on_the_sign_of_the_change() -> None:
+    # c = 10 each round; (prediction, actual): closer, right sign / farther, wrong sign (a wrong sign is always
+    # farther) / farther, right sign / no actual change
+    recs = [_scored(12.0, 13.0, 10.0), _scored(10.5, 9.9, 10.0), _scored(20.0, 11.0, 10.0), _scored(9.0, 10.0, 10.0)]
+    sc = phi2_scores([recs])
+    assert sc is not None and sc["rounds"] == 4
+    logged = sc["logged"]
+    assert logged["n"] == 4
+    assert logged["closer"] == pytest.approx(1 / 4)  # round 1 only (round 4: |9 − 10| = 1 > |10 − 10| = 0)
+    assert logged["sign_n"] == 3 and logged["sign"] == pytest.approx(2 / 3)  # round 4: no actual change
+    assert logged["err"] == pytest.approx(np.median([1 / 13, 0.6 / 9.9, 9 / 11, 0.1]))
+    assert sc["naive_err"] == pytest.approx(np.median([3 / 13, 0.1 / 9.9, 1 / 11, 0.0]))
+    assert logged["sign_ci"] == wilson(2, 3) and sc["used"]["n"] == 4  # the round logs what a re-solve needs
+    lines = phi2_table({"run": sc})
+    assert len(lines) == 4 and "| run | as logged | 4 |" in lines[2] and "67% [" in lines[2]
+    assert phi2_scores([[{"round": 1, "fedent": None}]]) is None
+
+
+def test_wilson_interval_known_values() -> None:
+    lo, hi = wilson(8, 10)  # type: ignore[misc]
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert wilson(0, 0) is None and wilson(0, 5)[0] == 0.0  # type: ignore[index]
+
+
+def test_main_prints_the_phi2_table(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [_scored(12.0, 13.0, 10.0)]) + "\n")
+    assert main([str(tmp_path), "--phi2"]) == 0
+    out = capsys.readouterr().out
+    assert "‖w(t)‖² guess" in out and "| as logged | 1 |" in out
+    for seed, rec in ((0, _scored(12.0, 13.0, 10.0)), (1, _scored(20.0, 11.0, 10.0))):
+        (tmp_path / f"arm-s{seed}").mkdir()
+        (tmp_path / f"arm-s{seed}" / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    assert main([str(tmp_path / "arm-s0"), str(tmp_path / "arm-s1"), "--phi2", "--pool"]) == 0
+    out = capsys.readouterr().out
+    assert "| arm (pooled) | as logged | 2 |" in out and "| arm (pooled) | 10 |" in out

@@ -65,3 +65,41 @@ def test_paper_profile_keeps_table_iv(tmp_path: Path) -> None:
     assert cfg["cifar100-dir0.5"]["train"]["rounds"] == 110
     with pytest.raises(ConfigError, match="--only"):
         build_plan(get_profile("paper"), [0], tmp_path, CONFIGS, only=["nope"])
+
+
+def test_robust_profile_learns_clean_and_crosses_every_attack_with_the_coordinate_wise_defences(tmp_path: Path) -> None:
+    """The setting the clean runs learn in (120 images a client, 8 local steps a round at lr 0.1: the first
+    version's 3 steps at lr 0.01 never left chance); every attack x {mean, median, trimmed-mean}, the other
+    defences clean and under scale; FedAvg and FedEnt on identical configs otherwise."""
+    plan = build_plan(get_profile("robust"), [0], tmp_path, CONFIGS)
+    assert {s.row for s in plan.runs} == {"fedavg", "fedent"} and len(plan.runs) == 54
+    by = {(s.setting, s.row): s.config for s in plan.runs}
+    clean = by[("none-mean", "fedavg")]
+    assert clean["data"]["partition"] == "dirichlet" and clean["data"]["alpha"] == 1.0
+    assert clean["data"]["num_clients"] == 100 and clean["data"]["max_train_samples"] == 12000
+    assert (clean["train"]["lr"], clean["train"]["local_epochs"], clean["train"]["batch_size"],
+            clean["train"]["rounds"], clean["train"]["fraction"]) == (0.1, 2, 32, 10, 0.2)
+    assert clean["model"]["name"] == "lenet5" and clean["adversary"]["attack"] == "none"
+    for attack in ("sign-flip", "scale", "gaussian", "label-flip", "alie", "inflate-count"):
+        for defence in ("mean", "median", "trimmed-mean"):
+            cfg = by[(f"{attack}-{defence}", "fedent")]
+            assert (cfg["adversary"]["attack"], cfg["robust"]["aggregator"]) == (attack, defence)
+            assert cfg["adversary"]["fraction"] == 0.2 and cfg["robust"]["max_weight_share"] == 0.25
+    assert by[("scale-clip", "fedavg")]["robust"]["clip_norm"] == 1.0
+    assert by[("none-krum", "fedavg")]["robust"]["aggregator"] == "krum"
+    assert ("gaussian-krum", "fedavg") not in by
+    rest = {k: v for k, v in by[("scale-median", "fedent")].items() if k not in ("adversary", "robust", "algorithm",
+                                                                                    "name")}
+    assert rest == {k: v for k, v in clean.items() if k not in ("adversary", "robust", "algorithm", "name")}
+
+
+def test_issue_29_rate_controls_vary_one_thing_each() -> None:
+    from fedent.experiments.profiles import RATE_CONTROL_ROWS, get_profile
+
+    prof = get_profile("full")
+    base = prof.row("fedent")
+    assert set(RATE_CONTROL_ROWS) <= set(prof.section("main").rows)
+    changed = {r: prof.row(r).options_dict() for r in RATE_CONTROL_ROWS}
+    assert changed == {"fedent-shuffled": {"rates": "shuffled"}, "fedent-fixed": {"rates": "fixed"},
+                       "fedent-cap-none": {"eta_max": None}, "fedent-cap2": {"eta_max": 2.0}}
+    assert base.options_dict() == {} and all(prof.row(r).lr_scale == 1.0 for r in RATE_CONTROL_ROWS)

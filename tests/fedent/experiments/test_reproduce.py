@@ -12,7 +12,7 @@ from fedent import runlog
 from fedent.cli import main
 from fedent.experiments.plan import build_plan
 from fedent.experiments.profiles import Profile, Row, Section, Setting
-from fedent.experiments.reproduce import is_complete, run_plan
+from fedent.experiments.reproduce import diverged, is_complete, run_plan
 from fedent.experiments.reproduce_report import BEGIN, END, publish, write_report
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -160,6 +160,19 @@ def test_a_diverged_run_is_an_outcome_of_its_row_not_a_lost_seed(tmp_path: Path)
     text = (out / "report.md").read_text()
     assert "| fedavg-huge | diverged (1/1 seeds) |" in text
     assert "Diverged (an outcome of the row" in text and "Not complete" not in text
+
+
+@pytest.mark.parametrize(("error", "settled"), [
+    ("round 7 missed its quorum: the local model of client(s) [3] is not finite: local training diverged", True),
+    ("round 7 missed its quorum: client 3: rejected: probe of client 3: scalar a=6.08e+25 is outside its range "
+     "[-1e+15, 1e+15]", True),
+    ("round 2 missed its quorum: client 3: no live worker", False),
+])
+def test_a_run_whose_model_blew_past_every_range_has_diverged(tmp_path: Path, error: str, settled: bool) -> None:
+    runlog.atomic_write_json(runlog.RunPaths(tmp_path).status, {"phase": "failed", "state": {"error": error}})
+    assert diverged(tmp_path) == (error if settled else None)
+    runlog.atomic_write_json(runlog.RunPaths(tmp_path).status, {"phase": "running", "state": {"error": error}})
+    assert diverged(tmp_path) is None
 
 
 def test_killing_reproduce_ends_its_pool_workers(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from conftest import tiny_config, tiny_inputs
 from dp_accounting import dp_event
 from dp_accounting.rdp import RdpAccountant
 
-from fedent.config import ExperimentConfig, PrivacyConfig
+from fedent.config import ExecutorName, ExperimentConfig, PrivacyConfig
 from fedent.privacy import accountant
 from fedent.privacy.run import RunPrivacy, released_rounds
 from fedent.runlog import read_json
@@ -141,3 +141,92 @@ def test_central_dp_is_the_same_on_the_vectorised_executor(tmp_path: Path) -> No
     vec = _run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, executor="vectorised")), tmp_path / "v")
     assert read_json(tmp_path / "v" / "status.json")["state"]["executor"] == "vectorised"
     assert _gap(seq.params, vec.params) < 1e-5
+
+
+@pytest.mark.parametrize(("algorithm", "executor", "privacy"), [
+    ("fedavg", "sequential", {"dp": "central", "noise_multiplier": 0.8, "clip_norm": 0.05, "adaptive_clip": True,
+                              "clip_learning_rate": 0.5}),
+    ("feddyn", "vectorised", {"dp": "local", "noise_multiplier": 1.0, "clip_norm": 0.5}),
+], ids=["central-adaptive", "local-vectorised"])
+def test_a_run_stopped_after_k_rounds_and_resumed_gives_the_uninterrupted_model_and_epsilon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str, executor: ExecutorName,
+        privacy: dict[str, Any]) -> None:
+    """Stopped (as SIGTERM stops it) right after round 2's checkpoint of 4, then resumed: the accountant's ledger
+    (the released rounds and who joined them), central DP's adaptive clip norm and (local DP, FedDyn) the clients'
+    λ all come back, so the final model, every round's ε and the clip norms are the uninterrupted run's."""
+    from fedent.rounds import RoundPolicy, resume
+
+    cfg = _cfg(algorithm, rounds=4, **privacy)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, executor=executor))
+    policy = RoundPolicy(checkpoint_keep=2)
+
+    def sim(where: Path, **kw: Any) -> SimResult:
+        return run_simulation(cfg, where, progress=False, inputs=tiny_inputs(10), plots=False, policy=policy, **kw)
+
+    whole = sim(tmp_path / "whole")
+    save = resume.save
+
+    def save_then_stop(run: Any, rnd: int, keep: int = 3) -> None:
+        save(run, rnd, keep)
+        if rnd == 1:
+            raise KeyboardInterrupt("stopped by SIGTERM")
+
+    monkeypatch.setattr(resume, "save", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        sim(tmp_path / "cut")
+    monkeypatch.undo()
+    assert read_json(tmp_path / "cut" / "status.json")["phase"] == "stopped"
+    resumed = sim(tmp_path / "cut", resume=True)
+    assert [r["round"] for r in resumed.records] == [1, 2, 3, 4]
+    assert _gap(resumed.params, whole.params) < 1e-5
+    eps = [r["privacy"]["epsilon"] for r in whole.records]
+    assert [r["privacy"]["epsilon"] for r in resumed.records] == pytest.approx(eps, rel=1e-12)
+    assert eps == sorted(eps) and eps[3] > eps[0]  # the ledger grew (local: the worst client's ε, non-decreasing)
+    if privacy["dp"] == "central":
+        norms = [r["privacy"]["clip_norm"] for r in whole.records]
+        assert [r["privacy"]["clip_norm"] for r in resumed.records] == pytest.approx(norms, rel=1e-12)
+        assert norms[3] > norms[0]  # the clip norm moved: a resume from the configured one would differ
+
+
+def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    num = sum(float((x.double() - y.double()).norm() ** 2) for x, y in zip(a, b, strict=True)) ** 0.5
+    return num / sum(float(y.double().norm() ** 2) for y in b) ** 0.5
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorised"])
+def test_local_dp_under_secure_aggregation_gives_the_local_dp_model_and_logs_epsilon(
+        tmp_path: Path, executor: ExecutorName) -> None:
+    """The simulator with local DP and SecAgg+: the clients' noised models are masked in the ring and only the sum
+    is unmasked, so the model is local DP's without it within the fixed-point resolution (2^-24), and the ε is the
+    same (secure aggregation neither adds nor spends privacy budget)."""
+    def cfg(secure: bool, dp: str = "local") -> ExperimentConfig:
+        c = _cfg(rounds=2, dp=dp, noise_multiplier=1.0, clip_norm=0.5, secure_aggregation=secure)
+        return dataclasses.replace(c, train=dataclasses.replace(c.train, executor=executor))
+
+    local = _run(cfg(False), tmp_path / "local")
+    secure = _run(cfg(True), tmp_path / "secure")
+    err = _rel(secure.params, local.params)
+    assert 0 < err <= 1e-4  # > 0: the fixed-point masked path really ran
+    for a, b in zip(secure.records, local.records, strict=True):
+        assert a["privacy"]["epsilon"] == pytest.approx(b["privacy"]["epsilon"], rel=1e-12)
+        assert a["privacy"]["dp"] == "local" and a["privacy"]["epsilon"] > 0
+    plain_secure = _run(cfg(True, dp="none"), tmp_path / "plain")
+    assert _rel(secure.params, plain_secure.params) > 1e-2  # the clients' DP-SGD noise is in the secure sum
+
+
+def test_robust_aggregation_under_dp_central_leaves_the_release_and_local_is_post_processing(tmp_path: Path) -> None:
+    """``robust.aggregator: median`` (the real rule, fedent.rounds.robust) under each mode. Central: it runs on m
+    copies of the one release, so the model is the mean's and ε unchanged. Local: every upload is already a DP
+    release, so the median acts on the noised uploads (a different model) at the same ε."""
+    from fedent.config import RobustConfig
+
+    def cfg(dp: str, aggregator: str) -> ExperimentConfig:
+        c = _cfg(rounds=2, dp=dp, noise_multiplier=1.0, clip_norm=0.5)
+        return dataclasses.replace(c, robust=RobustConfig(aggregator=aggregator))  # type: ignore[arg-type]
+
+    for dp, same in (("central", True), ("local", False)):
+        mean, median = _run(cfg(dp, "mean"), tmp_path / f"{dp}-mean"), _run(cfg(dp, "median"), tmp_path / f"{dp}-med")
+        assert (_gap(mean.params, median.params) < 1e-6) is same, dp
+        assert median.records[-1]["privacy"]["epsilon"] == pytest.approx(mean.records[-1]["privacy"]["epsilon"],
+                                                                         rel=1e-12)
+        assert median.records[-1]["privacy"]["epsilon"] > 0

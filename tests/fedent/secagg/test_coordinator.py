@@ -103,3 +103,32 @@ def test_the_fedent_record_hides_what_needs_individual_models(tmp_path: Path) ->
     rec = eng.records[0]["fedent"]
     assert rec["phi2_actual"] is None and rec["entropy"] is None
     assert len(rec["clients"]) == 6 and all(np.isfinite(c["eta"]) for c in rec["clients"])
+
+
+def lying_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malicious aggregator: it shows the odd clients a U3 without the highest one (as if it had dropped) and the
+    others the true U3, skips its own signature checks and forwards every signature to every survivor."""
+    from fedent.secagg.protocol import ServerSession, pack
+
+    honest = ServerSession.consistency_requests
+
+    def split(self: ServerSession, survivors: Sequence[int]) -> dict[int, bytes]:
+        reqs = honest(self, survivors)
+        self.pki = None
+        lie = pack({"step": "consistency", "survivors": self.u3[:-1]})
+        return {c: lie if c % 2 else r for c, r in reqs.items() if c != self.u3[-1]}
+
+    monkeypatch.setattr(ServerSession, "consistency_requests", split)
+
+
+def test_a_lying_coordinator_is_refused_by_every_client_and_unmasks_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the engine: the survivors shown the true U3 see signatures on another set, those shown the lie see
+    a U3 other than the one they signed; all refuse, so no share comes back and the round fails, saying why."""
+    lying_server(monkeypatch)
+    with pytest.raises(RunError, match="could not unmask the sum: .*refused.*(not valid|differs from the one)"):
+        run(tmp_path, "fedavg", True, rounds=1, quorum=0.5)
+    # the honest-but-curious option has no consistency round to lie in: the same engine and clients unmask
+    secure, _, _ = run(tmp_path, "fedavg", True, rounds=1, secagg_threat="honest-but-curious")
+    plain, _, _ = run(tmp_path, "fedavg", False, rounds=1)
+    assert rel_err(secure, plain) <= 1e-4

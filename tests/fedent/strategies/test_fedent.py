@@ -427,3 +427,60 @@ def test_one_sample_is_enough_and_a_fit_after_its_probe_computes_no_gradient() -
     assert len(calls) == 1
     strategy.fit(trainer, w, strategy.round_payload(0, w, [probe]), task, state)
     assert len(calls) == 1  # the probe's (a, b) were kept in the client's state
+
+
+def _plans(strategy: FedEnt, rnd: int = 0) -> tuple[list[float], list[float], dict]:  # type: ignore[type-arg]
+    """(rates trained with, own η_i(t) logged, the round's fedent record) of one round of clients 0..5."""
+    trainer, indices, w = _setup()
+    cids = list(range(N_CLIENTS))
+    states = {c: ClientState() for c in cids}
+    tasks = {c: _task(c, rnd, indices) for c in cids}
+    probes = [strategy.probe(trainer, w, tasks[c], states[c]) for c in cids]
+    payload = strategy.round_payload(rnd, w, probes)
+    fits = [strategy.plan_fit(trainer, w, payload, tasks[c], states[c]) for c in cids]
+    updates = [strategy.fit(trainer, w, payload, tasks[c], ClientState(dict(states[c].scalars))) for c in cids]
+    record = strategy.aggregate(rnd, w, updates).diagnostics["fedent"]
+    return [f.lr for f in fits], [u.scalars["eta"] for u in updates], record
+
+
+def test_shuffled_rates_are_a_seeded_permutation_of_the_rounds_own_rates() -> None:
+    opts = {"gamma": 0.0, "eta_max": None}  # η_i(t) = η*_i, uncapped: rates differ from client to client
+    trained, own, record = _plans(FedEnt(FedEntOptions(rates="shuffled", shuffle_seed=3, **opts)))
+    _, plain, plain_record = _plans(FedEnt(FedEntOptions(**opts)))
+    assert own == plain and len(set(own)) > 2  # the logged η_i(t) are FedEnt's own
+    assert sorted(trained) == pytest.approx(sorted(own)) and trained != own  # same multiset, moved
+    assert record["rates"] == "shuffled" and "rates" not in plain_record
+    assert record["trained_rates"] == {str(c): pytest.approx(r) for c, r in enumerate(trained)}
+    again, _, _ = _plans(FedEnt(FedEntOptions(rates="shuffled", shuffle_seed=3, **opts)))
+    other, _, _ = _plans(FedEnt(FedEntOptions(rates="shuffled", shuffle_seed=4, **opts)))
+    assert again == trained and other != trained
+
+
+def test_fixed_rates_train_at_the_base_rate_and_still_log_eta() -> None:
+    trained, own, record = _plans(FedEnt(FedEntOptions(rates="fixed", gamma=0.0)))
+    assert trained == [LR] * N_CLIENTS and any(e != LR for e in own)
+    assert record["rates"] == "fixed" and "trained_rates" not in record
+    adaptive, _, _ = _plans(FedEnt(FedEntOptions(gamma=0.0)))
+    assert adaptive == pytest.approx(own)
+
+
+def test_a_shuffled_payload_without_the_clients_rate_is_an_error() -> None:
+    from fedent.strategies.base import RoundPayload, StrategyError
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt(FedEntOptions(rates="shuffled"))
+    state = ClientState()
+    probe = strategy.probe(trainer, w, _task(0, 0, indices), state)
+    payload = strategy.round_payload(0, w, [probe])
+    assert set(payload.per_client) == {0}
+    bare = RoundPayload(round=0, scalars=payload.scalars)
+    with pytest.raises(StrategyError, match="no rate for client 0"):
+        strategy.plan_fit(trainer, w, bare, _task(0, 0, indices), state)
+
+
+def test_rate_controls_stay_out_of_the_config_at_their_default() -> None:
+    assert "rates" not in FedEntOptions().to_dict() and "shuffle_seed" not in FedEntOptions().to_dict()
+    assert FedEntOptions(rates="fixed").to_dict()["rates"] == "fixed"
+    assert AlgorithmConfig.from_mapping({"name": "fedent", "rates": "shuffled"}).options.rates == "shuffled"
+    with pytest.raises(ConfigError, match="algorithm.rates"):
+        AlgorithmConfig.from_mapping({"name": "fedent", "rates": "random"})

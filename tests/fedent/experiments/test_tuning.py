@@ -1,0 +1,170 @@
+"""fedent tune: bracketed grids scored on the validation split; the test set is never evaluated while tuning,
+and the chosen values reach the comparison's runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sim_support import tiny_config, tiny_inputs
+
+from fedent import runlog
+from fedent.config import ConfigError, ExperimentConfig
+from fedent.experiments.compare import run_comparison
+from fedent.experiments.tuning import Knob, Tuned, Tuner, knobs_for, val_score, write_tuned
+from fedent.inputs import RunInputs
+from fedent.rounds.evaluation import Evaluator
+
+
+def _inputs(cfg: ExperimentConfig) -> RunInputs:
+    return tiny_inputs(seed=cfg.train.seed)
+
+
+def _fake(peak: float, diverge_above: float = math.inf) -> tuple[Any, list[float]]:
+    """A run function whose validation score peaks at lr = ``peak`` (log scale); runs above ``diverge_above``
+    diverge. Returns it and the list of rates it was asked for."""
+    asked: list[float] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        lr = cfg.train.lr
+        asked.append(lr)
+        assert cfg.train.evaluate_test is False and cfg.data.validation_fraction == 0.2
+        if lr > diverge_above:
+            return None
+        acc = 0.9 - 0.1 * abs(math.log10(lr / peak))
+        return [{"val_acc": 0.0}, {"val_acc": acc}, {"val_acc": acc}]
+
+    return run, asked
+
+
+def _tuner(tmp_path: Path, run: Any, max_extend: int = 2) -> Tuner:
+    return Tuner(tiny_config(), [0], tmp_path, fraction=0.2, tail_k=2, max_extend=max_extend, run=run,
+                 inputs_for=_inputs)
+
+
+def test_an_interior_best_is_bracketed_without_extension(tmp_path: Path) -> None:
+    run, asked = _fake(peak=0.03)
+    res = _tuner(tmp_path, run).tune_knob("fedavg", Knob("train.lr", (0.01, 0.03, 0.1)), {})
+    assert res.best == 0.03 and res.bracketed and res.extensions == 0
+    assert sorted(asked) == [0.01, 0.03, 0.1]
+
+
+def test_a_best_at_the_upper_edge_extends_the_grid_upwards_until_bracketed(tmp_path: Path) -> None:
+    run, asked = _fake(peak=0.9)
+    res = _tuner(tmp_path, run, max_extend=3).tune_knob("fedavg", Knob("train.lr", (0.01, 0.03, 0.1)), {})
+    assert asked == pytest.approx([0.01, 0.03, 0.1, 0.3, 0.9, 2.7])
+    assert res.best == pytest.approx(0.9) and res.bracketed and res.extensions == 3
+
+
+def test_a_best_at_the_lower_edge_extends_downwards_and_the_limit_is_reported(tmp_path: Path) -> None:
+    run, asked = _fake(peak=1e-4)
+    res = _tuner(tmp_path, run, max_extend=2).tune_knob("fedavg", Knob("train.lr", (0.01, 0.03, 0.1)), {})
+    assert asked == pytest.approx([0.01, 0.03, 0.1, 0.01 / 3, 0.01 / 9])
+    assert not res.bracketed and res.best == pytest.approx(0.01 / 9)
+    assert res.why == "best at the lower edge after 2 extension(s) (the limit)"
+
+
+def test_a_diverged_run_scores_below_every_finite_one_and_brackets_from_above(tmp_path: Path) -> None:
+    run, _ = _fake(peak=10.0, diverge_above=0.05)
+    res = _tuner(tmp_path, run).tune_knob("fedavg", Knob("train.lr", (0.01, 0.03, 0.1)), {})
+    assert res.tried[0.1] is None and res.best == 0.03 and res.bracketed
+
+
+def test_the_domain_limit_stops_an_extension() -> None:
+    beta = Knob("algorithm.beta", (0.9, 0.99, 0.999), "log1m", 10.0, 0.0, 1.0)
+    assert beta.step(0.99, up=True) == 0.999 and beta.step(0.9, up=False) == 0.0 and not beta.inside(0.0)
+    assert Knob("train.lr", (0.1, 0.3)).step(0.1, up=True) == pytest.approx(0.3)
+
+
+def test_grids_per_algorithm_and_their_checks() -> None:
+    knobs = {k.key: k for k in knobs_for("fedent", {"train.lr": [0.1, 0.01], "fedent.algorithm.beta": [0.5, 0.9],
+                                                    "fedprox.algorithm.mu": [1.0, 2.0]})}
+    assert knobs["train.lr"].grid == (0.01, 0.1) and knobs["algorithm.beta"].grid == (0.5, 0.9)
+    assert set(knobs) == {"train.lr", "algorithm.beta", "algorithm.gamma"}  # fedprox's grid is not fedent's
+    assert [k.key for k in knobs_for("fedprox")] == ["train.lr", "algorithm.mu"]
+    assert [k.key for k in knobs_for("feddyn")] == ["train.lr", "algorithm.alpha"]
+    assert [k.key for k in knobs_for("fedadam")] == ["train.lr", "algorithm.server_lr"]
+    with pytest.raises(ConfigError, match="at least two distinct values"):
+        knobs_for("fedent", {"algorithm.beta": [0.9, 1.0]})
+    with pytest.raises(ConfigError, match="at least two distinct values"):
+        knobs_for("fedavg", {"train.lr": [0.1]})
+
+
+def test_val_score_is_the_mean_of_the_last_k_validation_accuracies() -> None:
+    recs = [{"val_acc": 0.1}, {"val_acc": None}, {"val_acc": 0.4}, {"val_acc": 0.6}]
+    assert val_score(recs, 2) == pytest.approx(0.5) and val_score(recs, 9) == pytest.approx(1.1 / 3)
+    assert val_score([{"test_acc": 0.9}], 2) is None
+
+
+@pytest.fixture
+def test_set_spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts every evaluation of the test set (Evaluator.evaluate is the only path to it)."""
+    calls: list[int] = []
+    original = Evaluator.evaluate
+
+    def counting(self: Evaluator, params: Any) -> tuple[float, float]:
+        calls.append(int(self.y_test.shape[0]))
+        return original(self, params)
+
+    monkeypatch.setattr(Evaluator, "evaluate", counting)
+    return calls
+
+
+def test_tuning_never_evaluates_the_test_set_and_the_chosen_values_reach_the_final_runs(
+        tmp_path: Path, test_set_spy: list[int]) -> None:
+    cfg = tiny_config("fedavg", rounds=2, lr=0.05, local_eval=2)
+    tuner = Tuner(cfg, [0], tmp_path / "tune", fraction=0.2, tail_k=2, max_extend=0, inputs_for=_inputs)
+    results = [tuner.tune("fedavg", {"train.lr": [0.01, 0.3]}),
+               tuner.tune("fedprox", {"train.lr": [0.01, 0.3], "fedprox.algorithm.mu": [0.01, 1.0]})]
+    assert test_set_spy == []  # not once, local models included (local_eval 2)
+    logs = sorted((tmp_path / "tune" / "runs").glob("*/*/metrics.jsonl"))
+    assert len(logs) == tuner.runs == 2 + 3  # fedprox's (0.3 or 0.01, mu 0.01) point is not run twice
+    for path in logs:
+        recs = runlog.read_metrics(path)
+        assert all(r["test_acc"] is None for r in recs) and all(r["val_acc"] is not None for r in recs)
+    write_tuned(tmp_path / "tune" / "tuned.json", tuner, results)
+    tuned = Tuned.read(tmp_path / "tune" / "tuned.json")
+    chosen = tuned.chosen["fedprox"]
+    assert set(chosen) == {"train.lr", "algorithm.mu"} and tuned.validation_fraction == 0.2
+    assert "| fedprox | algorithm.mu |" in (tmp_path / "tune" / "tune.md").read_text()
+
+    res = run_comparison(cfg, ["fedavg", "fedprox", "prox-big=fedprox"], [0], tmp_path / "cmp", progress=False,
+                         inputs_for=_inputs, tuned=tuned, algo_overrides=["prox-big.mu=5.0"])
+    assert test_set_spy  # the final runs evaluate the test set
+    assert [r.algorithm for r in res.runs] == ["fedavg", "fedprox", "prox-big"]
+    written = {arm: yaml.safe_load((tmp_path / "cmp" / "runs" / f"{arm}-s0" / "config.yaml").read_text())
+               for arm in ("fedavg", "fedprox", "prox-big")}
+    assert written["fedavg"]["train"]["lr"] == tuned.chosen["fedavg"]["train.lr"]
+    assert written["fedprox"]["train"]["lr"] == chosen["train.lr"]
+    assert written["fedprox"]["algorithm"]["mu"] == chosen["algorithm.mu"]
+    assert written["prox-big"]["train"]["lr"] == chosen["train.lr"]  # a control inherits its algorithm's values
+    assert written["prox-big"]["algorithm"]["mu"] == 5.0  # ... under its own options
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "- validation split: 0.2 of every client's training samples held out" in md
+    assert f"  - prox-big: fedprox, lr {chosen['train.lr']:g}, mu 5.0 (tuned values of " in md
+    for arm, w in written.items():
+        assert w["data"]["validation_fraction"] == 0.2 and "evaluate_test" not in w["train"], arm
+        recs = runlog.read_metrics(tmp_path / "cmp" / "runs" / f"{arm}-s0" / "metrics.jsonl")
+        assert recs[-1]["test_acc"] is not None and recs[-1]["val_acc"] is not None
+
+
+def test_tuned_json_errors_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        Tuned.read(tmp_path / "missing.json")
+    (tmp_path / "old.json").write_text(json.dumps({"version": 0}))
+    with pytest.raises(ConfigError, match="not a tuned.json"):
+        Tuned.read(tmp_path / "old.json")
+    t = Tuned(0.1, {"fedent": {"train.lr": 0.3}})
+    assert t.for_arm("fedent-fixed", "fedent") == {"train.lr": 0.3} and t.for_arm("fedavg", "fedavg") == {}
+
+
+def test_tuner_options_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="validation-fraction"):
+        Tuner(tiny_config(), [0], tmp_path, fraction=0.0)
+    with pytest.raises(ConfigError, match="max-extend"):
+        Tuner(tiny_config(), [0], tmp_path, max_extend=-1)
