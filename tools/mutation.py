@@ -71,6 +71,8 @@ EQUIVALENT: dict[str, str] = {
     "fedentrpc.codec.x__tensor_u8__mutmut_15":
         "`t.to(None)` for `t.to(torch.uint8)` on a bool tensor: to(None) keeps it bool, and the next line's "
         "view(torch.uint8) gives the same bytes",
+    "fedent.strategies.fedent.xǁFedEntǁround_payload__mutmut_96":
+        "drops `strict=True` from zip(cids, perm): perm is a permutation of range(len(probes)), cids has that length",
     "fedent.rounds.engine.xǁRoundEngineǁattempt__mutmut_2":
         "`self.secure_sum = \"\"` for `= None` at the start of a try: the sum is read only in a released round "
         "under secure aggregation, where finish() has replaced it; a skipped round never reads it",

@@ -357,6 +357,8 @@ def test_aggregate_sum_keeps_the_rates_record_without_the_model_norms() -> None:
         strategy.aggregate_sum(0, w, lacking)
     with pytest.raises(StrategyError, match=r"^fedent: an update lacks scalar 'eta'$"):
         strategy.aggregate(0, w, [dataclasses.replace(updates[0], scalars=lacking.clients[0].scalars)])
+    fixed = FedEnt(FedEntOptions(rates="fixed"))  # a rate control is named in the secure record too
+    assert fixed.aggregate_sum(0, w, total).diagnostics["fedent"]["rates"] == "fixed"
     # without a payload for the round there is no estimate to attach (aggregate and aggregate_sum alike)
     assert "estimate" not in strategy.aggregate_sum(7, w, total).diagnostics["fedent"]
     assert "estimate" not in strategy.aggregate(7, w, updates).diagnostics["fedent"]
