@@ -621,3 +621,15 @@ def test_a_federated_evaluation_is_asked_for_its_round_and_its_rejected_clients_
                                                   "failed": {"2": "eval deadline"}, "rejected": {"1": why}}
     rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
     assert rows[1]["last_failure"] == f"round 2: {why}"
+
+
+def test_a_global_model_that_is_not_finite_fails_the_run_with_advice(tmp_path: Path) -> None:
+    class Blowing(FedAvg):
+        def aggregate(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]) -> Any:
+            got = super().aggregate(rnd, global_params, updates)
+            return dataclasses.replace(got, params=[p.clone().fill_(float("inf")) for p in got.params])
+
+    e = engine(tmp_path, strategy=Blowing())
+    with pytest.raises(RunError, match=r"^the global model is not finite after round 1 \(fedavg\); lower train.lr$"):
+        e.run()
+    assert status(e)["phase"] == "failed"
