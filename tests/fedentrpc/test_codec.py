@@ -4,6 +4,7 @@ checksums, and clear errors on bad input (corrupt, truncated, reordered, oversiz
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 import torch
@@ -354,3 +355,164 @@ def test_a_chunk_over_4mib_or_past_the_header_is_refused() -> None:
     good = [pb.TensorChunk.FromString(c.SerializeToString()) for c in encode_tensors({"p": [torch.ones(4)]})]
     with pytest.raises(WireError, match="more tensor chunks"):
         decode_tensors([*good, extra])
+
+
+# ---- boundaries and exact messages (issue 31: each check of the decoder has a test that fails without it) ----
+
+
+def _copy(enc: codec.EncodedTensors) -> list[pb.TensorChunk]:
+    return [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
+
+
+def test_limits_are_inclusive_a_stream_of_exactly_max_bytes_and_a_chunk_of_exactly_4mib_pass() -> None:
+    big = {"p": [torch.arange(2**20, dtype=torch.float32)]}  # exactly 4 MiB: one full chunk
+    enc = encode_tensors(big)
+    assert len(enc.chunks) == 1 and len(enc.chunks[0].data) == codec.MAX_CHUNK_BYTES
+    assert torch.equal(decode_tensors(enc, max_bytes=codec.MAX_CHUNK_BYTES)["p"][0], big["p"][0])
+    with pytest.raises(WireError, match=f"^tensor stream of {2**22} bytes exceeds this receiver's limit of "
+                                        f"{2**22 - 1}$"):
+        decode_tensors(enc, max_bytes=codec.MAX_CHUNK_BYTES - 1)
+    small = encode_tensors({"p": [torch.ones(4)]}, TransferSpec(compression="zlib"))
+    assert small.raw_bytes == 16 and decode_tensors(small, max_bytes=16)["p"][0].tolist() == [1.0] * 4
+    with pytest.raises(WireError, match="^tensor stream of 16 bytes exceeds this receiver's limit of 15$"):
+        decode_tensors(small, max_bytes=15)
+
+
+def test_zlib_edge_cases_empty_truncated_and_garbage() -> None:
+    empty = encode_tensors({"params": [torch.zeros(0)]}, TransferSpec(compression="zlib"))
+    out = decode_tensors(empty)["params"][0]
+    assert out.shape == (0,) and out.dtype == torch.float32
+    enc = _copy(encode_tensors({"p": [torch.randn(50)]}, TransferSpec(compression="zlib")))
+    cut = [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
+    cut[0].data = cut[0].data[:-6]
+    cut[0].header.wire_bytes = len(cut[0].data)
+    cut[0].checksum = codec.checksum(codec.DEFAULT_CHECKSUM, cut[0].data)
+    with pytest.raises(WireError, match=r"^bad zlib payload \(truncated\)$"):
+        decode_tensors(cut)
+    bad = [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
+    bad[0].data = b"\x00" * len(bad[0].data)
+    bad[0].checksum = codec.checksum(codec.DEFAULT_CHECKSUM, bad[0].data)
+    with pytest.raises(WireError, match=r"^bad zlib payload \(Error -3 while decompressing data: .+\)$"):
+        decode_tensors(bad)
+    short = [pb.TensorChunk.FromString(c.SerializeToString()) for c in enc]
+    short[0].header.raw_bytes = 400  # inflates to 200 bytes, not the 400 the header says
+    with pytest.raises(WireError, match="^tensor payload is 200 bytes, header says 400$"):
+        decode_tensors(short)
+
+
+def test_aligned_tensors_are_views_of_one_received_buffer() -> None:
+    b = {"w": [torch.randn(4), torch.randn(4)], "i": [torch.arange(2)]}  # the int64 at byte 32: aligned
+    out = decode_tensors(encode_tensors(b))
+    ptrs = {t.untyped_storage().data_ptr() for ts in out.values() for t in ts}
+    assert len(ptrs) == 1  # decoded in place: nothing copied out of the buffer
+    assert [tuple(t.shape) for t in out["w"]] == [(4,), (4,)] and out["i"][0].tolist() == [0, 1]
+    assert all(torch.equal(x, y) for x, y in zip(b["w"], out["w"], strict=True))
+
+
+def test_every_header_check_says_what_is_wrong() -> None:
+    def bad(mutate: Any, message: str, bundle: dict[str, list[torch.Tensor]] | None = None,
+            spec: TransferSpec | None = None) -> None:
+        chunks = _copy(encode_tensors(bundle or {"p": [torch.ones(4)], "q": [torch.ones(2)]}, spec))
+        mutate(chunks)
+        with pytest.raises(WireError, match=message):
+            decode_tensors(chunks)
+
+    def setattr_(field: str, value: object) -> Any:
+        return lambda cs: setattr(cs[0].header, field, value)
+
+    bad(lambda cs: cs[0].header.tensors[0].shape.__setitem__(slice(None), [-4]),
+        r"^negative dimension in shape \[-4\]$")
+    bad(lambda cs: setattr(cs[0].header.groups[1], "name", "p"), "^duplicate tensor group names$")
+    bad(lambda cs: setattr(cs[0].header.groups[1], "count", 2), "^tensor groups do not cover the tensor list$")
+    bad(lambda cs: setattr(cs[0].header.tensors[0], "dtype", pb.DTYPE_UNSPECIFIED),
+        "^unknown tensor dtype DTYPE_UNSPECIFIED$")
+    bad(setattr_("wire_dtype", 77), "^unknown wire dtype value 77$")
+    bad(setattr_("compression", pb.COMPRESSION_UNSPECIFIED), "^unknown compression COMPRESSION_UNSPECIFIED$")
+    bad(setattr_("num_chunks", 0), "^tensor header: 24 bytes cannot travel in 0 chunks$")
+    bad(setattr_("num_chunks", 25), "^tensor header: 25 chunks for 24 bytes$")
+    bad(setattr_("raw_bytes", 23), r"^uncompressed tensor stream: raw 23 != wire 24 bytes$")
+    bad(lambda cs: cs[0].header.tensors[0].shape.__setitem__(slice(None), [3]), "^tensor payload has 4 trailing bytes$")
+    bad(lambda cs: cs[1].header.CopyFrom(cs[0].header), "^only the first tensor chunk may carry a header$",
+        spec=TransferSpec(chunk_bytes=8))
+    bad(lambda cs: cs[0].ClearField("header"), "^the first tensor chunk carries no header$")
+    bad(lambda cs: setattr(cs[0], "data", bytes(codec.MAX_CHUNK_BYTES + 1)),
+        f"^tensor chunk of {codec.MAX_CHUNK_BYTES + 1} bytes exceeds {codec.MAX_CHUNK_BYTES}$")
+    bad(lambda cs: setattr(cs[1], "index", 2), r"^tensor chunk 2 arrived out of order \(expected 1\)$",
+        spec=TransferSpec(chunk_bytes=8))
+    bad(lambda cs: setattr(cs[1], "checksum", cs[1].checksum ^ 1),
+        r"^tensor chunk 1: checksum mismatch \(corrupted transfer\)$", spec=TransferSpec(chunk_bytes=8))
+    with pytest.raises(WireError, match=r"^tensor stream truncated: 2 of 3 chunks, 16 of 24 bytes$"):
+        decode_tensors(_copy(encode_tensors({"p": [torch.ones(6)]}, TransferSpec(chunk_bytes=8)))[:2])
+    with pytest.raises(WireError, match=r"^cannot send tensors of dtype torch.complex64$"):
+        encode_tensors({"p": [torch.zeros(1, dtype=torch.complex64)]})
+
+
+def test_transfer_spec_bounds_are_inclusive_and_their_messages_exact() -> None:
+    for ok in (TransferSpec(zlib_level=0), TransferSpec(zlib_level=9), TransferSpec(chunk_bytes=1),
+               TransferSpec(chunk_bytes=codec.MAX_CHUNK_BYTES), TransferSpec(wire_dtype="float16", checksum="crc32")):
+        assert ok.compression == "none"
+    for kw, message in (({"zlib_level": -1}, "zlib_level must be in [0, 9], got -1"),
+                        ({"zlib_level": 10}, "zlib_level must be in [0, 9], got 10"),
+                        ({"chunk_bytes": 0}, f"chunk_bytes must be in [1, {codec.MAX_CHUNK_BYTES}], got 0"),
+                        ({"compression": "lz4"}, "compression must be one of none, zlib, got 'lz4'"),
+                        ({"wire_dtype": "int4"}, "wire_dtype must be one of native, float16, bfloat16, got 'int4'"),
+                        ({"checksum": "md5"}, "checksum must be one of crc32c, crc32, got 'md5'")):
+        with pytest.raises(ValueError) as err:
+            TransferSpec(**kw)  # type: ignore[arg-type]
+        assert str(err.value) == message
+
+
+def test_check_shapes_and_wire_error_fields() -> None:
+    with pytest.raises(WireError, match=r"^u: 2 tensors, expected 1$"):
+        codec.check_shapes([torch.ones(2), torch.ones(2)], [torch.zeros(2)], "u")
+    with pytest.raises(WireError, match=r"^u: tensor 0 is torch.float64 \(2,\), expected torch.float32 \(2,\)$"):
+        codec.check_shapes([torch.ones(2, dtype=torch.float64)], [torch.zeros(2)], "u")
+    e = WireError("bad value", field="params.variant")
+    assert (str(e), e.field, e.why) == ("params.variant: bad value", "params.variant", "bad value")
+    e = WireError("ignored", field="f", why="too big")
+    assert (str(e), e.field, e.why) == ("f: too big", "f", "too big")
+    e = WireError("plain")
+    assert (str(e), e.field, e.why) == ("plain", None, "plain")
+
+
+def test_encoded_sizes_and_bool_and_cpu_tensors() -> None:
+    b = {"flags": [torch.tensor([True, False, True, True])], "w": [torch.ones(3, dtype=torch.float64)]}
+    enc = encode_tensors(b, TransferSpec(compression="zlib"))
+    assert enc.raw_bytes == 4 + 24 and enc.wire_bytes == sum(len(c.data) for c in enc.chunks)
+    assert enc.chunks[0].header.raw_bytes == 28 and enc.chunks[0].header.wire_bytes == enc.wire_bytes
+    out = decode_tensors(enc)
+    assert out["flags"][0].dtype == torch.bool and out["flags"][0].tolist() == [True, False, True, True]
+    assert [g.name for g in enc.chunks[0].header.groups] == ["flags", "w"]
+    half = decode_tensors(encode_tensors(b, TransferSpec(wire_dtype="float16")))
+    assert half["flags"][0].dtype == torch.bool and half["w"][0].dtype == torch.float64
+
+
+def test_a_non_canonical_bool_byte_decodes_to_a_canonical_true() -> None:
+    """A peer may send any byte for a bool: the receiver converts (uint8 -> bool), never reinterprets, so every
+    decoded bool is stored as 0 or 1 (a bool byte of 2 is undefined behaviour in torch's kernels)."""
+    chunks = _copy(encode_tensors({"flags": [torch.tensor([True, False, True])]}))
+    chunks[0].data = bytes([2, 0, 1])
+    chunks[0].checksum = codec.checksum(codec.DEFAULT_CHECKSUM, chunks[0].data)
+    out = decode_tensors(chunks)["flags"][0]
+    assert out.dtype == torch.bool and out.view(torch.uint8).tolist() == [1, 0, 1]
+
+
+def test_layout_refuses_an_unknown_wire_dtype_itself() -> None:
+    """_layout (verify's shape check and the decoder's split) checks the wire dtype on its own, not only the
+    assembler's header check before it."""
+    h = pb.TensorListHeader(tensors=[pb.TensorSpec(dtype=pb.DTYPE_FLOAT32, shape=[1])],
+                            groups=[pb.TensorGroup(name="p", count=1)], wire_dtype=77)  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="^unknown wire dtype value 77$"):
+        codec._layout(h, 4)
+
+
+def test_encoded_messages_are_built_in_the_carrier_asked_for() -> None:
+    b = _bundle()
+    kept = encode_tensors(b, TransferSpec(chunk_bytes=24), est_pb.EstimatorServiceFetchBlobResponse)
+    assert all(type(m) is est_pb.EstimatorServiceFetchBlobResponse for m in kept._messages)  # built once, at encode
+    bare = encode_tensors(b, TransferSpec(chunk_bytes=24))
+    assert all(type(m) is pb.TensorChunk for m in bare._messages)
+    received = list(codec.stream_tensors(b, est_pb.PutBlobRequest, TransferSpec(chunk_bytes=24)))
+    rewrapped = codec.EncodedTensors(received, 0, 0).as_messages(est_pb.EstimatorServiceFetchBlobResponse)
+    assert all(type(m) is est_pb.EstimatorServiceFetchBlobResponse for m in rewrapped)
+    assert codec.EncodedTensors([], 0, 0).as_messages(est_pb.PutBlobRequest) == ()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,10 @@ from fedent import runlog
 from fedent.checkpoint import config_fingerprint
 from fedent.config import PrivacyConfig
 from fedent.rounds import ClientHost, ClientTraining, Gathered, InProcessExecutor, RoundEngine, RoundPolicy, RunError
+from fedent.rounds.engine import is_eval_round, missed, weighted_train_loss
 from fedent.rounds.evaluation import Evaluator
 from fedent.rounds.rundir import RunDirError
-from fedent.strategies.base import Capabilities, ClientUpdate, RoundPayload, Strategy
+from fedent.strategies.base import Capabilities, ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.strategies.fedavg import FedAvg
 from fedent.trainer import LocalTrainer
 
@@ -39,15 +42,19 @@ class Dropping(InProcessExecutor):
         self.asked: list[list[int]] = []
         self.finished: list[tuple[bool, str]] = []
         self.excluded: list[set[int]] = []  # the ``exclude`` of each replacements call
+        self.replaced: list[tuple[int, int, int]] = []  # (round, attempt, k) of each replacements call
+        self.fitted: list[list[ClientUpdate]] = []  # the updates each fit returned, in cid order
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
         self.asked.append(list(cids))
         got = super().fit(rnd, [c for c in cids if c not in self.down], global_params, strategy, payload)
+        self.fitted.append([got.results[c] for c in sorted(got.results)])
         return Gathered(got.results, {c: "deadline" for c in cids if c in self.down})
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         self.excluded.append(set(exclude))
+        self.replaced.append((rnd, attempt, k))
         return sorted(c for c in self.host.hosted if c not in self.down)[:k]
 
     def finish(self, ok: bool, reason: str) -> None:
@@ -56,8 +63,9 @@ class Dropping(InProcessExecutor):
 
 def engine(tmp_path: Path, executor_cls: type[InProcessExecutor] = InProcessExecutor, *, rounds: int = 2,
            strategy: Strategy | None = None, policy: RoundPolicy | None = None,
-           privacy: PrivacyConfig | None = None, **kw: Any) -> RoundEngine:
-    cfg = tiny_config("fedavg", num_clients=4, rounds=rounds)
+           privacy: PrivacyConfig | None = None, train: dict[str, Any] | None = None, local_models: int = 0,
+           **kw: Any) -> RoundEngine:
+    cfg = tiny_config("fedavg", num_clients=4, rounds=rounds, **(train or {}))
     if privacy is not None:
         cfg = dataclasses.replace(cfg, privacy=privacy)
     inputs = tiny_inputs()
@@ -65,7 +73,7 @@ def engine(tmp_path: Path, executor_cls: type[InProcessExecutor] = InProcessExec
     tr = cfg.train
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, torch.device("cpu"))
     ex = executor_cls(ClientHost(trainer, inputs.client_indices, ClientTraining.from_config(cfg)), **kw)
-    ev = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed)
+    ev = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_models=local_models)
     paths = runlog.create_run_dir(tmp_path / "run", exist_ok=True)
     return RoundEngine(cfg, paths, strategy or FedAvg(), ex, ev, trainer.params, inputs.client_sizes(),
                        dict(inputs.partition_info), policy)
@@ -113,6 +121,9 @@ def test_a_missed_quorum_is_retried_with_replacements(tmp_path: Path) -> None:
             failed |= {c for c in tried["clients"] if c in {0, 1}}
             expected.append(set(failed))
     assert ex.excluded == expected and all(expected)
+    # each replacements call names the round (0-based), the try it is for (1, 2, ...) and how many to hand out
+    assert ex.replaced == [(r["round"] - 1, i + 1, len(tried["clients"]))
+                           for r in retried for i, tried in enumerate(r["diagnostics"]["retried"])]
     assert retried and all(re.fullmatch(r"\d/\d updates accepted; client [01]: deadline.*",
                                              r["diagnostics"]["retried"][0]["why"])
                            for r in retried)
@@ -123,7 +134,7 @@ def test_retries_exhausted_fail_the_run_with_one_line(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="missed its quorum in 1 attempt"):
         e.run()
     st = status(e)
-    assert st["phase"] == "failed" and "\n" not in st["state"]["error"]
+    assert st["phase"] == "failed" and "\n" not in st["state"]["error"] and st["round"] == 1  # the round that failed
     assert isinstance(e.executor, Dropping) and e.executor.finished == [(False, f"run failed: {st['state']['error']}")]
 
 
@@ -315,7 +326,7 @@ def test_a_stop_from_a_signalled_service_ends_stopped_not_failed(tmp_path: Path)
     checkpointed run resumes), as an interrupted simulation does; a plain stop (no signal) still fails it."""
     from fedent.signals import Stopped
 
-    e = engine(tmp_path, rounds=3)
+    e = engine(tmp_path, Dropping, rounds=3, down=set())
 
     def signalled(rec: dict[str, Any]) -> None:
         e.stop_signal = "SIGTERM"
@@ -326,6 +337,8 @@ def test_a_stop_from_a_signalled_service_ends_stopped_not_failed(tmp_path: Path)
         e.run()
     st = status(e)
     assert (st["phase"], st["state"]["reason"], st["round"]) == ("stopped", "stopped by SIGTERM", 1)
+    assert st["state"]["rounds_completed"] == 1
+    assert isinstance(e.executor, Dropping) and e.executor.finished == [(False, "run stopped by SIGTERM")]
     plain = engine(tmp_path / "plain", rounds=3)
     plain.on_round = lambda rec: plain.stop.set()
     with pytest.raises(RunError, match="stopped"):
@@ -351,3 +364,272 @@ def test_an_absurd_probe_rejects_its_client_and_never_fails_the_run(tmp_path: Pa
     rows = {r["cid"]: r for r in runlog.read_json(tmp_path / "run" / "clients.json")["clients"]}
     assert rows[ABSURD]["state"] == "rejected" and rows[ABSURD]["participation"] == 0
     assert rows[ABSURD]["last_failure"] == f"round 3: {why}"
+
+
+# ---- what the run files and metrics lines hold (issue 31: content, not existence) ------------------------
+
+
+def test_the_helpers_missed_weighted_train_loss_and_is_eval_round() -> None:
+    failed = {5: "deadline", 1: "deadline", 3: "crashed", 7: "timeout",
+              2: "rejected: update of client 2 is not finite (NaN/inf)"}
+    assert missed(1, 6, "updates", failed) == (
+        "1/6 updates accepted; client 1: deadline; client 3: crashed; client 5: deadline (+1 more); the local model "
+        "of client(s) [2] is not finite: local training diverged; lower train.lr (or cap the strategy's rate)")
+    assert missed(2, 3, "probes", {4: "deadline"}) == "2/3 probes accepted; client 4: deadline"
+    assert missed(0, 2, "updates", {}) == "0/2 updates accepted"
+    ups = [ClientUpdate(0, [], 1, 2.0), ClientUpdate(1, [], 3, 6.0)]
+    assert weighted_train_loss(ups) == 5.0  # (2·1 + 6·3) / 4
+    assert weighted_train_loss([]) is None and weighted_train_loss([ClientUpdate(0, [], 0, 1.0)]) is None
+    assert [r for r in range(5) if is_eval_round(r, 5, 2)] == [1, 3, 4]
+
+
+def test_metrics_lines_hold_the_rounds_values_and_status_the_runs(tmp_path: Path) -> None:
+    """Every metrics line's numbers are the round's: the evaluation of the model that round left, the
+    sample-weighted train loss of its uploads, the sampled local models, the executor's extra diagnostics."""
+    from fedent.rng import numpy_rng
+
+    class Extra(Dropping):
+        def round_diagnostics(self, rnd: int) -> dict[str, Any]:
+            return {"wire": {"round": rnd}}
+
+    e = engine(tmp_path, Extra, rounds=3, train={"eval_every": 2, "fraction": 1.0}, local_models=2, down=set())
+    assert (e.phase, e.round) == ("starting", None) and abs(e.started_at - time.time()) < 60
+    seen: list[tuple[dict[str, Any], list[Tensor]]] = []
+    e.on_round = lambda rec: seen.append((rec, [p.clone() for p in e.global_params]))
+    phases: list[tuple[str, int | None]] = []
+    e.on_phase = lambda phase: phases.append((phase, status(e)["round"]))
+    records = e.run()
+    assert [r for r, _ in seen] == records and [p for p, _ in phases].count("evaluating") == 2
+    assert phases == [("starting", None)] + [(p, r) for r in (1, 2, 3) for p in
+                                             ("training", "aggregating", "evaluating")[: 2 + (r != 1)]] + [("done", 3)]
+    ex = e.executor
+    assert isinstance(ex, Extra) and ex.finished == [(True, "run finished")]
+    assert [r["test_acc"] is None for r in records] == [True, False, False]  # every 2nd round and the last
+    for (rec, params), ups in zip(seen, ex.fitted, strict=True):
+        assert rec["clients"] == [u.cid for u in ups] and rec["num_clients"] == len(ups)
+        assert rec["train_loss"] == pytest.approx(sum(u.train_loss * u.num_samples for u in ups)
+                                                  / sum(u.num_samples for u in ups), rel=1e-12)
+        assert rec["diagnostics"]["wire"] == {"round": rec["round"] - 1}
+        assert 0 < rec["wall_s"] <= rec["elapsed_s"]
+        if rec["test_acc"] is None:
+            assert "evaluation" not in rec["diagnostics"] and "local_acc" not in rec["diagnostics"]
+            continue
+        assert (rec["test_loss"], rec["test_acc"]) == e.evaluator.evaluate(params)
+        assert rec["diagnostics"]["evaluation"] == {"mode": "server", "samples": 30}
+        pick = sorted(int(i) for i in numpy_rng(e.seed, "eval", rec["round"] - 1).choice(4, size=2, replace=False))
+        assert rec["diagnostics"]["local_clients"] == [ups[i].cid for i in pick]
+        assert rec["diagnostics"]["local_acc"] == [e.evaluator.evaluate(ups[i].params)[1] for i in pick]
+    assert records[1]["elapsed_s"] < records[2]["elapsed_s"]
+    st = status(e)
+    assert (st["run_id"], st["algorithm"], st["phase"], st["round"], st["rounds"]) == (
+        e.paths.run_id, "fedavg", "done", 3, 3)
+    assert st["started_at"] == e.started_at and st["state"]["final_acc"] == records[-1]["test_acc"] is not None
+    prov = json.loads(e.paths.provenance.read_text())
+    assert prov["python"] == sys.version.split()[0] and prov["torch"] == torch.__version__
+
+
+def test_a_probing_strategys_round_logs_its_record_and_trajectory(tmp_path: Path) -> None:
+    """FedEnt (probe capability): the phases go estimating -> training -> aggregating -> evaluating each round;
+    its record leaves diagnostics for the line's ``fedent`` field, and estimator.json keeps the trajectory."""
+    from fedent.strategies.fedent import FedEnt
+
+    e = engine(tmp_path, rounds=2, strategy=FedEnt())
+    phases: list[tuple[str, int | None]] = []
+    e.on_phase = lambda phase: phases.append((phase, status(e)["round"]))
+    records = e.run()
+    assert phases == [("starting", None)] + [(p, r) for r in (1, 2) for p in
+                                             ("estimating", "training", "aggregating", "evaluating")] + [("done", 2)]
+    est = json.loads(e.paths.estimator.read_text())
+    assert (est["algorithm"], est["report"], est["round_base"]) == ("fedent", {}, runlog.ROUND_BASE)
+    assert len(est["trajectory"]) == 2
+    for rec, traj in zip(records, est["trajectory"], strict=True):
+        fed = rec["fedent"]
+        assert "fedent" not in rec["diagnostics"] and fed["estimate"]["mode"] == "online"
+        assert [c["client"] for c in fed["clients"]] == rec["clients"]
+        assert traj == {"round": rec["round"], **{k: fed[k] for k in ("phi2_pred", "phi2_actual", "entropy", "guards")}}
+        assert traj["phi2_pred"] is not None
+
+
+class ProbeDropping(Dropping):
+    """Clients in ``down`` never answer a probe (they would answer the fit)."""
+
+    def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
+              strategy: Strategy) -> Gathered[Probe]:
+        got = super().probe(rnd, [c for c in cids if c not in self.down], global_params, strategy)
+        return Gathered(got.results, {c: "probe deadline" for c in cids if c in self.down})
+
+    def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+            payload: RoundPayload) -> Gathered[ClientUpdate]:
+        self.asked.append(list(cids))
+        return InProcessExecutor.fit(self, rnd, cids, global_params, strategy, payload)
+
+
+def test_a_round_that_misses_its_probe_quorum_is_skipped_before_training(tmp_path: Path) -> None:
+    from fedent.strategies.fedent import FedEnt
+
+    e = engine(tmp_path, ProbeDropping, rounds=4, strategy=FedEnt(), policy=RoundPolicy(quorum=1.0, retries=-1),
+               down={0})
+    seen: list[list[Tensor]] = [[p.clone() for p in e.global_params]]
+    e.on_round = lambda rec: seen.append([p.clone() for p in e.global_params])
+    records = e.run()
+    ex = e.executor
+    assert isinstance(ex, ProbeDropping)
+    skipped = [0 in r["clients"] for r in records]
+    assert any(skipped) and not all(skipped)
+    for rec, skip, before, after in zip(records, skipped, seen[:-1], seen[1:], strict=True):
+        if skip:
+            assert rec["diagnostics"]["skipped"] == "1/2 probes accepted; client 0: probe deadline"
+            assert rec["diagnostics"]["failed_clients"] == {"0": "probe deadline"} and rec["fedent"] is None
+            assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        else:
+            assert "skipped" not in rec["diagnostics"] and rec["fedent"]["estimate"]["mode"] == "online"
+    assert ex.asked == [r["clients"] for r, skip in zip(records, skipped, strict=True) if not skip]
+
+
+def test_a_round_short_of_its_quorum_keeps_the_model_though_some_updates_came(tmp_path: Path) -> None:
+    e = engine(tmp_path, Dropping, rounds=5, policy=RoundPolicy(quorum=1.0, retries=-1), down={0})
+    seen: list[list[Tensor]] = [[p.clone() for p in e.global_params]]
+    e.on_round = lambda rec: seen.append([p.clone() for p in e.global_params])
+    records = e.run()
+    skipped = ["skipped" in r["diagnostics"] for r in records]
+    assert skipped == [0 in r["clients"] for r in records] and any(skipped) and not all(skipped)
+    for skip, before, after in zip(skipped, seen[:-1], seen[1:], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True)) == skip
+
+
+def test_reported_counts_become_the_runs_and_out_of_bounds_reports_are_rejected(tmp_path: Path) -> None:
+    from fedent.rounds.robust import report_problem
+
+    e = engine(tmp_path)
+    e.cfg = dataclasses.replace(e.cfg, robust=dataclasses.replace(e.cfg.robust, max_client_samples=100))
+    e.write_start_files()
+    e.adopt_client_data([5, 101, 7, 9], {"test_sizes": [1, 2, 3, 101], "source": "workers"})
+    assert e.sizes == [5, 1, 7, 1]  # a rejected client counts 1 for the strategies' setup
+    assert e.rejected == {1: report_problem(1, 101, 2, 100), 3: report_problem(3, 9, 101, 100)}
+    part = json.loads(e.paths.partition.read_text())
+    assert part == runlog.jsonable({**e.partition_info}) and part["sizes"] == [5, 1, 7, 1]
+    assert part["source"] == "workers" and part["md5"] == tiny_inputs().partition_info["md5"]
+    rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
+    assert [rows[c]["samples"] for c in range(4)] == [5, 101, 7, 9]
+    assert [rows[c]["state"] for c in range(4)] == ["idle", "rejected", "idle", "rejected"]
+    assert (rows[1]["last_failure"], rows[3]["last_failure"]) == (e.rejected[1], e.rejected[3])
+
+
+def test_prepare_hands_the_strategy_the_schedule_the_base_rate_and_the_sizes(tmp_path: Path) -> None:
+    from fedent.rng import sample_clients
+
+    class Planned(NeedsOracle):
+        def __init__(self, oracle: bool) -> None:
+            super().__init__(oracle)
+            self.plans: list[tuple[list[list[int]], float]] = []
+            self.setups: list[list[int]] = []
+
+        def set_run_plan(self, schedule: Sequence[Sequence[int]], base_lr: float) -> None:
+            self.plans.append(([list(r) for r in schedule], base_lr))
+
+        def setup(self, global_params: Sequence[Tensor], sizes: Sequence[int]) -> None:
+            self.setups.append(list(sizes))
+            super().setup(global_params, sizes)
+
+    s = Planned(True)
+    e = engine(tmp_path, strategy=s, rounds=3)
+    e.run()
+    plan = [list(sample_clients(e.seed, t, 4, e.cfg.train.fraction)) for t in range(3)]
+    assert s.plans == [(plan, e.cfg.train.lr)] and s.setups == [e.sizes] and s.prepared == 1
+    assert json.loads(e.paths.estimator.read_text())["report"] == {"clients": 4}
+
+
+def test_checkpoints_keep_the_newest_and_none_without_checkpoint_keep(tmp_path: Path) -> None:
+    from fedent.checkpoint import list_checkpoints
+
+    e = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
+    e.run()
+    assert [r for r, _ in list_checkpoints(e.paths.checkpoint)] == [2, 1]
+    # checkpoint_keep 0: no resume, the checkpoints of an earlier run in the directory are not read
+    again = engine(tmp_path, rounds=3)
+    rounds: list[int] = []
+    again.on_round = lambda rec: rounds.append(rec["round"])
+    again.run()
+    assert rounds == [1, 2, 3] and [r for r, _ in list_checkpoints(e.paths.checkpoint)] == [2, 1]
+
+
+def test_a_privacy_budget_ends_the_run_early_and_evaluates_its_last_round(tmp_path: Path) -> None:
+    """target_epsilon 4 (noise 3, 2 of 4 clients a round: ε 2.4, 3.5, 4.6 after 1, 2, 3 rounds): round 3 is not
+    run, round 2 is evaluated although eval_every is 3, and status.json says done early, why, and at round 2."""
+    pc = PrivacyConfig(dp="central", noise_multiplier=3.0, target_epsilon=4.0)
+    e = engine(tmp_path, Dropping, rounds=3, privacy=pc, train={"eval_every": 3}, down=set())
+    records = e.run()
+    assert [r["round"] for r in records] == [1, 2] and [r["test_acc"] is None for r in records] == [True, False]
+    st = status(e)
+    assert (st["phase"], st["round"], st["state"]["final_acc"]) == ("done", 2, records[-1]["test_acc"])
+    assert e.budget_stop is not None and st["state"]["stopped_early"] == e.budget_stop
+    assert e.budget_stop.startswith("privacy budget: round 3 ")
+    assert isinstance(e.executor, Dropping) and e.executor.finished == [(True, "run finished")]
+
+
+def test_secure_aggregation_aggregates_the_unmasked_sum_and_a_failed_unmasking_skips(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedent.secagg.protocol import ProtocolError
+
+    plain = engine(tmp_path / "plain")
+    plain.run()
+    e = engine(tmp_path / "secure", privacy=PrivacyConfig(secure_aggregation=True))
+    records = e.run()
+    assert all("skipped" not in r["diagnostics"] for r in records)
+    num = sum(float((a - b).norm() ** 2) for a, b in zip(e.global_params, plain.global_params, strict=True))
+    assert 0 < num ** 0.5 <= 1e-4 * sum(float(b.norm() ** 2) for b in plain.global_params) ** 0.5
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        raise ProtocolError("too few shares")
+
+    skip = engine(tmp_path / "skip", privacy=PrivacyConfig(secure_aggregation=True),
+                  policy=RoundPolicy(quorum=1.0, retries=-1))
+    assert skip.secure is not None
+    monkeypatch.setattr(skip.secure, "finish", broken)
+    w0 = [p.clone() for p in skip.global_params]
+    records = skip.run()
+    assert all(r["diagnostics"]["skipped"] == "secure aggregation could not unmask the sum: too few shares"
+               for r in records)
+    assert all(torch.equal(a, b) for a, b in zip(skip.global_params, w0, strict=True))
+    retry = engine(tmp_path / "retry", privacy=PrivacyConfig(secure_aggregation=True),
+                   policy=RoundPolicy(quorum=1.0, retries=1))
+    assert retry.secure is not None
+    monkeypatch.setattr(retry.secure, "finish", broken)
+    with pytest.raises(RunError, match=r"round 1 missed its quorum in 2 attempt\(s\), last: secure aggregation could "
+                                       "not unmask the sum: too few shares"):
+        retry.run()
+    assert plain.secure is None
+
+
+def test_a_federated_evaluation_is_asked_for_its_round_and_its_rejected_clients_are_recorded(tmp_path: Path) -> None:
+    from fedent.rounds.evaluation import ClientEval
+
+    asked: list[int] = []
+
+    def federated(rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
+        asked.append(rnd)
+        return Gathered({0: ClientEval(0, 10, 0.5, 0.75), 1: ClientEval(1, 5, 1.0, 2.0)}, {2: "eval deadline"})
+
+    e = engine(tmp_path, rounds=2)
+    e.evaluator.federated, e.evaluator.mode = federated, "federated"
+    records = e.run()
+    assert asked == [0, 1]
+    why = "rejected: evaluation of client 1: accuracy 2.0 is outside [0, 1]"
+    for r in records:
+        assert (r["test_loss"], r["test_acc"]) == (0.5, 0.75)
+        assert r["diagnostics"]["evaluation"] == {"mode": "federated", "samples": 10, "clients": 1,
+                                                  "failed": {"2": "eval deadline"}, "rejected": {"1": why}}
+    rows = {r["cid"]: r for r in runlog.read_clients(e.paths.clients)}
+    assert rows[1]["last_failure"] == f"round 2: {why}"
+
+
+def test_a_global_model_that_is_not_finite_fails_the_run_with_advice(tmp_path: Path) -> None:
+    class Blowing(FedAvg):
+        def aggregate(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]) -> Any:
+            got = super().aggregate(rnd, global_params, updates)
+            return dataclasses.replace(got, params=[p.clone().fill_(float("inf")) for p in got.params])
+
+    e = engine(tmp_path, strategy=Blowing())
+    with pytest.raises(RunError, match=r"^the global model is not finite after round 1 \(fedavg\); lower train.lr$"):
+        e.run()
+    assert status(e)["phase"] == "failed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -33,6 +34,13 @@ def _setup() -> tuple[LocalTrainer, list[torch.Tensor], list[torch.Tensor]]:
     bounds = np.cumsum([0, *sizes])
     indices = [torch.arange(int(bounds[i]), int(bounds[i + 1])) for i in range(N_CLIENTS)]
     return trainer, indices, clone(trainer.params)
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """torch.testing.assert_close's check for float32 (same shape and dtype, rtol 1.3e-6, atol 1e-5) without its
+    first-call import of torch.distributed.tensor (~10 s: it made this file's tests, and each mutant's run, slow)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype == torch.float32
+    assert torch.allclose(actual, expected, rtol=1.3e-6, atol=1e-5), (actual, expected)
 
 
 def _task(cid: int, rnd: int, indices: list[torch.Tensor]) -> ClientTask:
@@ -100,7 +108,7 @@ def test_rounds_follow_prop1_decay_and_aggregation(phi2_rate: str, eta_max: floa
         # aggregation: θ-weighted mean of the uploads; φ2 actual and entropy recorded
         expected = weighted_sum([u.params for u in updates], th.tolist())
         for p, e in zip(agg.params, expected, strict=True):
-            torch.testing.assert_close(p, e)
+            _assert_close(p, e)
         actual = float(np.sum(th * np.array([norm_sq(u.params) for u in updates])))
         assert rec["phi2_actual"] == pytest.approx(actual, rel=1e-12)
         assert rec["entropy"] <= 0 and rec["phi2_pred"] == phi2
@@ -124,7 +132,7 @@ def test_fit_trains_at_the_decayed_rate_and_recomputes_a_missing_probe() -> None
     trainer.load(w)
     trainer.train(indices[1], up.scalars["eta"], EPOCHS, torch_generator(SEED, "train", 0, 1))
     for p, q in zip(up.params, trainer.params, strict=True):
-        torch.testing.assert_close(p, q)
+        _assert_close(p, q)
 
 
 def test_offline_estimator_prepare_and_checkpoint_roundtrip() -> None:
@@ -223,6 +231,204 @@ def test_offline_prepare_passes_every_option_to_algorithm_1() -> None:
     assert got == [float(v) for v in ref.phi2]
     for changed in (offline(eta_max=None), offline(phi2_rate="star"), offline(gamma=0.99), offline(base_lr=0.01)):
         assert changed[0] == got[0] and changed[1:] != got[1:]
+
+
+def test_probe_and_fit_use_the_probe_batch_the_cached_probe_and_upload_every_scalar() -> None:
+    """The probe is g_i at w(t) on the seeded ("probe", round, cid) batch of probe_batch_size; fit takes (a, b)
+    from the client's state when it probed this round (else recomputes them), and uploads exactly UPDATE_SCALARS."""
+    from fedent.params import dot
+    from fedent.strategies.fedent import UPDATE_SCALARS
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt(FedEntOptions(probe_batch_size=4, eta_max=1e-4, gamma=0.5))
+    state = ClientState()
+    task = _task(4, 2, indices)
+    probe = strategy.probe(trainer, w, task, state)
+    trainer.load(w)
+    g = trainer.gradient(indices[4], torch_generator(SEED, "probe", 2, 4), 4)
+    assert (probe.cid, probe.num_samples) == (4, 26)
+    assert probe.scalars == {"a": dot(w, g), "b": norm_sq(g), "eta_prev": LR}
+    payload = strategy.round_payload(2, w, [probe, strategy.probe(trainer, w, _task(5, 2, indices), ClientState())])
+    fresh = strategy.fit(trainer, w, payload, task, ClientState())  # recomputed: the same seeded batch
+    assert (fresh.scalars["a"], fresh.scalars["b"]) == (probe.scalars["a"], probe.scalars["b"])
+    assert set(fresh.scalars) == set(UPDATE_SCALARS)
+    # eta_max binds (the unconstrained η* is 0.36 here): the upload's η* is the cap, decayed with γ = 0.5
+    assert fresh.scalars["eta_star"] == 1e-4 and fresh.scalars["eta"] == pytest.approx(0.5 * LR + 0.5 * 1e-4)
+    assert fresh.scalars["theta"] == 26 / 56 and fresh.scalars["c"] == payload.scalars["c"]
+    # a probe cached for this round is used as it is (not recomputed)
+    state.scalars.update({"a": 0.125, "b": 0.5})
+    cached = strategy.fit(trainer, w, payload, task, state)
+    assert (cached.scalars["a"], cached.scalars["b"]) == (0.125, 0.5)
+    assert state.scalars["eta"] == cached.scalars["eta"]
+    stale = ClientState(scalars={"a": 0.125, "b": 0.5, "probe_round": 1.0})  # probed in an earlier round
+    assert strategy.fit(trainer, w, payload, task, stale).scalars["a"] == probe.scalars["a"]
+
+
+def test_malformed_payloads_probes_and_states_raise_strategy_errors_that_say_what() -> None:
+    from fedent.strategies.base import Probe, RoundPayload, StrategyError
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt()
+    task = _task(1, 0, indices)
+    good = {"phi2_next": 1.0, "c": 1.0, "total_samples": 10.0}
+    with pytest.raises(StrategyError, match=r"^fedent: the round payload lacks 'c'$"):
+        strategy.fit(trainer, w, RoundPayload(0, scalars={"phi2_next": 1.0, "total_samples": 1.0}), task,
+                     ClientState())
+    with pytest.raises(StrategyError, match=r"^fedent: payload total_samples must be > 0$"):
+        strategy.fit(trainer, w, RoundPayload(0, scalars={**good, "total_samples": 0.0}), task, ClientState())
+    with pytest.raises(StrategyError, match=r"^fedent: round_payload needs the participants' probes$"):
+        strategy.round_payload(0, w, [])
+    with pytest.raises(StrategyError, match=r"^fedent: the round's participants hold no samples$"):
+        strategy.round_payload(0, w, [Probe(1, 0, {"a": 0.0, "b": 1.0, "eta_prev": 0.1})])
+    with pytest.raises(StrategyError, match=r"^fedent: a probe lacks scalar 'b'$"):
+        strategy.round_payload(0, w, [Probe(1, 3, {"a": 0.0, "eta_prev": 0.1})])
+    with pytest.raises(StrategyError, match=r"^fedent: unknown server state keys \['bogus'\]$"):
+        strategy.load_server_state({"bogus": 1})
+    offline = FedEnt(FedEntOptions(estimator="offline", offline_clients="population"))
+    oracle = TrainerOracle(trainer, indices, SEED, 8)
+    with pytest.raises(StrategyError, match=r"^offline estimator: the clients hold no samples$"):
+        offline.prepare(oracle, w, [0] * N_CLIENTS, rounds=2)
+    with pytest.raises(StrategyError, match=r"^fedent phi2_rate 'used' needs the base rate η_i\(−1\) \(set_run_plan\) "
+                                            r"before prepare$"):
+        offline.prepare(oracle, w, [10] * N_CLIENTS, rounds=2)
+    with pytest.raises(StrategyError, match=r"^fedent offline_clients 'participants' needs the run's client schedule "
+                                            r"\(set_run_plan\) before prepare$"):
+        FedEnt(FedEntOptions(estimator="offline")).prepare(oracle, w, [10] * N_CLIENTS, rounds=2)
+    offline.set_run_plan([[0, 1]], LR)
+    with pytest.raises(StrategyError, match=r"^fedent offline estimator: \w"):
+        offline.prepare(oracle, w, [10] * N_CLIENTS, rounds=0)
+
+
+def test_offline_population_reports_its_options_and_round_trips_its_state() -> None:
+    """Population mode: every client with samples (one sample is enough) in every round, no schedule; a star-rate
+    run without set_run_plan uses base rate 0; the report names the options; the state restores exactly."""
+    from fedent.meanfield.fixed_point import solve_fixed_point
+
+    trainer, indices, w = _setup()
+    sizes = [1, 14, 0, 22, 26, 30]  # client 2 holds nothing: left out of Algorithm 1; client 0 holds one sample
+    opts = FedEntOptions(estimator="offline", offline_clients="population", phi2_rate="star", eta_max=0.02,
+                         max_sweeps=2, gamma=0.5)
+    strategy = FedEnt(opts)
+    report = strategy.prepare(TrainerOracle(trainer, indices, SEED, 8), w, sizes, rounds=2)
+    cids = [0, 1, 3, 4, 5]
+    ref = solve_fixed_point(TrainerOracle(trainer, indices, SEED, 8), w, cids, [sizes[c] / 93 for c in cids], 2,
+                            opts.beta, opts.variant, opts.eps1, opts.eps2, 2, eta_max=0.02, phi2_rate="star",
+                            gamma=0.5, base_lr=0.0)
+    assert report["phi2"] == [float(v) for v in ref.phi2]
+    assert report["gradient_evaluations"] == report["sweeps"] * 2 * len(cids)  # client 2 is never asked
+    assert (report["offline_clients"], report["phi2_rate"], report["eta_max"]) == ("population", "star", 0.02)
+    state = strategy.server_state()
+    assert "schedule" not in state["offline"]  # population: no schedule
+    restored = FedEnt(opts)
+    restored.load_server_state(state)
+    assert restored.server_state() == state
+    planned = FedEnt(FedEntOptions(estimator="offline", max_sweeps=1))
+    planned.set_run_plan([[1, 4], [2, 3]], LR)
+    planned.prepare(TrainerOracle(trainer, indices, SEED, 8), w, [int(i.numel()) for i in indices], rounds=2)
+    again = FedEnt(FedEntOptions(estimator="offline", max_sweeps=1))
+    again.load_server_state(planned.server_state())
+    assert again.server_state() == planned.server_state() and planned.server_state()["offline"]["schedule"]
+
+
+def test_aggregate_sum_keeps_the_rates_record_without_the_model_norms() -> None:
+    """Under secure aggregation the server step is the secure sum's mean; the record is the clear one's but for
+    φ2_actual and the entropy (they need each ‖w_i(t+1)‖²), with the round's estimate attached."""
+    from fedent.strategies.base import SecureSum, StrategyError
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt(FedEntOptions(gamma=0.5, eta_max=0.5, variant="paper", phi2_rate="used"))
+    states = {c: ClientState() for c in (1, 3)}
+    payload, updates, clear = _run_round(strategy, trainer, indices, w, 0, [1, 3], states)
+    strategy.round_payload(0, w, [strategy.probe(trainer, w, _task(c, 0, indices), ClientState()) for c in (1, 3)])
+    sizes = [u.num_samples for u in updates]
+    total = SecureSum(0, weighted_sum([u.params for u in updates], [float(n) for n in sizes]), {}, float(sum(sizes)),
+                      [dataclasses.replace(u, params=[]) for u in updates])
+    got = strategy.aggregate_sum(0, w, total)
+    for p, q in zip(got.params, total.mean(), strict=True):
+        assert torch.equal(p, q)
+    rec, ref = got.diagnostics["fedent"], clear.diagnostics["fedent"]
+    assert rec["phi2_actual"] is None and rec["entropy"] is None and rec["estimate"] == ref["estimate"]
+    assert rec["clients"] == ref["clients"] and rec["phi2_pred"] == ref["phi2_pred"]
+    assert [c["variant"] for c in rec["clients"]] == ["paper", "paper"] and rec["phi2_rate"] == "used"
+    assert rec["eta_max"] == 0.5 and {c["gamma"] for c in rec["clients"]} == {0.5}
+    lacking = dataclasses.replace(total, clients=[dataclasses.replace(updates[0], params=[], scalars={
+        k: v for k, v in updates[0].scalars.items() if k != "eta"})])
+    with pytest.raises(StrategyError, match=r"^fedent: an update lacks scalar 'eta'$"):
+        strategy.aggregate_sum(0, w, lacking)
+    with pytest.raises(StrategyError, match=r"^fedent: an update lacks scalar 'eta'$"):
+        strategy.aggregate(0, w, [dataclasses.replace(updates[0], scalars=lacking.clients[0].scalars)])
+    fixed = FedEnt(FedEntOptions(rates="fixed"))  # a rate control is named in the secure record too
+    assert fixed.aggregate_sum(0, w, total).diagnostics["fedent"]["rates"] == "fixed"
+    # without a payload for the round there is no estimate to attach (aggregate and aggregate_sum alike)
+    assert "estimate" not in strategy.aggregate_sum(7, w, total).diagnostics["fedent"]
+    assert "estimate" not in strategy.aggregate(7, w, updates).diagnostics["fedent"]
+    assert "estimate" not in FedEnt().aggregate(0, w, updates).diagnostics["fedent"]
+
+
+def test_the_online_estimator_gets_every_option_and_an_injected_one_is_used_as_it_is() -> None:
+    """The online φ2' is OnlinePhi2Estimator's with the strategy's beta, variant, eta_max, phi2_rate and gamma; an
+    injected estimator needs no Algorithm 1 (no oracle capability, prepare a no-op) and is the one asked."""
+    from fedent.meanfield.estimator import OnlinePhi2Estimator
+    from fedent.strategies.base import StrategyError
+
+    trainer, indices, w = _setup()
+    for cap in (None, 1e-3):  # uncapped, the variant shows (paper and exact differ); capped, the cap does
+        opts = FedEntOptions(beta=0.9, variant="paper", eta_max=cap, phi2_rate="used", gamma=0.5)
+        strategy = FedEnt(opts)
+        probes = [strategy.probe(trainer, w, _task(c, 1, indices), ClientState()) for c in (2, 4)]
+        payload = strategy.round_payload(1, w, probes)
+        total = sum(p.num_samples for p in probes)
+        ref = OnlinePhi2Estimator(0.9, "paper", eta_max=cap, phi2_rate="used", gamma=0.5).estimate(
+            1, norm_sq(w), [p.num_samples / total for p in probes], [p.scalars["a"] for p in probes],
+            [p.scalars["b"] for p in probes], cids=[2, 4], eta_prev=[LR, LR])
+        assert payload.round == 1 and payload.scalars["phi2_next"] == ref.phi2_next
+        for c in (2, 4):  # each client's η* is Prop. 1's with the strategy's variant and cap
+            s = strategy.fit(trainer, w, payload, _task(c, 1, indices), ClientState()).scalars
+            assert s["eta_star"] == solve_eta(s["a"], s["b"], s["c"], s["theta"], s["phi2_next"], 0.9, "paper",
+                                              eta_max=cap).eta_star[0]
+    assert FedEnt().prepare(TrainerOracle(trainer, indices, SEED, 8), w, [10] * N_CLIENTS, rounds=2) == {}
+
+    class Fixed(OnlinePhi2Estimator):
+        def estimate(self, *args, **kw):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(super().estimate(*args, **kw), phi2_next=0.5)
+
+    injected = FedEnt(FedEntOptions(estimator="offline"), estimator=Fixed(0.9))
+    assert not injected.capabilities.oracle and FedEnt(FedEntOptions(estimator="offline")).capabilities.oracle
+    assert injected.prepare(TrainerOracle(trainer, indices, SEED, 8), w, [10] * N_CLIENTS, rounds=2) == {}
+    assert injected.round_payload(0, w, probes).scalars["phi2_next"] == 0.5
+    with pytest.raises(StrategyError, match=r"^fedent: the offline estimator needs prepare\(\) \(Algorithm 1\) before "
+                                            r"round 0$"):
+        FedEnt(FedEntOptions(estimator="offline")).round_payload(0, w, probes)
+
+
+def test_one_sample_is_enough_and_a_fit_after_its_probe_computes_no_gradient() -> None:
+    from fedent.strategies.base import Probe, RoundPayload
+
+    trainer, indices, w = _setup()
+    strategy = FedEnt()
+    one = strategy.round_payload(0, w, [Probe(3, 1, {"a": 0.1, "b": 1.0, "eta_prev": LR})])
+    assert one.scalars["total_samples"] == 1.0
+    task = _task(3, 0, indices)
+    up = strategy.fit(trainer, w, RoundPayload(0, scalars={"phi2_next": 1.0, "c": 1.0, "total_samples": 1.0}), task,
+                      ClientState())
+    assert up.scalars["theta"] == 22.0  # D_i / ΣD with ΣD = 1 as the payload says
+    offline = FedEnt(FedEntOptions(estimator="offline", offline_clients="population", phi2_rate="star",
+                                   max_sweeps=1))
+    report = offline.prepare(TrainerOracle(trainer, indices, SEED, 8), w, [1, 0, 0, 0, 0, 0], rounds=1)
+    assert report["gradient_evaluations"] == 1 and len(report["phi2"]) == 2  # only the client with a sample
+    calls: list[int] = []
+    real = trainer.gradient
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kw)
+
+    trainer.gradient = counted  # type: ignore[method-assign]
+    state = ClientState()
+    probe = strategy.probe(trainer, w, task, state)
+    assert len(calls) == 1
+    strategy.fit(trainer, w, strategy.round_payload(0, w, [probe]), task, state)
+    assert len(calls) == 1  # the probe's (a, b) were kept in the client's state
 
 
 def _plans(strategy: FedEnt, rnd: int = 0) -> tuple[list[float], list[float], dict]:  # type: ignore[type-arg]
