@@ -249,3 +249,18 @@ def test_schedule_must_fit_the_clients() -> None:
         with pytest.raises(ValueError, match=why):
             solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
                               2, BETA, schedule=sched)
+
+
+def test_a_client_stepping_at_a_rate_of_exactly_one_moves_the_mean_field() -> None:
+    """γ = 1 keeps every used rate at η_i(−1) = base_lr = 1: each client steps w − 1·(w − m_i) = m_i, so
+    φ1(t) = Σθ_i m_i and φ2(t) = Σθ_i‖m_i‖² for t ≥ 1 (a rate of 1 is a step like any other, not a skipped one)."""
+    means, w0, thetas = _problem(seed=2)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            2, BETA, eps1=1e-12, eps2=1e-12, max_sweeps=10, phi2_rate="used", gamma=1.0,
+                            base_lr=1.0)
+    assert res.eta is not None and np.all(res.eta == 1.0)
+    mean = (thetas[:, None] * means).sum(0)
+    for t in (1, 2):
+        np.testing.assert_allclose(res.phi1[t][0].numpy(), mean, rtol=1e-12, atol=1e-12)
+        assert res.phi2[t] == pytest.approx(float((thetas * (means * means).sum(1)).sum()), rel=1e-12)
+    np.testing.assert_array_equal(res.phi1[0][0].numpy(), w0)
