@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -99,9 +100,13 @@ def _mutmut(d: Path, *args: str, timeout: float) -> int:
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # not niced: on a shared, loaded machine a niced run starves and its mutants time out
     cmd = [str(mutmut), "run", "--max-children", "2", *args]
+    # its own process group, so that the budget's end stops the fork server and its workers too
+    proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        return subprocess.run(cmd, cwd=d, env=env, timeout=timeout, stdout=subprocess.DEVNULL).returncode
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return -1
 
 
@@ -130,12 +135,14 @@ def measure(slug: str, sample: int, seed: int, deadline: float) -> dict[str, obj
         _mutmut(d, NO_MATCH, timeout=max(60.0, deadline - time.time()))
     names = sorted(_verdicts(d, target))
     chosen = sorted(random.Random(seed).sample(names, min(sample, len(names))))
-    batch = 10
-    while time.time() < deadline:
+    # Every mutmut run first re-runs the covering tests clean (and one forced failure), so the sampled mutants go
+    # in one run: mutmut saves each verdict as it comes, and a run cut short by the budget resumes where it
+    # stopped. A mutant that crashed its worker has no verdict; the loop gives it one more run.
+    for _ in range(3):
         todo = [n for n in chosen if _verdicts(d, target).get(n) is None]
-        if not todo:
+        if not todo or time.time() >= deadline:
             break
-        _mutmut(d, *todo[:batch], timeout=max(30.0, deadline - time.time()))
+        _mutmut(d, *todo, timeout=max(30.0, deadline - time.time()))
     got = _verdicts(d, target)
     counts: dict[str, int] = {}
     survivors, equivalent = [], []

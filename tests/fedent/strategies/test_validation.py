@@ -4,7 +4,9 @@ bad params, lying sample count) is a one-line StrategyError."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -34,7 +36,15 @@ EXPECTED_SPECS = {
 
 
 def _real(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[ClientUpdate]]:
-    """One round of ``name`` as the simulator runs it: real probes (if any) and real fits."""
+    """One round of ``name`` as the simulator runs it: real probes (if any) and real fits. Computed once per
+    strategy and process (the round is seeded, so every call would give the same); each caller gets its own copy
+    of the model, probes and updates, so no test sees another's changes."""
+    strategy, w, probes, ups = _real_round(name)
+    return strategy, copy.deepcopy(w), copy.deepcopy(probes), copy.deepcopy(ups)
+
+
+@functools.cache
+def _real_round(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[ClientUpdate]]:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(24, 1, 2, 2, generator=g), torch.randint(0, 3, (24,), generator=g)
     torch.manual_seed(0)
