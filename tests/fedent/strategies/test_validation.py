@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -216,3 +217,42 @@ def test_a_masked_fedent_update_still_has_its_scalars_checked() -> None:
         check_update(strategy, dataclasses.replace(u, scalars={k: v for k, v in u.scalars.items() if k != "eta"}), w)
     with pytest.raises(StrategyError, match=r"scalar guarded=7 is outside its range"):
         check_update(strategy, dataclasses.replace(u, scalars={**u.scalars, "guarded": 7.0}), w)
+
+
+@pytest.mark.parametrize("name", ["fedent", "fednorm", "feddyn"])
+def test_a_scalar_at_either_end_of_its_range_is_inside_it(name: str) -> None:
+    """Both ends of a declared range are allowed (PayloadSpec: ``[lo, hi]``, both included); just past one is not."""
+    strategy, w, probes, ups = _real(name)
+    spec = strategy.payload_spec
+    for k in spec.update_scalars:
+        lo, hi = spec.range_of(k) or (None, None)
+        assert lo is not None and hi is not None
+        for v in (lo, hi):
+            check_update(strategy, dataclasses.replace(ups[0], scalars={**ups[0].scalars, k: v}), w, 6)
+        for v in (math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)):
+            if math.isfinite(v):
+                with pytest.raises(StrategyError, match=f"scalar {k}=.* is outside its range"):
+                    check_update(strategy, dataclasses.replace(ups[0], scalars={**ups[0].scalars, k: v}), w, 6)
+    for k in spec.probe_scalars:
+        lo, hi = spec.range_of(k) or (None, None)
+        assert lo is not None and hi is not None
+        for v in (lo, hi):
+            check_probe(strategy, dataclasses.replace(probes[0], scalars={**probes[0].scalars, k: v}), 6)
+
+
+def test_a_missing_and_an_unknown_name_are_both_named_in_one_line() -> None:
+    strategy, w, probes, ups = _real("fedent")
+    scalars = {k: v for k, v in probes[0].scalars.items() if k != "a"} | {"z": 0.0}
+    with pytest.raises(StrategyError) as e:
+        check_probe(strategy, dataclasses.replace(probes[0], scalars=scalars), 6)
+    assert str(e.value) == "probe of client 0 lacks scalars ['a'] and has unknown scalars ['z']"
+    strategy, w, _, ups = _real("scaffold")
+    with pytest.raises(StrategyError) as e:
+        check_update(strategy, dataclasses.replace(ups[2], tensors={"rogue": clone(w)}), w, 6)
+    assert str(e.value) == "update of client 2 lacks tensor groups ['delta_c'] and has unknown tensor groups ['rogue']"
+
+
+def test_without_an_expected_sample_count_any_count_passes() -> None:
+    strategy, w, probes, ups = _real("fedent")
+    check_probe(strategy, dataclasses.replace(probes[1], num_samples=1234))
+    check_update(strategy, dataclasses.replace(ups[1], num_samples=1234), w)
