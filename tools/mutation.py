@@ -78,6 +78,11 @@ def _pyproject(target: str, tests: list[str]) -> str:
         "use_git_change_detection = false\n"
         # torch (and grpc) are not fork-safe: a worker forked from the process that ran the tests hangs
         'process_isolation = "forkserver"\n'
+        # a mutant's wall limit is (its tests' measured time + constant) * multiplier (mutmut 3.8): with the
+        # default constant of 1 s, a worker on a loaded machine (pytest's start alone takes seconds) was stopped
+        # as a "timeout" before its tests ran, and counted as detected; 20 s covers that and still ends a loop
+        'timeout_constant = 20.0\n'
+        'timeout_multiplier = 5.0\n'
         'forkserver_warmup = "none"\n'
     )
 
@@ -139,7 +144,8 @@ def measure(slug: str, sample: int, seed: int, deadline: float) -> dict[str, obj
     # in one run: mutmut saves each verdict as it comes, and a run cut short by the budget resumes where it
     # stopped. A mutant that crashed its worker has no verdict; the loop gives it one more run.
     for _ in range(3):
-        todo = [n for n in chosen if _verdicts(d, target).get(n) is None]
+        # no verdict yet, or "no tests" from a run before new tests were mapped (rerunning one is instant)
+        todo = [n for n in chosen if _verdicts(d, target).get(n) in (None, 33)]
         if not todo or time.time() >= deadline:
             break
         _mutmut(d, *todo, timeout=max(30.0, deadline - time.time()))
