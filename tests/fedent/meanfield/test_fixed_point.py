@@ -264,3 +264,33 @@ def test_a_client_stepping_at_a_rate_of_exactly_one_moves_the_mean_field() -> No
         np.testing.assert_allclose(res.phi1[t][0].numpy(), mean, rtol=1e-12, atol=1e-12)
         assert res.phi2[t] == pytest.approx(float((thetas * (means * means).sum(1)).sum()), rel=1e-12)
     np.testing.assert_array_equal(res.phi1[0][0].numpy(), w0)
+
+
+@pytest.mark.parametrize("eps1,eps2", [(1.0, 1e-300), (1e-300, 1.0)])
+def test_one_test_passing_is_not_convergence(eps1: float, eps2: float) -> None:
+    """Algorithm 1 stops early only when both ε tests pass; with one of them unreachable it runs every sweep and
+    reports which test held at the last one."""
+    means, w0, thetas = _problem(seed=4)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            3, BETA, eps1=eps1, eps2=eps2, max_sweeps=4)
+    rep = res.report
+    assert rep.sweeps == 4 and not rep.converged
+    assert (rep.stop_reason, rep.stopped_by) == ("max_sweeps", "max_sweeps")
+    assert (rep.phi1_converged, rep.phi2_converged) == (eps1 == 1.0, eps2 == 1.0)
+
+
+def test_the_report_as_a_dict_and_the_default_tolerances() -> None:
+    means, w0, thetas = _problem(seed=6)
+    oracle = QuadraticOracle(means)
+    res = solve_fixed_point(oracle, [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(), 2, BETA)
+    rep = res.report
+    assert (rep.eps1, rep.eps2) == (1e-3, 1e-3) and rep.converged
+    assert rep.phi1_residual < 1e-3 and rep.phi2_residual < 1e-3 and rep.history[-1] == (rep.phi1_residual,
+                                                                                           rep.phi2_residual)
+    assert rep.to_dict() == {
+        "sweeps": rep.sweeps, "stop_reason": "converged", "stopped_by": "eps1+eps2", "phi1_converged": True,
+        "phi2_converged": True, "phi1_residual": rep.phi1_residual, "phi2_residual": rep.phi2_residual,
+        "history": [list(h) for h in rep.history], "gradient_evaluations": oracle.calls, "guards": rep.guards,
+        "eps1": 1e-3, "eps2": 1e-3,
+    }
+    assert rep.gradient_evaluations == rep.sweeps * 2 * len(thetas)
