@@ -60,6 +60,14 @@ EQUIVALENT: dict[str, str] = {
         "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_6":
+        "zip(..., strict=None) for strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_9":
+        "zip without strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_10":
+        "zip(..., strict=False) for strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_scalars__mutmut_20":
+        "`(spec is not None) or True`: both callers (check_probe, check_update) always pass the strategy's spec",
 }
 
 NO_MATCH = "zz_no_such_mutant_*"  # a pattern naming no mutant: generation and test mapping only

@@ -280,17 +280,22 @@ def test_eta_max_must_be_positive() -> None:
             solve_eta(-1.0, 1.0, 1.0, 0.5, 1.0, 0.9, eta_max=bad)
 
 
-def test_a_tiny_root_under_a_bound_of_exactly_one() -> None:
-    """a < 0 with p(0) < 1/e and a root ~1e-256 under U = eta_max = 1: Newton descends from U = 1.0, and the step that
-    overshoots 0 by rounding goes to η = 0 once (η = 0 is not the start here), then climbs to the root in a few steps
-    (without that, bisection from [0, 1] runs out of iterations ~1e-47 short of a root that small)."""
+@pytest.mark.parametrize("a,b,c,th,phi,cap", [
+    # U = eta_max = 1.0 exactly: the overshoot comes at the first step, from U
+    (-2.931696301063621e-256, 0.1224759623818181, 1.1529739589349701, 0.44645009867178476, 2.2299456691678583, 1.0),
+    # uncapped, U = B: the first step lands just above the root and the overshoot comes at the second
+    (-1.505336681499306e-177, 1.5221480834699754, 637.6989691761602, 0.009828723559773909, 34.47148062373192, None),
+])
+def test_a_tiny_root_far_below_the_bound(a: float, b: float, c: float, th: float, phi: float,
+                                         cap: float | None) -> None:
+    """a < 0 with p(0) < 1/e and a root ~1e-256 or ~1e-180 under U ~ 1: Newton descends from U, and the step that
+    overshoots 0 by rounding goes to η = 0 once (η = 0 is not the start here), then climbs to the root in a few
+    steps (without that, bisection from [0, U] runs out of iterations ~1e-40 short of a root that small)."""
     beta = 0.9
-    a, b, c = -2.931696301063621e-256, 0.1224759623818181, 1.1529739589349701
-    th, phi = 0.44645009867178476, 2.2299456691678583
-    sol = solve_eta(a, b, c, th, phi, beta, eta_max=1.0)
+    sol = solve_eta(a, b, c, th, phi, beta, eta_max=cap)
     eta = float(sol.eta_star[0])
-    assert float(sol.bound[0]) == 1.0 and not sol.guarded[0]
-    assert 1e-257 < eta < 1e-255
+    assert not sol.guarded[0] and (cap is None or float(sol.bound[0]) == cap)
+    assert 0 < eta < 1e-170
     lo_x, hi_x = eta * (1 - 1e-9), eta * (1 + 1e-9)
     assert lo_x - _h(np.array(lo_x), a, b, c, th, phi, beta) <= 0 <= hi_x - _h(np.array(hi_x), a, b, c, th, phi, beta)
     assert sol.iterations <= 10 and sol.evaluations <= 10, (sol.iterations, sol.evaluations)
