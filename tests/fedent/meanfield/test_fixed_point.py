@@ -294,3 +294,20 @@ def test_the_report_as_a_dict_and_the_default_tolerances() -> None:
         "eps1": 1e-3, "eps2": 1e-3,
     }
     assert rep.gradient_evaluations == rep.sweeps * 2 * len(thetas)
+
+
+def test_bad_schedule_and_rate_reading_messages_are_exact() -> None:
+    means, w0, thetas = _problem()
+    ids, th = list(range(len(thetas))), thetas.tolist()
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0], []])
+    assert str(e.value) == "every round of the schedule needs at least one client"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0]])
+    assert str(e.value) == "schedule names 1 rounds, need 2"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0], [9]])
+    assert str(e.value) == "schedule names client 9 that is not among client_ids"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, phi2_rate="x")
+    assert str(e.value) == "phi2_rate must be 'used' or 'star', got 'x'"
