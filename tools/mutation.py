@@ -60,6 +60,16 @@ EQUIVALENT: dict[str, str] = {
         "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_35":
+        "np.asarray(thetas, dtype=None): _validate has checked them as float64; th is only divided by a float sum "
+        "and multiplied by floats, so an integer array gives the same values",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_50":
+        "np.asarray(sorted client positions, dtype=None): ints give int64 as with dtype=np.int64, and an empty round "
+        "(float64 then) is rejected by its size before use",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_89":
+        "`ok1 = ok2 = None` initially: max_sweeps >= 1 is validated, so the first sweep sets both before any use",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_90":
+        "`ok1 = ok2 = True` initially: max_sweeps >= 1 is validated, so the first sweep sets both before any use",
     "fedent.strategies.validation.x__check_model_shaped__mutmut_6":
         "zip(..., strict=None) for strict=True: the lengths were compared just before, so zip never sees unequal ones",
     "fedent.strategies.validation.x__check_model_shaped__mutmut_9":
