@@ -60,6 +60,19 @@ EQUIVALENT: dict[str, str] = {
         "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_40":
+        "np.asarray(eta_prev, dtype=None): the rates are only checked (finite, >= 0) and then multiplied by float "
+        "gamma or converted by decayed_rates, so an integer array gives the same values",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_42":
+        "np.asarray(eta_prev) without dtype: as x_solve_online__mutmut_40",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_63":
+        "`... and False` in `phi = float(c) if isfinite(c) and c > 0 else 0.0`: that line runs only when c is not "
+        "finite or c <= 0, so its condition is always false and phi is 0.0 either way",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_65":
+        "float(None) in the arm of `phi = float(c) if isfinite(c) and c > 0 else 0.0` that never runs (see _63)",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_68":
+        "`c >= 0` for `c > 0` in the same dead condition (see _63): at c = 0 it gives float(0) = 0.0, the same value "
+        "(c = ||w||^2 is never -0.0)",
     "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_35":
         "np.asarray(thetas, dtype=None): _validate has checked them as float64; th is only divided by a float sum "
         "and multiplied by floats, so an integer array gives the same values",
