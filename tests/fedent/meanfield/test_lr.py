@@ -342,3 +342,14 @@ def test_no_floating_point_warning_on_any_edge() -> None:
         assert 0.0 < 1.0 + math.log(c / 1e300) < 1e-15
         assert paper_closed_form(np.array([1e140]), np.array([1e-20]), np.array([c]), np.array([1.0]),
                                  np.array([1e300]), 0.5).tolist() == [0.0]
+
+
+def test_a_bracket_ending_at_a_over_b_below_the_bound_checks_no_f_at_the_bound() -> None:
+    """a > 0 and q never reaches q* (a² < b(c − q*)): the bracket is [0, a/b] (h(a/b) = 0 there), far below B = 18,
+    so F(B) is never evaluated: one evaluation per Newton step, no more."""
+    a, b, c, th, phi, beta = 0.5, 1.0, 1.0, 1.0, 1.0, 0.9
+    assert a * a < b * (c - phi / (math.e * th)) and a / b < float(upper_bound(b, c, th, phi, beta))
+    sol = solve_eta(a, b, c, th, phi, beta)
+    eta = float(sol.eta_star[0])
+    assert 0 < eta < a / b and sol.iterations >= 2
+    assert sol.evaluations == sol.iterations
