@@ -60,6 +60,21 @@ EQUIVALENT: dict[str, str] = {
         "drops `strict=True` from zip(part, th_t, grads): the three have the round's length by construction",
     "fedent.meanfield.scalar_fixed_point.x__illinois__mutmut_12":
         "`side = None` for `side = 0`: side is only compared with -1 and 1, which neither equals",
+    "fedent.meanfield.lr.x_q_value__mutmut_3":
+        "np.asarray(eta, dtype=None): q is c + e(eb - 2a) with b converted to float64, so an integer eta gives the "
+        "same float values (all callers pass floats)",
+    "fedent.meanfield.lr.x_q_value__mutmut_10":
+        "np.asarray(c) without dtype: c is added to a float64 array, the sum is the same",
+    "fedent.meanfield.lr.x_q_value__mutmut_15":
+        "np.asarray(b, dtype=None): b is multiplied by e and added to float64 terms, the values are the same",
+    "fedent.meanfield.lr.x_implicit_rhs__mutmut_3":
+        "np.asarray(eta/a/b, dtype=None) in implicit_rhs: k and log(...) are float64, q_value converts, and r == 0.0 "
+        "compares the same for ints, so the values are the same",
+    "fedent.meanfield.lr.x_implicit_rhs__mutmut_10":
+        "np.asarray(theta, dtype=None) in k: theta is multiplied by the float beta, the same value",
+    "fedent.meanfield.lr.x_paper_closed_form__mutmut_35":
+        "np.where(None, 0.0, val) returns val: where 1 + log p(0) == 0 the printed denominator is +inf "
+        "(phi2' > 0 divided by 0), so val = max(0, a/inf) = 0 for every finite a (guarded inputs are neutralised)",
     "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_40":
         "np.asarray(eta_prev, dtype=None): the rates are only checked (finite, >= 0) and then multiplied by float "
         "gamma or converted by decayed_rates, so an integer array gives the same values",
