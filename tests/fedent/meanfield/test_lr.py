@@ -127,6 +127,7 @@ def test_vectorised_equals_one_by_one_and_is_fast() -> None:
         (1.0, math.inf, 1.0, 0.5, 1.0),
         (0.1, 1.0, -1.0, 0.5, 1.0),  # q(0) = c ≤ 0
         (0.1, 1.0, 0.0, 0.5, 1.0),
+        (0.0, 1.0, 0.0, 0.5, 1.0),  # c = 0 with a = 0: q(0) = 0 guards on its own, not through a² > bc
         (0.1, 1.0, 1.0, 0.5, 0.0),  # φ2' ≤ 0
         (0.1, 1.0, 1.0, 0.5, -3.0),
         (0.1, 1.0, 1.0, 0.5, math.nan),
@@ -353,3 +354,9 @@ def test_a_bracket_ending_at_a_over_b_below_the_bound_checks_no_f_at_the_bound()
     eta = float(sol.eta_star[0])
     assert 0 < eta < a / b and sol.iterations >= 2
     assert sol.evaluations == sol.iterations
+
+
+def test_an_unknown_variant_is_a_clear_error() -> None:
+    with pytest.raises(ValueError) as e:
+        solve_eta(0.1, 1.0, 1.0, 0.5, 1.0, 0.9, "x")
+    assert str(e.value) == "variant must be one of ('exact', 'paper'), got 'x'"
