@@ -72,6 +72,14 @@ EQUIVALENT: dict[str, str] = {
         "compares the same for ints, so the values are the same",
     "fedent.meanfield.lr.x_implicit_rhs__mutmut_10":
         "np.asarray(theta, dtype=None) in k: theta is multiplied by the float beta, the same value",
+    "fedent.meanfield.lr.x_upper_bound__mutmut_7":
+        "np.asarray(c, dtype=None) in upper_bound: c only goes through np.sqrt, which gives float64 either way",
+    "fedent.meanfield.lr.x_solve_eta__mutmut_80":
+        "a neutral a = 1.0 instead of 0.0 for guarded clients: their bound is set to 0, so the exact solve skips them "
+        "(bound > 0 is false) and the paper form is clipped to 0, and guarded rates are forced to 0 anyway",
+    "fedent.meanfield.lr.x_solve_eta__mutmut_161":
+        "`guarded & ~isfinite(eta)` for `|`: guarded clients already have eta 0 (bound 0) and both variants return "
+        "finite rates for the others (paper: a non-finite value is flagged guarded), so both masks zero nothing new",
     "fedent.meanfield.lr.x_paper_closed_form__mutmut_35":
         "np.where(None, 0.0, val) returns val: where 1 + log p(0) == 0 the printed denominator is +inf "
         "(phi2' > 0 divided by 0), so val = max(0, a/inf) = 0 for every finite a (guarded inputs are neutralised)",
