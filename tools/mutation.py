@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +79,60 @@ EQUIVALENT: dict[str, str] = {
         "under secure aggregation, where finish() has replaced it; a skipped round never reads it",
     "fedent.rounds.engine.xǁRoundEngineǁrun_round__mutmut_16":
         "`dp_info = None` for `= {}`: it is read only as `dp_info or carried(...)`, where None and {} are both falsy",
+    "fedent.meanfield.lr.x_q_value__mutmut_3":
+        "np.asarray(eta, dtype=None): q is c + e(eb - 2a) with b converted to float64, so an integer eta gives the "
+        "same float values (all callers pass floats)",
+    "fedent.meanfield.lr.x_q_value__mutmut_10":
+        "np.asarray(c) without dtype: c is added to a float64 array, the sum is the same",
+    "fedent.meanfield.lr.x_q_value__mutmut_15":
+        "np.asarray(b, dtype=None): b is multiplied by e and added to float64 terms, the values are the same",
+    "fedent.meanfield.lr.x_implicit_rhs__mutmut_3":
+        "np.asarray(eta/a/b, dtype=None) in implicit_rhs: k and log(...) are float64, q_value converts, and r == 0.0 "
+        "compares the same for ints, so the values are the same",
+    "fedent.meanfield.lr.x_implicit_rhs__mutmut_10":
+        "np.asarray(theta, dtype=None) in k: theta is multiplied by the float beta, the same value",
+    "fedent.meanfield.lr.x_upper_bound__mutmut_7":
+        "np.asarray(c, dtype=None) in upper_bound: c only goes through np.sqrt, which gives float64 either way",
+    "fedent.meanfield.lr.x_solve_eta__mutmut_80":
+        "a neutral a = 1.0 instead of 0.0 for guarded clients: their bound is set to 0, so the exact solve skips them "
+        "(bound > 0 is false) and the paper form is clipped to 0, and guarded rates are forced to 0 anyway",
+    "fedent.meanfield.lr.x_solve_eta__mutmut_161":
+        "`guarded & ~isfinite(eta)` for `|`: guarded clients already have eta 0 (bound 0) and both variants return "
+        "finite rates for the others (paper: a non-finite value is flagged guarded), so both masks zero nothing new",
+    "fedent.meanfield.lr.x_paper_closed_form__mutmut_35":
+        "np.where(None, 0.0, val) returns val: where 1 + log p(0) == 0 the printed denominator is +inf "
+        "(phi2' > 0 divided by 0), so val = max(0, a/inf) = 0 for every finite a (guarded inputs are neutralised)",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_40":
+        "np.asarray(eta_prev, dtype=None): the rates are only checked (finite, >= 0) and then multiplied by float "
+        "gamma or converted by decayed_rates, so an integer array gives the same values",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_42":
+        "np.asarray(eta_prev) without dtype: as x_solve_online__mutmut_40",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_63":
+        "`... and False` in `phi = float(c) if isfinite(c) and c > 0 else 0.0`: that line runs only when c is not "
+        "finite or c <= 0, so its condition is always false and phi is 0.0 either way",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_65":
+        "float(None) in the arm of `phi = float(c) if isfinite(c) and c > 0 else 0.0` that never runs (see _63)",
+    "fedent.meanfield.scalar_fixed_point.x_solve_online__mutmut_68":
+        "`c >= 0` for `c > 0` in the same dead condition (see _63): at c = 0 it gives float(0) = 0.0, the same value "
+        "(c = ||w||^2 is never -0.0)",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_35":
+        "np.asarray(thetas, dtype=None): _validate has checked them as float64; th is only divided by a float sum "
+        "and multiplied by floats, so an integer array gives the same values",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_50":
+        "np.asarray(sorted client positions, dtype=None): ints give int64 as with dtype=np.int64, and an empty round "
+        "(float64 then) is rejected by its size before use",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_89":
+        "`ok1 = ok2 = None` initially: max_sweeps >= 1 is validated, so the first sweep sets both before any use",
+    "fedent.meanfield.fixed_point.x_solve_fixed_point__mutmut_90":
+        "`ok1 = ok2 = True` initially: max_sweeps >= 1 is validated, so the first sweep sets both before any use",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_6":
+        "zip(..., strict=None) for strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_9":
+        "zip without strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_model_shaped__mutmut_10":
+        "zip(..., strict=False) for strict=True: the lengths were compared just before, so zip never sees unequal ones",
+    "fedent.strategies.validation.x__check_scalars__mutmut_20":
+        "`(spec is not None) or True`: both callers (check_probe, check_update) always pass the strategy's spec",
 }
 
 NO_MATCH = "zz_no_such_mutant_*"  # a pattern naming no mutant: generation and test mapping only
@@ -96,6 +151,14 @@ def _pyproject(target: str, tests: list[str]) -> str:
         "use_git_change_detection = false\n"
         # torch (and grpc) are not fork-safe: a worker forked from the process that ran the tests hangs
         'process_isolation = "forkserver"\n'
+        # a mutant's wall limit is (its tests' measured time + constant) * multiplier (mutmut 3.8): with the
+        # default constant of 1 s, a worker on a loaded machine (pytest's start alone takes seconds) was stopped
+        # as a "timeout" before its tests ran, and counted as detected; 20 s covers that and still ends a loop
+        'timeout_constant = 20.0\n'
+        'timeout_multiplier = 5.0\n'
+        # The fork server only collects (imports torch, conftest and the test modules, runs nothing), so each
+        # worker forked from it starts its tests at once: with no warm-up every mutant paid pytest's start and the
+        # imports, ~20 s a mutant under load
         'forkserver_warmup = "collect"\n'
     )
 
@@ -116,11 +179,15 @@ def _mutmut(d: Path, *args: str, timeout: float) -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"),  # mutmut_compat, the pytest plugin
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    # no nice here: `make mutation` nices the driver, and its children inherit that
+    # not niced: on a shared, loaded machine a niced run starves and its mutants time out
     cmd = [str(mutmut), "run", "--max-children", "2", *args]
+    # its own process group, so that the budget's end stops the fork server and its workers too
+    proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        return subprocess.run(cmd, cwd=d, env=env, timeout=timeout, stdout=subprocess.DEVNULL).returncode
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return -1
 
 
@@ -149,12 +216,15 @@ def measure(slug: str, sample: int, seed: int, deadline: float) -> dict[str, obj
         _mutmut(d, NO_MATCH, timeout=max(60.0, deadline - time.time()))
     names = sorted(_verdicts(d, target))
     chosen = sorted(random.Random(seed).sample(names, min(sample, len(names))))
-    batch = 10
-    while time.time() < deadline:
-        todo = [n for n in chosen if _verdicts(d, target).get(n) is None]
-        if not todo:
+    # Every mutmut run first re-runs the covering tests clean (and one forced failure), so the sampled mutants go
+    # in one run: mutmut saves each verdict as it comes, and a run cut short by the budget resumes where it
+    # stopped. A mutant that crashed its worker has no verdict; the loop gives it one more run.
+    for _ in range(3):
+        # no verdict yet, or "no tests" from a run before new tests were mapped (rerunning one is instant)
+        todo = [n for n in chosen if _verdicts(d, target).get(n) in (None, 33)]
+        if not todo or time.time() >= deadline:
             break
-        _mutmut(d, *todo[:batch], timeout=max(30.0, deadline - time.time()))
+        _mutmut(d, *todo, timeout=max(30.0, deadline - time.time()))
     got = _verdicts(d, target)
     counts: dict[str, int] = {}
     survivors, equivalent = [], []

@@ -249,3 +249,65 @@ def test_schedule_must_fit_the_clients() -> None:
         with pytest.raises(ValueError, match=why):
             solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
                               2, BETA, schedule=sched)
+
+
+def test_a_client_stepping_at_a_rate_of_exactly_one_moves_the_mean_field() -> None:
+    """γ = 1 keeps every used rate at η_i(−1) = base_lr = 1: each client steps w − 1·(w − m_i) = m_i, so
+    φ1(t) = Σθ_i m_i and φ2(t) = Σθ_i‖m_i‖² for t ≥ 1 (a rate of 1 is a step like any other, not a skipped one)."""
+    means, w0, thetas = _problem(seed=2)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            2, BETA, eps1=1e-12, eps2=1e-12, max_sweeps=10, phi2_rate="used", gamma=1.0,
+                            base_lr=1.0)
+    assert res.eta is not None and np.all(res.eta == 1.0)
+    mean = (thetas[:, None] * means).sum(0)
+    for t in (1, 2):
+        np.testing.assert_allclose(res.phi1[t][0].numpy(), mean, rtol=1e-12, atol=1e-12)
+        assert res.phi2[t] == pytest.approx(float((thetas * (means * means).sum(1)).sum()), rel=1e-12)
+    np.testing.assert_array_equal(res.phi1[0][0].numpy(), w0)
+
+
+@pytest.mark.parametrize("eps1,eps2", [(1.0, 1e-300), (1e-300, 1.0)])
+def test_one_test_passing_is_not_convergence(eps1: float, eps2: float) -> None:
+    """Algorithm 1 stops early only when both ε tests pass; with one of them unreachable it runs every sweep and
+    reports which test held at the last one."""
+    means, w0, thetas = _problem(seed=4)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            3, BETA, eps1=eps1, eps2=eps2, max_sweeps=4)
+    rep = res.report
+    assert rep.sweeps == 4 and not rep.converged
+    assert (rep.stop_reason, rep.stopped_by) == ("max_sweeps", "max_sweeps")
+    assert (rep.phi1_converged, rep.phi2_converged) == (eps1 == 1.0, eps2 == 1.0)
+
+
+def test_the_report_as_a_dict_and_the_default_tolerances() -> None:
+    means, w0, thetas = _problem(seed=6)
+    oracle = QuadraticOracle(means)
+    res = solve_fixed_point(oracle, [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(), 2, BETA)
+    rep = res.report
+    assert (rep.eps1, rep.eps2) == (1e-3, 1e-3) and rep.converged
+    assert rep.phi1_residual < 1e-3 and rep.phi2_residual < 1e-3 and rep.history[-1] == (rep.phi1_residual,
+                                                                                           rep.phi2_residual)
+    assert rep.to_dict() == {
+        "sweeps": rep.sweeps, "stop_reason": "converged", "stopped_by": "eps1+eps2", "phi1_converged": True,
+        "phi2_converged": True, "phi1_residual": rep.phi1_residual, "phi2_residual": rep.phi2_residual,
+        "history": [list(h) for h in rep.history], "gradient_evaluations": oracle.calls, "guards": rep.guards,
+        "eps1": 1e-3, "eps2": 1e-3,
+    }
+    assert rep.gradient_evaluations == rep.sweeps * 2 * len(thetas)
+
+
+def test_bad_schedule_and_rate_reading_messages_are_exact() -> None:
+    means, w0, thetas = _problem()
+    ids, th = list(range(len(thetas))), thetas.tolist()
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0], []])
+    assert str(e.value) == "every round of the schedule needs at least one client"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0]])
+    assert str(e.value) == "schedule names 1 rounds, need 2"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, schedule=[[0], [9]])
+    assert str(e.value) == "schedule names client 9 that is not among client_ids"
+    with pytest.raises(ValueError) as e:
+        solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, phi2_rate="x")
+    assert str(e.value) == "phi2_rate must be 'used' or 'star', got 'x'"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedent.meanfield.lr import implicit_rhs, solve_eta, upper_bound
+from fedent.meanfield.lr import implicit_rhs, paper_closed_form, solve_eta, upper_bound
 
 MAX_NEWTON = 60  # adversarial draws: a root ~1e-18 under a bound ~20 took 35 (no convergence test: 100)
 BETAS = st.sampled_from([0.5, 0.9, 0.99, 0.999])
@@ -126,11 +127,13 @@ def test_vectorised_equals_one_by_one_and_is_fast() -> None:
         (1.0, math.inf, 1.0, 0.5, 1.0),
         (0.1, 1.0, -1.0, 0.5, 1.0),  # q(0) = c ≤ 0
         (0.1, 1.0, 0.0, 0.5, 1.0),
+        (0.0, 1.0, 0.0, 0.5, 1.0),  # c = 0 with a = 0: q(0) = 0 guards on its own, not through a² > bc
         (0.1, 1.0, 1.0, 0.5, 0.0),  # φ2' ≤ 0
         (0.1, 1.0, 1.0, 0.5, -3.0),
         (0.1, 1.0, 1.0, 0.5, math.nan),
         (0.1, 1.0, 1.0, -0.5, 1.0),
         (3.0, 1.0, 1.0, 0.5, 1.0),  # a² > bc: q(η) would go negative
+        (1.2, 1.0, 1.0, 0.5, 1.0),  # a² = 1.44 bc: well past the rounding slack, still below 2bc
         (0.1, -1.0, 1.0, 0.5, 1.0),
     ],
 )
@@ -276,3 +279,84 @@ def test_eta_max_must_be_positive() -> None:
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="eta_max"):
             solve_eta(-1.0, 1.0, 1.0, 0.5, 1.0, 0.9, eta_max=bad)
+
+
+@pytest.mark.parametrize("a,b,c,th,phi,cap", [
+    # U = eta_max = 1.0 exactly: the overshoot comes at the first step, from U
+    (-2.931696301063621e-256, 0.1224759623818181, 1.1529739589349701, 0.44645009867178476, 2.2299456691678583, 1.0),
+    # uncapped, U = B: the first step lands just above the root and the overshoot comes at the second
+    (-1.505336681499306e-177, 1.5221480834699754, 637.6989691761602, 0.009828723559773909, 34.47148062373192, None),
+])
+def test_a_tiny_root_far_below_the_bound(a: float, b: float, c: float, th: float, phi: float,
+                                         cap: float | None) -> None:
+    """a < 0 with p(0) < 1/e and a root ~1e-256 or ~1e-180 under U ~ 1: Newton descends from U, and the step that
+    overshoots 0 by rounding goes to η = 0 once (η = 0 is not the start here), then climbs to the root in a few
+    steps (without that, bisection from [0, U] runs out of iterations ~1e-40 short of a root that small)."""
+    beta = 0.9
+    sol = solve_eta(a, b, c, th, phi, beta, eta_max=cap)
+    eta = float(sol.eta_star[0])
+    assert not sol.guarded[0] and (cap is None or float(sol.bound[0]) == cap)
+    assert 0 < eta < 1e-170
+    lo_x, hi_x = eta * (1 - 1e-9), eta * (1 + 1e-9)
+    assert lo_x - _h(np.array(lo_x), a, b, c, th, phi, beta) <= 0 <= hi_x - _h(np.array(hi_x), a, b, c, th, phi, beta)
+    assert sol.iterations <= 10 and sol.evaluations <= 10, (sol.iterations, sol.evaluations)
+
+
+def test_the_cauchy_schwarz_slack_is_allowed_up_to_its_end() -> None:
+    """a² = bc(1 + 1e-9) exactly (a = 1.0000000005, b = c = 1) is rounding, not an impossible input: solved; the next
+    float above is guarded."""
+    a = 1.0000000005
+    assert a * a == 1.0 * 1.0 * (1.0 + 1e-9)
+    for variant in ("exact", "paper"):
+        ok = solve_eta(a, 1.0, 1.0, 0.5, 1.0, 0.9, variant)
+        assert not ok.guarded[0] and ok.eta_star[0] > 0
+        over = solve_eta(math.nextafter(a, 2.0), 1.0, 1.0, 0.5, 1.0, 0.9, variant)
+        assert over.guarded[0] and over.eta_star[0] == 0.0
+
+
+def test_no_floating_point_warning_on_any_edge() -> None:
+    """Every edge the solver handles on purpose (b = 0, a = 0, p(0) = 1/e so log p(0) = −1, q reaching 0, extreme
+    scales, guarded inputs) gives its value without a RuntimeWarning: each is a case, not an accident."""
+    grid = np.array(np.meshgrid([-1.0, -0.5, 0.0, 0.5, 1.0], [0.0, 1e-8, 1.0, 1e8], [1e-6, 1.0, 1e6], [1.0, 1e-5],
+                                [1.0, math.e, 1.0000001, 1e-3, 1e6], indexing="ij")).reshape(5, -1)
+    cos, b, c, th, ratio = grid
+    a, phi = cos * np.sqrt(b * c), th * c * ratio
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for beta in (0.5, 0.999):
+            for variant in ("exact", "paper"):
+                for cap in (None, 1.0):
+                    sol = solve_eta(a, b, c, th, phi, beta, variant, eta_max=cap)
+                    assert np.all(np.isfinite(sol.eta_star)) and not sol.guarded[b > 0].any()
+            # the module's helpers on their own edges: q(a/b) = 0 where g ∥ φ1, a negative b, a zero denominator
+            assert implicit_rhs(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, beta)[()] == 0.0
+            assert np.isnan(upper_bound(-1.0, 1.0, 1.0, 1.0, beta))
+            assert paper_closed_form(np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([1.0, 1.0]),
+                                     np.array([1.0, 1.0]), np.array([math.e, math.e]), beta).tolist() == [0.0, 0.0]
+        # the printed formula's edges: a denominator of exactly 0 with a = 0 (0/0: guarded, η* = 0), and a first
+        # term that overflows to inf because 1 + log p(0) = 2.2e-16 (then a / inf = 0)
+        ell0 = 1.0 + np.log(1.0 * math.exp(-1.5) / 1.0)
+        assert ell0 == -0.5 and (1 - 0.5) * 1.0 / (0.5 * 1.0 * ell0) + math.sqrt(4.0) == 0.0
+        zero = solve_eta(0.0, 4.0, math.exp(-1.5), 1.0, 1.0, 0.5, "paper")
+        assert zero.guarded[0] and zero.eta_star[0] == 0.0
+        c = 3.678794411714424e299  # θc/φ' one ulp above 1/e at φ' = 1e300
+        assert 0.0 < 1.0 + math.log(c / 1e300) < 1e-15
+        assert paper_closed_form(np.array([1e140]), np.array([1e-20]), np.array([c]), np.array([1.0]),
+                                 np.array([1e300]), 0.5).tolist() == [0.0]
+
+
+def test_a_bracket_ending_at_a_over_b_below_the_bound_checks_no_f_at_the_bound() -> None:
+    """a > 0 and q never reaches q* (a² < b(c − q*)): the bracket is [0, a/b] (h(a/b) = 0 there), far below B = 18,
+    so F(B) is never evaluated: one evaluation per Newton step, no more."""
+    a, b, c, th, phi, beta = 0.5, 1.0, 1.0, 1.0, 1.0, 0.9
+    assert a * a < b * (c - phi / (math.e * th)) and a / b < float(upper_bound(b, c, th, phi, beta))
+    sol = solve_eta(a, b, c, th, phi, beta)
+    eta = float(sol.eta_star[0])
+    assert 0 < eta < a / b and sol.iterations >= 2
+    assert sol.evaluations == sol.iterations
+
+
+def test_an_unknown_variant_is_a_clear_error() -> None:
+    with pytest.raises(ValueError) as e:
+        solve_eta(0.1, 1.0, 1.0, 0.5, 1.0, 0.9, "x")
+    assert str(e.value) == "variant must be one of ('exact', 'paper'), got 'x'"

@@ -224,3 +224,72 @@ def test_illinois_first_two_steps_are_plain_regula_falsi() -> None:
     f1 = math.sqrt(x1) - 1.2
     assert seen[2] == pytest.approx(x1, rel=1e-15) and f1 > 0
     assert seen[3] == pytest.approx(x1 - f1 * x1 / (f1 + 1.2), rel=1e-15)
+
+
+def test_bracket_stops_at_the_first_sign_change_however_small() -> None:
+    # F(x) = x - 7.5 from 1: F(8) = 0.5 is the first value >= 0, so [4, 8] after three doublings
+    assert _bracket(lambda x: x - 7.5, 1.0) == (4.0, 8.0, True, 3)
+
+
+def test_illinois_stops_at_an_exact_root_of_a_step() -> None:
+    # regula falsi on F(x) = x - 1.5 over [1, 2] lands on 1.5 exactly, where F = 0: one step
+    assert _illinois(lambda x: x - 1.5, 1.0, 2.0, 1e-12, 100) == (1.5, 1)
+
+
+def test_illinois_bisects_when_regula_falsi_gives_an_end_point() -> None:
+    # F(1) = -1e-300, F(2) = 1: the secant point 2 - 1·1/(1 + 1e-300) rounds to lo = 1, no progress: bisect
+    seen: list[float] = []
+
+    def f(x: float) -> float:
+        seen.append(x)
+        return x - 1.0 - 1e-300
+
+    assert 2.0 - f(2.0) * (2.0 - 1.0) / (f(2.0) - f(1.0)) == 1.0
+    seen.clear()
+    _illinois(f, 1.0, 2.0, 1e-12, 1)
+    assert seen[:3] == [1.0, 2.0, 1.5]
+
+
+def test_the_report_as_a_dict() -> None:
+    th, a, b = np.array([0.5, 0.5]), np.array([0.1, math.nan]), np.array([2.0, 1.0])
+    sol = solve_online(1.0, th, a, b, 0.9)
+    assert sol.guards == 1 and sol.bracketed
+    assert sol.to_dict() == {
+        "phi2_next": sol.phi2_next, "iterations": sol.iterations, "bracket": [sol.bracket[0], sol.bracket[1]],
+        "residual": sol.residual, "bracketed": True, "guards": 1, "expansions": sol.expansions,
+        "refinements": sol.refinements,
+    }
+    assert sol.bracket == (0.5, 1.0) and sol.to_dict()["bracket"] == [0.5, 1.0]
+    assert sol.to_dict()["residual"] <= 1e-12 and 0.99 < sol.to_dict()["phi2_next"] < 1.0
+
+
+def test_the_used_rate_default_gamma_is_zero() -> None:
+    """With eta_prev and no gamma, η = (1 − 0)·η* + 0·η_prev: the star reading."""
+    th, a, b = np.array([0.5, 0.5]), np.array([0.1, -0.2]), np.array([1.0, 2.0])
+    used = solve_online(1.0, th, a, b, 0.9, eta_prev=[0.3, 0.7])
+    star = solve_online(1.0, th, a, b, 0.9)
+    assert used.phi2_next == star.phi2_next
+    np.testing.assert_array_equal(used.eta, star.eta_star)
+
+
+def test_no_usable_mean_field_keeps_the_decayed_previous_rate() -> None:
+    """c ≤ 0 or non-finite: every client guarded (η* = 0), no G evaluated, no bracket; the rate used is γη_prev."""
+    th, a, b = np.array([0.5, 0.5]), np.array([0.1, -0.2]), np.array([1.0, 2.0])
+    for c in (0.0, math.inf):
+        sol = solve_online(c, th, a, b, 0.9, eta_prev=[0.2, 0.4], gamma=0.5)
+        assert sol.phi2_next == 0.0 and sol.iterations == 0 and sol.bracketed is False
+        assert sol.bracket == (0.0, 0.0) and sol.residual == 0.0 and sol.expansions == sol.refinements == 0
+        assert sol.guarded.dtype == np.bool_ and sol.guarded.tolist() == [True, True]
+        np.testing.assert_array_equal(sol.eta, [0.1, 0.2])
+        np.testing.assert_array_equal(sol.eta_star, [0.0, 0.0])
+    np.testing.assert_array_equal(solve_online(-1.0, th, a, b, 0.9).eta, [0.0, 0.0])
+
+
+@pytest.mark.parametrize("th,a,b", [
+    ([0.5, 0.5], [0.1], [1.0, 1.0]),  # one a short
+    ([[0.5, 0.5]], [[0.1, 0.2]], [[1.0, 1.0]]),  # equal shapes, but 2-D
+    ([], [], []),  # no participant
+])
+def test_participants_must_be_one_equal_length_list(th: list, a: list, b: list) -> None:
+    with pytest.raises(ValueError, match=r"^thetas, a and b must be equal-length non-empty 1-D arrays$"):
+        solve_online(1.0, th, a, b, 0.9)

@@ -65,3 +65,24 @@ def test_an_absurd_probe_scalar_rejects_its_client() -> None:
     r = rule(FedEnt())
     why = r.probe_problem(2, Probe(2, 30, {"a": -0.1, "b": 0.2, "eta_prev": -1e300}))
     assert why == f"{REJECTED}probe of client 2: scalar eta_prev=-1e+300 is outside its range [0, 1e+06]"
+
+
+def test_the_first_and_last_clients_are_in_the_run_and_the_one_after_is_not() -> None:
+    r = rule()
+    assert r.update_problem(0, update(0, 10)) is None
+    assert r.update_problem(2, update(2, 30)) is None
+    assert r.update_problem(3, update(3, 30)) == f"{REJECTED}client 3 is not one of this run's 3 clients"
+    assert r.probe_problem(3, Probe(3, 30, {"a": -0.1, "b": 0.2, "eta_prev": 0.01})) == \
+        f"{REJECTED}client 3 is not one of this run's 3 clients"
+
+
+def test_diverged_counts_only_rejections_for_nan_or_inf() -> None:
+    failed = {
+        0: f"{REJECTED}update of client 0 is not finite (NaN/inf)",
+        1: f"{REJECTED}update of client 1 claims 21 samples, expected 20",  # rejected, but not for NaN/inf
+        2: "deadline",
+        3: f"{REJECTED}probe of client 3 has non-finite scalars ['a']",
+        5: "worker crashed: not finite",  # a failure, not a rejection
+    }
+    assert diverged(failed) == [0, 3]
+    assert diverged({}) == []

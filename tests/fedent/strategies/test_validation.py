@@ -4,8 +4,12 @@ bad params, lying sample count) is a one-line StrategyError."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
+import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -33,7 +37,15 @@ EXPECTED_SPECS = {
 
 
 def _real(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[ClientUpdate]]:
-    """One round of ``name`` as the simulator runs it: real probes (if any) and real fits."""
+    """One round of ``name`` as the simulator runs it: real probes (if any) and real fits. Computed once per
+    strategy and process (the round is seeded, so every call would give the same); each caller gets its own copy
+    of the model, probes and updates, so no test sees another's changes."""
+    strategy, w, probes, ups = _real_round(name)
+    return strategy, copy.deepcopy(w), copy.deepcopy(probes), copy.deepcopy(ups)
+
+
+@functools.cache
+def _real_round(name: str) -> tuple[Strategy, list[torch.Tensor], list[Probe], list[ClientUpdate]]:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(24, 1, 2, 2, generator=g), torch.randint(0, 3, (24,), generator=g)
     torch.manual_seed(0)
@@ -150,3 +162,97 @@ def test_a_finite_but_absurd_scalar_is_out_of_range() -> None:
     up = dataclasses.replace(ups[1], scalars={**ups[1].scalars, "guarded": 7.0})
     with pytest.raises(StrategyError, match=r"scalar guarded=7 is outside its range \[0, 1\]"):
         check_update(strategy, up, w, up.num_samples)
+
+
+# ---- secure aggregation: a masked upload (one uint64 ring vector instead of the clear model) -----------------
+
+
+def _masked(name: str) -> tuple[Strategy, list[torch.Tensor], ClientUpdate]:
+    """A real update of ``name`` turned into what a secure-aggregation client sends: no clear model or groups, one
+    uint64 vector of the model's length times (1 + the strategy's tensor groups); sample count, loss, scalars clear."""
+    strategy, w, _, ups = _real(name)
+    u = ups[0]
+    size = sum(p.numel() for p in w) * (1 + len(strategy.payload_spec.update_tensors))
+    vec = np.arange(size, dtype=np.uint64)
+    return strategy, w, dataclasses.replace(u, params=[], tensors={}, masked=vec)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_a_masked_update_of_the_right_length_passes(name: str) -> None:
+    strategy, w, u = _masked(name)
+    check_update(strategy, u, w, u.num_samples)
+    check_update(strategy, u, w)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_every_masked_update_violation_is_a_strategy_error(name: str) -> None:
+    strategy, w, u = _masked(name)
+    want = u.masked.size
+    clear = "a masked update must not carry a clear model or tensor groups"
+
+    def bad(needle: str, **changes: object) -> None:
+        with pytest.raises(StrategyError, match=needle) as e:
+            check_update(strategy, dataclasses.replace(u, **changes), w, u.num_samples)  # type: ignore[arg-type]
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"update of client {u.cid}")
+
+    bad(clear, params=clone(w))
+    bad(clear, tensors={"delta_c": clone(w)})
+    bad(clear, params=clone(w), tensors={"delta_c": clone(w)})
+    bad(rf"the masked vector is uint64 \({want - 1},\), expected uint64 \({want},\)", masked=u.masked[:-1])
+    bad(rf"the masked vector is uint64 \({want + 1},\), expected uint64 \({want},\)",
+        masked=np.zeros(want + 1, dtype=np.uint64))
+    bad(rf"the masked vector is int64 \({want},\), expected uint64 \({want},\)", masked=u.masked.astype(np.int64))
+    bad(rf"the masked vector is uint64 \(1, {want}\), expected uint64 \({want},\)", masked=u.masked[None, :])
+    bad(rf"the masked vector is list, expected uint64 \({want},\)", masked=u.masked.tolist())
+    # what stays in the clear is still checked: the sample count, the loss, the scalars
+    bad("samples, expected", num_samples=u.num_samples + 1)
+    bad("non-finite train_loss", train_loss=float("nan"))
+    bad(r"unknown scalars \['rogue'\]", scalars={**u.scalars, "rogue": 1.0})
+
+
+def test_a_masked_fedent_update_still_has_its_scalars_checked() -> None:
+    strategy, w, u = _masked("fedent")
+    check_update(strategy, u, w, u.num_samples)
+    with pytest.raises(StrategyError, match=r"lacks scalars \['eta'\]"):
+        check_update(strategy, dataclasses.replace(u, scalars={k: v for k, v in u.scalars.items() if k != "eta"}), w)
+    with pytest.raises(StrategyError, match=r"scalar guarded=7 is outside its range"):
+        check_update(strategy, dataclasses.replace(u, scalars={**u.scalars, "guarded": 7.0}), w)
+
+
+@pytest.mark.parametrize("name", ["fedent", "fednorm", "feddyn"])
+def test_a_scalar_at_either_end_of_its_range_is_inside_it(name: str) -> None:
+    """Both ends of a declared range are allowed (PayloadSpec: ``[lo, hi]``, both included); just past one is not."""
+    strategy, w, probes, ups = _real(name)
+    spec = strategy.payload_spec
+    for k in spec.update_scalars:
+        lo, hi = spec.range_of(k) or (None, None)
+        assert lo is not None and hi is not None
+        for v in (lo, hi):
+            check_update(strategy, dataclasses.replace(ups[0], scalars={**ups[0].scalars, k: v}), w, 6)
+        for v in (math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)):
+            if math.isfinite(v):
+                with pytest.raises(StrategyError, match=f"scalar {k}=.* is outside its range"):
+                    check_update(strategy, dataclasses.replace(ups[0], scalars={**ups[0].scalars, k: v}), w, 6)
+    for k in spec.probe_scalars:
+        lo, hi = spec.range_of(k) or (None, None)
+        assert lo is not None and hi is not None
+        for v in (lo, hi):
+            check_probe(strategy, dataclasses.replace(probes[0], scalars={**probes[0].scalars, k: v}), 6)
+
+
+def test_a_missing_and_an_unknown_name_are_both_named_in_one_line() -> None:
+    strategy, w, probes, ups = _real("fedent")
+    scalars = {k: v for k, v in probes[0].scalars.items() if k != "a"} | {"z": 0.0}
+    with pytest.raises(StrategyError) as e:
+        check_probe(strategy, dataclasses.replace(probes[0], scalars=scalars), 6)
+    assert str(e.value) == "probe of client 0 lacks scalars ['a'] and has unknown scalars ['z']"
+    strategy, w, _, ups = _real("scaffold")
+    with pytest.raises(StrategyError) as e:
+        check_update(strategy, dataclasses.replace(ups[2], tensors={"rogue": clone(w)}), w, 6)
+    assert str(e.value) == "update of client 2 lacks tensor groups ['delta_c'] and has unknown tensor groups ['rogue']"
+
+
+def test_without_an_expected_sample_count_any_count_passes() -> None:
+    strategy, w, probes, ups = _real("fedent")
+    check_probe(strategy, dataclasses.replace(probes[1], num_samples=1234))
+    check_update(strategy, dataclasses.replace(ups[1], num_samples=1234), w)
