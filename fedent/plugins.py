@@ -128,7 +128,19 @@ def resolve(kind: Kind, name: str) -> Any:
                               f"{_escape(e)}") from None
         where = f"{name} ({ep.value})"
     CHECKS[kind](obj, where)
+    if is_import_path(name):
+        _check_named_outside_stdlib(kind, name)
     return obj
+
+
+def _check_named_outside_stdlib(kind: Kind, ref: str) -> None:
+    """A path through the standard library (``builtins:print``) is refused whatever the attribute holds now: a
+    library that patches ``builtins.print`` with a function of its own (Ray does) must not make it a plug-in."""
+    top = ref.partition(":")[0].partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        what = "a strategy" if kind == "strategies" else "a function"
+        raise PluginError(f"{KEYS[kind]}: {ref} is not {what} defined in a plug-in module (it is named through "
+                          f"the standard library module {top!r})")
 
 
 def _check_callable(obj: Any, where: str, kind: Kind, args: tuple[str, ...]) -> None:

@@ -169,6 +169,22 @@ def test_standard_library_and_builtin_callables_are_not_plugins(plugin_pkg: Path
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def _patched_print(*args: object, **kwargs: object) -> None:
+    """What a library that patches ``builtins.print`` installs: a plain function of a non-stdlib module."""
+
+
+def test_a_patched_builtin_is_still_not_a_plugin(plugin_pkg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray replaces ``builtins.print`` with a function of its own; ``builtins:print`` must stay refused, named
+    through the standard library whatever the attribute holds (this failed in a full run with Ray installed)."""
+    import builtins
+
+    monkeypatch.setattr(builtins, "print", _patched_print)
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(_cfg(model={"name": "builtins:print"}))
+    assert "model.name: builtins:print is not a function defined in a plug-in" in str(e.value)
+    assert "standard library module 'builtins'" in str(e.value)
+
+
 @pytest.mark.parametrize(("body", "needle"), [
     ("import sys\nsys.exit(3)\n", "importing 'escapes' failed: SystemExit: 3"),
     ("raise SystemExit\n", "importing 'escapes' failed: SystemExit"),
