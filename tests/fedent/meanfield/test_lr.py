@@ -360,3 +360,35 @@ def test_an_unknown_variant_is_a_clear_error() -> None:
     with pytest.raises(ValueError) as e:
         solve_eta(0.1, 1.0, 1.0, 0.5, 1.0, 0.9, "x")
     assert str(e.value) == "variant must be one of ('exact', 'paper'), got 'x'"
+
+
+# Constructed single-client inputs with the exact solver's cost pinned: the issue asks for the iteration and
+# evaluation counts the solver reports to be asserted, and each count here tells a safeguard of `_exact` from a
+# variant that reaches the same rate by more (or fewer) steps.
+@pytest.mark.parametrize(("args", "cap", "eta_star", "iterations", "evaluations"), [
+    # a < 0, convex F: the bracket's left end s_l_b (q reaches q*) sits below U; Newton from it converges in 4
+    # steps, and a bracket from the wrong discriminant a² − b(q* − c) starts past q* and takes 8 steps, 9 Fs
+    ((-0.19951195064210434, 116.3403657068715, 0.02406146238439957, 0.0031584868161068126, 0.029021653694470653,
+      0.9), None, 0.16739941076634537, 4, 4),
+    # two Newton steps, then a step below rtol·η ends it on the third: a test |newton + η| (not |newton − η|)
+    # never fires and the loop runs on to 14 steps
+    ((-0.31568197686644384, 32.35889182681524, 0.006195264161774199, 1.0, 0.8049903195250585, 0.999), None,
+     0.08540332056158532, 3, 3),
+    # a root ~8e-18 where F is rounding noise (it jumps between η and −3.7e-16): 12 Newton steps from U, then the
+    # Newton steps leave [lo, hi] and 36 halvings close the bracket to rtol (hi − lo ≤ rtol·hi). Not moving lo
+    # stops at 14 steps on a wrong root; taking a step outside the bracket, or stepping 1.5(lo + hi) instead of the
+    # midpoint, never converges (100 steps); needing both the step and the bracket test takes 49
+    ((-0.8493751732060851, 16.167299677476482, 0.1818278734846182, 0.01663422570548824, 0.008221622489859567,
+      0.5), 4.328005972368298, 8.16940984713873e-18, 48, 48),
+])
+def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
+    args: tuple[float, ...], cap: float | None, eta_star: float, iterations: int, evaluations: int
+) -> None:
+    sol = solve_eta(*args, eta_max=cap)
+    assert not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (iterations, evaluations)
+    assert float(sol.eta_star[0]) == pytest.approx(eta_star, rel=1e-12)
+    # the same client twice in one call: the sweeps are shared, the evaluations add up
+    two = solve_eta(*(np.array([v, v]) for v in args[:5]), args[5], eta_max=cap)
+    assert (two.iterations, two.evaluations) == (iterations, 2 * evaluations)
+    assert two.eta_star.tolist() == [float(sol.eta_star[0])] * 2
