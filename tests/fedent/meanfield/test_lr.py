@@ -392,3 +392,30 @@ def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
     two = solve_eta(*(np.array([v, v]) for v in args[:5]), args[5], eta_max=cap)
     assert (two.iterations, two.evaluations) == (iterations, 2 * evaluations)
     assert two.eta_star.tolist() == [float(sol.eta_star[0])] * 2
+
+
+def test_an_iterate_with_f_exactly_one_still_steps_and_f_zero_ends_the_solve() -> None:
+    """a < 0 with U = eta_max chosen (to the ulp) so that F(U) == 1.0 exactly: F(U) > 0 sends the solve into the
+    loop from U, whose first step must move on (only F == 0 keeps an iterate); it then ends where F is exactly 0.
+    One F at U before the loop, then 4 Newton steps."""
+    args = (-3.716240160221003, 3.645918633689846, 374.6437653281253, 1.0, 4644.358842388955, 0.99)
+    cap = 1.2619869336679421
+    u = np.array([cap])
+    assert float(u[0] - _h(u, *args)[0]) == pytest.approx(1.0, abs=1e-12)
+    sol = solve_eta(*args, eta_max=cap)
+    assert float(sol.bound[0]) == cap and not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (4, 5)
+    assert float(sol.eta_star[0]) == pytest.approx(0.13598366408077556, rel=1e-12)
+
+
+def test_a_relative_tolerance_of_one_stops_at_the_first_bracket() -> None:
+    """rtol = 1 accepts any x whose bracket satisfies hi − lo ≤ hi, which [0, hi] does: with a root ~4e-102 under
+    U ~ 1e-12, the first Newton step from U overshoots 0 and jumps to η = 0, and the bracket [0, U] (hi − lo equal to
+    rtol·hi, not below it) ends the solve there after one step and F(U). The default rtol goes on to the root."""
+    args = (-3.7729720090602093e-94, 2.194588586082197e-06, 0.5704362052680045, 0.00028833215634856493,
+            5422510.288614429, 0.9)
+    loose = solve_eta(*args, rtol=1.0)
+    assert (loose.iterations, loose.evaluations) == (1, 2) and float(loose.eta_star[0]) == 0.0
+    sol = solve_eta(*args)
+    assert (sol.iterations, sol.evaluations) == (3, 4)
+    assert float(sol.eta_star[0]) == pytest.approx(4.1923636547656225e-102, rel=1e-12)
