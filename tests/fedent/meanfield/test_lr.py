@@ -419,3 +419,16 @@ def test_a_relative_tolerance_of_one_stops_at_the_first_bracket() -> None:
     sol = solve_eta(*args)
     assert (sol.iterations, sol.evaluations) == (3, 4)
     assert float(sol.eta_star[0]) == pytest.approx(4.1923636547656225e-102, rel=1e-12)
+
+
+def test_the_jump_to_zero_fires_once_when_f_is_rounding_noise() -> None:
+    """c a hair from q* (1 + log p(0) ~ 1e-16): the bracket from s_l_b is ~1.5e-16 wide and F there is rounding
+    noise (±5e-16). The first step from U overshoots 0 and jumps to η = 0; Newton from 0 lands at 1.2e-16, and its
+    step overshoots 0 again: that one must bisect (η = 0 was seen), or the solve cycles 0 → 1.2e-16 → 0 until
+    max_iter. 23 steps: the jump, one Newton step, 21 halvings to rtol."""
+    args = (-0.005740438338591981, 0.019232938022664396, 0.008657755084104476, 0.08944697870488245,
+            0.0021050647249382, 0.9)
+    sol = solve_eta(*args, eta_max=0.05233135887864895, rtol=1.0826724651865041e-06)
+    assert not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (23, 23)
+    assert float(sol.eta_star[0]) == pytest.approx(7.554842184083737e-17, rel=1e-12)
