@@ -382,14 +382,17 @@ def test_an_unknown_variant_is_a_clear_error() -> None:
       0.5), 4.328005972368298, 8.16940984713873e-18, 48, 48),
 ])
 def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
-    args: tuple[float, ...], cap: float | None, eta_star: float, iterations: int, evaluations: int
+    args: tuple[float, float, float, float, float, float], cap: float | None, eta_star: float, iterations: int,
+    evaluations: int,
 ) -> None:
-    sol = solve_eta(*args, eta_max=cap)
+    a, b, c, th, phi, beta = args
+    sol = solve_eta(a, b, c, th, phi, beta, eta_max=cap)
     assert not sol.guarded[0]
     assert (sol.iterations, sol.evaluations) == (iterations, evaluations)
     assert float(sol.eta_star[0]) == pytest.approx(eta_star, rel=1e-12)
     # the same client twice in one call: the sweeps are shared, the evaluations add up
-    two = solve_eta(*(np.array([v, v]) for v in args[:5]), args[5], eta_max=cap)
+    a2, b2, c2, th2, phi2 = (np.array([v, v]) for v in (a, b, c, th, phi))
+    two = solve_eta(a2, b2, c2, th2, phi2, beta, eta_max=cap)
     assert (two.iterations, two.evaluations) == (iterations, 2 * evaluations)
     assert two.eta_star.tolist() == [float(sol.eta_star[0])] * 2
 
