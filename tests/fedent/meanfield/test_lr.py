@@ -360,3 +360,78 @@ def test_an_unknown_variant_is_a_clear_error() -> None:
     with pytest.raises(ValueError) as e:
         solve_eta(0.1, 1.0, 1.0, 0.5, 1.0, 0.9, "x")
     assert str(e.value) == "variant must be one of ('exact', 'paper'), got 'x'"
+
+
+# Constructed single-client inputs with the exact solver's cost pinned: the issue asks for the iteration and
+# evaluation counts the solver reports to be asserted, and each count here tells a safeguard of `_exact` from a
+# variant that reaches the same rate by more (or fewer) steps.
+@pytest.mark.parametrize(("args", "cap", "eta_star", "iterations", "evaluations"), [
+    # a < 0, convex F: the bracket's left end s_l_b (q reaches q*) sits below U; Newton from it converges in 4
+    # steps, and a bracket from the wrong discriminant a² − b(q* − c) starts past q* and takes 8 steps, 9 Fs
+    ((-0.19951195064210434, 116.3403657068715, 0.02406146238439957, 0.0031584868161068126, 0.029021653694470653,
+      0.9), None, 0.16739941076634537, 4, 4),
+    # two Newton steps, then a step below rtol·η ends it on the third: a test |newton + η| (not |newton − η|)
+    # never fires and the loop runs on to 14 steps
+    ((-0.31568197686644384, 32.35889182681524, 0.006195264161774199, 1.0, 0.8049903195250585, 0.999), None,
+     0.08540332056158532, 3, 3),
+    # a root ~8e-18 where F is rounding noise (it jumps between η and −3.7e-16): 12 Newton steps from U, then the
+    # Newton steps leave [lo, hi] and 36 halvings close the bracket to rtol (hi − lo ≤ rtol·hi). Not moving lo
+    # stops at 14 steps on a wrong root; taking a step outside the bracket, or stepping 1.5(lo + hi) instead of the
+    # midpoint, never converges (100 steps); needing both the step and the bracket test takes 49
+    ((-0.8493751732060851, 16.167299677476482, 0.1818278734846182, 0.01663422570548824, 0.008221622489859567,
+      0.5), 4.328005972368298, 8.16940984713873e-18, 48, 48),
+])
+def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
+    args: tuple[float, float, float, float, float, float], cap: float | None, eta_star: float, iterations: int,
+    evaluations: int,
+) -> None:
+    a, b, c, th, phi, beta = args
+    sol = solve_eta(a, b, c, th, phi, beta, eta_max=cap)
+    assert not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (iterations, evaluations)
+    assert float(sol.eta_star[0]) == pytest.approx(eta_star, rel=1e-12)
+    # the same client twice in one call: the sweeps are shared, the evaluations add up
+    a2, b2, c2, th2, phi2 = (np.array([v, v]) for v in (a, b, c, th, phi))
+    two = solve_eta(a2, b2, c2, th2, phi2, beta, eta_max=cap)
+    assert (two.iterations, two.evaluations) == (iterations, 2 * evaluations)
+    assert two.eta_star.tolist() == [float(sol.eta_star[0])] * 2
+
+
+def test_an_iterate_with_f_exactly_one_still_steps_and_f_zero_ends_the_solve() -> None:
+    """a < 0 with U = eta_max chosen (to the ulp) so that F(U) == 1.0 exactly: F(U) > 0 sends the solve into the
+    loop from U, whose first step must move on (only F == 0 keeps an iterate); it then ends where F is exactly 0.
+    One F at U before the loop, then 4 Newton steps."""
+    args = (-3.716240160221003, 3.645918633689846, 374.6437653281253, 1.0, 4644.358842388955, 0.99)
+    cap = 1.2619869336679421
+    u = np.array([cap])
+    assert float(u[0] - _h(u, *args)[0]) == pytest.approx(1.0, abs=1e-12)
+    sol = solve_eta(*args, eta_max=cap)
+    assert float(sol.bound[0]) == cap and not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (4, 5)
+    assert float(sol.eta_star[0]) == pytest.approx(0.13598366408077556, rel=1e-12)
+
+
+def test_a_relative_tolerance_of_one_stops_at_the_first_bracket() -> None:
+    """rtol = 1 accepts any x whose bracket satisfies hi − lo ≤ hi, which [0, hi] does: with a root ~4e-102 under
+    U ~ 1e-12, the first Newton step from U overshoots 0 and jumps to η = 0, and the bracket [0, U] (hi − lo equal to
+    rtol·hi, not below it) ends the solve there after one step and F(U). The default rtol goes on to the root."""
+    args = (-3.7729720090602093e-94, 2.194588586082197e-06, 0.5704362052680045, 0.00028833215634856493,
+            5422510.288614429, 0.9)
+    loose = solve_eta(*args, rtol=1.0)
+    assert (loose.iterations, loose.evaluations) == (1, 2) and float(loose.eta_star[0]) == 0.0
+    sol = solve_eta(*args)
+    assert (sol.iterations, sol.evaluations) == (3, 4)
+    assert float(sol.eta_star[0]) == pytest.approx(4.1923636547656225e-102, rel=1e-12)
+
+
+def test_the_jump_to_zero_fires_once_when_f_is_rounding_noise() -> None:
+    """c a hair from q* (1 + log p(0) ~ 1e-16): the bracket from s_l_b is ~1.5e-16 wide and F there is rounding
+    noise (±5e-16). The first step from U overshoots 0 and jumps to η = 0; Newton from 0 lands at 1.2e-16, and its
+    step overshoots 0 again: that one must bisect (η = 0 was seen), or the solve cycles 0 → 1.2e-16 → 0 until
+    max_iter. 23 steps: the jump, one Newton step, 21 halvings to rtol."""
+    args = (-0.005740438338591981, 0.019232938022664396, 0.008657755084104476, 0.08944697870488245,
+            0.0021050647249382, 0.9)
+    sol = solve_eta(*args, eta_max=0.05233135887864895, rtol=1.0826724651865041e-06)
+    assert not sol.guarded[0]
+    assert (sol.iterations, sol.evaluations) == (23, 23)
+    assert float(sol.eta_star[0]) == pytest.approx(7.554842184083737e-17, rel=1e-12)
