@@ -362,6 +362,19 @@ def test_an_unknown_variant_is_a_clear_error() -> None:
     assert str(e.value) == "variant must be one of ('exact', 'paper'), got 'x'"
 
 
+def _numpy_avx512() -> bool:
+    """The ulp-constructed inputs below were found with numpy's AVX-512 float64 log (X86_V4); without it numpy
+    takes another log whose last bit may differ, and those inputs no longer sit where they were built to."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+        return bool(__cpu_features__.get("AVX512F"))
+    except ImportError:  # numpy's private module moved: run nowhere rather than fail falsely
+        return False
+
+
+ULP_BUILT = pytest.mark.skipif(not _numpy_avx512(), reason="inputs constructed to the ulp under numpy's AVX-512 log")
+
+
 # Constructed single-client inputs with the exact solver's cost pinned: the issue asks for the iteration and
 # evaluation counts the solver reports to be asserted, and each count here tells a safeguard of `_exact` from a
 # variant that reaches the same rate by more (or fewer) steps.
@@ -378,8 +391,8 @@ def test_an_unknown_variant_is_a_clear_error() -> None:
     # Newton steps leave [lo, hi] and 36 halvings close the bracket to rtol (hi − lo ≤ rtol·hi). Not moving lo
     # stops at 14 steps on a wrong root; taking a step outside the bracket, or stepping 1.5(lo + hi) instead of the
     # midpoint, never converges (100 steps); needing both the step and the bracket test takes 49
-    ((-0.8493751732060851, 16.167299677476482, 0.1818278734846182, 0.01663422570548824, 0.008221622489859567,
-      0.5), 4.328005972368298, 8.16940984713873e-18, 48, 48),
+    pytest.param((-0.8493751732060851, 16.167299677476482, 0.1818278734846182, 0.01663422570548824,
+                  0.008221622489859567, 0.5), 4.328005972368298, 8.16940984713873e-18, 48, 48, marks=ULP_BUILT),
 ])
 def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
     args: tuple[float, float, float, float, float, float], cap: float | None, eta_star: float, iterations: int,
@@ -397,6 +410,7 @@ def test_exact_solver_reports_its_exact_cost_on_constructed_inputs(
     assert two.eta_star.tolist() == [float(sol.eta_star[0])] * 2
 
 
+@ULP_BUILT
 def test_an_iterate_with_f_exactly_one_still_steps_and_f_zero_ends_the_solve() -> None:
     """a < 0 with U = eta_max chosen (to the ulp) so that F(U) == 1.0 exactly: F(U) > 0 sends the solve into the
     loop from U, whose first step must move on (only F == 0 keeps an iterate); it then ends where F is exactly 0.
@@ -424,6 +438,7 @@ def test_a_relative_tolerance_of_one_stops_at_the_first_bracket() -> None:
     assert float(sol.eta_star[0]) == pytest.approx(4.1923636547656225e-102, rel=1e-12)
 
 
+@ULP_BUILT
 def test_the_jump_to_zero_fires_once_when_f_is_rounding_noise() -> None:
     """c a hair from q* (1 + log p(0) ~ 1e-16): the bracket from s_l_b is ~1.5e-16 wide and F there is rounding
     noise (±5e-16). The first step from U overshoots 0 and jumps to η = 0; Newton from 0 lands at 1.2e-16, and its
