@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 
 from fedent.config import Declared, SettingsError, option
 from fedentrpc.security.flags import ServerSecurity
-from fedentrpc.stream_limit import StreamLimits
+from fedentrpc.stream_limit import (
+    StreamLimits,
+    anonymous_streams_option,
+    limits_of,
+    open_stream_max_option,
+    stream_idle_option,
+)
 
 __all__ = ["EstimatorSettings", "SettingsError"]
 
@@ -27,14 +33,9 @@ class EstimatorSettings(Declared):
                                                 "identity may hold at once, callers without credentials sharing "
                                                 "one such budget; more get RESOURCE_EXHAUSTED. Only with worker "
                                                 "authentication; 0 = no limit"), ge=0)
-    max_anonymous_streams: int = option(8, ("open streaming calls on health and reflection (no credentials needed), "
-                                            "all callers together; they run on a pool of their own with 4 more "
-                                            "threads for health checks; more get RESOURCE_EXHAUSTED"), ge=1)
-    stream_idle_s: float = option(120.0, ("a stream that keeps the server waiting on its peer this long (no upload "
-                                          "chunk, a download not read, a session's first message) is cancelled"),
-                                  gt=0)
-    open_stream_max_s: float = option(600.0, "a health Watch (or reflection) stream is closed after this long",
-                                      gt=0)
+    max_anonymous_streams: int = anonymous_streams_option()
+    stream_idle_s: float = stream_idle_option()
+    open_stream_max_s: float = open_stream_max_option()
     oracle_timeout_s: float = option(600.0, "deadline of one gradient request to a worker", gt=0)
     oracle_retries: int = option(2, "re-sends of a gradient request after a timeout, error or lost worker", ge=0)
     oracle_prefetch: int = option(16, "clients asked at once at the same point (memory: prefetch x model size)",
@@ -52,5 +53,4 @@ class EstimatorSettings(Declared):
 
     def stream_limits(self) -> StreamLimits:
         """The limits :func:`fedentrpc.serving.create_server` enforces (docs/security.md, "Resource limits")."""
-        return StreamLimits(per_identity=self.max_streams_per_identity, anonymous=self.max_anonymous_streams,
-                            idle_s=self.stream_idle_s, open_max_s=self.open_stream_max_s)
+        return limits_of(self)

@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from fedent.config import option
 from fedentrpc.handlers import rewrap
 from fedentrpc.security.interceptors import OPEN_METHOD_PREFIXES, caller_identity
 
@@ -57,6 +58,31 @@ class StreamLimits:
     def __post_init__(self) -> None:
         if self.per_identity < 0 or self.anonymous < 1 or not self.idle_s > 0 or not self.open_max_s > 0:
             raise ValueError(f"bad stream limits {self}")
+
+
+def anonymous_streams_option() -> Any:
+    """``max_anonymous_streams``, declared alike by the aggregator's and the estimator's settings."""
+    return option(8, ("open streaming calls on health and reflection (no credentials needed), all callers together; "
+                      "they run on a pool of their own with 4 more threads for health checks; more get "
+                      "RESOURCE_EXHAUSTED"), ge=1)
+
+
+def stream_idle_option() -> Any:
+    """``stream_idle_s``, declared alike by both services' settings."""
+    return option(120.0, ("a stream that keeps the server waiting on its peer this long (no upload chunk, a download "
+                          "not read, a session's first message) is cancelled"), gt=0)
+
+
+def open_stream_max_option() -> Any:
+    """``open_stream_max_s``, declared alike by both services' settings."""
+    return option(600.0, "a health Watch (or reflection) stream is closed after this long", gt=0)
+
+
+def limits_of(settings: Any) -> StreamLimits:
+    """The :class:`StreamLimits` of a service's settings (fields ``max_streams_per_identity``,
+    ``max_anonymous_streams``, ``stream_idle_s``, ``open_stream_max_s``)."""
+    return StreamLimits(per_identity=settings.max_streams_per_identity, anonymous=settings.max_anonymous_streams,
+                        idle_s=settings.stream_idle_s, open_max_s=settings.open_stream_max_s)
 
 
 def add_stream_limit_args(p: argparse.ArgumentParser, anonymous: int, idle_s: float, open_max_s: float) -> None:

@@ -12,7 +12,13 @@ from typing import Literal
 
 from fedent.config import Declared, SettingsError, option
 from fedentrpc.codec import MAX_CHUNK_BYTES, TransferSpec
-from fedentrpc.stream_limit import StreamLimits
+from fedentrpc.stream_limit import (
+    StreamLimits,
+    anonymous_streams_option,
+    limits_of,
+    open_stream_max_option,
+    stream_idle_option,
+)
 
 __all__ = ["AggregatorSettings", "SettingsError"]
 
@@ -57,14 +63,9 @@ class AggregatorSettings(Declared):
                                                  "identity may hold at once, callers without credentials sharing "
                                                  "one such budget; more get RESOURCE_EXHAUSTED. Only with worker "
                                                  "authentication; 0 = no limit"), ge=0)
-    max_anonymous_streams: int = option(8, ("open streaming calls on health and reflection (no credentials needed), "
-                                            "all callers together; they run on a pool of their own with 4 more "
-                                            "threads for health checks; more get RESOURCE_EXHAUSTED"), ge=1)
-    stream_idle_s: float = option(120.0, ("a stream that keeps the server waiting on its peer this long (no upload "
-                                          "chunk, a download not read, a session's first message) is cancelled"),
-                                  gt=0)
-    open_stream_max_s: float = option(600.0, "a health Watch (or reflection) stream is closed after this long",
-                                      gt=0)
+    max_anonymous_streams: int = anonymous_streams_option()
+    stream_idle_s: float = stream_idle_option()
+    open_stream_max_s: float = open_stream_max_option()
     stop_workers_when_done: bool = option(True, "send the workers Shutdown when the run ends")
     checkpoint_keep: int = option(2, "checkpoints kept in runs/<id>/checkpoint/ (resume); 0 = no checkpoints", ge=0)
     clients_file: str = option("", "client map {worker identity: client ids} (YAML/JSON): only the mapped identity "
@@ -82,5 +83,4 @@ class AggregatorSettings(Declared):
 
     def stream_limits(self) -> StreamLimits:
         """The limits :func:`fedentrpc.serving.create_server` enforces (docs/security.md, "Resource limits")."""
-        return StreamLimits(per_identity=self.max_streams_per_identity, anonymous=self.max_anonymous_streams,
-                            idle_s=self.stream_idle_s, open_max_s=self.open_stream_max_s)
+        return limits_of(self)
