@@ -5,18 +5,14 @@ round's ``diagnostics.transfer.bytes_down`` counts the bytes the deltas really t
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from procs import ENV, check_equals_simulation, simulate
 
-from fedent.config import load_config
-from fedent.model_file import load_model_file
-from fedent.runlog import read_json, read_metrics
-from fedent.sim.simulator import run_simulation
+from fedent.runlog import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """\
@@ -37,19 +33,11 @@ def test_a_delta_download_cluster_equals_the_simulation(tmp_path: Path) -> None:
         [sys.executable, "-m", "fedent.cli", "cluster", "up", "--config", str(cfg_path), "--workers", "2",
          "--out", str(out), "--exit-when-done", "--no-dashboard", "--register-timeout", "60",
          "--round-deadline", "60", "--download-encoding", "delta"], cwd=REPO, capture_output=True, text=True,
-        timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        timeout=240, env=ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert read_json(out / "status.json")["phase"] == "done"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        sim = run_simulation(load_config(cfg_path), tmp_path / "sim", progress=False, plots=False)
-    finally:
-        torch.set_num_threads(threads)
-    cluster = load_model_file(out / "model_final.pt").params
-    num = max(float((a - b).abs().max()) for a, b in zip(cluster, sim.params, strict=True))
-    assert num / max(float(b.abs().max()) for b in sim.params) <= 1e-5
-    model_bytes = sum(p.numel() * 4 for p in sim.params)
+    reference = simulate(tmp_path / "sim", CONFIG)
+    check_equals_simulation(out, reference, rounds=3, clients=4)
+    model_bytes = sum(p.numel() * 4 for p in reference)
     transfer = [rec["diagnostics"]["transfer"] for rec in read_metrics(out / "metrics.jsonl")]
     assert (transfer[0]["downloads_full"], transfer[0]["downloads_delta"]) == (2, 0)
     assert transfer[0]["bytes_down"] == 2 * model_bytes  # nothing held yet: two whole float32 models
