@@ -15,15 +15,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+COMMIT_ENV = "FEDENT_COMMIT"
+
 
 def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
-    """The commit of the code that runs (the package's own checkout), with whether the tree had local edits."""
+    """The commit of the code that runs (the package's own checkout), with whether the tree had local edits;
+    outside a checkout, ``$FEDENT_COMMIT`` when the copy's maker set it, else "unknown" with the reason."""
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": "unknown", "reason": f"git not runnable: {exc}"}
     if out.returncode != 0:
+        given = os.environ.get(COMMIT_ENV, "").strip()
+        if given:  # a copy of the tree without .git (a GPU machine, an image): the commit it was copied from
+            return {"commit": given, "source": f"{COMMIT_ENV} (not a git checkout)", "dirty": None}
         return {"commit": "unknown", "reason": f"not a git checkout ({out.stderr.strip()[:200]})"}
     info: dict[str, Any] = {"commit": out.stdout.strip()}
     try:

@@ -19,6 +19,10 @@
 #                (goal: >= 0.8 P); distributed-cuda.log: P = 1, 2 sharing the one GPU
 #   transfer     transfer.log: benchmarks/bench_transfer.py (generated gRPC path vs bare gRPC on the 16 cores;
 #                skipped with a message where the device's python has no grpc)
+#   study        issue 29's runs on the real MNIST: fedent reproduce --profile mnist (Table IV's MNIST pathological
+#                row, the paper's data and model) with STUDY_ROWS and STUDY_SEEDS, --budget-s = the time left before
+#                DEADLINE_S (data.root=data/mnist); results/mnist stays on a warm machine, so the same section in the next call resumes it
+#                (complete runs are skipped); carry data/mnist (the four IDX .gz of `fedent data fetch mnist`)
 #   legacy       issue 16's checks: the CUDA tests of the vectorised executor, bench_simulator.py, 5 rounds of
 #                every algorithm (per-algorithm.log)
 # Dry run on a machine without a GPU: DEVICE=cpu QUICK=1 (tiny sizes, CPU device) exercises every step's command.
@@ -30,6 +34,11 @@ DEADLINE_S=${DEADLINE_S:-570}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
 PIPELINE_S=${PIPELINE_S:-150}
+TABLE4=${TABLE4:-fedavg fedent bf16}
+STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
+STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
+STUDY_WORKERS=${STUDY_WORKERS:-6}
+STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
 mkdir -p "$OUT/runs"
 CFG=configs/fmnist-mnist-pathological.yaml
 DATA=(--set data.root=data/fashion-mnist)
@@ -88,13 +97,17 @@ section_levers() {
   cat "$OUT/levers.log"
 }
 
-section_table4() {
-  sim table4-fedavg
-  guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg
-  sim table4-fedent
-  guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent
-  sim table4-fedavg-bf16
-  guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16
+section_table4() {  # TABLE4: which of the three runs (fedavg fedent bf16)
+  local run
+  for run in $TABLE4; do
+    sim "table4-$run"
+    case $run in
+      fedavg) guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg ;;
+      fedent) guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent ;;
+      bf16) sim table4-fedavg-bf16
+            guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16 ;;
+    esac
+  done
   tail -n 1 "$OUT"/table4-*.log
 }
 
@@ -134,6 +147,21 @@ section_transfer() {
   fi
 }
 
+section_study() {
+  [ -f data/mnist/train-images-idx3-ubyte.gz ] || echo "study: no data/mnist carried" | tee -a "$STEPS_LOG"
+  local left=$((DEADLINE_S - SECONDS - 30))  # 30 s for the archives
+  if [ "$left" -lt 90 ]; then
+    echo "study skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
+  else
+    step study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$STUDY_ROWS" \
+      --out results/mnist --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
+      --budget-s $((left - 25)) --set data.root=data/mnist \
+      ${QUICK:+--rounds 1 --set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500}
+  fi
+  tail -n 25 "$OUT/study.log" 2>/dev/null
+  tar czf "$OUT/study.tgz" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' results/mnist 2>/dev/null
+}
+
 section_legacy() {
   guarded gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
     tests/fedent/rounds/test_vectorised.py -k "cuda or falls_back or without_a_plan"
@@ -150,8 +178,9 @@ section_legacy() {
 
 for section in $SECTIONS; do
   case $section in
-    env | profile | levers | table4 | step | pipeline | distributed | transfer | legacy) "section_$section" ;;
-    *) echo "unknown section $section (known: env profile levers table4 step pipeline distributed transfer legacy)" \
+    env | profile | levers | table4 | step | pipeline | distributed | transfer | study | legacy) "section_$section" ;;
+    *) echo "unknown section $section (known: env profile levers table4 step pipeline distributed transfer study" \
+         "legacy)" \
          | tee -a "$STEPS_LOG" ;;
   esac
 done

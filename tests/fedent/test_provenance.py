@@ -22,3 +22,16 @@ def test_outside_a_repo_unknown_with_reason(tmp_path):
                                 "python": "3.12.1", "torch": "2.1", "cuda": "12.1"})
     assert line.startswith("commit unknown (not a git checkout") and "2 CPUs" in line and "CUDA 12.1" in line
     assert provenance.describe(None).startswith("not recorded")
+
+
+def test_a_copy_without_git_records_the_commit_its_maker_gave(tmp_path, monkeypatch):
+    monkeypatch.setenv(provenance.COMMIT_ENV, "0123456789abcdef0123456789abcdef01234567")
+    g = provenance.git_commit(tmp_path)
+    assert g["commit"] == "0123456789abcdef0123456789abcdef01234567" and "not a git checkout" in g["source"]
+    monkeypatch.setenv(provenance.COMMIT_ENV, "  ")
+    assert provenance.git_commit(tmp_path)["commit"] == "unknown"
+
+
+def test_a_checkout_ignores_the_variable(monkeypatch):
+    monkeypatch.setenv(provenance.COMMIT_ENV, "not-this")
+    assert provenance.git_commit()["commit"] != "not-this"

@@ -97,3 +97,15 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
                      ("train.conv=fft", "train.conv: must be one of direct, unfold")):
         with pytest.raises(ConfigError, match=why):
             build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], overrides=[bad])
+
+
+def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:
+    plan = build_plan(get_profile("mnist"), [0, 1, 2], tmp_path, CONFIGS)
+    assert len(plan.runs) == 30 and {s.seed for s in plan.runs} == {0, 1, 2}
+    assert {s.row for s in plan.runs} == SEVEN | {"fedent-shuffled", "fedent-fixed", "fedent-cap-none"}
+    run = next(s for s in plan.runs if s.key == "mnist-pathological/fedent-shuffled-s1")
+    data, train = run.config["data"], run.config["train"]
+    assert (data["name"], data["partition"], run.config["model"]["name"]) == ("mnist", "pathological", "mnist-cnn")
+    assert (train["rounds"], train["local_epochs"], train["lr"], train["precision"]) == (50, 3, 0.01, "tf32")
+    assert run.config["algorithm"]["rates"] == "shuffled"
+    assert [s.seed for s in plan.runs] == sorted(s.seed for s in plan.runs)  # seed-major: a cut leaves whole seeds
