@@ -40,8 +40,8 @@ STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
 STUDY_WORKERS=${STUDY_WORKERS:-6}
 STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
 mkdir -p "$OUT/runs"
-CFG=configs/fmnist-mnist-pathological.yaml
-DATA=(--set data.root=data/fashion-mnist)
+CFG=${CFG:-configs/fmnist-mnist-pathological.yaml}  # the Table IV runs; CFG=configs/mnist-pathological.yaml
+DATA=(--set "data.root=${DATA_ROOT:-data/fashion-mnist}")  # DATA_ROOT=data/mnist: the real MNIST row itself
 if [ -n "$QUICK" ]; then  # a smoke test of this script: tiny sizes, every command still runs
   CLIENTS=4 SAMPLES=64 CALLS=1 ROUNDS=1 STEP_ARGS=(--clients 4 --samples 64 --repeats 1)
   DIST_ARGS=(--clients 8 --samples 16 --rounds 3) SIZES_MB=4 PIPE_SEEDS=0 PIPE_ROUNDS=(--rounds 1)

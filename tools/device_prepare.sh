@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepare what a lent GPU machine needs besides the repository (docs: benchmarks/README.md, "GPU").
 # That machine has its own python3 with PyTorch (another version than ours) and no internet, so we carry:
-#   .devdeps/        pure-Python packages the core and the GPU tests import (PyYAML falls back to pure Python
-#                    when its C extension does not match; pytest and its plug-ins)
+#   .devdeps/        packages the core and the GPU tests import that the device lacks (PyYAML falls back to pure
+#                    Python when its C extension does not match; pytest and its plug-ins; cryptography and cffi
+#                    built for the device's python)
 #   data/fashion-mnist/  the Fashion-MNIST IDX files from the Debian package
 # Both paths are git-ignored; pass them to the device tool's `carry`. Run from the repository root.
 set -euo pipefail
@@ -18,6 +19,14 @@ rm -f .devdeps/yaml/_yaml.*.so   # the device's python may be another version: u
 # For a python older than 3.11 on the device: pytest's backports, pure-Python wheels from the package index.
 "$PY" -m pip download -q --no-deps --platform any --python-version 3.10 --only-binary=:all: \
   -d .devdeps/.wheels exceptiongroup tomli typing_extensions
+for w in .devdeps/.wheels/*.whl; do "$PY" -m zipfile -e "$w" .devdeps/; done
+# cryptography (the round engine imports secure aggregation's signatures) is compiled and not in the device's
+# image: its abi3 wheel and cffi's for the device's python (DEVICE_PY, 3.12 there), from the package index.
+DEVICE_PY=${DEVICE_PY:-3.12}
+CRYPTO=$("$PY" -c 'import importlib.metadata as m; print(m.version("cryptography"))')
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$DEVICE_PY" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .devdeps/.wheels "cryptography==$CRYPTO" cffi pycparser
 for w in .devdeps/.wheels/*.whl; do "$PY" -m zipfile -e "$w" .devdeps/; done
 rm -rf .devdeps/.wheels .devdeps/*.dist-info
 mkdir -p data/fashion-mnist
