@@ -20,7 +20,8 @@ COMMIT_ENV = "FEDENT_COMMIT"
 
 def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
     """The commit of the code that runs (the package's own checkout), with whether the tree had local edits;
-    outside a checkout, ``$FEDENT_COMMIT`` when the copy's maker set it, else "unknown" with the reason."""
+    outside a checkout, ``$FEDENT_COMMIT`` when the copy's maker set it, else "unknown" with the reason; a dirty
+    checkout whose maker set another commit records it too (``declared_commit``), beside git's own."""
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
@@ -38,6 +39,10 @@ def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
         info["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         info["dirty"] = None
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given and given != info["commit"] and info.get("dirty") is not False:
+        # a copy that carries a stale .git (a GPU machine's copy of a checkout): what its maker says it is
+        info["declared_commit"] = given
     return info
 
 
@@ -81,6 +86,7 @@ def describe(p: dict[str, Any] | None) -> str:
     if commit == "unknown":
         commit = f"unknown ({p.get('reason', 'no reason given')})"
     elif p.get("dirty"):
-        commit += " (with uncommitted changes)"
+        declared = f"; declared by its maker: {p['declared_commit']}" if p.get("declared_commit") else ""
+        commit += f" (with uncommitted changes{declared})"
     return (f"commit {commit}; host {p.get('hostname')} ({p.get('machine')}, {p.get('cpu_count')} CPUs); "
             f"GPU {p.get('gpu')}; python {p.get('python')}, torch {p.get('torch')}, CUDA {p.get('cuda')}")

@@ -50,6 +50,11 @@ else
   DIST_ARGS=(--clients 100 --samples 60 --rounds 4) SIZES_MB=16,256,1024 PIPE_SEEDS=0 PIPE_ROUNDS=()
 fi
 
+small_files() {  # small_files DIR: the files worth bringing back (logs, tables, metrics, configs), one a line
+  find "$1" -type f -size -3000k ! -name '*.pt' ! -name '*.ckpt' ! -name '*.state' ! -path '*/checkpoint*/*' \
+    ! -path '*/client_state/*'
+}
+
 guarded() {  # guarded NAME LIMIT_S CMD...: step(), unless it could end after DEADLINE_S
   local name=$1 limit=$2
   if [ $((SECONDS + limit)) -gt "$DEADLINE_S" ]; then
@@ -154,12 +159,12 @@ section_study() {
     echo "study skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
   else
     step study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$STUDY_ROWS" \
-      --out results/mnist --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
+      --out "results/mnist${QUICK:+-quick}" --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
       --budget-s $((left - 25)) --set data.root=data/mnist \
       ${QUICK:+--rounds 1 --set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500}
   fi
   tail -n 25 "$OUT/study.log" 2>/dev/null
-  tar czf "$OUT/study.tgz" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' results/mnist 2>/dev/null
+  small_files "results/mnist${QUICK:+-quick}" | tar czf "$OUT/study.tgz" -T - 2>/dev/null
 }
 
 section_legacy() {
@@ -185,8 +190,9 @@ for section in $SECTIONS; do
   esac
 done
 cat "$STEPS_LOG"
-# The device tool brings back at most 8 files: everything (model files aside) in one archive, beside the summary.
-tar czf /tmp/device-check.tgz -C "$OUT" --exclude='*.pt' --exclude='checkpoints' --exclude='client_state*' .
+# The device tool brings back at most 8 files of 16 MiB: everything but model files, checkpoints and client state
+# (a 24-run study holds 6 GB of them) in one archive, beside the summary.
+(cd "$OUT" && small_files . | tar czf /tmp/device-check.tgz -T -)
 find "$OUT" -mindepth 1 -maxdepth 1 ! -name steps.log ! -name env.txt ! -name profile.md ! -name levers.log \
   -exec rm -rf {} +
 mv /tmp/device-check.tgz "$OUT/"

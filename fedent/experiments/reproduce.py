@@ -70,6 +70,21 @@ def settled(spec: RunSpec) -> bool:
             and same_config(spec.run_dir, spec.config))
 
 
+def finished(run_dir: Path) -> bool:
+    """The run in ``run_dir`` ended, whatever its config: its status says done, or it diverged."""
+    status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
+    return (isinstance(status, dict) and status.get("phase") == "done") or diverged(run_dir) is not None
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move ``run_dir`` to a free ``<name>.superseded-<n>`` beside it; returns where it went."""
+    n = 1
+    while (kept := run_dir.with_name(f"{run_dir.name}.superseded-{n}")).exists():
+        n += 1
+    os.replace(run_dir, kept)
+    return kept
+
+
 def same_config(run_dir: Path, config: Mapping[str, Any]) -> bool:
     """True when the run dir's config.yaml is this spec's config (a changed profile must not be skipped)."""
     path = runlog.RunPaths(run_dir).config
@@ -121,7 +136,12 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
         except (RunDirError, RunFinished):
             resume = False
     if spec.run_dir.exists() and not resume:
-        shutil.rmtree(spec.run_dir)
+        if finished(spec.run_dir):  # a finished run of another config is a result: kept, never overwritten
+            kept = set_aside(spec.run_dir)
+            print(f"{spec.key}: {spec.run_dir} held a finished run of another config; moved to {kept.name}",
+                  file=sys.stderr)
+        else:
+            shutil.rmtree(spec.run_dir)
     inputs = inputs_for(cfg) if inputs_for is not None else _cached_inputs(_inputs_key(spec.config))
     try:
         # no bar (parallel runs would draw over each other); a line per round where there is no terminal

@@ -35,3 +35,21 @@ def test_a_copy_without_git_records_the_commit_its_maker_gave(tmp_path, monkeypa
 def test_a_checkout_ignores_the_variable(monkeypatch):
     monkeypatch.setenv(provenance.COMMIT_ENV, "not-this")
     assert provenance.git_commit()["commit"] != "not-this"
+
+
+def test_a_dirty_copy_with_a_stale_git_records_the_declared_commit_beside_gits(tmp_path, monkeypatch):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f.py").write_text("a = 1\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", "-C", str(tmp_path), "add", "f.py"], check=True, env=env)
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-qm", "x"], check=True, env=env)
+    monkeypatch.setenv(provenance.COMMIT_ENV, "feedbeef")
+    clean = provenance.git_commit(tmp_path)
+    assert clean["dirty"] is False and "declared_commit" not in clean  # a clean checkout is what it says
+    (tmp_path / "f.py").write_text("a = 2\n")
+    dirty = provenance.git_commit(tmp_path)
+    assert dirty["dirty"] is True and dirty["declared_commit"] == "feedbeef" and dirty["commit"] != "feedbeef"
+    line = provenance.describe({**dirty, "hostname": "h", "machine": "x", "cpu_count": 1, "gpu": "g",
+                                "python": "3", "torch": "2", "cuda": "13"})
+    assert "with uncommitted changes; declared by its maker: feedbeef" in line

@@ -68,6 +68,11 @@ def test_two_run_plan_runs_resumes_and_reports(tmp_path: Path, capsys: pytest.Ca
     changed.runs[0].config["train"]["lr"] = 0.05
     assert [o.status for o in run_plan(changed, 1, 1, inputs_for)] == ["done", "skipped"]
     assert [o.status for o in run_plan(plan, 1, 1, inputs_for)] == ["done", "skipped"]
+    # ... and the finished runs it replaced were moved aside, whole, never deleted
+    first, second = (plan.runs[0].run_dir.with_name(f"fedavg-s0.superseded-{n}") for n in (1, 2))
+    assert same_config(first, plan.runs[0].config) and same_config(second, changed.runs[0].config)
+    assert is_complete(first, 3) and is_complete(second, 3) and same_config(plan.runs[0].run_dir, plan.runs[0].config)
+    assert "held a finished run of another config; moved to fedavg-s0.superseded-2" in capsys.readouterr().err
 
     report = write_report(plan, out, {"argv": ["fedent", "reproduce"], "machine": {}, "commit": "abc"})
     text = report.read_text()
