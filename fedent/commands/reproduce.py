@@ -8,6 +8,7 @@ hand-written text around it) and copies the figures to DIR/results/.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import time
@@ -240,6 +241,11 @@ def run(args: argparse.Namespace) -> int:
             command["not_run"] = not_run
             command["measured_steps_per_s"] = None if measured is None else round(measured, 1)
             runlog.atomic_write_json(out / "command.json", command)
+        # command.json is the latest call; the history of every call that trained into --out (a GPU study resumed
+        # over several device calls) is kept beside it, so no call's measured rate or budget is overwritten
+        command["ended"] = time.time()
+        with open(out / "commands.jsonl", "a", encoding="utf-8") as history:
+            history.write(json.dumps(runlog.jsonable(command), sort_keys=True) + "\n")
     trained = runlog.read_json(out / "command.json", default=None)
     mine = {st for sec in plan.sections for st in sec.settings}  # a report of fewer sections checks only theirs
     was = {k: v for k, v in ((trained.get("tuned") or {}) if isinstance(trained, dict) else {}).items() if k in mine}

@@ -105,6 +105,13 @@ def test_the_command_reports_a_budget_that_holds_nothing(tmp_path: Path, capsys:
     assert command["machine"]["cores"] >= 1 and f"trained on: {command['machine']['cpu']}" in report
     assert main([*argv, "--report-only"]) == 0
     assert f"trained on: {command['machine']['cpu']}" in (out / "report.md").read_text()
+    # every call that trained is kept in commands.jsonl (a report-only pass is none); command.json is the latest
+    history = [json.loads(line) for line in (out / "commands.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["not_run"] == command["not_run"]
+    assert main([*argv[:-4], "--budget-s", "2", "--steps-per-s", "1"]) == 0
+    history = [json.loads(line) for line in (out / "commands.jsonl").read_text().splitlines()]
+    assert len(history) == 2 and history[0]["started"] < history[1]["started"] <= history[1]["ended"]
+    assert history[1]["started"] == json.loads((out / "command.json").read_text())["started"]
 
 
 def test_runs_still_going_when_the_budget_ends_are_cut_short(tmp_path: Path) -> None:
