@@ -215,9 +215,9 @@ def phi2_table(named: Mapping[str, Mapping[str, Mapping[str, Any]] | None]) -> l
                 row = sc.get(which)
                 if row is None:
                     continue
-                lines.append(f"| {name} | {est} | {label} | {row['n']} | {_pct2(row['err'])} | {_pct2(sc['naive_err'])} | "
-                             f"{_ci(row['closer'], row['closer_ci'])} | {_ci(row['sign'], row['sign_ci'])} "
-                             f"({row['sign_n']}) |")
+                lines.append(f"| {name} | {est} | {label} | {row['n']} | {_pct2(row['err'])} | "
+                             f"{_pct2(sc['naive_err'])} | {_ci(row['closer'], row['closer_ci'])} | "
+                             f"{_ci(row['sign'], row['sign_ci'])} ({row['sign_n']}) |")
     return lines
 
 
