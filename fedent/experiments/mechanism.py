@@ -11,7 +11,8 @@
 * ``phi2_scores`` (issue 29, item 4): the mean field's φ2(t+1) against the naive guess ‖w(t)‖² (c: "no change"),
   per round: each one's relative error, how often the mean field is the closer one, and whether it gets the sign
   of the change right, sign(φ2' − c) = sign(φ2_actual − c), with Wilson 95% intervals over rounds (rounds of one
-  run are not independent, so the intervals are optimistic).
+  run are not independent, so the intervals are optimistic). One scoring for both estimators, one entry each:
+  ``online`` and ``offline`` (Algorithm 1's precomputed trajectory), read from each round's ``estimate.mode``.
 
 Usage: ``python -m fedent.experiments.mechanism RUN_DIR [RUN_DIR ...] [--scale] [--phi2] [--pool]`` prints markdown
 tables (``--pool``: the seeds of one comparison row, ``<row>-s<seed>``, pooled into one line).
@@ -125,11 +126,26 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def phi2_scores(runs: Sequence[Records]) -> dict[str, Any] | None:
-    """The φ2(t+1) prediction scored per round against the naive guess c = ‖w(t)‖² and on the predicted change;
-    the prediction both as logged and re-solved at the rate actually used (``_phi2_errors``). None: no round
-    with a prediction and an actual value."""
-    rows: list[tuple[float, float | None, float, float]] = []  # (pred, used-rate pred, c, actual)
+ESTIMATORS = ("online", "offline")  # what a round's ``fedent.estimate.mode`` says (spec §3); other: "not logged"
+
+
+def _estimator(fed: Mapping[str, Any]) -> str:
+    """Which estimator gave the round's φ2(t+1): the mode its estimate report logged (online, offline)."""
+    mode = (fed.get("estimate") or {}).get("mode")
+    return str(mode) if mode in ESTIMATORS else "not logged"
+
+
+def phi2_scores(runs: Sequence[Records]) -> dict[str, dict[str, Any]] | None:
+    """The φ2(t+1) prediction scored per round against the naive guess c = ‖w(t)‖² and on the predicted change,
+    one entry per estimator that made the runs' predictions (``online``, ``offline``: Algorithm 1's trajectory).
+
+    Both are scored the same way: the prediction φ2' against c, the model the round's clients start from and
+    solve their rates with, whichever estimator gave φ2' (an offline trajectory never sees w(t), so its
+    predicted change φ2' − c includes how far the run has drifted from the trajectory). ``used``: the prediction
+    re-solved online at the rate actually used (``_phi2_errors``), an online estimate in either case (for an
+    offline run: what the online estimator would have said in the same rounds). None: no round with a
+    prediction and an actual value."""
+    rows: dict[str, list[tuple[float, float | None, float, float]]] = {}  # (pred, used-rate pred, c, actual)
     for recs in runs:
         for rec in recs:
             cl, fed = _clients(rec), rec.get("fedent") or {}
@@ -137,9 +153,16 @@ def phi2_scores(runs: Sequence[Records]) -> dict[str, Any] | None:
             if not cl or pred is None or not actual:
                 continue
             used = _used_prediction(cl) if _resolvable(cl) else None
-            rows.append((float(pred), used, float(cl[0]["c"]), float(actual)))
+            rows.setdefault(_estimator(fed), []).append((float(pred), used, float(cl[0]["c"]), float(actual)))
     if not rows:
         return None
+    order = [e for e in ESTIMATORS if e in rows] + sorted(set(rows) - set(ESTIMATORS))
+    return {e: {"estimator": e, **_scored(rows[e])} for e in order}
+
+
+def _scored(rows: Sequence[tuple[float, float | None, float, float]]) -> dict[str, Any]:
+    """Relative errors, the share of rounds closer than c, and the sign of the change, of (pred, used, c, actual)
+    rows: the one scoring of every estimator."""
     out: dict[str, Any] = {"rounds": len(rows)}
     naive_err = [abs(c - act) / act for _, _, c, act in rows]
     out["naive_err"] = float(np.median(naive_err))
@@ -174,22 +197,27 @@ def _ci(p: float | None, ci: tuple[float, float] | None) -> str:
     return f"{p:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]"
 
 
-def phi2_table(named: Mapping[str, dict[str, Any] | None]) -> list[str]:
-    """One row per run and prediction (logged, at the used rate): median relative errors of the mean field and of
-    the naive ‖w(t)‖² guess, the share of rounds the mean field is closer, and its sign agreement on the change."""
-    lines = ["| run | φ2' | rounds | median error, mean field | median error, ‖w(t)‖² guess | mean field closer "
-             "[95% CI] | sign of the change right [95% CI] (rounds) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for name, sc in named.items():
-        if sc is None:
-            continue
-        for which, label in (("logged", "as logged"), ("used", "at the used rate")):
-            row = sc.get(which)
-            if row is None:
-                continue
-            lines.append(f"| {name} | {label} | {row['n']} | {row['err']:.1%} | {sc['naive_err']:.1%} | "
-                         f"{_ci(row['closer'], row['closer_ci'])} | {_ci(row['sign'], row['sign_ci'])} "
-                         f"({row['sign_n']}) |")
+def _pct2(v: float) -> str:
+    """A relative error to two significant digits (φ2 moves by ~0.1% a round: a fixed 0.1% step hides it)."""
+    return f"{100 * v:.2g}%"
+
+
+def phi2_table(named: Mapping[str, Mapping[str, Mapping[str, Any]] | None]) -> list[str]:
+    """One row per run, estimator and prediction (as logged; re-solved online at the used rate): n (the rounds
+    scored), median relative errors of the prediction and of the naive ‖w(t)‖² guess, the share of rounds the
+    prediction is closer, and its sign agreement on the change (over the rounds where both moved)."""
+    lines = ["| run | estimator | φ2' | rounds (n) | median error, mean field | median error, ‖w(t)‖² guess | "
+             "mean field closer [95% CI] | sign of the change right [95% CI] (rounds) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, by in named.items():
+        for est, sc in (by or {}).items():
+            for which, label in (("logged", "as logged"), ("used", "online, re-solved at the used rate")):
+                row = sc.get(which)
+                if row is None:
+                    continue
+                lines.append(f"| {name} | {est} | {label} | {row['n']} | {_pct2(row['err'])} | "
+                             f"{_pct2(sc['naive_err'])} | {_ci(row['closer'], row['closer_ci'])} | "
+                             f"{_ci(row['sign'], row['sign_ci'])} ({row['sign_n']}) |")
     return lines
 
 

@@ -184,8 +184,11 @@ def solve_fixed_point(
             new_phi2[t + 1] = q_sum
             point = nxt
         phi2 = new_phi2
+        # plain Python floats and bools (φ2's entries are numpy scalars): the report goes into the checkpoint's
+        # server state, which stores only plain data (fedent.checkpoint._check_storable)
+        res1, res2 = float(res1), float(res2)
         history.append((res1, res2))
-        ok1, ok2 = res1 < eps1, res2 < eps2
+        ok1, ok2 = bool(res1 < eps1), bool(res2 < eps2)
         if ok1 and ok2:
             break
     converged = ok1 and ok2

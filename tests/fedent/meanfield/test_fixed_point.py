@@ -311,3 +311,17 @@ def test_bad_schedule_and_rate_reading_messages_are_exact() -> None:
     with pytest.raises(ValueError) as e:
         solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], ids, th, 2, BETA, phi2_rate="x")
     assert str(e.value) == "phi2_rate must be 'used' or 'star', got 'x'"
+
+
+def test_the_report_is_plain_data_a_checkpoint_stores() -> None:
+    """The offline estimator's report is saved in the checkpoint's server state, which refuses numpy scalars
+    (an offline FedEnt run failed at its first checkpoint on a numpy bool ``phi2_converged``)."""
+    from fedent.checkpoint import _check_storable
+
+    means, w0, thetas = _problem(seed=6)
+    res = solve_fixed_point(QuadraticOracle(means), [torch.tensor(w0)], list(range(len(thetas))), thetas.tolist(),
+                            3, BETA, eps1=1e-300, eps2=1e-300, max_sweeps=2)
+    d = res.report.to_dict()
+    assert type(d["phi1_converged"]) is bool and type(d["phi2_converged"]) is bool
+    assert type(d["phi2_residual"]) is float and all(type(v) is float for h in d["history"] for v in h)
+    _check_storable(d, "report")
