@@ -8,7 +8,8 @@
 # with a line saying so, so one device call (600 s) always returns what it measured.
 #   env          env.txt: the card, its driver, python and torch versions
 #   profile      profile.md/.json: benchmarks/profile_step.py, 20 clients, float32 (kernels, share, memory, gaps)
-#   levers       levers.log: profile_step.py with each train.perf lever on, against it off (client steps/s)
+#   levers       levers.log: profile_step.py with each train.perf lever on, against it off, and bf16 with each of
+#                the others (client steps/s; LEVERS="none autocast_bf16,channels_last ..." chooses)
 #   table4       the Table IV Fashion-MNIST twin (configs/fmnist-mnist-pathological.yaml), 50 rounds, vectorised,
 #                FedAvg and FedEnt, timed end to end (issue 28's goal: FedAvg <= 8 s), and FedAvg under bf16
 #                autocast (its final accuracy against float32's: the lever's accuracy check on a full run)
@@ -89,10 +90,12 @@ section_profile() {
 section_levers() {
   : >"$OUT/levers.log"
   local lever
-  for lever in none cudnn_benchmark channels_last autocast_bf16 compile; do
+  # each lever alone, then bf16 (the one that helped on the H100, 1.52x) with each of the others (LEVERS overrides)
+  for lever in ${LEVERS:-none cudnn_benchmark channels_last autocast_bf16 compile autocast_bf16,channels_last
+                autocast_bf16,cudnn_benchmark autocast_bf16,channels_last,cudnn_benchmark}; do
     local perf=$lever limit=60
     [ "$lever" = none ] && perf=""
-    [ "$lever" = compile ] && limit=150
+    [[ "$lever" == *compile* ]] && limit=150
     guarded "lever-$lever" "$limit" "$PY" benchmarks/profile_step.py --device "$DEVICE" --clients "$CLIENTS" \
       --samples "$SAMPLES" --calls "$CALLS" --top 5 --perf "$perf" --out "$OUT/lever-$lever.md"
     if [ -f "$OUT/lever-$lever.md" ]; then
