@@ -1,0 +1,49 @@
+"""tools/device_check.sh, the prepared GPU check, dry-run on the CPU (``DEVICE=cpu QUICK=1``) in a scratch copy of
+the layout it expects: a lent GPU gives 15 minutes a task, so a script that breaks there (an unset variable, a
+section that writes its archive wrong) costs a whole session's device time. The study section trains into its own
+``results/`` and brings back logs and metrics, never model files or checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from datafiles import write_mnist_like
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path) -> None:
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("fedent", "tests", "tools", "configs", "benchmarks"):
+        (work / name).symlink_to(ROOT / name)
+    write_mnist_like(work / "data" / "mnist", n_train=2000, n_test=200)  # the carried .gz files' layout
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "DEVICE": "cpu", "QUICK": "1",
+           "SECTIONS": "env profile study", "STUDY_ROWS": "fedavg,fedent", "STUDY_SEEDS": "0,1",
+           "STUDY_WORKERS": "1", "STUDY_RATE": "100", "DEADLINE_S": "400"}
+    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=500)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    steps = (out / "steps.log").read_text()
+    assert "profile rc=0" in steps and "study rc=0" in steps, steps
+    assert "unbound variable" not in done.stdout + done.stderr
+    # what comes back: the summary files and one archive, which holds the study's run logs and no model file
+    assert sorted(p.name for p in out.iterdir()) == ["device-check.tgz", "env.txt", "profile.md", "steps.log"]
+    with tarfile.open(out / "device-check.tgz") as outer:
+        names = outer.getnames()
+        inner = outer.extractfile("./study.tgz")
+        assert inner is not None
+        with tarfile.open(fileobj=inner) as study:
+            kept = study.getnames()
+    assert "./profile.log" in names and not any(n.endswith((".pt", ".ckpt", ".state")) for n in names + kept)
+    runs = {n.split("/")[-2] for n in kept if n.endswith("metrics.jsonl")}
+    assert runs == {"fedavg-s0", "fedent-s0", "fedavg-s1", "fedent-s1"}
+    assert (work / "results" / "mnist-quick" / "report.md").is_file()  # a dry run never writes the study's --out
+    assert not (work / "results" / "mnist").exists()
