@@ -24,6 +24,11 @@
 #                row, the paper's data and model) with STUDY_ROWS and STUDY_SEEDS, --budget-s = the time left before
 #                DEADLINE_S (data.root=data/mnist); results/mnist stays on a warm machine, so the same section in the next call resumes it
 #                (complete runs are skipped); carry data/mnist (the four IDX .gz of `fedent data fetch mnist`)
+#   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
+#                TUNE_ALGOS on Table IV's MNIST row, 50 rounds, seed 0, --workers TUNE_WORKERS, into results/mnist-tune
+#                (a warm machine's next call resumes it: finished points are read back); then, in the time left,
+#                the tuned rows with 3 seeds: reproduce --profile mnist --tuned mnist-pathological=.../tuned.json
+#                into results/mnist-tuned (the test set used once)
 #   legacy       issue 16's checks: the CUDA tests of the vectorised executor, bench_simulator.py, 5 rounds of
 #                every algorithm (per-algorithm.log)
 # Dry run on a machine without a GPU: DEVICE=cpu QUICK=1 (tiny sizes, CPU device) exercises every step's command.
@@ -39,6 +44,8 @@ TABLE4=${TABLE4:-fedavg fedent bf16}
 STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
 STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
 STUDY_WORKERS=${STUDY_WORKERS:-6}
+TUNE_ALGOS=${TUNE_ALGOS:-fedavg,fedadam,fedprox,feddyn,fedent}
+TUNE_WORKERS=${TUNE_WORKERS:-6}
 STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
 mkdir -p "$OUT/runs"
 CFG=${CFG:-configs/fmnist-mnist-pathological.yaml}  # the Table IV runs; CFG=configs/mnist-pathological.yaml
@@ -170,6 +177,32 @@ section_study() {
   small_files "results/mnist${QUICK:+-quick}" | tar czf "$OUT/study.tgz" -T - 2>/dev/null
 }
 
+section_tune() {
+  local tune_out="results/mnist-tune${QUICK:+-quick}" tuned_out="results/mnist-tuned${QUICK:+-quick}"
+  local small=()
+  [ -n "$QUICK" ] && small=(--set train.rounds=2 --set data.max_train_samples=2000 --set data.max_test_samples=500)
+  local left=$((DEADLINE_S - SECONDS - 30))
+  if [ "$left" -lt 90 ]; then
+    echo "tune skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
+    return 0
+  fi
+  step tune "$left" "${FEDENT[@]}" tune --config configs/mnist-pathological.yaml --set data.root=data/mnist \
+    --set train.precision=tf32 --set train.executor=vectorised --device "$DEVICE" "${small[@]}" \
+    --algorithms "$TUNE_ALGOS" --seeds 0 --workers "$TUNE_WORKERS" --threads 1 --out "$tune_out"
+  tail -n 20 "$OUT/tune.log"
+  left=$((DEADLINE_S - SECONDS - 30))
+  if [ -f "$tune_out/tuned.json" ] && [ "$left" -ge 90 ]; then
+    step tuned-study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$TUNE_ALGOS" \
+      --tuned "mnist-pathological=$tune_out/tuned.json" --out "$tuned_out" --workers "$STUDY_WORKERS" --threads 1 \
+      --steps-per-s "$STUDY_RATE" --budget-s $((left - 25)) --set data.root=data/mnist \
+      ${QUICK:+--rounds 1 --set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500}
+    tail -n 5 "$OUT/tuned-study.log"
+  fi
+  small_files "$tune_out" | tar czf "$OUT/tune.tgz" -T - 2>/dev/null
+  [ -d "$tuned_out" ] && small_files "$tuned_out" | tar czf "$OUT/tuned-study.tgz" -T - 2>/dev/null
+  return 0
+}
+
 section_legacy() {
   guarded gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
     tests/fedent/rounds/test_vectorised.py -k "cuda or falls_back or without_a_plan"
@@ -186,9 +219,10 @@ section_legacy() {
 
 for section in $SECTIONS; do
   case $section in
-    env | profile | levers | table4 | step | pipeline | distributed | transfer | study | legacy) "section_$section" ;;
+    env | profile | levers | table4 | step | pipeline | distributed | transfer | study | tune | legacy)
+      "section_$section" ;;
     *) echo "unknown section $section (known: env profile levers table4 step pipeline distributed transfer study" \
-         "legacy)" \
+         "tune legacy)" \
          | tee -a "$STEPS_LOG" ;;
   esac
 done
