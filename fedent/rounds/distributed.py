@@ -30,6 +30,7 @@ from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
 from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
 from fedent.rounds.executor import Gathered
+from fedent.rounds.flatgather import all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
@@ -57,9 +58,10 @@ def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
 
 
 def merge(world: World, local: Gathered[T]) -> Gathered[T]:
-    """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank."""
+    """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
+    tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``)."""
     out: Gathered[T] = Gathered()
-    for part in world.all_gather((local.results, local.failed)):
+    for part in all_gather_flat(world, (local.results, local.failed)):
         out.results.update(part[0])
         out.failed.update(part[1])
     return Gathered(out.results, out.failed)
@@ -84,7 +86,7 @@ class DistributedOracle:
         local = dict(zip(mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)),
                          strict=True))
         every: dict[int, Params] = {}
-        for part in self.world.all_gather(local):
+        for part in all_gather_flat(self.world, local):
             every.update(part)
         return [_moved(every[int(c)], self.device) for c in cids]
 
@@ -100,6 +102,7 @@ class DistributedExecutor:
         self.on_client: Callable[[int, int], None] | None = None
         self._first_round: int | None = None
         self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
+        self.gather_cpu_s = 0.0  # this process's CPU time in them (all its threads: packing, copies, gloo's)
 
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
@@ -109,14 +112,15 @@ class DistributedExecutor:
 
     def status_fields(self) -> dict[str, Any]:
         return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend,
-                "gather_s": round(self.gather_s, 3)}
+                "gather_s": round(self.gather_s, 3), "gather_cpu_s": round(self.gather_cpu_s, 3)}
 
     def _merge(self, local: Gathered[T]) -> Gathered[T]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return merge(self.world, local)
         finally:
             self.gather_s += time.perf_counter() - t0
+            self.gather_cpu_s += time.process_time() - c0
 
     def start(self) -> None:
         """Every rank holds its clients already."""
