@@ -12,10 +12,15 @@ alternate ``--repeats`` times; medians are reported, with the largest |differenc
 rank 0's CPU time in them). ``cpu`` is the CPU time of the whole command, every rank included (on a loaded
 machine it moves less with other processes' load than the wall time). ``--baseline-code DIR`` also runs every
 P on another checkout (e.g. main's), alternating with this one in the same run, for a before/after table.
+``--gather-only`` times one round's all-gather of the updates alone, nothing else running: 2 gloo ranks on this
+host, each holding ``--clients``/2 MNIST-CNN uploads, gather them as ``all_gather_object`` pickles (how every
+update travelled before) and as flat tensors (``fedent.rounds.flatgather``), alternately, after a barrier
+(waiting for a slower rank is not counted); wall and CPU time per gather, rank 0 and rank 1.
 
     python benchmarks/bench_distributed.py                      # P = 1 vs P = 2 on the CPU
     python benchmarks/bench_distributed.py --procs 1,2,4 --device cuda   # on a machine with several GPUs
     python benchmarks/bench_distributed.py --procs 1,2 --rounds 3 --baseline-code ../main   # before/after
+    python benchmarks/bench_distributed.py --gather-only --repeats 5     # the all-gather alone, pickled vs flat
 """
 
 from __future__ import annotations
@@ -76,6 +81,63 @@ def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int,
             gather_cpu_share, cpu)
 
 
+def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, out: str) -> None:
+    """Rank ``rank`` of the ``--gather-only`` pair: its clients' uploads gathered both ways, timed."""
+    import time
+
+    import torch.distributed as dist
+
+    from fedent.distributed import World, rank_env
+    from fedent.models import build_model
+    from fedent.rounds.flatgather import all_gather_flat
+    from fedent.strategies.base import ClientUpdate
+
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)
+    world = World.from_env()
+    shapes = [p.shape for p in build_model("mnist-cnn", 10, 1, 28).parameters()]
+    g = torch.Generator().manual_seed(rank)
+    uploads = {c: ClientUpdate(c, [torch.randn(s, generator=g) for s in shapes], 60, 0.5, scalars={"eta": 0.1})
+               for c in world.mine(range(clients))}
+    local: tuple[dict[int, ClientUpdate], dict[int, str]] = (uploads, {})
+    ways = {"pickled": world.all_gather, "flat": lambda obj: all_gather_flat(world, obj)}
+    got: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
+    first: dict[str, list[tuple[dict[int, ClientUpdate], dict[int, str]]]] = {}
+    for rep in range(repeats + 1):  # the first of each is a warm-up
+        for name, gather in ways.items():
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            parts = gather(local)
+            if rep:
+                got[name].append((time.perf_counter() - t0, time.process_time() - c0))
+            first.setdefault(name, parts)
+            del parts
+    a, b = (first[w] for w in ways)
+    same = all(torch.equal(x, y) for pa, pb in zip(a, b, strict=True)
+               for c in pa[0] for x, y in zip(pa[0][c].params, pb[0][c].params, strict=True))
+    mb = sum(s.numel() for s in shapes) * 4 * clients / 1e6
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": got, "same": same, "mb": mb}))
+    world.close()
+
+
+def gather_only(clients: int, repeats: int) -> int:
+    import torch.multiprocessing as mp
+
+    from fedent.distributed import free_port
+
+    with tempfile.TemporaryDirectory(prefix="bench-gather-") as tmp:
+        mp.spawn(_gather_rank, args=(2, free_port(), clients, repeats, tmp), nprocs=2, join=True)
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+    print(f"one all-gather of {clients} MNIST-CNN uploads ({ranks[0]['mb']:.0f} MB of float32) over 2 gloo ranks, "
+          f"{repeats} repeats, medians; flat = pickled bit for bit: {all(r['same'] for r in ranks)}")
+    print("| form | rank 0 wall (s) | rank 0 CPU (s) | rank 1 wall (s) | rank 1 CPU (s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for way in ("pickled", "flat"):
+        cells = [f"{statistics.median(t[i] for t in r['times'][way]):.3f}" for r in ranks for i in (0, 1)]
+        print(f"| {way} | {' | '.join(cells)} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--procs", default="1,2", help="comma-separated process counts; the first is the baseline")
@@ -88,7 +150,11 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--baseline-code", default=None, metavar="DIR",
                     help="another checkout (e.g. main's worktree) run alternately with this one, for before/after")
+    ap.add_argument("--gather-only", action="store_true",
+                    help="time one round's all-gather alone, pickled vs flat (2 gloo ranks, no training)")
     args = ap.parse_args()
+    if args.gather_only:
+        return gather_only(args.clients, args.repeats)
     counts = [int(p) for p in args.procs.split(",")]
     codes = {"this": ROOT}
     if args.baseline_code:

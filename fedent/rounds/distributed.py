@@ -7,7 +7,8 @@ for the run, so a client's state never moves), then all-gathers the results so e
 the same sorted ``Gathered`` and aggregates the same updates: P processes reproduce one (a client's
 training depends only on its own seeded stream). Algorithm 1's oracle is split the same way
 (``DistributedOracle``), and so is evaluation (``DistributedEvaluator``: each rank scores a slice of the
-test set, or its own clients' local splits, and the sums are gathered).
+test set, or its own clients' local splits, and the sums are gathered). The gathers pickle only the small
+fields; tensors and arrays travel as one flat byte tensor per rank (``fedent.rounds.flatgather``).
 
 Only rank 0 writes the run directory the user asked for; the simulator points the other ranks' engines at
 ``<run>/.ranks/<r>/`` (their checkpoints and client state, so a multi-process run resumes too).
