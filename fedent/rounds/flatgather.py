@@ -95,7 +95,7 @@ class _Packer:
             if not s.nbytes:
                 continue
             if isinstance(a, Tensor):
-                src = a.detach().reshape(-1).view(torch.uint8)
+                src = a.detach().resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)  # lazy conj: values
             else:
                 src = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
             buf[s.offset:s.offset + s.nbytes].copy_(src)

@@ -68,7 +68,8 @@ def test_round_trip_keeps_dtypes_shapes_flags_and_fields() -> None:
 
     param = nn.Parameter(torch.ones(2))
     box = Box({"x": [torch.arange(6, dtype=torch.int64).view(2, 3).t(), torch.tensor(-0.0)],
-               "y": (np.array([[1.5, -2]], dtype=np.float16), b"raw", param)}, "kept")
+               "y": (np.array([[1.5, -2]], dtype=np.float16), b"raw", param),
+               "z": torch.tensor([1 + 2j, 3 - 1j]).conj()}, "kept")
     object.__setattr__(box, "extra", torch.ones(3, requires_grad=True))
     packer = _Packer()
     skel = packer.strip(box)
@@ -80,6 +81,7 @@ def test_round_trip_keeps_dtypes_shapes_flags_and_fields() -> None:
     assert torch.equal(got.a["x"][0], box.a["x"][0]) and got.a["x"][0].dtype == torch.int64
     assert _bits(got.a["x"][1]) == _bits(torch.tensor(-0.0))
     assert got.a["y"][0].dtype == np.float16 and np.array_equal(got.a["y"][0], box.a["y"][0])
+    assert torch.equal(got.a["z"], torch.tensor([1 - 2j, 3 + 1j])) and not got.a["z"].is_conj()
     assert got.extra.requires_grad and torch.equal(got.extra.detach(), torch.ones(3))
     assert box.a["x"][0] is not got.a["x"][0]  # the input is never changed
 
