@@ -14,8 +14,9 @@ machine it moves less with other processes' load than the wall time). ``--baseli
 P on another checkout (e.g. main's), alternating with this one in the same run, for a before/after table.
 ``--gather-only`` times one round's all-gather of the updates alone, nothing else running: 2 gloo ranks on this
 host, each holding ``--clients``/2 MNIST-CNN uploads, gather them as ``all_gather_object`` pickles (how every
-update travelled before) and as flat tensors (``fedent.rounds.flatgather``), alternately, after a barrier
-(waiting for a slower rank is not counted); wall and CPU time per gather, rank 0 and rank 1.
+update travelled before) and as flat tensors (``fedent.rounds.flatgather``; fresh byte buffers each time, and
+buffers kept from one gather to the next), alternately, after a barrier (waiting for a slower rank is not
+counted); wall and CPU time per gather, rank 0 and rank 1.
 
     python benchmarks/bench_distributed.py                      # P = 1 vs P = 2 on the CPU
     python benchmarks/bench_distributed.py --procs 1,2,4 --device cuda   # on a machine with several GPUs
@@ -89,7 +90,7 @@ def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, ou
 
     from fedent.distributed import World, rank_env
     from fedent.models import build_model
-    from fedent.rounds.flatgather import all_gather_flat
+    from fedent.rounds.flatgather import Buffers, all_gather_flat
     from fedent.strategies.base import ClientUpdate
 
     os.environ.update(rank_env(rank, size, port))
@@ -100,7 +101,9 @@ def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, ou
     uploads = {c: ClientUpdate(c, [torch.randn(s, generator=g) for s in shapes], 60, 0.5, scalars={"eta": 0.1})
                for c in world.mine(range(clients))}
     local: tuple[dict[int, ClientUpdate], dict[int, str]] = (uploads, {})
-    ways = {"pickled": world.all_gather, "flat": lambda obj: all_gather_flat(world, obj)}
+    kept = Buffers()
+    ways = {"pickled": world.all_gather, "flat": lambda obj: all_gather_flat(world, obj),
+            "flat, buffers kept": lambda obj: all_gather_flat(world, obj, kept)}
     got: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
     first: dict[str, list[tuple[dict[int, ClientUpdate], dict[int, str]]]] = {}
     for rep in range(repeats + 1):  # the first of each is a warm-up
@@ -112,8 +115,8 @@ def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, ou
                 got[name].append((time.perf_counter() - t0, time.process_time() - c0))
             first.setdefault(name, parts)
             del parts
-    a, b = (first[w] for w in ways)
-    same = all(torch.equal(x, y) for pa, pb in zip(a, b, strict=True)
+    a = first["pickled"]
+    same = all(torch.equal(x, y) for w in ways for pa, pb in zip(a, first[w], strict=True)
                for c in pa[0] for x, y in zip(pa[0][c].params, pb[0][c].params, strict=True))
     mb = sum(s.numel() for s in shapes) * 4 * clients / 1e6
     Path(out, f"rank{rank}.json").write_text(json.dumps({"times": got, "same": same, "mb": mb}))
@@ -132,7 +135,7 @@ def gather_only(clients: int, repeats: int) -> int:
           f"{repeats} repeats, medians; flat = pickled bit for bit: {all(r['same'] for r in ranks)}")
     print("| form | rank 0 wall (s) | rank 0 CPU (s) | rank 1 wall (s) | rank 1 CPU (s) |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for way in ("pickled", "flat"):
+    for way in ranks[0]["times"]:
         cells = [f"{statistics.median(t[i] for t in r['times'][way]):.3f}" for r in ranks for i in (0, 1)]
         print(f"| {way} | {' | '.join(cells)} |")
     return 0

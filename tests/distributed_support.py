@@ -67,18 +67,23 @@ def ragged_updates(rank: int) -> dict[int, object]:
 
 
 def gather_main(rank: int, size: int, port: int, out: str) -> None:
-    """Rank ``rank`` of 2 merges ``ragged_updates`` through gloo; each rank pickles what it got to
-    ``out/rank<r>.pkl`` (numpy arrays inside: pickle, not torch.save)."""
+    """Rank ``rank`` of 2 merges ``ragged_updates`` through gloo, twice (the second time through the first one's
+    kept buffers, the ranks' parts swapped); each rank pickles what it got to ``out/rank<r>.pkl`` (numpy arrays
+    inside: pickle, not torch.save)."""
     import pickle
 
     from fedent.rounds.distributed import merge
     from fedent.rounds.executor import Gathered
+    from fedent.rounds.flatgather import Buffers
 
     os.environ.update(rank_env(rank, size, port))
     torch.set_num_threads(1)
     world = World.from_env()
     try:
-        got = merge(world, Gathered(ragged_updates(rank), {9: f"rank {rank} lost it"} if rank else {}))
-        (Path(out) / f"rank{rank}.pkl").write_bytes(pickle.dumps((got.results, got.failed)))
+        kept = Buffers()
+        got = merge(world, Gathered(ragged_updates(rank), {9: f"rank {rank} lost it"} if rank else {}), kept)
+        # again through the same kept buffers, the ranks' parts swapped: the padded rank is now rank 1
+        again = merge(world, Gathered(ragged_updates(1 - rank)), kept)
+        (Path(out) / f"rank{rank}.pkl").write_bytes(pickle.dumps((got.results, got.failed, again.results)))
     finally:
         world.close()

@@ -31,7 +31,7 @@ from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
 from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
 from fedent.rounds.executor import Gathered
-from fedent.rounds.flatgather import all_gather_flat
+from fedent.rounds.flatgather import Buffers, all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
@@ -58,11 +58,12 @@ def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
                                scalars=dict(update.scalars), codes={})
 
 
-def merge(world: World, local: Gathered[T]) -> Gathered[T]:
+def merge(world: World, local: Gathered[T], buffers: Buffers | None = None) -> Gathered[T]:
     """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
-    tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``)."""
+    tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``; ``buffers``:
+    the caller's, kept for its next gather)."""
     out: Gathered[T] = Gathered()
-    for part in all_gather_flat(world, (local.results, local.failed)):
+    for part in all_gather_flat(world, (local.results, local.failed), buffers):
         out.results.update(part[0])
         out.failed.update(part[1])
     return Gathered(out.results, out.failed)
@@ -74,6 +75,7 @@ class DistributedOracle:
 
     def __init__(self, inner: TrainerOracle, world: World, device: torch.device) -> None:
         self.inner, self.world, self.device = inner, world, device
+        self.buffers = Buffers()  # Algorithm 1 gathers every client's gradient once a sweep
 
     def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
         owner = self.world.owner(cid)
@@ -87,7 +89,7 @@ class DistributedOracle:
         local = dict(zip(mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)),
                          strict=True))
         every: dict[int, Params] = {}
-        for part in all_gather_flat(self.world, local):
+        for part in all_gather_flat(self.world, local, self.buffers):
             every.update(part)
         return [_moved(every[int(c)], self.device) for c in cids]
 
@@ -104,6 +106,7 @@ class DistributedExecutor:
         self._first_round: int | None = None
         self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
         self.gather_cpu_s = 0.0  # this process's CPU time in them (all its threads: packing, copies, gloo's)
+        self.buffers = Buffers()  # the updates' byte buffers, the same size every round: kept, not re-faulted
 
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
@@ -118,7 +121,7 @@ class DistributedExecutor:
     def _merge(self, local: Gathered[T]) -> Gathered[T]:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            return merge(self.world, local)
+            return merge(self.world, local, self.buffers)
         finally:
             self.gather_s += time.perf_counter() - t0
             self.gather_cpu_s += time.process_time() - c0

@@ -130,9 +130,28 @@ def fill(skeleton: Any, buf: Tensor) -> Any:
     return skeleton
 
 
-def all_gather_flat(world: World, obj: T) -> list[T]:
+class Buffers:
+    """The send and receive buffers of one caller's gathers, kept from one to the next: a round's updates are
+    the same size every round, and fresh buffers of hundreds of MB cost their page faults again each time. Holds
+    (P + 1) × the longest rank's bytes between gathers; nothing returned aliases them (``_read`` copies)."""
+
+    def __init__(self) -> None:
+        self.send = torch.empty(0, dtype=torch.uint8)
+        self.recv: list[Tensor] = []
+
+    def get(self, n: int, size: int) -> tuple[Tensor, list[Tensor]]:
+        if self.send.numel() < n or len(self.recv) != size:
+            self.send = torch.empty(0, dtype=torch.uint8)  # the old ones go before the new ones come
+            self.recv = []
+            self.send = torch.empty(n, dtype=torch.uint8)
+            self.recv = [torch.empty(n, dtype=torch.uint8) for _ in range(size)]
+        return self.send[:n], [b[:n] for b in self.recv]
+
+
+def all_gather_flat(world: World, obj: T, buffers: Buffers | None = None) -> list[T]:
     """Every rank's ``obj`` in rank order, like ``world.all_gather``; the arrays inside travel as one flat byte
-    tensor per rank (rank r's own ``obj`` comes back unchanged, the others' arrays on the CPU)."""
+    tensor per rank (rank r's own ``obj`` comes back unchanged, the others' arrays on the CPU). ``buffers``: keep
+    the byte buffers for the next call (None: fresh ones, freed on return)."""
     if not world.distributed:
         return [obj]
     packer = _Packer()
@@ -142,8 +161,7 @@ def all_gather_flat(world: World, obj: T) -> list[T]:
     if longest == 0:  # nothing but small fields (probes, answers, failures): the object gather was all
         bufs = [torch.empty(0, dtype=torch.uint8) for _ in parts]
     else:
-        mine = torch.empty(longest, dtype=torch.uint8)
+        mine, bufs = (buffers or Buffers()).get(longest, len(parts))
         packer.write(mine)  # the tail past packer.length is padding, never read
-        bufs = [torch.empty(longest, dtype=torch.uint8) for _ in parts]
         dist.all_gather(bufs, mine)
     return [obj if r == world.rank else fill(skel, bufs[r][:int(n)]) for r, (skel, n) in enumerate(parts)]

@@ -40,7 +40,7 @@ def _same_update(got: Any, want: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def gathered(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict[int, Any], dict[int, str]]]:
+def gathered(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict[int, Any], dict[int, str], dict[int, Any]]]:
     out = tmp_path_factory.mktemp("flat")
     mp.spawn(gather_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
     return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(2)]
@@ -48,14 +48,16 @@ def gathered(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict[int, A
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_two_gloo_ranks_get_every_clients_arrays_whole_and_in_place(
-        gathered: list[tuple[dict[int, Any], dict[int, str]]], rank: int) -> None:
+        gathered: list[tuple[dict[int, Any], dict[int, str], dict[int, Any]]], rank: int) -> None:
     """Rank 0 owns 3 small clients, rank 1 two (one large): a swap between clients, a shift by the padding or
-    a truncation to the shorter rank's length would change some client's bytes."""
-    results, failed = gathered[rank]
+    a truncation to the shorter rank's length would change some client's bytes; so would stale bytes of the
+    first gather read by the second (the same kept buffers, the other rank padded)."""
+    results, failed, again = gathered[rank]
     want = {**ragged_updates(0), **ragged_updates(1)}
-    assert list(results) == [0, 1, 2, 3, 4]
-    for cid, w in want.items():
-        _same_update(results[cid], w)
+    for got in (results, again):
+        assert list(got) == [0, 1, 2, 3, 4]
+        for cid, w in want.items():
+            _same_update(got[cid], w)
     assert failed == {9: "rank 1 lost it"}
 
 
