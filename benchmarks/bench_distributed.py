@@ -8,16 +8,28 @@ rank ``--threads T``), so process start-up, the all-gathers of the updates and r
 time is metrics.jsonl's ``wall_s``; round 0 (warm-up) and the last round (evaluation) are not timed. The sides
 alternate ``--repeats`` times; medians are reported, with the largest |difference| between the final models
 (the runs must agree within 1e-5), and the share of rank 0's run time spent in the all-gathers (status.json's
-``gather_s``: moving the updates, and waiting for the slower rank).
+``gather_s``: moving the updates, and waiting for the slower rank; ``gather_cpu_s``, where the code reports it:
+rank 0's CPU time in them). ``cpu`` is the CPU time of the whole command, every rank included (on a loaded
+machine it moves less with other processes' load than the wall time). ``--baseline-code DIR`` also runs every
+P on another checkout (e.g. main's), alternating with this one in the same run, for a before/after table.
+``--gather-only`` times one round's all-gather of the updates alone, nothing else running: 2 gloo ranks on this
+host, each holding ``--clients``/2 MNIST-CNN uploads, gather them as ``all_gather_object`` pickles (how every
+update travelled before) and as flat tensors (``fedent.rounds.flatgather``; fresh byte buffers each time, and
+buffers kept from one gather to the next), alternately, after a barrier (waiting for a slower rank is not
+counted); wall and CPU time per gather, rank 0 and rank 1.
 
     python benchmarks/bench_distributed.py                      # P = 1 vs P = 2 on the CPU
     python benchmarks/bench_distributed.py --procs 1,2,4 --device cuda   # on a machine with several GPUs
+    python benchmarks/bench_distributed.py --procs 1,2 --rounds 3 --baseline-code ../main   # before/after
+    python benchmarks/bench_distributed.py --gather-only --repeats 5     # the all-gather alone, pickled vs flat
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,19 +55,90 @@ def config(path: Path, clients: int, samples: int, rounds: int, device: str) -> 
     return path
 
 
-def run(cfg: Path, out: Path, run_id: str, procs: int,
-        threads: int) -> tuple[list[float], list[torch.Tensor], float]:
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int,
+        code: Path = ROOT) -> tuple[list[float], list[torch.Tensor], float, float, float]:
+    """One command on the checkout ``code``: its timed rounds' wall times, final model, rank 0's share of its run
+    in the all-gathers (wall, and CPU where reported) and the command's CPU time (every rank)."""
     cmd = [sys.executable, "-m", "fedent", "simulate", "--config", str(cfg), "--out", str(out), "--run-id", run_id,
            "--threads", str(threads), "--no-plots", "--no-progress", "--checkpoint-keep", "0"]
     if procs > 1:
         cmd += ["--procs", str(procs)]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    cpu0 = _children_cpu()
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
+    cpu = _children_cpu() - cpu0
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
     recs = [json.loads(ln) for ln in (out / run_id / "metrics.jsonl").read_text().splitlines()]
     state = json.loads((out / run_id / "status.json").read_text())["state"]
-    gather_share = float(state.get("gather_s", 0.0)) / max(sum(r["wall_s"] for r in recs), 1e-9)
-    return [r["wall_s"] for r in recs[1:-1]], load_model_file(out / run_id / "model_final.pt").params, gather_share
+    total = max(sum(r["wall_s"] for r in recs), 1e-9)
+    gather_share = float(state.get("gather_s", 0.0)) / total
+    gather_cpu_share = float(state.get("gather_cpu_s", float("nan"))) / total
+    return ([r["wall_s"] for r in recs[1:-1]], load_model_file(out / run_id / "model_final.pt").params, gather_share,
+            gather_cpu_share, cpu)
+
+
+def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, out: str) -> None:
+    """Rank ``rank`` of the ``--gather-only`` pair: its clients' uploads gathered both ways, timed."""
+    import time
+
+    import torch.distributed as dist
+
+    from fedent.distributed import World, rank_env
+    from fedent.models import build_model
+    from fedent.rounds.flatgather import Buffers, all_gather_flat
+    from fedent.strategies.base import ClientUpdate
+
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)
+    world = World.from_env()
+    shapes = [p.shape for p in build_model("mnist-cnn", 10, 1, 28).parameters()]
+    g = torch.Generator().manual_seed(rank)
+    uploads = {c: ClientUpdate(c, [torch.randn(s, generator=g) for s in shapes], 60, 0.5, scalars={"eta": 0.1})
+               for c in world.mine(range(clients))}
+    local: tuple[dict[int, ClientUpdate], dict[int, str]] = (uploads, {})
+    kept = Buffers()
+    ways = {"pickled": world.all_gather, "flat": lambda obj: all_gather_flat(world, obj),
+            "flat, buffers kept": lambda obj: all_gather_flat(world, obj, kept)}
+    got: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
+    first: dict[str, list[tuple[dict[int, ClientUpdate], dict[int, str]]]] = {}
+    for rep in range(repeats + 1):  # the first of each is a warm-up
+        for name, gather in ways.items():
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            parts = gather(local)
+            if rep:
+                got[name].append((time.perf_counter() - t0, time.process_time() - c0))
+            first.setdefault(name, parts)
+            del parts
+    a = first["pickled"]
+    same = all(torch.equal(x, y) for w in ways for pa, pb in zip(a, first[w], strict=True)
+               for c in pa[0] for x, y in zip(pa[0][c].params, pb[0][c].params, strict=True))
+    mb = sum(s.numel() for s in shapes) * 4 * clients / 1e6
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": got, "same": same, "mb": mb}))
+    world.close()
+
+
+def gather_only(clients: int, repeats: int) -> int:
+    import torch.multiprocessing as mp
+
+    from fedent.distributed import free_port
+
+    with tempfile.TemporaryDirectory(prefix="bench-gather-") as tmp:
+        mp.spawn(_gather_rank, args=(2, free_port(), clients, repeats, tmp), nprocs=2, join=True)
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+    print(f"one all-gather of {clients} MNIST-CNN uploads ({ranks[0]['mb']:.0f} MB of float32) over 2 gloo ranks, "
+          f"{repeats} repeats, medians; flat = pickled bit for bit: {all(r['same'] for r in ranks)}")
+    print("| form | rank 0 wall (s) | rank 0 CPU (s) | rank 1 wall (s) | rank 1 CPU (s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for way in ranks[0]["times"]:
+        cells = [f"{statistics.median(t[i] for t in r['times'][way]):.3f}" for r in ranks for i in (0, 1)]
+        print(f"| {way} | {' | '.join(cells)} |")
+    return 0
 
 
 def main() -> int:
@@ -68,35 +151,54 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--baseline-code", default=None, metavar="DIR",
+                    help="another checkout (e.g. main's worktree) run alternately with this one, for before/after")
+    ap.add_argument("--gather-only", action="store_true",
+                    help="time one round's all-gather alone, pickled vs flat (2 gloo ranks, no training)")
     args = ap.parse_args()
+    if args.gather_only:
+        return gather_only(args.clients, args.repeats)
     counts = [int(p) for p in args.procs.split(",")]
+    codes = {"this": ROOT}
+    if args.baseline_code:
+        codes = {"baseline": Path(args.baseline_code).resolve(), "this": ROOT}
+    sides = [(c, p) for p in counts for c in codes]
     with tempfile.TemporaryDirectory(prefix="bench-dist-") as tmp:
         out = Path(tmp)
         cfg = config(out / "c.yaml", args.clients, args.samples, args.rounds, args.device)
-        times: dict[int, list[float]] = {p: [] for p in counts}
-        models: dict[int, list[torch.Tensor]] = {}
-        gathers: dict[int, list[float]] = {p: [] for p in counts}
+        times: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
+        models: dict[tuple[str, int], list[torch.Tensor]] = {}
+        gathers: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
+        gathers_cpu: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
+        cpus: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
         for rep in range(args.repeats):
-            for p in counts:
-                t, models[p], g = run(cfg, out, f"p{p}-r{rep}", p, args.threads)
-                times[p] += t
-                gathers[p].append(g)
-                print(f"repeat {rep}: P={p} rounds {', '.join(f'{x:.2f}' for x in t)} s", flush=True)
-    base = statistics.median(times[counts[0]])
+            for c, p in sides:
+                t, models[(c, p)], g, gc, cpu = run(cfg, out, f"{c}-p{p}-r{rep}", p, args.threads, codes[c])
+                times[(c, p)] += t
+                gathers[(c, p)].append(g)
+                gathers_cpu[(c, p)].append(gc)
+                cpus[(c, p)].append(cpu)
+                print(f"repeat {rep}: {c} P={p} rounds {', '.join(f'{x:.2f}' for x in t)} s, command CPU {cpu:.1f} s",
+                      flush=True)
+    ref = (list(codes)[0], counts[0])
+    base = statistics.median(times[ref])
     rows = []
     print(f"\n{args.clients} clients x {args.samples} samples, MNIST-CNN, {args.device}, {args.threads} thread(s) "
-          f"per process, {torch.get_num_threads()} here")
-    print(f"| P | round (s, median) | speed-up | speed-up / P | rank 0 in all-gathers | max abs diff vs P={counts[0]} "
-          "|")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for p in counts:
-        med = statistics.median(times[p])
-        diff = max(float((a - b).abs().max()) for a, b in zip(models[counts[0]], models[p], strict=True))
-        share = statistics.median(gathers[p])
-        rows.append({"procs": p, "round_s": med, "speedup": base / med, "efficiency": base / med / p * counts[0],
-                     "gather_share": share, "max_abs_diff": diff})
-        print(f"| {p} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} | {100 * share:.0f}% | "
-              f"{diff:.1e} |")
+          f"per process, {torch.get_num_threads()} here; code: "
+          + ", ".join(f"{c} = {path}" for c, path in codes.items()))
+    print(f"| code | P | round (s, median) | speed-up | speed-up / P | rank 0 in all-gathers (wall) | (CPU) "
+          f"| command CPU (s) | max abs diff vs {ref[0]} P={ref[1]} |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for c, p in sides:
+        med = statistics.median(times[(c, p)])
+        diff = max(float((a - b).abs().max()) for a, b in zip(models[ref], models[(c, p)], strict=True))
+        share, share_cpu = statistics.median(gathers[(c, p)]), statistics.median(gathers_cpu[(c, p)])
+        cpu = statistics.median(cpus[(c, p)])
+        rows.append({"code": c, "procs": p, "round_s": med, "speedup": base / med,
+                     "efficiency": base / med / p * counts[0], "gather_share": share, "gather_cpu_share": share_cpu,
+                     "command_cpu_s": cpu, "max_abs_diff": diff})
+        print(f"| {c} | {p} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} | {100 * share:.0f}% "
+              f"| {100 * share_cpu:.0f}% | {cpu:.1f} | {diff:.1e} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

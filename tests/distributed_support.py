@@ -43,3 +43,47 @@ def rank_main(rank: int, size: int, port: int, out: str) -> None:
                 torch.save({"params": res.params, "records": json.dumps(res.records)}, Path(out) / f"{name}.pt")
     finally:
         world.close()
+
+
+def ragged_updates(rank: int) -> dict[int, object]:
+    """The uploads rank ``rank`` of 2 owns in ``gather_main``: rank 0 three clients of small float32 models,
+    rank 1 one client whose model is far larger (so rank 0's buffer is the padded one) with a float64 tensor
+    group, a 0-d tensor and a secure-aggregation vector (numpy uint64): every value says whose it is."""
+    import numpy as np
+
+    from fedent.strategies.base import ClientUpdate
+
+    def model(cid: int, sizes: tuple[int, ...]) -> list[torch.Tensor]:
+        return [torch.arange(n, dtype=torch.float32) * (cid + 1) + k / 7 for k, n in enumerate(sizes)]
+
+    if rank == 0:
+        return {c: ClientUpdate(c, model(c, (3 + c, 5)), 10 + c, 0.5 * c, scalars={"eta": c / 3})
+                for c in (0, 2, 4)}
+    return {1: ClientUpdate(1, model(1, (4000, 7)), 11, 0.25, tensors={"delta_c": [torch.full((2, 3), -0.1,
+                                                                                            dtype=torch.float64)]},
+                            scalars={"eta": 1 / 3}, masked=np.arange(9, dtype=np.uint64) * np.uint64(2**61 + 1)),
+            3: ClientUpdate(3, [torch.tensor(float("nan")), torch.zeros(0, 2), torch.tensor([True, False])], 13,
+                            -0.0)}
+
+
+def gather_main(rank: int, size: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2 merges ``ragged_updates`` through gloo, twice (the second time through the first one's
+    kept buffers, the ranks' parts swapped); each rank pickles what it got to ``out/rank<r>.pkl`` (numpy arrays
+    inside: pickle, not torch.save)."""
+    import pickle
+
+    from fedent.rounds.distributed import merge
+    from fedent.rounds.executor import Gathered
+    from fedent.rounds.flatgather import Buffers
+
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)
+    world = World.from_env()
+    try:
+        kept = Buffers()
+        got = merge(world, Gathered(ragged_updates(rank), {9: f"rank {rank} lost it"} if rank else {}), kept)
+        # again through the same kept buffers, the ranks' parts swapped: the padded rank is now rank 1
+        again = merge(world, Gathered(ragged_updates(1 - rank)), kept)
+        (Path(out) / f"rank{rank}.pkl").write_bytes(pickle.dumps((got.results, got.failed, again.results)))
+    finally:
+        world.close()

@@ -7,7 +7,8 @@ for the run, so a client's state never moves), then all-gathers the results so e
 the same sorted ``Gathered`` and aggregates the same updates: P processes reproduce one (a client's
 training depends only on its own seeded stream). Algorithm 1's oracle is split the same way
 (``DistributedOracle``), and so is evaluation (``DistributedEvaluator``: each rank scores a slice of the
-test set, or its own clients' local splits, and the sums are gathered).
+test set, or its own clients' local splits, and the sums are gathered). The gathers pickle only the small
+fields; tensors and arrays travel as one flat byte tensor per rank (``fedent.rounds.flatgather``).
 
 Only rank 0 writes the run directory the user asked for; the simulator points the other ranks' engines at
 ``<run>/.ranks/<r>/`` (their checkpoints and client state, so a multi-process run resumes too).
@@ -30,6 +31,7 @@ from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params
 from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
 from fedent.rounds.executor import Gathered
+from fedent.rounds.flatgather import Buffers, all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
@@ -56,10 +58,12 @@ def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
                                scalars=dict(update.scalars), codes={})
 
 
-def merge(world: World, local: Gathered[T]) -> Gathered[T]:
-    """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank."""
+def merge(world: World, local: Gathered[T], buffers: Buffers | None = None) -> Gathered[T]:
+    """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
+    tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``; ``buffers``:
+    the caller's, kept for its next gather)."""
     out: Gathered[T] = Gathered()
-    for part in world.all_gather((local.results, local.failed)):
+    for part in all_gather_flat(world, (local.results, local.failed), buffers):
         out.results.update(part[0])
         out.failed.update(part[1])
     return Gathered(out.results, out.failed)
@@ -71,6 +75,7 @@ class DistributedOracle:
 
     def __init__(self, inner: TrainerOracle, world: World, device: torch.device) -> None:
         self.inner, self.world, self.device = inner, world, device
+        self.buffers = Buffers()  # Algorithm 1 gathers every client's gradient once a sweep
 
     def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
         owner = self.world.owner(cid)
@@ -84,7 +89,7 @@ class DistributedOracle:
         local = dict(zip(mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)),
                          strict=True))
         every: dict[int, Params] = {}
-        for part in self.world.all_gather(local):
+        for part in all_gather_flat(self.world, local, self.buffers):
             every.update(part)
         return [_moved(every[int(c)], self.device) for c in cids]
 
@@ -100,6 +105,8 @@ class DistributedExecutor:
         self.on_client: Callable[[int, int], None] | None = None
         self._first_round: int | None = None
         self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
+        self.gather_cpu_s = 0.0  # this process's CPU time in them (all its threads: packing, copies, gloo's)
+        self.buffers = Buffers()  # the updates' byte buffers, the same size every round: kept, not re-faulted
 
     def bind(self, engine: RoundEngine) -> None:
         self.engine = engine
@@ -109,14 +116,15 @@ class DistributedExecutor:
 
     def status_fields(self) -> dict[str, Any]:
         return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend,
-                "gather_s": round(self.gather_s, 3)}
+                "gather_s": round(self.gather_s, 3), "gather_cpu_s": round(self.gather_cpu_s, 3)}
 
     def _merge(self, local: Gathered[T]) -> Gathered[T]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
-            return merge(self.world, local)
+            return merge(self.world, local, self.buffers)
         finally:
             self.gather_s += time.perf_counter() - t0
+            self.gather_cpu_s += time.process_time() - c0
 
     def start(self) -> None:
         """Every rank holds its clients already."""

@@ -52,6 +52,7 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
     assert [r["worker"] for r in rows_two][:2] == ["simulator rank 0/2", "simulator rank 1/2"]
     status = json.loads((two_ranks / name / "status.json").read_text())
     assert status["phase"] == "done" and status["state"]["processes"] == 2 and status["state"]["gather_s"] > 0
+    assert status["state"]["gather_cpu_s"] > 0
     assert (two_ranks / name / RANKS_DIR / "1" / "status.json").is_file()  # rank 1 wrote only under .ranks/
 
 
