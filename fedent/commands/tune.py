@@ -7,6 +7,7 @@ Writes tuned.json (read by ``fedent compare --tuned``) and tune.md; the test set
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -38,7 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="score: mean validation accuracy of the last K evaluated rounds (default 5)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
     p.add_argument("--out", default=None, help="output directory (default: <out_dir>/tune-<name>)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (per worker with --workers > 1, default 1 there)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run the tuning in N worker processes: the algorithms at once, and a knob's untried values "
+                        "(x the seeds) at once; each worker loads the data itself; the chosen values do not "
+                        "depend on N (default 1: one run at a time in this process)")
 
 
 def parse_grids(texts: list[str]) -> dict[str, list[float]]:
@@ -69,17 +75,30 @@ def run(args: argparse.Namespace) -> int:
     grids = parse_grids(args.grid)
     if args.tail_k < 1:
         raise ConfigError("--tail-k: must be >= 1")
+    if args.workers < 1:
+        raise ConfigError("--workers: must be >= 1")
     check_device(cfg, args.device)
-    set_threads(args.threads)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"tune-{cfg.name}"
-    tuner = Tuner(cfg, seeds, out, fraction=args.validation_fraction, tail_k=args.tail_k,
-                  max_extend=args.max_extend, log=lambda line: print(line, file=sys.stderr, flush=True))
     errors: tuple[type[BaseException], ...] = (*input_error_types(), SimulationError)
-    try:
-        results = [tuner.tune(a, grids) for a in algorithms]
-    except errors as e:
-        print(f"fedent tune: {one_line(e)}", file=sys.stderr)
-        return 2
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if args.workers > 1:
+            from fedent.experiments.placement import visible_gpus
+            from fedent.experiments.reproduce import process_pool
+
+            if args.threads is not None and args.threads < 1:
+                raise ConfigError("--threads: must be >= 1")
+            pool = stack.enter_context(process_pool(args.workers, args.threads or 1, visible_gpus()))
+        else:
+            set_threads(args.threads)
+        tuner = Tuner(cfg, seeds, out, fraction=args.validation_fraction, tail_k=args.tail_k,
+                      max_extend=args.max_extend, log=lambda line: print(line, file=sys.stderr, flush=True),
+                      pool=pool)
+        try:
+            results = tuner.tune_all(algorithms, grids)
+        except errors as e:
+            print(f"fedent tune: {one_line(e)}", file=sys.stderr)
+            return 2
     write_tuned(out / "tuned.json", tuner, results)
     print("\n".join(tune_table(results, tuner)))
     print(f"wrote {out / 'tuned.json'} and {out / 'tune.md'} ({tuner.runs} runs)")

@@ -97,12 +97,12 @@ def same_config(run_dir: Path, config: Mapping[str, Any]) -> bool:
 
 
 @lru_cache(maxsize=2)
-def _cached_inputs(key: str) -> RunInputs:
+def cached_inputs(key: str) -> RunInputs:
     """Data + partition + model factory per (data, model, seed), reused by a worker's consecutive runs."""
     return load_inputs(config_from_dict(json.loads(key)))
 
 
-def _inputs_key(cfg: Mapping[str, Any]) -> str:
+def inputs_key(cfg: Mapping[str, Any]) -> str:
     return json.dumps({"data": cfg["data"], "model": cfg["model"], "train": {"seed": cfg["train"]["seed"]}},
                       sort_keys=True)
 
@@ -142,7 +142,7 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
                   file=sys.stderr)
         else:
             shutil.rmtree(spec.run_dir)
-    inputs = inputs_for(cfg) if inputs_for is not None else _cached_inputs(_inputs_key(spec.config))
+    inputs = inputs_for(cfg) if inputs_for is not None else cached_inputs(inputs_key(spec.config))
     try:
         # no bar (parallel runs would draw over each other); a line per round where there is no terminal
         res = run_simulation(cfg, spec.run_dir, progress=progress, bar=False, inputs=inputs, plots=False,
@@ -165,7 +165,7 @@ def _log_covers_checkpoints(run_dir: Path) -> bool:
     return bool(found) and logged == list(range(1, len(logged) + 1)) and max(r for r, _ in found) < len(logged)
 
 
-def _init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> None:
+def init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> None:
     """A pool worker's start: its GPU (``fedent.experiments.placement``: round-robin over ``gpus``), threads."""
     from fedent.experiments.placement import take_slot
 
@@ -174,6 +174,15 @@ def _init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) ->
 
     torch.set_num_threads(threads)
     _die_with_parent()
+
+
+def process_pool(workers: int, threads: int, gpus: Sequence[str] = ()) -> ProcessPoolExecutor:
+    """The pool of ``workers`` spawned processes (``init_worker``: ``threads`` torch threads each, spread over
+    ``gpus``, ended with their parent) that ``run_plan`` and ``fedent tune --workers`` run in. A task loads its
+    inputs in the worker (``cached_inputs``): the data is never sent through the pool."""
+    ctx = get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
+                               initargs=(threads, ctx.Value("i", 0), tuple(gpus)))
 
 
 def _die_with_parent() -> None:
@@ -247,7 +256,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
     if workers < 1 or threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
     if workers == 1:
-        _init_worker(threads)
+        init_worker(threads)
         failed: set[str] = set()
         for spec in plan.runs:  # plan order puts a replayed run before its replay
             why = budget.admit(spec) if budget is not None else None
@@ -265,9 +274,7 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         return
     if inputs_for is not None:
         raise ConfigError("injected inputs need workers=1 (they are not sent to worker processes)")
-    ctx = get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads, ctx.Value("i", 0), tuple(gpus))) as pool:
+    with process_pool(workers, threads, gpus) as pool:
         # a run waits for the runs it replays (``after``); the others are submitted in plan order, and with a
         # budget only as workers free up (so that it decides with the latest rate)
         waiting = list(plan.runs)

@@ -11,8 +11,17 @@ The search is one pass of coordinate search: the knobs of an algorithm (its rate
 extended one step in that direction (``step``), at most ``max_extend`` times and never past the knob's domain,
 and the report says, for every knob, whether its optimum is bracketed and, if not, why.
 
+With a pool (``fedent tune --workers N``) the same search runs in N worker processes: the algorithms are tuned
+concurrently (``tune_all``: a thread each; each algorithm's knobs stay in order), and a knob's untried values
+(× the seeds) are run at once; an extension past an edge is still decided on the results so far. Every point's
+config, run dir and score are the sequential search's, so the chosen values and tuned.json do not depend on N.
+
 The chosen values go to ``tuned.json``; ``fedent compare --tuned tuned.json`` reads them, trains on the same
 training part (the validation samples stay held out) and evaluates the test set: the only time it is used.
+
+Why over 400 lines: tuned.json's writer (``write_tuned``) and its reader (``Tuned``) are one format, kept beside
+the search that defines its content; the pooled search shares every point's config, name and score with the
+sequential one, which is what makes the result independent of ``--workers``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import hashlib
 import json
 import math
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -167,58 +178,171 @@ def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> S
         return None
 
 
+InputsFor = Callable[[ExperimentConfig], RunInputs]
+
+
+def run_in_worker(run: RunFn, inputs_for: InputsFor | None, cfg: ExperimentConfig,
+                  run_dir: Path) -> Sequence[Mapping[str, Any]] | None:
+    """A pool task: one tuning run, its inputs loaded here (the data is never sent through the pool), cached per
+    data key across the worker's runs (``fedent.experiments.reproduce.cached_inputs``) unless ``inputs_for``."""
+    from fedent.experiments.reproduce import cached_inputs, inputs_key
+
+    inputs = inputs_for(cfg) if inputs_for is not None else cached_inputs(inputs_key(cfg.to_dict()))
+    return run(cfg, run_dir, inputs)
+
+
+class TuningAborted(RuntimeError):
+    """Another algorithm's search failed: this one stops at its next point."""
+
+
 class Tuner:
     """The search for one base config: runs (cached per point), knobs in turn, bracketing."""
 
     def __init__(self, base: ExperimentConfig, seeds: Sequence[int], out: Path, *, fraction: float = 0.1,
                  tail_k: int = paired.TAIL_K, max_extend: int = 2, run: RunFn = simulate_point,
-                 inputs_for: Callable[[ExperimentConfig], RunInputs] = load_inputs,
-                 log: Callable[[str], None] | None = None) -> None:
+                 inputs_for: InputsFor | None = None, log: Callable[[str], None] | None = None,
+                 pool: Executor | None = None) -> None:
+        """``inputs_for``: a run's data, partition and model (default: the configured ones, loaded once per seed,
+        or once per worker with a ``pool``). ``pool``: run the points there (``run`` and ``inputs_for`` must
+        then reach its workers: module-level functions for a process pool)."""
         if not 0 < fraction < 1:
             raise ConfigError(f"--validation-fraction: must be in (0, 1), got {fraction}")
         if max_extend < 0:
             raise ConfigError("--max-extend: must be >= 0")
         self.base, self.seeds, self.out = base, [int(s) for s in seeds], out
         self.fraction, self.tail_k, self.max_extend = fraction, tail_k, max_extend
-        self.run, self.inputs_for, self.log = run, inputs_for, log
+        self.run, self.inputs_for, self.log, self.pool = run, inputs_for, log, pool
         self._inputs: dict[int, RunInputs] = {}
         self._scores: dict[tuple[str, str], float | None] = {}
         self.runs = 0
+        self._algorithm_runs: dict[str, int] = {}
+        self._lock = threading.Lock()  # the score cache and the run counters, shared by tune_all's threads
+        self._outstanding: set[Future[Any]] = set()
+        self._aborted = False
 
     def _inputs_of(self, cfg: ExperimentConfig) -> RunInputs:
         seed = int(cfg.train.seed)
         if seed not in self._inputs:  # the data and its split depend on the seed only, not on the tuned values
-            self._inputs[seed] = self.inputs_for(cfg)
+            self._inputs[seed] = (self.inputs_for or load_inputs)(cfg)
         return self._inputs[seed]
 
-    def score(self, algorithm: str, values: Mapping[str, float]) -> float | None:
-        """The point's score over the tuning seeds (None when any seed diverged or never scored)."""
-        key = (algorithm, json.dumps(sorted(values.items())))
-        if key in self._scores:
-            return self._scores[key]
-        name = "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) or "defaults"
-        scores = []
-        for seed in self.seeds:
-            cfg = point_config(self.base, algorithm, values, self.fraction, tuning=True)
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed),
-                                      name=f"{self.base.name}-tune-{algorithm}")
-            recs = self.run(cfg, self.out / "runs" / algorithm / f"{name}-s{seed}", self._inputs_of(cfg))
+    def _point(self, algorithm: str, values: Mapping[str, float], seed: int) -> tuple[ExperimentConfig, Path]:
+        """One seed of a point: its config and run directory."""
+        cfg = point_config(self.base, algorithm, values, self.fraction, tuning=True)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed),
+                                  name=f"{self.base.name}-tune-{algorithm}")
+        return cfg, self.out / "runs" / algorithm / f"{_point_name(values)}-s{seed}"
+
+    def _counted(self, algorithm: str) -> None:
+        with self._lock:
             self.runs += 1
-            scores.append(None if recs is None else val_score(recs, self.tail_k))
+            self._algorithm_runs[algorithm] = self._algorithm_runs.get(algorithm, 0) + 1
+
+    def _scored(self, algorithm: str, values: Mapping[str, float], scores: Sequence[float | None]) -> float | None:
+        """The point's score from its seeds' (in seed order), logged and cached."""
         got = None if any(s is None for s in scores) else sum(s for s in scores if s is not None) / len(scores)
         if self.log is not None:
             shown = "diverged" if got is None else f"{100 * got:.2f}%"
-            self.log(f"tune {algorithm}: {name}: validation {shown}")
-        self._scores[key] = got
+            self.log(f"tune {algorithm}: {_point_name(values)}: validation {shown}")
+        with self._lock:
+            self._scores[_score_key(algorithm, values)] = got
         return got
+
+    def score(self, algorithm: str, values: Mapping[str, float]) -> float | None:
+        """The point's score over the tuning seeds (None when any seed diverged or never scored)."""
+        return self.score_many(algorithm, [values])[0]
+
+    def score_many(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[float | None]:
+        """The points' scores: one after the other in this process, or all their runs at once in the pool."""
+        if self.pool is not None:
+            return self._score_pooled(algorithm, points)
+        out = []
+        for values in points:
+            key = _score_key(algorithm, values)
+            if key in self._scores:
+                out.append(self._scores[key])
+                continue
+            scores = []
+            for seed in self.seeds:
+                cfg, run_dir = self._point(algorithm, values, seed)
+                recs = self.run(cfg, run_dir, self._inputs_of(cfg))
+                self._counted(algorithm)
+                scores.append(None if recs is None else val_score(recs, self.tail_k))
+            out.append(self._scored(algorithm, values, scores))
+        return out
+
+    def _score_pooled(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[float | None]:
+        """Submit every seed of every uncached point, score each point as its last seed finishes (a run that
+        raised is a bug: the others are cancelled and it is raised here)."""
+        assert self.pool is not None
+        keys = [_score_key(algorithm, v) for v in points]
+        futures: dict[Future[Any], tuple[int, int]] = {}  # -> (point, seed index)
+        seeds: dict[int, list[float | None]] = {}
+        with self._lock:
+            if self._aborted:
+                raise TuningAborted("another algorithm's tuning failed")
+            todo = [i for i, k in enumerate(keys) if k not in self._scores and keys.index(k) == i]
+            for i in todo:
+                seeds[i] = [None] * len(self.seeds)
+                for j, seed in enumerate(self.seeds):
+                    cfg, run_dir = self._point(algorithm, points[i], seed)
+                    fut = self.pool.submit(run_in_worker, self.run, self.inputs_for, cfg, run_dir)
+                    futures[fut] = (i, j)
+            self._outstanding.update(futures)
+        left = {i: len(self.seeds) for i in todo}
+        try:
+            for fut in as_completed(futures):
+                i, j = futures[fut]
+                try:
+                    recs = fut.result()
+                except CancelledError:
+                    raise TuningAborted("another algorithm's tuning failed") from None
+                self._counted(algorithm)
+                seeds[i][j] = None if recs is None else val_score(recs, self.tail_k)
+                left[i] -= 1
+                if left[i] == 0:
+                    self._scored(algorithm, points[i], seeds[i])
+        finally:
+            for fut in futures:
+                fut.cancel()
+            with self._lock:
+                self._outstanding.difference_update(futures)
+        with self._lock:
+            return [self._scores[k] for k in keys]
+
+    def abort(self) -> None:
+        """Stop every search: the runs not yet started are cancelled, and each search ends at its next point."""
+        with self._lock:
+            self._aborted = True
+            for fut in self._outstanding:
+                fut.cancel()
+
+    def tune_all(self, algorithms: Sequence[str],
+                 grids: Mapping[str, Sequence[float]] | None = None) -> list[AlgorithmTuning]:
+        """Every algorithm's search: in turn, or with a pool each in a thread of its own (all their runs share
+        the pool). The first error is raised once the others have stopped."""
+        if self.pool is None:
+            return [self.tune(a, grids) for a in algorithms]
+        if len(set(algorithms)) != len(algorithms):
+            raise ConfigError(f"--algorithms: {','.join(algorithms)} lists an algorithm twice")
+        with ThreadPoolExecutor(max_workers=max(len(algorithms), 1), thread_name_prefix="tune") as threads:
+            futures = [threads.submit(self.tune, a, grids) for a in algorithms]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if any(f.done() and f.exception() is not None for f in futures):
+                self.abort()
+            wait(futures)
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:  # the first real error, not a search it stopped
+            raise next((e for e in errors if not isinstance(e, TuningAborted)), errors[0])
+        return [f.result() for f in futures]
 
     def tune_knob(self, algorithm: str, knob: Knob, fixed: Mapping[str, float]) -> KnobResult:
         res = KnobResult(knob.key)
         values = sorted(knob.grid)
         while True:
-            for v in values:
-                if v not in res.tried:
-                    res.tried[v] = self.score(algorithm, {**fixed, knob.key: v})
+            untried = [v for v in values if v not in res.tried]
+            scores = self.score_many(algorithm, [{**fixed, knob.key: v} for v in untried])
+            res.tried.update(zip(untried, scores, strict=True))
             ok = {v: s for v, s in res.tried.items() if s is not None}
             if not ok:
                 res.why = "every value diverged"
@@ -247,14 +371,15 @@ class Tuner:
         chosen: dict[str, float] = {}
         defaults = self._defaults(algorithm, knobs)
         results = []
-        start = self.runs
+        start = self._algorithm_runs.get(algorithm, 0)
         for knob in knobs:
             fixed = {**defaults, **chosen}
             fixed.pop(knob.key, None)
             res = self.tune_knob(algorithm, knob, fixed)
             results.append(res)
             chosen[knob.key] = res.best if res.best is not None else defaults[knob.key]
-        return AlgorithmTuning(algorithm, chosen, self.score(algorithm, chosen), results, self.runs - start)
+        score = self.score(algorithm, chosen)
+        return AlgorithmTuning(algorithm, chosen, score, results, self._algorithm_runs.get(algorithm, 0) - start)
 
     def _defaults(self, algorithm: str, knobs: Sequence[Knob]) -> dict[str, float]:
         """Each knob's value before it is tuned: the base config's (the paper's) value."""
@@ -265,6 +390,14 @@ class Tuner:
             section, _, name = k.key.partition(".")
             out[k.key] = float(raw[section][name])
         return out
+
+
+def _point_name(values: Mapping[str, float]) -> str:
+    return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) or "defaults"
+
+
+def _score_key(algorithm: str, values: Mapping[str, float]) -> tuple[str, str]:
+    return algorithm, json.dumps(sorted(values.items()))
 
 
 def write_tuned(path: Path, tuner: Tuner, results: Sequence[AlgorithmTuning]) -> None:

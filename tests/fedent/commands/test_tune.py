@@ -37,3 +37,29 @@ def test_tune_writes_the_chosen_values_and_the_report(tmp_path: Path, capsys: py
         assert json.loads(metrics.read_text().splitlines()[-1])["test_acc"] is None
     assert main(["tune", "--config", str(cfg), "--algorithms", "fedavg", "--grid", "train.lr=0.1",
                  "--out", str(out)]) == 2
+
+
+@pytest.mark.slow  # ~25 s on a loaded 2-core box: two spawned pools, each worker importing torch
+def test_tune_with_two_workers_writes_what_one_worker_writes(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Real runs in a spawned pool of 2: the same tuned.json and tune.md as the in-process search, one log line
+    per point; a rerun into a finished directory reads every point back instead of training it again."""
+    cfg = write_tiny_config_file(tmp_path / "tiny.yaml", rounds=2)
+    argv = ["tune", "--config", str(cfg), "--algorithms", "fedavg,fedprox", "--seeds", "0,1", "--grid",
+            "train.lr=0.01,0.1", "--grid", "fedprox.algorithm.mu=0.01,1", "--max-extend", "1", "--tail-k", "2",
+            "--threads", "1"]
+    logs = {}
+    for workers in (1, 2):
+        assert main([*argv, "--workers", str(workers), "--out", str(tmp_path / f"w{workers}")]) == 0
+        logs[workers] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tune ")]
+    one, two = (json.loads((tmp_path / f"w{w}" / "tuned.json").read_text()) for w in (1, 2))
+    assert two == one and one["algorithms"]["fedprox"]["runs"] > 0
+    assert (tmp_path / "w2" / "tune.md").read_text() == (tmp_path / "w1" / "tune.md").read_text()
+    points = sum(a["runs"] for a in one["algorithms"].values()) // 2  # two seeds a point
+    assert sorted(logs[2]) == sorted(logs[1]) and len(logs[1]) == len(set(logs[1])) == points
+    metrics = sorted((tmp_path / "w1" / "runs").glob("*/*/metrics.jsonl"))
+    stamps = [m.stat().st_mtime_ns for m in metrics]
+    assert main([*argv, "--workers", "2", "--out", str(tmp_path / "w1")]) == 0
+    assert [m.stat().st_mtime_ns for m in metrics] == stamps  # read back, not rerun
+    assert json.loads((tmp_path / "w1" / "tuned.json").read_text()) == one
+    assert main([*argv, "--workers", "0", "--out", str(tmp_path / "w0")]) == 2

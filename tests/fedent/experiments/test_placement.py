@@ -10,7 +10,7 @@ import pytest
 
 from fedent.config import ConfigError
 from fedent.experiments.placement import parse_gpus, take_slot, visible_gpus
-from fedent.experiments.reproduce import _init_worker
+from fedent.experiments.reproduce import init_worker
 
 
 def test_visible_gpus_reads_cuda_visible_devices_else_the_count() -> None:
@@ -43,7 +43,7 @@ def test_pool_workers_start_on_their_gpu() -> None:
     """The initializer run_plan gives its pool: each spawned worker's CUDA_VISIBLE_DEVICES is one of the slots."""
     ctx = get_context("spawn")
     counter = ctx.Value("i", 0)
-    with ProcessPoolExecutor(2, mp_context=ctx, initializer=_init_worker, initargs=(1, counter, ("7", "9"))) as pool:
+    with ProcessPoolExecutor(2, mp_context=ctx, initializer=init_worker, initargs=(1, counter, ("7", "9"))) as pool:
         seen = {f.result() for f in [pool.submit(os.getenv, "CUDA_VISIBLE_DEVICES") for _ in range(6)]}
     assert seen and seen <= {"7", "9"}
     assert counter.value == len(seen) or counter.value == 2  # one slot taken per worker started

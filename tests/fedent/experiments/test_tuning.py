@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +170,90 @@ def test_tuner_options_are_checked(tmp_path: Path) -> None:
         Tuner(tiny_config(), [0], tmp_path, fraction=0.0)
     with pytest.raises(ConfigError, match="max-extend"):
         Tuner(tiny_config(), [0], tmp_path, max_extend=-1)
+
+
+def _lr_peaked(cfg: ExperimentConfig) -> list[dict[str, float]]:
+    """Validation accuracy peaking at lr 0.03 (and at mu 0.01, β 0.99 where the algorithm has them)."""
+    acc = 0.9 - 0.1 * abs(math.log10(cfg.train.lr / 0.03)) - 0.01 * cfg.train.seed
+    opts = cfg.to_dict()["algorithm"]
+    for name, peak in (("mu", 0.01), ("beta", 0.99)):
+        if name in opts:
+            acc -= 0.01 * abs(math.log10(float(opts[name]) / peak))
+    return [{"val_acc": acc}]
+
+
+def test_a_pool_runs_a_knobs_points_at_once_and_chooses_what_the_sequential_search_chooses(tmp_path: Path) -> None:
+    """Every seed of every grid value of the knob is in flight together (a barrier of 6 that a one-at-a-time
+    search would break on its timeout), and the result is the sequential one, runs counted alike."""
+    barrier = threading.Barrier(6, timeout=20)
+
+    def together(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        barrier.wait()
+        return _lr_peaked(cfg)
+
+    def alone(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        return _lr_peaked(cfg)
+
+    grids = {"train.lr": [0.01, 0.03, 0.1]}
+    with ThreadPoolExecutor(8) as pool:
+        pooled = Tuner(tiny_config(), [0, 1], tmp_path / "p", fraction=0.2, tail_k=1, run=together,
+                       inputs_for=_inputs, pool=pool).tune_all(["fedavg"], grids)
+    sequential = Tuner(tiny_config(), [0, 1], tmp_path / "s", fraction=0.2, tail_k=1, run=alone,
+                       inputs_for=_inputs).tune_all(["fedavg"], grids)
+    assert pooled[0].to_dict() == sequential[0].to_dict()
+    assert pooled[0].chosen == {"train.lr": 0.03} and pooled[0].runs == 6
+    assert pooled[0].score == pytest.approx(0.895)  # the mean over seeds 0 and 1
+
+
+def test_a_pool_tunes_the_algorithms_at_once_and_writes_the_same_tuned_json(tmp_path: Path) -> None:
+    """Each algorithm's first point waits for the others' (a barrier across the three searches); extensions
+    stay decided on the results, and tuned.json is byte for byte the sequential search's."""
+    barrier = threading.Barrier(3, timeout=20)
+    first: set[str] = set()
+    lock = threading.Lock()
+    lines: list[str] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        with lock:
+            wait = cfg.algorithm.name not in first
+            first.add(cfg.algorithm.name)
+        if wait:
+            barrier.wait()
+        if cfg.train.lr > 0.5:
+            return None  # diverged: scores below every finite run, as in the sequential search
+        return _lr_peaked(cfg)
+
+    algorithms, grids = ["fedavg", "fedprox", "fedent"], {"train.lr": [0.1, 0.3]}  # best at the lower edge
+    with ThreadPoolExecutor(4) as pool:
+        tuner = Tuner(tiny_config(), [0], tmp_path / "p", fraction=0.2, tail_k=1, run=run, inputs_for=_inputs,
+                      pool=pool, log=lines.append)
+        pooled = tuner.tune_all(algorithms, grids)
+    first.clear()
+    barrier = threading.Barrier(1)  # the sequential search runs one point at a time
+    seq = Tuner(tiny_config(), [0], tmp_path / "s", fraction=0.2, tail_k=1, run=run, inputs_for=_inputs)
+    sequential = seq.tune_all(algorithms, grids)
+    assert [r.to_dict() for r in pooled] == [r.to_dict() for r in sequential]
+    assert tuner.runs == seq.runs == sum(r.runs for r in pooled) == len(lines)  # one log line per point
+    assert pooled[0].knobs[0].extensions == 2 and pooled[0].chosen["train.lr"] == pytest.approx(0.1 / 3)
+    write_tuned(tmp_path / "p" / "tuned.json", tuner, pooled)
+    write_tuned(tmp_path / "s" / "tuned.json", seq, sequential)
+    assert (tmp_path / "p" / "tuned.json").read_bytes() == (tmp_path / "s" / "tuned.json").read_bytes()
+
+
+def test_a_run_that_raises_in_the_pool_surfaces_and_stops_the_other_searches(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        asked.append(cfg.algorithm.name)
+        if cfg.algorithm.name == "fedprox":
+            raise KeyError("a bug")
+        return _lr_peaked(cfg)
+
+    with ThreadPoolExecutor(2) as pool:
+        tuner = Tuner(tiny_config(), [0], tmp_path, fraction=0.2, tail_k=1, run=run, inputs_for=_inputs,
+                      pool=pool)
+        with pytest.raises(KeyError, match="a bug"):
+            tuner.tune_all(["fedent", "fedprox"], {"train.lr": [0.01, 0.03, 0.1]})
+    assert asked.count("fedent") < 9  # fedent's search stopped before its β and γ knobs
+    with pytest.raises(ConfigError, match="twice"):
+        Tuner(tiny_config(), [0], tmp_path, pool=ThreadPoolExecutor(1)).tune_all(["fedavg", "fedavg"])
