@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 
+from fedent import yamlio
+
 T = TypeVar("T")
 
 
@@ -775,7 +777,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not path:
         raise ConfigError(f"--set {text!r}: empty key")
     try:
-        parsed = yaml.safe_load(value)
+        parsed = yamlio.load(value)
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {text!r}: bad value ({e.__class__.__name__})") from None
     return path, parsed
@@ -822,7 +824,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         known = ", ".join(packaged_config_names()[:8])
         raise ConfigError(f"config file not found: {p} (or name a packaged config: {known}, ...)")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yamlio.load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}{yaml_position(e)}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):

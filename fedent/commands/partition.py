@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fedent import yamlio
 from fedent.config import ConfigError, DataConfig, dataclass_from_mapping
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def _config_data(path: str) -> tuple[dict[str, Any], int | None]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yamlio.load(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):

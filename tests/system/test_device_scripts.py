@@ -47,3 +47,28 @@ def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path
     assert runs == {"fedavg-s0", "fedent-s0", "fedavg-s1", "fedent-s1"}
     assert (work / "results" / "mnist-quick" / "report.md").is_file()  # a dry run never writes the study's --out
     assert not (work / "results" / "mnist").exists()
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_its_tune_section(tmp_path: Path) -> None:
+    """fedent tune with a worker pool on the real-format MNIST, then the tuned rows: tuned.json is made and read."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    for name in ("fedent", "tests", "tools", "configs", "benchmarks"):
+        (work / name).symlink_to(ROOT / name)
+    write_mnist_like(work / "data" / "mnist", n_train=2000, n_test=200)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "DEVICE": "cpu", "QUICK": "1", "SECTIONS": "tune",
+           "TUNE_ALGOS": "fedavg", "TUNE_WORKERS": "2", "STUDY_SEEDS": "0", "STUDY_WORKERS": "1",
+           "STUDY_RATE": "100", "DEADLINE_S": "400"}
+    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=500)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    steps = (out / "steps.log").read_text()
+    assert "tune rc=0" in steps and "tuned-study rc=0" in steps, steps
+    tuned = (work / "results" / "mnist-tune-quick" / "tuned.json").read_text()
+    assert '"fedavg"' in tuned
+    report = (work / "results" / "mnist-tuned-quick" / "report.md").read_text()
+    assert "tuned" in report and "mnist-tune-quick/tuned.json" in report
+    with tarfile.open(out / "device-check.tgz") as outer:
+        assert {"./tune.tgz", "./tuned-study.tgz", "./tune.log"} <= set(outer.getnames())
