@@ -17,20 +17,28 @@ from datafiles import write_mnist_like
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path) -> None:
+def _scratch_repo(tmp_path: Path) -> Path:
+    """The layout the script expects, from the repository root: code and configs linked, data/mnist written."""
     work = tmp_path / "repo"
     work.mkdir()
     for name in ("fedent", "tests", "tools", "configs", "benchmarks"):
         (work / name).symlink_to(ROOT / name)
     write_mnist_like(work / "data" / "mnist", n_train=2000, n_test=200)  # the carried .gz files' layout
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "DEVICE": "cpu", "QUICK": "1",
-           "SECTIONS": "env profile study", "STUDY_ROWS": "fedavg,fedent", "STUDY_SEEDS": "0,1",
-           "STUDY_WORKERS": "1", "STUDY_RATE": "100", "DEADLINE_S": "400"}
-    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=500)
+    return work
+
+
+def _dry_run(work: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "OUT": str(out), "PY": sys.executable, "DEVICE": "cpu", "QUICK": "1",
+                               "STUDY_WORKERS": "1", "STUDY_RATE": "100", "DEADLINE_S": "400", **env})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path) -> None:
+    work, out = _scratch_repo(tmp_path), tmp_path / "out"
+    done = _dry_run(work, out, SECTIONS="env profile study", STUDY_ROWS="fedavg,fedent", STUDY_SEEDS="0,1")
     steps = (out / "steps.log").read_text()
     assert "profile rc=0" in steps and "study rc=0" in steps, steps
     assert "unbound variable" not in done.stdout + done.stderr
@@ -52,18 +60,8 @@ def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path
 @pytest.mark.slow
 def test_the_device_check_dry_runs_its_tune_section(tmp_path: Path) -> None:
     """fedent tune with a worker pool on the real-format MNIST, then the tuned rows: tuned.json is made and read."""
-    work = tmp_path / "repo"
-    work.mkdir()
-    for name in ("fedent", "tests", "tools", "configs", "benchmarks"):
-        (work / name).symlink_to(ROOT / name)
-    write_mnist_like(work / "data" / "mnist", n_train=2000, n_test=200)
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "DEVICE": "cpu", "QUICK": "1", "SECTIONS": "tune",
-           "TUNE_ALGOS": "fedavg", "TUNE_WORKERS": "2", "STUDY_SEEDS": "0", "STUDY_WORKERS": "1",
-           "STUDY_RATE": "100", "DEADLINE_S": "400"}
-    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=500)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    work, out = _scratch_repo(tmp_path), tmp_path / "out"
+    _dry_run(work, out, SECTIONS="tune", TUNE_ALGOS="fedavg", TUNE_WORKERS="2", STUDY_SEEDS="0")
     steps = (out / "steps.log").read_text()
     assert "tune rc=0" in steps and "tuned-study rc=0" in steps, steps
     tuned = (work / "results" / "mnist-tune-quick" / "tuned.json").read_text()
