@@ -23,12 +23,12 @@ def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
     outside a checkout, ``$FEDENT_COMMIT`` when the copy's maker set it, else "unknown" with the reason; a dirty
     checkout whose maker set another commit records it too (``declared_commit``), beside git's own."""
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+    given = os.environ.get(COMMIT_ENV, "").strip()
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": "unknown", "reason": f"git not runnable: {exc}"}
     if out.returncode != 0:
-        given = os.environ.get(COMMIT_ENV, "").strip()
         if given:  # a copy of the tree without .git (a GPU machine, an image): the commit it was copied from
             return {"commit": given, "source": f"{COMMIT_ENV} (not a git checkout)", "dirty": None}
         return {"commit": "unknown", "reason": f"not a git checkout ({out.stderr.strip()[:200]})"}
@@ -39,7 +39,6 @@ def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
         info["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         info["dirty"] = None
-    given = os.environ.get(COMMIT_ENV, "").strip()
     if given and given != info["commit"] and info.get("dirty") is not False:
         # a copy that carries a stale .git (a GPU machine's copy of a checkout): what its maker says it is
         info["declared_commit"] = given

@@ -10,8 +10,9 @@
 #   profile      profile.md/.json: benchmarks/profile_step.py, 20 clients, float32 (kernels, share, memory, gaps)
 #   levers       levers.log: profile_step.py with each train.perf lever on, against it off, and bf16 with each of
 #                the others (client steps/s; LEVERS="none autocast_bf16,channels_last ..." chooses)
-#   table4       the Table IV Fashion-MNIST twin (configs/fmnist-mnist-pathological.yaml), 50 rounds, vectorised,
-#                FedAvg and FedEnt, timed end to end (issue 28's goal: FedAvg <= 8 s), and FedAvg under bf16
+#   table4       a Table IV run (CFG: default configs/fmnist-mnist-pathological.yaml, the Fashion-MNIST twin),
+#                50 rounds, vectorised, FedAvg and FedEnt (TABLE4 chooses), timed end to end (issue 28's goal: FedAvg
+#                <= 8 s), and FedAvg under bf16
 #                autocast (its final accuracy against float32's: the lever's accuracy check on a full run)
 #   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
 #   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
@@ -22,8 +23,9 @@
 #                skipped with a message where the device's python has no grpc)
 #   study        issue 29's runs on the real MNIST: fedent reproduce --profile mnist (Table IV's MNIST pathological
 #                row, the paper's data and model) with STUDY_ROWS and STUDY_SEEDS, --budget-s = the time left before
-#                DEADLINE_S (data.root=data/mnist); results/mnist stays on a warm machine, so the same section in the next call resumes it
-#                (complete runs are skipped); carry data/mnist (the four IDX .gz of `fedent data fetch mnist`)
+#                DEADLINE_S (data.root=data/mnist); results/mnist stays on a warm machine, so the same section in the
+#                next call resumes it (complete runs are skipped); carry data/mnist (the four IDX .gz of
+#                `fedent data fetch mnist`)
 #   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
 #                TUNE_ALGOS on Table IV's MNIST row, 50 rounds, seed 0, --workers TUNE_WORKERS, into results/mnist-tune
 #                (a warm machine's next call resumes it: finished points are read back); then, in the time left,
@@ -53,9 +55,13 @@ DATA=(--set "data.root=${DATA_ROOT:-data/fashion-mnist}")  # DATA_ROOT=data/mnis
 if [ -n "$QUICK" ]; then  # a smoke test of this script: tiny sizes, every command still runs
   CLIENTS=4 SAMPLES=64 CALLS=1 ROUNDS=1 STEP_ARGS=(--clients 4 --samples 64 --repeats 1)
   DIST_ARGS=(--clients 8 --samples 16 --rounds 3) SIZES_MB=4 PIPE_SEEDS=0 PIPE_ROUNDS=(--rounds 1)
+  # the real-MNIST sections: their own --out (never the study's) and a small CPU problem
+  RESULTS_SUFFIX=-quick SMALL=(--set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500)
+  STUDY_SMALL=(--rounds 1 "${SMALL[@]}") TUNE_SMALL=(--set train.rounds=2 "${SMALL[@]}")
 else
   CLIENTS=20 SAMPLES=600 CALLS=3 ROUNDS=50 STEP_ARGS=(--clients "20,60" --repeats 3)
   DIST_ARGS=(--clients 100 --samples 60 --rounds 4) SIZES_MB=16,256,1024 PIPE_SEEDS=0 PIPE_ROUNDS=()
+  RESULTS_SUFFIX="" STUDY_SMALL=() TUNE_SMALL=()
 fi
 
 small_files() {  # small_files DIR: the files worth bringing back (logs, tables, metrics, configs), one a line
@@ -115,10 +121,9 @@ section_levers() {
 section_table4() {  # TABLE4: which of the three runs (fedavg fedent bf16)
   local run
   for run in $TABLE4; do
-    sim "table4-$run"
     case $run in
-      fedavg) guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg ;;
-      fedent) guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent ;;
+      fedavg) sim table4-fedavg; guarded table4-fedavg 90 "${SIM[@]}" --set algorithm.name=fedavg ;;
+      fedent) sim table4-fedent; guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent ;;
       bf16) sim table4-fedavg-bf16
             guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16 ;;
     esac
@@ -169,33 +174,29 @@ section_study() {
     echo "study skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
   else
     step study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$STUDY_ROWS" \
-      --out "results/mnist${QUICK:+-quick}" --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
-      --budget-s $((left - 25)) --set data.root=data/mnist \
-      ${QUICK:+--rounds 1 --set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500}
+      --out "results/mnist$RESULTS_SUFFIX" --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
+      --budget-s $((left - 25)) --set data.root=data/mnist "${STUDY_SMALL[@]}"
   fi
   tail -n 25 "$OUT/study.log" 2>/dev/null
-  small_files "results/mnist${QUICK:+-quick}" | tar czf "$OUT/study.tgz" -T - 2>/dev/null
+  small_files "results/mnist$RESULTS_SUFFIX" | tar czf "$OUT/study.tgz" -T - 2>/dev/null
 }
 
 section_tune() {
-  local tune_out="results/mnist-tune${QUICK:+-quick}" tuned_out="results/mnist-tuned${QUICK:+-quick}"
-  local small=()
-  [ -n "$QUICK" ] && small=(--set train.rounds=2 --set data.max_train_samples=2000 --set data.max_test_samples=500)
+  local tune_out="results/mnist-tune$RESULTS_SUFFIX" tuned_out="results/mnist-tuned$RESULTS_SUFFIX"
   local left=$((DEADLINE_S - SECONDS - 30))
   if [ "$left" -lt 90 ]; then
     echo "tune skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
     return 0
   fi
   step tune "$left" "${FEDENT[@]}" tune --config configs/mnist-pathological.yaml --set data.root=data/mnist \
-    --set train.precision=tf32 --set train.executor=vectorised --device "$DEVICE" "${small[@]}" \
+    --set train.precision=tf32 --set train.executor=vectorised --device "$DEVICE" "${TUNE_SMALL[@]}" \
     --algorithms "$TUNE_ALGOS" --seeds 0 --workers "$TUNE_WORKERS" --threads 1 --out "$tune_out"
   tail -n 20 "$OUT/tune.log"
   left=$((DEADLINE_S - SECONDS - 30))
   if [ -f "$tune_out/tuned.json" ] && [ "$left" -ge 90 ]; then
     step tuned-study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$TUNE_ALGOS" \
       --tuned "mnist-pathological=$tune_out/tuned.json" --out "$tuned_out" --workers "$STUDY_WORKERS" --threads 1 \
-      --steps-per-s "$STUDY_RATE" --budget-s $((left - 25)) --set data.root=data/mnist \
-      ${QUICK:+--rounds 1 --set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500}
+      --steps-per-s "$STUDY_RATE" --budget-s $((left - 25)) --set data.root=data/mnist "${STUDY_SMALL[@]}"
     tail -n 5 "$OUT/tuned-study.log"
   fi
   small_files "$tune_out" | tar czf "$OUT/tune.tgz" -T - 2>/dev/null

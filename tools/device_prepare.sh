@@ -19,7 +19,6 @@ rm -f .devdeps/yaml/_yaml.*.so   # the device's python may be another version: u
 # For a python older than 3.11 on the device: pytest's backports, pure-Python wheels from the package index.
 "$PY" -m pip download -q --no-deps --platform any --python-version 3.10 --only-binary=:all: \
   -d .devdeps/.wheels exceptiongroup tomli typing_extensions
-for w in .devdeps/.wheels/*.whl; do "$PY" -m zipfile -e "$w" .devdeps/; done
 # cryptography (the round engine imports secure aggregation's signatures) is compiled and not in the device's
 # image: its abi3 wheel and cffi's for the device's python (DEVICE_PY, 3.12 there), from the package index.
 DEVICE_PY=${DEVICE_PY:-3.12}

@@ -119,7 +119,8 @@ def git_commit() -> str:
     info = commit_of()
     commit = str(info["commit"])
     commit = commit[:7] if len(commit) == 40 else commit
-    return commit + (" (uncommitted changes)" if info.get("dirty") else "")
+    declared = f"; declared by its maker: {info['declared_commit']}" if info.get("declared_commit") else ""
+    return commit + (f" (uncommitted changes{declared})" if info.get("dirty") else "")
 
 
 def outcomes(args: argparse.Namespace, plan: Plan, out: Path, budget: TimeBudget | None) -> Iterator[RunOutcome]:

@@ -71,7 +71,9 @@ def settled(spec: RunSpec) -> bool:
 
 
 def finished(run_dir: Path) -> bool:
-    """The run in ``run_dir`` ended, whatever its config: its status says done, or it diverged."""
+    """The run in ``run_dir`` ended, whatever its config: its status says done, or it diverged. Unlike
+    ``fedent.rounds.rundir.finished_status`` it needs no final model: kept run logs without models (a GPU
+    machine's archive, docs/mnist's run-logs.tar.gz) are results too."""
     status = runlog.read_json(runlog.RunPaths(run_dir).status, default=None)
     return (isinstance(status, dict) and status.get("phase") == "done") or diverged(run_dir) is not None
 

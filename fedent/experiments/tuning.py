@@ -214,7 +214,6 @@ class Tuner:
         self.run, self.inputs_for, self.log, self.pool = run, inputs_for, log, pool
         self._inputs: dict[int, RunInputs] = {}
         self._scores: dict[tuple[str, str], float | None] = {}
-        self.runs = 0
         self._algorithm_runs: dict[str, int] = {}
         self._lock = threading.Lock()  # the score cache and the run counters, shared by tune_all's threads
         self._outstanding: set[Future[Any]] = set()
@@ -233,9 +232,14 @@ class Tuner:
                                   name=f"{self.base.name}-tune-{algorithm}")
         return cfg, self.out / "runs" / algorithm / f"{_point_name(values)}-s{seed}"
 
+    @property
+    def runs(self) -> int:
+        """Runs this tuner started or read back, all algorithms together."""
+        with self._lock:
+            return sum(self._algorithm_runs.values())
+
     def _counted(self, algorithm: str) -> None:
         with self._lock:
-            self.runs += 1
             self._algorithm_runs[algorithm] = self._algorithm_runs.get(algorithm, 0) + 1
 
     def _scored(self, algorithm: str, values: Mapping[str, float], scores: Sequence[float | None]) -> float | None:
