@@ -160,3 +160,13 @@ def run_inthread_workers(h: Any, inputs: RunInputs, groups: list[tuple[int, ...]
     for t in threads:
         t.join(10)
     return workers
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Kill the worker processes a failed or timed-out test left behind: multiprocessing's exit hook joins them,
+    and one hung worker then holds the whole test run open until CI's time is gone (seen on 2026-11-27)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(5)

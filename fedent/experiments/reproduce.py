@@ -187,23 +187,28 @@ def process_pool(workers: int, threads: int, gpus: Sequence[str] = ()) -> Proces
                                initargs=(threads, ctx.Value("i", 0), tuple(gpus)))
 
 
-def _die_with_parent() -> None:
-    """On Linux, ask the kernel to end this pool worker when the process that started it dies: a
-    ``fedent reproduce`` killed by a timeout or by hand otherwise leaves its workers training on, into run
-    directories a restarted reproduce is writing again (seen: a killed medium profile's workers interleaved
-    their rounds into the new runs' logs). Elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
+def _die_with_parent(poll_s: float = 0.5) -> None:
+    """End this pool worker soon after the process that started it dies: a ``fedent reproduce`` killed by a
+    timeout or by hand otherwise leaves its workers training on, into run directories a restarted reproduce is
+    writing again (seen: a killed medium profile's workers interleaved their rounds into the new runs' logs).
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the request was in place
+    A daemon thread watches the parent's pid. Not ``PR_SET_PDEATHSIG``: that signal follows the *thread* that
+    started the worker, and ``fedent tune --workers`` submits from one thread per algorithm, so a worker was
+    killed when the algorithm that happened to start it finished; a worker killed while holding the pool's queue
+    lock then hung every other worker and the pool's shutdown for good (CI of 2026-11-27 ran out of time there).
+    """
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
         os._exit(1)
+
+    if parent == 1:  # the parent died before this worker started
+        os._exit(1)
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def _execute_safely(spec: RunSpec) -> RunOutcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,25 @@ def test_killing_reproduce_ends_its_pool_workers(tmp_path: Path) -> None:
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert not alive, f"pool workers {alive} outlived their reproduce"
+
+
+def test_pool_workers_outlive_the_thread_that_started_them() -> None:
+    """`fedent tune --workers` submits from one thread per algorithm: the workers those threads started keep
+    serving once the threads end (they were killed with them, and a pool killed mid-task hung CI's run)."""
+    import os
+    import threading
+
+    from fedent.experiments.reproduce import process_pool
+
+    with process_pool(2, 1) as pool:
+        started: list[int] = []
+        t = threading.Thread(target=lambda: started.extend(f.result() for f in [pool.submit(os.getpid)
+                                                                                   for _ in range(2)]))
+        t.start()
+        t.join()
+        time.sleep(2)  # a worker signalled at the thread's end is gone by now
+        assert started and all(p.exitcode is None for p in pool._processes.values())
+        assert pool.submit(os.getpid).result(timeout=60) in pool._processes
 
 
 def _tuned_file(path: Path) -> Path:
