@@ -8,7 +8,7 @@ Every contender trains the same clients from the same start on the same batches;
 median is reported. Beside each rate: the largest parameter difference from the first contender after one
 call (direct float32 is exact float32; TF32 rounds convolution and matmul inputs to 10 mantissa bits).
 
-    python benchmarks/bench_vectorised_step.py --device cuda                 # direct/unfold x float32/tf32
+    python benchmarks/bench_vectorised_step.py --device cuda        # direct/unfold/looped x float32/tf32
     python benchmarks/bench_vectorised_step.py --device cpu --clients 4 --repeats 1
 
 The last line is ``BEST {json}``: the fastest contender at ``--prefer`` precision for the first ``--clients``
@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedent.config import CONV_PATHS  # noqa: E402
 from fedent.models import build_model  # noqa: E402
 from fedent.trainer import LocalTrainer, set_precision  # noqa: E402
 from fedent.vectorised_trainer import ClientRun, VectorisedTrainer  # noqa: E402
@@ -37,8 +38,8 @@ def contenders(spec: str) -> list[tuple[str, str]]:
     out = []
     for item in spec.split(","):
         conv, _, precision = item.partition("/")
-        if conv not in ("direct", "unfold") or precision not in ("float32", "tf32"):
-            raise SystemExit(f"--contenders: {item!r} is not CONV/PRECISION (direct|unfold / float32|tf32)")
+        if conv not in CONV_PATHS or precision not in ("float32", "tf32"):
+            raise SystemExit(f"--contenders: {item!r} is not CONV/PRECISION ({'|'.join(CONV_PATHS)} / float32|tf32)")
         out.append((conv, precision))
     return out
 
@@ -50,7 +51,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=600, help="samples per client (600: Table IV's MNIST row)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--contenders", default="direct/float32,direct/tf32,unfold/float32,unfold/tf32")
+    ap.add_argument("--contenders", default="direct/float32,direct/tf32,unfold/float32,unfold/tf32,looped/float32,"
+                                            "looped/tf32")
     ap.add_argument("--prefer", default="tf32", choices=["float32", "tf32"], help="precision for the BEST line")
     args = ap.parse_args()
     dev = torch.device(args.device)

@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedent.config import PerfOptions  # noqa: E402
+from fedent.config import CONV_PATHS, PerfOptions  # noqa: E402
 from fedent.models import build_model  # noqa: E402
 from fedent.perf import apply_host, apply_trainer  # noqa: E402
 from fedent.trainer import LocalTrainer  # noqa: E402
@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3, help="profiled calls (one local epoch each)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--precision", default="float32", choices=["float32", "tf32"])
-    ap.add_argument("--conv", default="direct", choices=["direct", "unfold"])
+    ap.add_argument("--conv", default="direct", choices=list(CONV_PATHS))
     ap.add_argument("--perf", default="", help="train.perf levers: channels_last,autocast_bf16,compile,cudnn_benchmark")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="also write the markdown table here (and .json beside it)")

@@ -234,7 +234,7 @@ ExecutorName = Literal["auto", "sequential", "vectorised"]
 EXECUTORS: tuple[str, ...] = typing.get_args(ExecutorName)
 Precision = Literal["float32", "tf32"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
-ConvPath = Literal["direct", "unfold"]
+ConvPath = Literal["direct", "unfold", "looped"]
 UploadEncoding = Literal["none", "int8", "topk"]
 CONV_PATHS: tuple[str, ...] = typing.get_args(ConvPath)
 Evaluation = Literal["server", "federated"]
@@ -282,8 +282,9 @@ class TrainConfig(Declared):
                                              "~1e-6); tf32: on CUDA, convolutions and matmuls may round their "
                                              "inputs to TF32 on tensor cores, several times faster on Ampere and "
                                              "later, ~1e-3 relative per step. No effect on the CPU")
-    conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution) or unfold (im2col + "
-                                      "one batched matmul per layer); the same function, results agree to ~1e-6")
+    conv: ConvPath = option("direct", "vectorised executor: direct (vmap's grouped convolution), unfold (im2col + "
+                                      "one batched matmul per layer) or looped (one ordinary convolution per "
+                                      "client, fedent.looped_conv); the same function, results agree to ~1e-5")
     upload_encoding: UploadEncoding = option("none", "lossy upload of w_i(t+1) - w(t) (fedent.compress), applied by "
                                                      "the simulator and the cluster alike: none, int8 (unbiased "
                                                      "stochastic 8-bit, ~4x fewer bytes), topk (the largest "

@@ -39,6 +39,9 @@ def autocast_forward(model: nn.Module, device_type: str) -> None:
             out = inner(*args, **kwargs)
         return out.float() if isinstance(out, Tensor) else out
 
+    # a copy of the model (the vectorised trainer's unfold/looped convolutions) would share this closure and run
+    # the original's modules, untrained by functional_call: it wraps its own forward again through this
+    forward.rebind = lambda copy: autocast_forward(copy, device_type)  # type: ignore[attr-defined]
     model.forward = forward  # type: ignore[method-assign]
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
+from fedent.looped_conv import LoopedConv2d
 from fedent.params import Params
 from fedent.privacy.dpsgd import DPSGD, clip_and_noise_stacked, draw_noise, per_sample_grads
 from fedent.trainer import LocalTrainer, TrainResult
@@ -125,19 +126,31 @@ class UnfoldConv2d(nn.Conv2d):
         return out.reshape(n, self.out_channels, hout, wout)
 
 
-def unfold_convs(model: nn.Module) -> tuple[nn.Module, int]:
+def swap_convs(model: nn.Module, form: type[UnfoldConv2d] | type[LoopedConv2d]) -> tuple[nn.Module, int]:
     """A shallow structural copy of ``model`` whose plain convolutions (groups 1, zero padding, numeric
-    padding) are ``UnfoldConv2d``; the parameters are not used (``functional_call`` supplies them). Returns
+    padding) are computed in ``form``; the parameters are not used (``functional_call`` supplies them). Returns
     the copy and how many convolutions were swapped."""
     out = copy.deepcopy(model)
+    wrapped = out.__dict__.pop("forward", None)  # a forward set on the instance (fedent.perf's autocast) is a
+    if wrapped is not None:                       # closure over the original model: wrapped again for the copy
+        rebind = getattr(wrapped, "rebind", None)
+        if rebind is None:
+            raise ValueError("the model's forward is replaced on the instance in a way this copy cannot repeat; "
+                             "use train.conv: direct")
+        rebind(out)
     swapped = 0
     for parent in out.modules():
         for name, child in parent.named_children():
             if (type(child) is nn.Conv2d and child.groups == 1 and child.padding_mode == "zeros"
                     and not isinstance(child.padding, str)):
-                setattr(parent, name, UnfoldConv2d.of(child))
+                setattr(parent, name, form.of(child))
                 swapped += 1
     return out, swapped
+
+
+def unfold_convs(model: nn.Module) -> tuple[nn.Module, int]:
+    """``swap_convs`` to im2col + matmul."""
+    return swap_convs(model, UnfoldConv2d)
 
 
 # A step's shape: clients in the chunk, whether they carry a w-weighted and a constant correction, local DP's
@@ -242,15 +255,16 @@ class VectorisedTrainer:
         why = unsupported(trainer.model)
         if why is not None:
             raise ValueError(why)
-        if conv not in ("direct", "unfold"):
-            raise ValueError(f"conv must be direct or unfold, got {conv!r}")
+        forms: dict[str, type[UnfoldConv2d] | type[LoopedConv2d]] = {"unfold": UnfoldConv2d, "looped": LoopedConv2d}
+        if conv not in ("direct", *forms):
+            raise ValueError(f"conv must be direct, unfold or looped, got {conv!r}")
         self.trainer = trainer
         self.names = [n for n, _ in trainer.model.named_parameters()]
         self.buffers = {n: b for n, b in trainer.model.named_buffers()}
         model = trainer.model
-        if conv == "unfold":
-            model, swapped = unfold_convs(trainer.model)
-            conv = conv if swapped else "direct"  # nothing to unfold: say what really runs
+        if conv in forms:
+            model, swapped = swap_convs(trainer.model, forms[conv])
+            conv = conv if swapped else "direct"  # no convolution to swap: say what really runs
         self.conv = conv
 
         def loss_fn(params: dict[str, Tensor], xb: Tensor, yb: Tensor, wb: Tensor) -> Tensor:

@@ -9,11 +9,12 @@
 #   env          env.txt: the card, its driver, python and torch versions
 #   profile      profile.md/.json: benchmarks/profile_step.py, 20 clients, float32 (kernels, share, memory, gaps)
 #   levers       levers.log: profile_step.py with each train.perf lever on, against it off, and bf16 with each of
-#                the others (client steps/s; LEVERS="none autocast_bf16,channels_last ..." chooses)
+#                the others, and the looped convolution (conv_looped: train.conv looped) alone and with bf16
+#                (client steps/s; LEVERS="none autocast_bf16,channels_last conv_looped ..." chooses)
 #   table4       a Table IV run (CFG: default configs/fmnist-mnist-pathological.yaml, the Fashion-MNIST twin),
 #                50 rounds, vectorised, FedAvg and FedEnt (TABLE4 chooses), timed end to end (issue 28's goal: FedAvg
-#                <= 8 s), and FedAvg under bf16
-#                autocast (its final accuracy against float32's: the lever's accuracy check on a full run)
+#                <= 8 s), FedAvg under bf16 autocast (its final accuracy against float32's: the lever's accuracy
+#                check on a full run) and FedAvg with train.conv looped (TABLE4="fedavg fedent bf16 looped")
 #   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
 #   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
 #                the card; its measured client steps/s (goal: >= 15,000)
@@ -104,13 +105,17 @@ section_levers() {
   : >"$OUT/levers.log"
   local lever
   # each lever alone, then bf16 (the one that helped on the H100, 1.52x) with each of the others (LEVERS overrides)
-  for lever in ${LEVERS:-none cudnn_benchmark channels_last autocast_bf16 compile autocast_bf16,channels_last
-                autocast_bf16,cudnn_benchmark autocast_bf16,channels_last,cudnn_benchmark}; do
-    local perf=$lever limit=60
+  # conv_looped: train.conv looped (one ordinary convolution per client, fedent/looped_conv.py), not a perf lever
+  for lever in ${LEVERS:-none conv_looped cudnn_benchmark channels_last autocast_bf16 conv_looped,autocast_bf16
+                compile autocast_bf16,channels_last autocast_bf16,cudnn_benchmark}; do
+    local perf=$lever limit=60 conv=direct
+    if [[ ",$perf," == *,conv_looped,* ]]; then
+      conv=looped perf=$(echo ",$perf," | sed 's/,conv_looped,/,/; s/^,//; s/,$//')
+    fi
     [ "$lever" = none ] && perf=""
     [[ "$lever" == *compile* ]] && limit=150
     guarded "lever-$lever" "$limit" "$PY" benchmarks/profile_step.py --device "$DEVICE" --clients "$CLIENTS" \
-      --samples "$SAMPLES" --calls "$CALLS" --top 5 --perf "$perf" --out "$OUT/lever-$lever.md"
+      --samples "$SAMPLES" --calls "$CALLS" --top 5 --conv "$conv" --perf "$perf" --out "$OUT/lever-$lever.md"
     if [ -f "$OUT/lever-$lever.md" ]; then
       echo "$lever: $(head -1 "$OUT/lever-$lever.md")" >>"$OUT/levers.log"
     fi
@@ -118,7 +123,7 @@ section_levers() {
   cat "$OUT/levers.log"
 }
 
-section_table4() {  # TABLE4: which of the three runs (fedavg fedent bf16)
+section_table4() {  # TABLE4: which of the runs (fedavg fedent bf16 looped)
   local run
   for run in $TABLE4; do
     case $run in
@@ -126,13 +131,15 @@ section_table4() {  # TABLE4: which of the three runs (fedavg fedent bf16)
       fedent) sim table4-fedent; guarded table4-fedent 120 "${SIM[@]}" --set algorithm.name=fedent ;;
       bf16) sim table4-fedavg-bf16
             guarded table4-fedavg-bf16 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.perf.autocast=bf16 ;;
+      looped) sim table4-fedavg-looped
+              guarded table4-fedavg-looped 90 "${SIM[@]}" --set algorithm.name=fedavg --set train.conv=looped ;;
     esac
   done
   tail -n 1 "$OUT"/table4-*.log
 }
 
 section_step() {
-  guarded step 150 "$PY" benchmarks/bench_vectorised_step.py --device "$DEVICE" "${STEP_ARGS[@]}"
+  guarded step 240 "$PY" benchmarks/bench_vectorised_step.py --device "$DEVICE" "${STEP_ARGS[@]}"
 }
 
 section_pipeline() {

@@ -37,9 +37,10 @@ def conv_inputs() -> RunInputs:
     return dataclasses.replace(base, make_model=make_model)
 
 
-def run(tmp_path: Path, name: str, executor: str = "sequential", **perf: Any) -> SimResult:
+def run(tmp_path: Path, name: str, executor: str = "sequential", conv: str = "direct", **perf: Any) -> SimResult:
     raw = tiny_config(rounds=3, fraction=0.5, executor=executor, evaluation="federated").to_dict()
     raw["data"]["num_clients"] = 6
+    raw["train"]["conv"] = conv
     raw["train"]["perf"] = perf
     return run_simulation(config_from_dict(raw), tmp_path / name, progress=False, inputs=conv_inputs(), plots=False)
 
@@ -79,6 +80,17 @@ def test_bf16_autocast_within_3e_2_and_accuracy_within_0_1(default: dict[str, Si
     assert 0.0 < diff <= 3e-2  # not exact (so it really ran in bf16), but close
     assert got.final_acc == pytest.approx(default[executor].final_acc, abs=0.1)
     assert all(p.dtype == torch.float32 for p in got.params)  # float32 master weights
+
+
+@pytest.mark.parametrize("conv", ["unfold", "looped"])
+def test_bf16_autocast_trains_through_the_other_convolution_forms(default: dict[str, SimResult], tmp_path: Path,
+                                                                  conv: str) -> None:
+    """The vectorised trainer's unfold/looped copy of the model autocasts too, and trains its own modules (the
+    copy once ran the original's forward, whose parameters functional_call never set: the model never moved)."""
+    got = run(tmp_path, f"bf-{conv}", "vectorised", conv, autocast="bf16")
+    start = list(conv_inputs().make_model().parameters())
+    moved = max(float((p - q).abs().max()) for p, q in zip(got.params, start, strict=True))
+    assert moved > 0.05 and 0.0 < worst(got, default["vectorised"]) <= 3e-2
 
 
 @pytest.mark.slow  # inductor compiles C++ for the CPU (tens of seconds)

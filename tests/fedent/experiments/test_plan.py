@@ -94,7 +94,7 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
                for s in plan.runs)
     assert all(s.config["train"]["precision"] == "tf32" for s in plan.runs)  # the full profile's own choice
     for bad, why in (("algorithm.name=fedavg", "rows set the algorithm"), ("train.seed=3", "seeds the seed"),
-                     ("train.conv=fft", "train.conv: must be one of direct, unfold")):
+                     ("train.conv=fft", "train.conv: must be one of direct, unfold, looped")):
         with pytest.raises(ConfigError, match=why):
             build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], overrides=[bad])
 

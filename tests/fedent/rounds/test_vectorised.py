@@ -257,24 +257,43 @@ def test_bad_executor_options_are_config_errors() -> None:
         config("fedavg", "parallel", "cpu")
     with pytest.raises(ConfigError, match="train.max_parallel_clients"):
         config("fedavg", "vectorised", "cpu", max_parallel_clients=0)
-    with pytest.raises(ConfigError, match="train.conv: must be one of direct, unfold"):
+    with pytest.raises(ConfigError, match="train.conv: must be one of direct, unfold, looped"):
         config("fedavg", "vectorised", "cpu", conv="im2col")
     with pytest.raises(ConfigError, match="train.precision: must be one of float32, tf32"):
         config("fedavg", "vectorised", "cpu", precision="bf16")
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("conv", ["unfold", "looped"])
 @pytest.mark.parametrize("algorithm", ["fedavg", "feddyn", "fedent"])
-def test_the_unfolded_convolution_trains_the_same_model(tmp_path: Path, algorithm: str, device: str) -> None:
-    """conv: unfold (im2col + batched matmul) is the same function as vmap's grouped convolution."""
+def test_other_convolution_forms_train_the_same_model(tmp_path: Path, algorithm: str, conv: str,
+                                                      device: str) -> None:
+    """conv: unfold (im2col + batched matmul) and looped (an ordinary convolution per client) are the same
+    function as vmap's grouped convolution; FedEnt's probes (one point, a batch per client) included."""
     direct = simulate(tmp_path / "d", algorithm, "vectorised", device)
-    unfold = simulate(tmp_path / "u", algorithm, "vectorised", device, conv="unfold")
-    assert max_diff(direct, unfold) <= TOL
-    assert max_diff(unfold, list(conv_model().parameters())) > 1e-3
+    other = simulate(tmp_path / conv, algorithm, "vectorised", device, conv=conv)
+    assert max_diff(direct, other) <= TOL
+    assert max_diff(other, list(conv_model().parameters())) > 1e-3
 
 
-def test_unfold_swaps_only_plain_convolutions_and_says_what_runs() -> None:
-    from fedent.vectorised_trainer import UnfoldConv2d, unfold_convs
+def test_looped_convolutions_run_local_dp_as_the_sequential_executor() -> None:
+    """Local DP's per-sample gradients nest a vmap over samples inside the one over clients: looped too."""
+    from fedent.privacy.dpsgd import DPSGD
+
+    tr, inputs = trainer()
+    tr.use_dp(DPSGD(clip_norm=0.05, noise_multiplier=1.0))
+    w0 = [p.detach().clone() for p in tr.params]
+    tasks = [ClientTask(c, 0, torch.as_tensor(inputs.client_indices[c]), 0.1, 2, 1) for c in (0, 1, 2)]
+    got = {conv: VectorisedTrainer(tr, conv).train(w0, [ClientRun(t.indices, train_generator(t), t.lr)
+                                                        for t in tasks], 2) for conv in ("direct", "looped")}
+    tr.use_dp(None)
+    assert all(max_diff(a[0], b[0]) <= TOL for a, b in zip(got["direct"], got["looped"], strict=True))
+    assert max_diff(got["looped"][0][0], w0) > 1e-3
+
+
+def test_unfold_and_looped_swap_only_plain_convolutions_and_say_what_runs() -> None:
+    from fedent.looped_conv import LoopedConv2d
+    from fedent.vectorised_trainer import UnfoldConv2d, swap_convs, unfold_convs
 
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2, padding=1),
                           nn.Conv2d(4, 4, 3, padding="same"), nn.Conv2d(4, 2, 3, stride=2, dilation=2, padding=2))
@@ -284,9 +303,17 @@ def test_unfold_swaps_only_plain_convolutions_and_says_what_runs() -> None:
     x = torch.randn(2, 1, 9, 9)
     with torch.no_grad():
         assert float((copy(x) - model(x)).abs().max()) <= 1e-5  # stride, dilation and padding included
+    looped, swapped = swap_convs(model, LoopedConv2d)
+    assert swapped == 2 and [type(m) is LoopedConv2d for m in looped.children()] == [True, False, False, True]
+    with torch.no_grad():
+        assert float((looped(x) - model(x)).abs().max()) <= 1e-5
     tr, _ = trainer(model=nn.Sequential(nn.Flatten(), nn.Linear(16, 4)))
-    assert VectorisedTrainer(tr, "unfold").conv == "direct"  # nothing to unfold
-    with pytest.raises(ValueError, match="conv must be direct or unfold"):
+    assert VectorisedTrainer(tr, "unfold").conv == VectorisedTrainer(tr, "looped").conv == "direct"  # none to swap
+    odd = nn.Sequential(nn.Conv2d(1, 4, 3))
+    odd.forward = lambda x: x  # type: ignore[method-assign]  # replaced on the instance, with no way to redo it
+    with pytest.raises(ValueError, match="cannot repeat"):
+        swap_convs(odd, LoopedConv2d)
+    with pytest.raises(ValueError, match="conv must be direct, unfold or looped"):
         VectorisedTrainer(tr, "fft")
 
 
