@@ -8,7 +8,7 @@ Every contender trains the same clients from the same start on the same batches;
 median is reported. Beside each rate: the largest parameter difference from the first contender after one
 call (direct float32 is exact float32; TF32 rounds convolution and matmul inputs to 10 mantissa bits).
 
-    python benchmarks/bench_vectorised_step.py --device cuda        # direct/unfold/looped x float32/tf32
+    python benchmarks/bench_vectorised_step.py --device cuda        # direct/looped x float32/tf32
     python benchmarks/bench_vectorised_step.py --device cpu --clients 4 --repeats 1
 
 The last line is ``BEST {json}``: the fastest contender at ``--prefer`` precision for the first ``--clients``
@@ -28,20 +28,34 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fedent import looped_conv  # noqa: E402
 from fedent.config import CONV_PATHS  # noqa: E402
 from fedent.models import build_model  # noqa: E402
 from fedent.trainer import LocalTrainer, set_precision  # noqa: E402
 from fedent.vectorised_trainer import ClientRun, VectorisedTrainer  # noqa: E402
 
+STREAMS = looped_conv.STREAMS  # the default
+
 
 def contenders(spec: str) -> list[tuple[str, str]]:
+    """CONV/PRECISION items; CONV may be looped:K, the looped form over K CUDA streams (fedent.looped_conv.STREAMS)."""
     out = []
     for item in spec.split(","):
         conv, _, precision = item.partition("/")
-        if conv not in CONV_PATHS or precision not in ("float32", "tf32"):
-            raise SystemExit(f"--contenders: {item!r} is not CONV/PRECISION ({'|'.join(CONV_PATHS)} / float32|tf32)")
+        path, _, streams = conv.partition(":")
+        if (path not in CONV_PATHS or precision not in ("float32", "tf32")
+                or (streams and (path != "looped" or not streams.isdigit() or int(streams) < 1))):
+            raise SystemExit(f"--contenders: {item!r} is not CONV/PRECISION ({'|'.join(CONV_PATHS)}|looped:K / "
+                             "float32|tf32)")
         out.append((conv, precision))
     return out
+
+
+def use(conv: str) -> str:
+    """The train.conv path of a contender, its stream count set for the looped form."""
+    path, _, streams = conv.partition(":")
+    looped_conv.STREAMS = int(streams) if streams else STREAMS
+    return path
 
 
 def main() -> int:
@@ -51,8 +65,9 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=600, help="samples per client (600: Table IV's MNIST row)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--contenders", default="direct/float32,direct/tf32,unfold/float32,unfold/tf32,looped/float32,"
-                                            "looped/tf32")
+    ap.add_argument("--contenders", default="direct/float32,direct/tf32,looped/float32,looped/tf32,looped:1/tf32",
+                    help="CONV/PRECISION items, CONV one of direct, unfold, looped or looped:K (K CUDA streams; "
+                         f"looped alone: {STREAMS}); unfold lost 3.5-4x on an H100 and is no longer a default")
     ap.add_argument("--prefer", default="tf32", choices=["float32", "tf32"], help="precision for the BEST line")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -70,13 +85,14 @@ def main() -> int:
         trainers: dict[tuple[str, str], tuple[LocalTrainer, VectorisedTrainer]] = {}
         for conv, precision in todo:
             tr = LocalTrainer(build_model("mnist-cnn", 10, 1, 28), x, y, args.batch, dev, precision)
-            trainers[(conv, precision)] = (tr, VectorisedTrainer(tr, conv))
+            trainers[(conv, precision)] = (tr, VectorisedTrainer(tr, conv.partition(":")[0]))
 
         def call(key: tuple[str, str], c: int = c,
                  trainers: dict[tuple[str, str], tuple[LocalTrainer, VectorisedTrainer]] = trainers
                  ) -> tuple[float, list[torch.Tensor]]:
             tr, vt = trainers[key]
             set_precision(dev, key[1])  # the TF32 flags are per process: this contender's, before it runs
+            use(key[0])  # and the looped form's streams (its CUDA graph is captured on its first call)
             runs = [ClientRun(torch.arange(k * args.samples, (k + 1) * args.samples),
                               torch.Generator().manual_seed(k), 0.01) for k in range(c)]
             if dev.type == "cuda":
@@ -100,10 +116,10 @@ def main() -> int:
         steps = c * -(-args.samples // args.batch)
         for key in todo:
             rate = steps / statistics.median(times[key])
-            print(f"clients {c:4d}  conv {key[0]:6s}  {key[1]:7s}  {rate:10.0f} client steps/s  "
+            print(f"clients {c:4d}  conv {key[0]:8s}  {key[1]:7s}  {rate:10.0f} client steps/s  "
                   f"max |dw| vs {todo[0][0]}/{todo[0][1]} {diffs[key]:.1e}")
             if c == counts[0] and key[1] == args.prefer and rate > float(best.get("steps_per_s", 0.0)):  # type: ignore[arg-type]
-                best = {"conv": key[0], "precision": key[1], "clients": c, "steps_per_s": round(rate)}
+                best = {"conv": key[0].partition(":")[0], "precision": key[1], "clients": c, "steps_per_s": round(rate)}
     print("BEST " + json.dumps(best))
     return 0
 

@@ -5,7 +5,8 @@ client). On an H100 cuDNN runs that with a generic implicit-GEMM kernel (conv2's
 54% of the vectorised step, benchmarks/README.md "Issue 28 on one H100"), and MNIST-CNN's first layer, one input
 channel per client, falls to ATen's depthwise kernels. Here each client's forward, data gradient and weight
 gradient is an ordinary convolution on its own batch, the shape cuDNN's tuned (tensor-core) kernels are made for;
-inside the vectorised trainer's CUDA graph the extra launches cost nothing on the host.
+inside the vectorised trainer's CUDA graph the extra launches cost nothing on the host, and on side streams
+(``STREAMS``) the clients' convolutions can run side by side. Not yet measured on a GPU (benchmarks/README.md).
 
 The batching rules are ``torch.autograd.Function.vmap`` staticmethods, so ``vmap(grad(...))`` and local DP's
 per-sample ``vmap`` nest through them: a level where only the input is batched (one weight for every sample or
@@ -17,13 +18,41 @@ Second derivatives are not provided: nothing in the trainer takes them.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # stride, padding, dilation
+T = TypeVar("T")
+
+# CUDA streams a loop spreads its clients over (1: one after the other). One client's convolution at batch 32
+# fills a fraction of a large GPU's multiprocessors; on side streams that fork from the current stream and join
+# back to it, a CUDA graph captures the clients as parallel branches. The benchmarks set it; nothing else does.
+STREAMS = 4
+_side_streams: dict[torch.device, list[Any]] = {}
+
+
+def _each(n: int, fn: Callable[[int], T], like: Tensor) -> list[T]:
+    """``[fn(0), ..., fn(n - 1)]``; on CUDA, round-robin over ``STREAMS`` side streams. Every fork waits for the
+    current stream and the current stream waits for every side stream before anything reads the results, so a
+    block freed on either side is never reused while the other still reads it (no ``record_stream`` needed)."""
+    if not like.is_cuda or STREAMS < 2 or n < 2:
+        return [fn(i) for i in range(n)]
+    main = torch.cuda.current_stream(like.device)
+    side = _side_streams.setdefault(like.device, [torch.cuda.Stream(like.device) for _ in range(STREAMS)])
+    k = min(len(side), n)
+    for st in side[:k]:
+        st.wait_stream(main)
+    out: list[T] = []
+    for i in range(n):
+        with torch.cuda.stream(side[i % k]):
+            out.append(fn(i))
+    for st in side[:k]:
+        main.wait_stream(st)
+    return out
 
 
 def _to_front(t: Tensor | None, dim: int | None, n: int) -> Tensor | None:
@@ -70,7 +99,7 @@ class _Conv(torch.autograd.Function):
             return out.unflatten(0, (n, xs.shape[1])), 0
         xs, ws, bs = _to_front(x, xd, n), _to_front(w, wd, n), _to_front(b, bd, n)
         assert xs is not None and ws is not None
-        outs = [_Conv.apply(xs[i], ws[i], None if bs is None else bs[i], geom) for i in range(n)]
+        outs = _each(n, lambda i: _Conv.apply(xs[i], ws[i], None if bs is None else bs[i], geom), xs)
         return torch.stack(outs), 0
 
 
@@ -110,7 +139,7 @@ class _ConvBackward(torch.autograd.Function):
         # a weight gradient per entry (each client's, or local DP's per sample) even where the weight is shared
         gs, xs, ws = _to_front(grad_out, gd, n), _to_front(x, xd, n), _to_front(w, wd, n)
         assert gs is not None and xs is not None and ws is not None
-        parts = [_ConvBackward.apply(gs[i], xs[i], ws[i], geom, need) for i in range(n)]
+        parts = _each(n, lambda i: _ConvBackward.apply(gs[i], xs[i], ws[i], geom, need), xs)
         return (torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])), (0, 0)
 
 
