@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -148,14 +148,18 @@ def looped_conv2d(x: Tensor, w: Tensor, b: Tensor | None, geom: Geometry) -> Ten
     return _Conv.apply(x, w, b, geom)  # type: ignore[no-any-return]
 
 
-class LoopedConv2d(nn.Conv2d):
-    """A ``Conv2d`` computed by ``looped_conv2d``: the same function, batched over clients by looping."""
+class ConvForm(nn.Conv2d):
+    """A ``Conv2d`` computed another way (``fedent.conv_forms``): same parameters, same function."""
 
     @classmethod
-    def of(cls, conv: nn.Conv2d) -> LoopedConv2d:
+    def of(cls, conv: nn.Conv2d) -> Self:
         out = copy.copy(conv)
         out.__class__ = cls
         return out  # type: ignore[return-value]
+
+
+class LoopedConv2d(ConvForm):
+    """A ``Conv2d`` computed by ``looped_conv2d``: the same function, batched over clients by looping."""
 
     def forward(self, x: Tensor) -> Tensor:
         pad = self.padding

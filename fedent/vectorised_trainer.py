@@ -18,7 +18,6 @@ the executor then falls back to the sequential one with that message.
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from fedent.looped_conv import LoopedConv2d
+from fedent.conv_forms import FORMS, swap_convs
 from fedent.params import Params
 from fedent.privacy.dpsgd import DPSGD, clip_and_noise_stacked, draw_noise, per_sample_grads
 from fedent.trainer import LocalTrainer, TrainResult
@@ -96,61 +95,6 @@ def unsupported(model: nn.Module) -> str | None:
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             return "the model has batch norm, whose running statistics vmap cannot update per client"
     return None
-
-
-class UnfoldConv2d(nn.Conv2d):
-    """A ``Conv2d`` computed as im2col (``F.unfold``) and one matmul: the same function as ``F.conv2d``.
-
-    Under ``vmap`` over clients, ``F.conv2d`` with per-client weights becomes one grouped convolution (a group
-    per client), which cuDNN runs far below the device's matmul speed; this form becomes a batched matmul
-    instead, which tensor cores run well. It costs memory: the unfolded input is k² times the input.
-    """
-
-    @classmethod
-    def of(cls, conv: nn.Conv2d) -> UnfoldConv2d:
-        out = copy.copy(conv)
-        out.__class__ = cls
-        return out  # type: ignore[return-value]
-
-    def forward(self, x: Tensor) -> Tensor:
-        n, _, h, w = x.shape
-        kh, kw = self.kernel_size
-        ph, pw = (int(v) for v in self.padding)  # numeric: unfold_convs swaps no "same"/"valid" convolution
-        (sh, sw), (dh, dw) = self.stride, self.dilation
-        hout = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        wout = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        cols = F.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # (N, Cin·k², L)
-        out = torch.matmul(self.weight.reshape(self.out_channels, -1), cols)  # (N, Cout, L)
-        if self.bias is not None:
-            out = out + self.bias.unsqueeze(-1)
-        return out.reshape(n, self.out_channels, hout, wout)
-
-
-def swap_convs(model: nn.Module, form: type[UnfoldConv2d] | type[LoopedConv2d]) -> tuple[nn.Module, int]:
-    """A shallow structural copy of ``model`` whose plain convolutions (groups 1, zero padding, numeric
-    padding) are computed in ``form``; the parameters are not used (``functional_call`` supplies them). Returns
-    the copy and how many convolutions were swapped."""
-    out = copy.deepcopy(model)
-    wrapped = out.__dict__.pop("forward", None)  # a forward set on the instance (fedent.perf's autocast) is a
-    if wrapped is not None:                       # closure over the original model: wrapped again for the copy
-        rebind = getattr(wrapped, "rebind", None)
-        if rebind is None:
-            raise ValueError("the model's forward is replaced on the instance in a way this copy cannot repeat; "
-                             "use train.conv: direct")
-        rebind(out)
-    swapped = 0
-    for parent in out.modules():
-        for name, child in parent.named_children():
-            if (type(child) is nn.Conv2d and child.groups == 1 and child.padding_mode == "zeros"
-                    and not isinstance(child.padding, str)):
-                setattr(parent, name, form.of(child))
-                swapped += 1
-    return out, swapped
-
-
-def unfold_convs(model: nn.Module) -> tuple[nn.Module, int]:
-    """``swap_convs`` to im2col + matmul."""
-    return swap_convs(model, UnfoldConv2d)
 
 
 # A step's shape: clients in the chunk, whether they carry a w-weighted and a constant correction, local DP's
@@ -255,15 +199,14 @@ class VectorisedTrainer:
         why = unsupported(trainer.model)
         if why is not None:
             raise ValueError(why)
-        forms: dict[str, type[UnfoldConv2d] | type[LoopedConv2d]] = {"unfold": UnfoldConv2d, "looped": LoopedConv2d}
-        if conv not in ("direct", *forms):
+        if conv not in ("direct", *FORMS):
             raise ValueError(f"conv must be direct, unfold or looped, got {conv!r}")
         self.trainer = trainer
         self.names = [n for n, _ in trainer.model.named_parameters()]
         self.buffers = {n: b for n, b in trainer.model.named_buffers()}
         model = trainer.model
-        if conv in forms:
-            model, swapped = swap_convs(trainer.model, forms[conv])
+        if conv in FORMS:
+            model, swapped = swap_convs(trainer.model, FORMS[conv])
             conv = conv if swapped else "direct"  # no convolution to swap: say what really runs
         self.conv = conv
 

@@ -292,8 +292,8 @@ def test_looped_convolutions_run_local_dp_as_the_sequential_executor() -> None:
 
 
 def test_unfold_and_looped_swap_only_plain_convolutions_and_say_what_runs() -> None:
+    from fedent.conv_forms import UnfoldConv2d, swap_convs, unfold_convs
     from fedent.looped_conv import LoopedConv2d
-    from fedent.vectorised_trainer import UnfoldConv2d, swap_convs, unfold_convs
 
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2, padding=1),
                           nn.Conv2d(4, 4, 3, padding="same"), nn.Conv2d(4, 2, 3, stride=2, dilation=2, padding=2))
