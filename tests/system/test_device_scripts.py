@@ -70,3 +70,25 @@ def test_the_device_check_dry_runs_its_tune_section(tmp_path: Path) -> None:
     assert "tuned" in report and "mnist-tune-quick/tuned.json" in report
     with tarfile.open(out / "device-check.tgz") as outer:
         assert {"./tune.tgz", "./tuned-study.tgz", "./tune.log"} <= set(outer.getnames())
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_its_step_and_levers_sections_with_the_looped_convolution(tmp_path: Path) -> None:
+    """The next device call measures train.conv looped first: the step benchmark's default contenders (looped
+    over streams and on one) and the conv_looped levers, alone and with bf16, each a line of levers.log."""
+    work, out = _scratch_repo(tmp_path), tmp_path / "out"
+    _dry_run(work, out, SECTIONS="levers step", LEVERS="none conv_looped conv_looped,autocast_bf16")
+    steps = (out / "steps.log").read_text()
+    for name in ("step", "lever-none", "lever-conv_looped", "lever-conv_looped,autocast_bf16"):
+        assert f"{name} rc=0" in steps, steps
+    levers = dict(line.split(": ", 1) for line in (out / "levers.log").read_text().splitlines())
+    assert "conv direct" in levers["none"] and "levers: none" in levers["none"]
+    assert "conv looped" in levers["conv_looped"] and "levers: none" in levers["conv_looped"]
+    assert "conv looped" in levers["conv_looped,autocast_bf16"]
+    assert "levers: autocast_bf16" in levers["conv_looped,autocast_bf16"]
+    with tarfile.open(out / "device-check.tgz") as tar:
+        member = tar.extractfile("./step.log")
+        assert member is not None
+        step = member.read().decode()
+    assert {line.split()[3] for line in step.splitlines() if line.startswith("clients")} == {"direct", "looped",
+                                                                                          "looped:1"}
