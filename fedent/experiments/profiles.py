@@ -270,10 +270,11 @@ def paper_profile(paper_datasets: bool = False) -> Profile:
 
 
 # The medium profile: the cpu profile's pathological setting with every client's full data (600 images, 57 local
-# steps per round), one seed, the central controls; the rounds are what fits ~90 minutes on 2 shared cores at the
-# rate measured on this box: 9.6 client SGD steps/s per worker (first round of its run of 2026-11-26, 2 workers,
-# with other jobs on the box; an earlier smoke test under heavier load gave 2.4). The whole profile then took
-# 80 min beside a full test suite and a transfer benchmark (docs/results.md "Profiles").
+# steps per round), the central controls (3 seeds published since 2026-11-27); the rounds are what fits ~90
+# minutes a seed on 2 shared cores at the rate measured on this box: 9.6 client SGD steps/s per worker (first
+# round of its run of 2026-11-26, 2 workers, with other jobs on the box; an earlier smoke test under heavier load
+# gave 2.4). Its one seed then took 80 min beside a full test suite and a transfer benchmark (docs/results.md
+# "Profiles").
 MEDIUM_ROUNDS = 10
 MEDIUM_ROWS = ("fedent", "fedavg", "fedent-first", "fedavg-replay-mean", "fedavg-lr5", "fedavg-lr10")
 
@@ -283,13 +284,13 @@ def medium_profile() -> Profile:
                       CPU_BASE, (f"train.rounds={MEDIUM_ROUNDS}", "train.eval_every=2", "data.max_test_samples=2000",
                                  "train.device=cpu"), "mnist")
     return Profile(
-        "medium", "Fashion-MNIST + MNIST-CNN, Table IV's MNIST row on every client's full data, one seed, ~90 min "
+        "medium", "Fashion-MNIST + MNIST-CNN, Table IV's MNIST row on every client's full data, ~90 min a seed "
                   "on 2 CPU cores", (setting,), paper_rows(offline_sweeps=2),
         (Section("controls", CONTROLS_TITLE, ("pathological",), MEDIUM_ROWS, priority=0),),
         reductions=(
             "dataset: Fashion-MNIST (the Debian copy), model MNIST-CNN; the pathological split only",
-            f"rounds: {MEDIUM_ROUNDS} instead of 50 (what fits ~90 minutes on 2 shared cores with these rows); test "
-            "accuracy every 2 rounds on a seeded 2,000 of the 10,000 test images",
+            f"rounds: {MEDIUM_ROUNDS} instead of 50 (what fits ~90 minutes a seed on 2 shared cores with these rows); "
+            "test accuracy every 2 rounds on a seeded 2,000 of the 10,000 test images",
             "rows: FedEnt (revised and first readings), FedAvg at the base rate x 1, 5, 10 and on FedEnt's round-mean "
             "rate (no offline FedEnt: Algorithm 1 adds sweeps of gradients per round)",
         ),
