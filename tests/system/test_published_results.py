@@ -1,5 +1,5 @@
 """A published results page is what its kept run logs generate (issue 29, item 5: every number in the docs traces
-to a logged run in the repository): docs/mnist's tables are regenerated from results/run-logs.tar.gz, and the
+to a logged run in the repository): each page's tables are regenerated from its results/run-logs.tar.gz, and the
 sha256 the page states is the archive's."""
 
 from __future__ import annotations
@@ -8,15 +8,38 @@ import hashlib
 import re
 import shutil
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from fedent.cli import main
 from fedent.experiments.reproduce_report import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "mnist" / "results.md"
-LOGS = ROOT / "docs" / "mnist" / "results" / "run-logs.tar.gz"
-ROWS = "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none"
+
+
+@dataclass(frozen=True)
+class Page:
+    profile: str
+    rows: str
+    runs: int  # run directories in the archive: rows x seeds
+    setting: str
+    extra: tuple[str, ...] = ()
+
+    @property
+    def page(self) -> Path:
+        return ROOT / "docs" / self.profile / "results.md"
+
+    @property
+    def logs(self) -> Path:
+        return ROOT / "docs" / self.profile / "results" / "run-logs.tar.gz"
+
+
+PAGES = [
+    Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
+         "mnist-pathological", ("--set", "data.root=data/mnist")),
+]
 
 
 def _generated(text: str) -> str:
@@ -25,20 +48,22 @@ def _generated(text: str) -> str:
     return re.sub(r"\(report written at .*\)$", "(report written at …)", block, flags=re.M)
 
 
-def test_the_page_states_its_archives_checksum() -> None:
-    digest = hashlib.sha256(LOGS.read_bytes()).hexdigest()
-    assert digest in PAGE.read_text(encoding="utf-8").replace("\n  ", "")
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.profile)
+def test_the_page_states_its_archives_checksum(page: Page) -> None:
+    digest = hashlib.sha256(page.logs.read_bytes()).hexdigest()
+    assert digest in page.page.read_text(encoding="utf-8").replace("\n  ", "")
 
 
-def test_the_mnist_page_is_what_its_run_logs_generate(tmp_path: Path) -> None:
-    out, docs = tmp_path / "results" / "mnist", tmp_path / "docs"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.profile)
+def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page) -> None:
+    out, docs = tmp_path / "results" / page.profile, tmp_path / "docs"
     out.mkdir(parents=True)
     docs.mkdir()
-    with tarfile.open(LOGS) as tar:
+    with tarfile.open(page.logs) as tar:
         tar.extractall(out, filter="data")
-    assert len(list((out / "runs" / "mnist-pathological").iterdir())) == 24  # 8 rows x 3 seeds
-    shutil.copyfile(PAGE, docs / "results.md")
-    rc = main(["reproduce", "--profile", "mnist", "--seeds", "0,1,2", "--rows", ROWS, "--set", "data.root=data/mnist",
+    assert len(list((out / "runs" / page.setting).iterdir())) == page.runs
+    shutil.copyfile(page.page, docs / "results.md")
+    rc = main(["reproduce", "--profile", page.profile, "--seeds", "0,1,2", "--rows", page.rows, *page.extra,
                "--out", str(out), "--config-dir", str(ROOT / "configs"), "--report-only", "--publish", str(docs)])
     assert rc == 0
-    assert _generated((docs / "results.md").read_text(encoding="utf-8")) == _generated(PAGE.read_text(encoding="utf-8"))
+    assert _generated((docs / "results.md").read_text(encoding="utf-8")) == _generated(page.page.read_text("utf-8"))
