@@ -39,6 +39,7 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
+    Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
 ]
 
 
