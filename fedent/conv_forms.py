@@ -4,12 +4,23 @@ batched over clients differently from ``vmap``'s grouped convolution."""
 from __future__ import annotations
 
 import copy
+from typing import Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedent.looped_conv import ConvForm, LoopedConv2d
+from fedent.looped_conv import Geometry, looped_conv2d
+
+
+class ConvForm(nn.Conv2d):
+    """A ``Conv2d`` computed another way (``fedent.conv_forms``): same parameters, same function."""
+
+    @classmethod
+    def of(cls, conv: nn.Conv2d) -> Self:
+        out = copy.copy(conv)
+        out.__class__ = cls
+        return out  # type: ignore[return-value]
 
 
 class UnfoldConv2d(ConvForm):
@@ -23,7 +34,7 @@ class UnfoldConv2d(ConvForm):
     def forward(self, x: Tensor) -> Tensor:
         n, _, h, w = x.shape
         kh, kw = self.kernel_size
-        ph, pw = (int(v) for v in self.padding)  # numeric: unfold_convs swaps no "same"/"valid" convolution
+        ph, pw = (int(v) for v in self.padding)  # numeric: swap_convs swaps no "same"/"valid" convolution
         (sh, sw), (dh, dw) = self.stride, self.dilation
         hout = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         wout = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -32,6 +43,17 @@ class UnfoldConv2d(ConvForm):
         if self.bias is not None:
             out = out + self.bias.unsqueeze(-1)
         return out.reshape(n, self.out_channels, hout, wout)
+
+
+class LoopedConv2d(ConvForm):
+    """A ``Conv2d`` computed by ``fedent.looped_conv``: the same function, batched over clients by looping."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        pad = self.padding
+        assert not isinstance(pad, str)  # swap_convs swaps only numeric padding
+        geom: Geometry = ((int(self.stride[0]), int(self.stride[1])), (int(pad[0]), int(pad[1])),
+                          (int(self.dilation[0]), int(self.dilation[1])))
+        return looped_conv2d(x, self.weight, self.bias, geom)
 
 
 def swap_convs(model: nn.Module, form: type[ConvForm]) -> tuple[nn.Module, int]:
@@ -54,11 +76,6 @@ def swap_convs(model: nn.Module, form: type[ConvForm]) -> tuple[nn.Module, int]:
                 setattr(parent, name, form.of(child))
                 swapped += 1
     return out, swapped
-
-
-def unfold_convs(model: nn.Module) -> tuple[nn.Module, int]:
-    """``swap_convs`` to im2col + matmul."""
-    return swap_convs(model, UnfoldConv2d)
 
 
 FORMS: dict[str, type[ConvForm]] = {"unfold": UnfoldConv2d, "looped": LoopedConv2d}

@@ -17,13 +17,12 @@ Second derivatives are not provided: nothing in the trainer takes them.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]  # stride, padding, dilation
 T = TypeVar("T")
@@ -114,9 +113,10 @@ class _ConvBackward(torch.autograd.Function):
         gx, gw, _ = torch.ops.aten.convolution_backward(
             grad_out, x.to(low), w.to(low), None, list(stride), list(padding), list(dilation), False, [0, 0], 1,
             [need[0], need[1], False])
-        # an unneeded gradient comes back as None: zeros keep the outputs' structure fixed for vmap and graphs
-        return (gx.to(x.dtype) if gx is not None else torch.zeros_like(x),
-                gw.to(w.dtype) if gw is not None else torch.zeros_like(w))
+        # an unneeded gradient comes back as None: a broadcast zero (no memory, no kernel) keeps the outputs'
+        # structure fixed for vmap and graphs; _Conv.backward drops it
+        return (gx.to(x.dtype) if gx is not None else x.new_zeros(()).expand_as(x),
+                gw.to(w.dtype) if gw is not None else w.new_zeros(()).expand_as(w))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -140,30 +140,12 @@ class _ConvBackward(torch.autograd.Function):
         gs, xs, ws = _to_front(grad_out, gd, n), _to_front(x, xd, n), _to_front(w, wd, n)
         assert gs is not None and xs is not None and ws is not None
         parts = _each(n, lambda i: _ConvBackward.apply(gs[i], xs[i], ws[i], geom, need), xs)
-        return (torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])), (0, 0)
+        # an unneeded gradient is the same broadcast zero for every entry: returned unbatched, never stacked
+        gx = torch.stack([p[0] for p in parts]) if need[0] else parts[0][0]
+        gw = torch.stack([p[1] for p in parts]) if need[1] else parts[0][1]
+        return (gx, gw), (0 if need[0] else None, 0 if need[1] else None)
 
 
 def looped_conv2d(x: Tensor, w: Tensor, b: Tensor | None, geom: Geometry) -> Tensor:
     """``F.conv2d(x, w, b, *geom)``; under ``vmap`` with a batched weight, one convolution per batch entry."""
     return _Conv.apply(x, w, b, geom)  # type: ignore[no-any-return]
-
-
-class ConvForm(nn.Conv2d):
-    """A ``Conv2d`` computed another way (``fedent.conv_forms``): same parameters, same function."""
-
-    @classmethod
-    def of(cls, conv: nn.Conv2d) -> Self:
-        out = copy.copy(conv)
-        out.__class__ = cls
-        return out  # type: ignore[return-value]
-
-
-class LoopedConv2d(ConvForm):
-    """A ``Conv2d`` computed by ``looped_conv2d``: the same function, batched over clients by looping."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        pad = self.padding
-        assert not isinstance(pad, str)  # swap_convs swaps only numeric padding
-        geom: Geometry = ((int(self.stride[0]), int(self.stride[1])), (int(pad[0]), int(pad[1])),
-                          (int(self.dilation[0]), int(self.dilation[1])))
-        return looped_conv2d(x, self.weight, self.bias, geom)

@@ -14,7 +14,7 @@
 #   table4       a Table IV run (CFG: default configs/fmnist-mnist-pathological.yaml, the Fashion-MNIST twin),
 #                50 rounds, vectorised, FedAvg and FedEnt (TABLE4 chooses), timed end to end (issue 28's goal: FedAvg
 #                <= 8 s), FedAvg under bf16 autocast (its final accuracy against float32's: the lever's accuracy
-#                check on a full run) and FedAvg with train.conv looped (TABLE4="fedavg fedent bf16 looped")
+#                check on a full run) and FedAvg with train.conv looped (default TABLE4="fedavg looped fedent bf16")
 #   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
 #   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
 #                the card; its measured client steps/s (goal: >= 15,000)

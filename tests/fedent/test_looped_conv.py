@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from fedent.looped_conv import Geometry, LoopedConv2d, looped_conv2d
+from fedent.conv_forms import LoopedConv2d
+from fedent.looped_conv import Geometry, looped_conv2d
 
 C, B = 3, 4
 TOL = 1e-5

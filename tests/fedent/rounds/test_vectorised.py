@@ -292,12 +292,11 @@ def test_looped_convolutions_run_local_dp_as_the_sequential_executor() -> None:
 
 
 def test_unfold_and_looped_swap_only_plain_convolutions_and_say_what_runs() -> None:
-    from fedent.conv_forms import UnfoldConv2d, swap_convs, unfold_convs
-    from fedent.looped_conv import LoopedConv2d
+    from fedent.conv_forms import LoopedConv2d, UnfoldConv2d, swap_convs
 
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, groups=2, padding=1),
                           nn.Conv2d(4, 4, 3, padding="same"), nn.Conv2d(4, 2, 3, stride=2, dilation=2, padding=2))
-    copy, swapped = unfold_convs(model)
+    copy, swapped = swap_convs(model, UnfoldConv2d)
     assert swapped == 2 and [type(m) is UnfoldConv2d for m in copy.children()] == [True, False, False, True]
     assert all(type(m) is nn.Conv2d for m in model)  # the original is untouched
     x = torch.randn(2, 1, 9, 9)
