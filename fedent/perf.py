@@ -65,6 +65,7 @@ def apply_trainer(perf: PerfOptions, trainer: LocalTrainer) -> list[str]:
 def apply_host(perf: PerfOptions, host: Any) -> list[str]:
     """The levers that live on the host: ``compile`` of the vectorised step (a sequential host has none)."""
     vt = getattr(host, "vtrainer", None)
+    vt = getattr(vt, "own", vt)  # a stacked run's own trainer (fedent.rounds.stacking): the step the stack runs
     if perf.compile and vt is not None:
         vt._step = torch.compile(vt._step, dynamic=False)
         vt.use_graphs = False  # the compiled step is not captured again as a CUDA graph

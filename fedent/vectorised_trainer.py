@@ -43,6 +43,7 @@ class ClientRun:
     lr: float
     weight_coef: float = 0.0
     linear: Params | None = None  # on the trainer's device
+    start: Params | None = None  # this client's own starting point (a stacked run's w(t)); None: the call's
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class GradientRequest:
     indices: Tensor
     generator: torch.Generator
     batch_size: int | None = None
+    point: Params | None = None  # this request's own point (a stacked run's); None: the call's
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,18 @@ class StepState:
                    vec(), torch.zeros(n, dtype=torch.float32, device=dev),
                    {k: torch.zeros_like(v) for k, v in params.items()} if noised else None)
 
-    def load(self, start: Sequence[Tensor], runs: Sequence[ClientRun], names: Sequence[str]) -> None:
-        """Every client starts from ``start`` with its own rate and correction; the loss sums restart at 0."""
-        for name, p in zip(names, start, strict=True):
-            self.params[name].copy_(p.detach().unsqueeze(0).expand_as(self.params[name]))
+    def load(self, start: Sequence[Tensor] | None, runs: Sequence[ClientRun], names: Sequence[str]) -> None:
+        """Every client starts from its own ``start`` or else from the common ``start``, with its own rate and
+        correction; the loss sums restart at 0."""
+        if any(r.start is None for r in runs):
+            if start is None:
+                raise ValueError("a client without its own start needs the call's start")
+            for name, p in zip(names, start, strict=True):
+                self.params[name].copy_(p.detach().unsqueeze(0).expand_as(self.params[name]))
+        for c, r in enumerate(runs):
+            if r.start is not None:
+                for name, p in zip(names, r.start, strict=True):
+                    self.params[name][c].copy_(p.detach())
         self.lr.copy_(torch.tensor([r.lr for r in runs], dtype=self.lr.dtype))
         if self.coef is not None:
             self.coef.copy_(torch.tensor([r.weight_coef for r in runs], dtype=self.coef.dtype))
@@ -217,15 +227,17 @@ class VectorisedTrainer:
 
         self._step = vmap(grad_and_value(loss_fn))
         self._grad_at = vmap(grad(loss_fn), in_dims=(None, 0, 0, 0))  # many batches, one point
+        self._grad_each = vmap(grad(loss_fn))  # many batches, each at its own point (stacked runs)
         # local DP: ({name: (C, B, ...)}, (C, B) losses), every client's per-sample gradients in one pass
         self._per_sample = vmap(per_sample_grads(model, self.buffers))
         self.use_graphs = os.environ.get("FEDENT_CUDA_GRAPHS", "1") != "0"
         self._states: dict[StepKey, StepState] = {}
         self._runners: dict[StepKey, Callable[[], None]] = {}
 
-    def train(self, start: Sequence[Tensor], runs: Sequence[ClientRun],
+    def train(self, start: Sequence[Tensor] | None, runs: Sequence[ClientRun],
               epochs: int) -> list[tuple[Params, TrainResult]]:
-        """E epochs of SGD for every client in ``runs`` from the same ``start``; (w_i, result) per client."""
+        """E epochs of SGD for every client in ``runs`` from the same ``start`` (or each from its own,
+        ``ClientRun.start``: stacked runs, fedent.rounds.stacking); (w_i, result) per client."""
         tr = self.trainer
         if not runs:
             return []
@@ -261,9 +273,10 @@ class VectorisedTrainer:
             out.append((params, TrainResult(loss=losses[c] / max(k, 1), steps=k)))
         return out
 
-    def gradients(self, point: Sequence[Tensor], requests: Sequence[GradientRequest]) -> list[Params]:
-        """∇F_i at ``point`` for each request, each on one random batch drawn exactly as
-        ``LocalTrainer.gradient`` draws it (FedEnt's probe), all in one vmapped pass."""
+    def gradients(self, point: Sequence[Tensor] | None, requests: Sequence[GradientRequest]) -> list[Params]:
+        """∇F_i at ``point`` (or at each request's own ``point``: stacked runs) for each request, each on one
+        random batch drawn exactly as ``LocalTrainer.gradient`` draws it (FedEnt's probe), all in one vmapped
+        pass."""
         tr = self.trainer
         if not requests:
             return []
@@ -279,10 +292,22 @@ class VectorisedTrainer:
             index[c, : p.numel()] = p
             weight[c, : p.numel()] = 1.0
         index, weight = index.to(tr.device), weight.to(tr.device)
-        params = {n: p.detach().to(tr.device) for n, p in zip(self.names, point, strict=True)}
         tr.model.train()
-        with torch.no_grad():
-            grads = self._grad_at(params, tr.x[index], tr.y[index], weight)
+        own = [r.point for r in requests]
+        if all(p is None for p in own):
+            if point is None:
+                raise ValueError("a request without its own point needs the call's point")
+            params = {n: p.detach().to(tr.device) for n, p in zip(self.names, point, strict=True)}
+            with torch.no_grad():
+                grads = self._grad_at(params, tr.x[index], tr.y[index], weight)
+        else:
+            points = [p if p is not None else point for p in own]
+            if any(p is None for p in points):
+                raise ValueError("a request without its own point needs the call's point")
+            each = {n: torch.stack([p[i].detach().to(tr.device) for p in points if p is not None])
+                    for i, n in enumerate(self.names)}
+            with torch.no_grad():
+                grads = self._grad_each(each, tr.x[index], tr.y[index], weight)
         return [[grads[n][c] for n in self.names] for c in range(len(picks))]
 
     def _draw_noise(self, st: StepState, runs: Sequence[ClientRun], takes: Sequence[bool]) -> None:

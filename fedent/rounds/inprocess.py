@@ -19,6 +19,7 @@ from fedent.params import num_elements
 from fedent.rounds.executor import Gathered
 from fedent.rounds.host import ClientHost, ClientStates, ClientTraining
 from fedent.rounds.retry import retry_order
+from fedent.rounds.stacking import StackSeat
 from fedent.rounds.vectorised import make_host
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
 from fedent.trainer import LocalTrainer
@@ -110,8 +111,9 @@ class InProcessExecutor:
 
 def make_executor(kind: ExecutorName, trainer: LocalTrainer, client_indices: Sequence[np.ndarray],
                   training: ClientTraining, max_parallel: int | None = None,
-                  conv: str = "direct", states: ClientStates | None = None) -> InProcessExecutor:
+                  conv: str = "direct", states: ClientStates | None = None,
+                  stack: tuple[StackSeat, str] | None = None) -> InProcessExecutor:
     """The simulator's executor: a host of every client, of the kind ``kind`` names (``make_host``); ``states``:
-    where the clients' state lives (default: in memory)."""
+    where the clients' state lives (default: in memory); ``stack``: see ``make_host``."""
     return InProcessExecutor(make_host(kind, trainer, client_indices, training, states=states,
-                                       max_parallel=max_parallel, conv=conv))
+                                       max_parallel=max_parallel, conv=conv, stack=stack))

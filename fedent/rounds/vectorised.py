@@ -25,6 +25,7 @@ from fedent.params import Params, num_elements
 from fedent.rng import torch_generator
 from fedent.rounds.executor import Gathered
 from fedent.rounds.host import ClientHost, ClientStates, ClientTraining, TestShards
+from fedent.rounds.stacking import StackSeat
 from fedent.strategies.base import (
     ClientState,
     ClientUpdate,
@@ -84,7 +85,11 @@ class VectorisedHost(ClientHost):
         self.chunk_size: int | None = max_parallel  # a cap on clients per chunk; measured on CUDA when None
 
     def status_fields(self) -> dict[str, Any]:
-        return {**super().status_fields(), "parallel_clients": self.chunk_size, "conv": self.vtrainer.conv}
+        fields = {**super().status_fields(), "parallel_clients": self.chunk_size, "conv": self.vtrainer.conv}
+        seat = getattr(self.vtrainer, "seat", None)
+        if seat is not None:  # trains in one step with other runs (fedent.rounds.stacking)
+            fields["stacked_runs"] = seat.stack.size
+        return fields
 
     def oracle(self, seed: int | None = None, batch_size: int | None = None) -> TrainerOracle:
         """Algorithm 1's oracle, batched (each round's participants in one pass per sweep)."""
@@ -152,44 +157,65 @@ class VectorisedHost(ClientHost):
         return [order[lo:lo + size] for lo in range(0, len(order), size)]
 
     def _memory_cap(self, start: Sequence[Tensor]) -> int:
-        """On the CPU no cap, but under local DP as many clients as ``CPU_DP_BYTES`` of per-sample gradients
-        hold; on CUDA as many clients as ``MEMORY_SHARE`` of the free memory holds, measured once from a
-        one-client trial step (peak bytes, DP-SGD's per-sample gradients included). Never fewer than one."""
-        dev = self.trainer.device
-        if dev.type != "cuda":
-            cap = len(self.indices)
-            if self.trainer.dp is not None:
-                per_client = self.training.batch_size * num_elements(start) * start[0].element_size()
-                cap = min(cap, CPU_DP_BYTES // per_client)
-            self.chunk_size = max(1, cap)
+        """``chunk_capacity`` for this host's clients, kept (a stacked host never chunks: its stack does)."""
+        if getattr(self.vtrainer, "stacked", False):
+            self.chunk_size = len(self.indices)
             return self.chunk_size
-        torch.cuda.synchronize(dev)
-        free, _ = torch.cuda.mem_get_info(dev)
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        probe = self.indices[self.hosted[0]][: self.training.batch_size]
-        self.vtrainer.train(start, [ClientRun(probe, torch.Generator().manual_seed(0), 0.0)], 1)
-        per_client = max(torch.cuda.max_memory_allocated(dev) - base, 1)
-        per_client += 4 * num_elements(start) * start[0].element_size()  # stacked params, grads, corrections
-        self.chunk_size = max(1, min(len(self.indices), int(MEMORY_SHARE * free // per_client)))
-        print(f"vectorised executor: {self.chunk_size} clients per chunk ({per_client / 2**20:.1f} MiB each, "
-              f"{free / 2**30:.1f} GiB free)", file=sys.stderr)
+        probe = self.indices[self.hosted[0]]
+        self.chunk_size = chunk_capacity(self.vtrainer, probe, start, limit=len(self.indices))
         return self.chunk_size
+
+
+def chunk_capacity(vtrainer: VectorisedTrainer, probe: Tensor, start: Sequence[Tensor], limit: int | None) -> int:
+    """Clients per vectorised step. On the CPU no cap (``limit``, None: unbounded) but under local DP as many
+    clients as ``CPU_DP_BYTES`` of per-sample gradients hold; on CUDA as many clients as ``MEMORY_SHARE`` of the
+    free memory holds, measured from a one-client trial step on ``probe``'s first batch (peak bytes, DP-SGD's
+    per-sample gradients included). Never fewer than one."""
+    tr = vtrainer.trainer
+    dev = tr.device
+    start = [p.detach().to(dev) for p in start]
+    big = limit if limit is not None else sys.maxsize
+    if dev.type != "cuda":
+        cap = big
+        if tr.dp is not None:
+            per_client = tr.batch_size * num_elements(start) * start[0].element_size()
+            cap = min(cap, CPU_DP_BYTES // per_client)
+        return max(1, cap)
+    torch.cuda.synchronize(dev)
+    free, _ = torch.cuda.mem_get_info(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    VectorisedTrainer.train(vtrainer, start, [ClientRun(probe[: tr.batch_size], torch.Generator().manual_seed(0),
+                                                        0.0)], 1)
+    per_client = max(torch.cuda.max_memory_allocated(dev) - base, 1)
+    per_client += 4 * num_elements(start) * start[0].element_size()  # stacked params, grads, corrections
+    cap = max(1, min(big, int(MEMORY_SHARE * free // per_client)))
+    print(f"vectorised executor: {cap} clients per chunk ({per_client / 2**20:.1f} MiB each, "
+          f"{free / 2**30:.1f} GiB free)", file=sys.stderr)
+    return cap
 
 
 def make_host(kind: ExecutorName, trainer: LocalTrainer,
               indices: Mapping[int, Tensor] | Sequence[np.ndarray | Tensor], training: ClientTraining,
               states: ClientStates | None = None, test: TestShards | None = None,
               on_update: Callable[[ClientUpdate], None] | None = None, max_parallel: int | None = None,
-              conv: str = "direct") -> ClientHost:
+              conv: str = "direct", stack: tuple[StackSeat, str] | None = None) -> ClientHost:
     """The host ``kind`` names (``auto``: vectorised on CUDA, sequential on the CPU, where the vectorised
     host measured 1.35x slower in the simulator and 1.12x in a cluster round: benchmarks/README.md). The
     simulator and every worker decide alike. A model that vmap cannot train falls back to the sequential
-    host with one line on stderr saying why."""
+    host with one line on stderr saying why. ``stack``: (this run's seat, its ``stack_key``) where runs train
+    side by side (fedent.rounds.stacking); a sequential host leaves the stack at once."""
     want = kind if kind != "auto" else ("vectorised" if trainer.device.type == "cuda" else "sequential")
     if want == "vectorised":
         try:
-            return VectorisedHost(trainer, indices, training, states, test, on_update, max_parallel, conv)
+            host = VectorisedHost(trainer, indices, training, states, test, on_update, max_parallel, conv)
         except ValueError as e:
             print(f"vectorised executor unavailable ({e}); using the sequential executor", file=sys.stderr)
+        else:
+            if stack is not None:
+                host.vtrainer = stack[0].join(host.vtrainer, stack[1], max_parallel)
+            return host
+    if stack is not None:
+        print("stacked runs: a sequential executor trains alone (train.executor: vectorised stacks)", file=sys.stderr)
+        stack[0].leave()
     return ClientHost(trainer, indices, training, states, test, on_update)

@@ -27,6 +27,7 @@ from fedent.rounds.evaluation import Evaluator, central_federated
 from fedent.rounds.host import ClientStates, ClientTraining
 from fedent.rounds.inprocess import InProcessExecutor, make_executor
 from fedent.rounds.rundir import SIMULATOR, RunFinished, has_run, lock_run_dir, plan_run_dir, run_kind
+from fedent.rounds.stacking import StackSeat, stack_key
 from fedent.sim.progress import ProgressBar, format_duration
 from fedent.strategies.base import Strategy
 from fedent.strategies.registry import build_strategy
@@ -57,12 +58,14 @@ class SimResult:
 
 def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInputs, device: torch.device,
                  strategy: Strategy, local_eval: int, on_round: Callable[[dict[str, Any]], None] | None = None,
-                 policy: RoundPolicy | None = None, world: World | None = None) -> RoundEngine:
+                 policy: RoundPolicy | None = None, world: World | None = None,
+                 seat: StackSeat | None = None) -> RoundEngine:
     """The round engine over the in-process executor: one trainer trains every client and evaluates.
 
     When the run checkpoints (``policy.checkpoint_keep``) a strategy's per-client state (FedDyn λ, SCAFFOLD c_i,
     FedEnt η) is kept on disk under ``client_state/``, as a worker keeps it, so a resumed round gets the state
-    the client had before it. ``world``: one of P processes sharing the run (``fedent.rounds.distributed``)."""
+    the client had before it. ``world``: one of P processes sharing the run (``fedent.rounds.distributed``).
+    ``seat``: the run trains side by side with others in this process (``fedent.rounds.stacking``)."""
     tr = cfg.train
     data = inputs.data
     trainer = LocalTrainer(inputs.make_model(), data.x_train, data.y_train, tr.batch_size, device, tr.precision)
@@ -74,7 +77,8 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
         states = ClientStates(ClientStateStore(paths.root / "client_state", keep=policy.checkpoint_keep + 1),
                               trainer.device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
-                             tr.max_parallel_clients, tr.conv, states=states)
+                             tr.max_parallel_clients, tr.conv, states=states,
+                             stack=(seat, stack_key(cfg)) if seat is not None else None)
     apply_host(tr.perf, executor.host)
     if world is not None and world.distributed:
         executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval)
@@ -153,6 +157,7 @@ def run_simulation(
     resume: bool = False,
     banner: bool = False,
     world: World | None = None,
+    seat: StackSeat | None = None,
 ) -> SimResult:
     """Run ``cfg`` in this process and write a complete run directory at ``run_dir``.
 
@@ -168,7 +173,24 @@ def run_simulation(
     first round is done, the estimated duration; the bar (or the plain lines) also counts clients within a round.
     ``world``: this process is one of P running the run together (``fedent.rounds.distributed``); rank 0 writes
     ``run_dir``, prints and plots, rank r > 0 keeps its engine's files under ``run_dir/.ranks/r``.
+    ``seat``: this run's seat in a ``fedent.rounds.stacking.TrainerStack``: its clients train in one step with
+    the other runs of the stack (this call runs in a thread of its own; the seat is left when the run ends).
     """
+    try:
+        return _run_simulation(cfg, run_dir, device, progress, inputs=inputs, strategy=strategy,
+                               local_eval=local_eval, plots=plots, label=label, bar=bar, policy=policy,
+                               resume=resume, banner=banner, world=world, seat=seat)
+    finally:
+        if seat is not None:
+            seat.leave()
+
+
+def _run_simulation(cfg: ExperimentConfig, run_dir: str | Path, device: str | None, progress: bool, *,
+                    inputs: RunInputs | None, strategy: Strategy | None, local_eval: int | None, plots: bool,
+                    label: str, bar: bool, policy: RoundPolicy | None, resume: bool, banner: bool,
+                    world: World | None, seat: StackSeat | None) -> SimResult:
+    if seat is not None and world is not None and world.distributed:
+        raise SimulationError("stacked runs train in one process; they cannot also split over processes")
     cfg = with_device(cfg, device)
     if world is not None and world.distributed and not world.leader:
         run_dir = Path(run_dir) / RANKS_DIR / str(world.rank)
@@ -206,7 +228,7 @@ def run_simulation(
                 if progress_bar.enabled:  # the note cleared the bar
                     progress_bar.update(rec["round"], last_acc[0])
 
-        engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world)
+        engine = build_engine(cfg, paths, inputs, dev, strategy, k, on_round, policy, world, seat)
         if banner:
             progress_bar.note(start_banner(cfg, inputs, dev, engine), always=True)
             if isinstance(engine.executor, InProcessExecutor | DistributedExecutor):
@@ -215,6 +237,8 @@ def run_simulation(
             records = engine.run()
         finally:
             progress_bar.close()
+            if seat is not None:  # the other runs of the stack stop waiting for this one now, not after the plots
+                seat.leave()
         params = [p.detach().cpu() for p in engine.global_params]
         result = SimResult(paths.root, engine.strategy.name, cfg.train.seed, str(dev), params, records,
                            time.perf_counter() - engine.t_start)
