@@ -18,6 +18,9 @@
 #   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
 #   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
 #                the card; its measured client steps/s (goal: >= 15,000)
+#   stacked      stacked.log: benchmarks/bench_stacked.py, 6 rates of FedAvg on 100 clients (20 a round), stacked in
+#                one vectorised step against one by one (fedent reproduce --stack); pipeline-stacked.log: the pipeline
+#                section's command with --workers 2 --stack 3 (its measured client steps/s against the pipeline's)
 #   distributed  distributed-cpu.log: benchmarks/bench_distributed.py on the host's CPU cores, P = 1, 2, 4, 8
 #                (goal: >= 0.8 P); distributed-cuda.log: P = 1, 2 sharing the one GPU
 #   transfer     transfer.log: benchmarks/bench_transfer.py (generated gRPC path vs bare gRPC on the 16 cores;
@@ -55,13 +58,16 @@ CFG=${CFG:-configs/fmnist-mnist-pathological.yaml}  # the Table IV runs; CFG=con
 DATA=(--set "data.root=${DATA_ROOT:-data/fashion-mnist}")  # DATA_ROOT=data/mnist: the real MNIST row itself
 if [ -n "$QUICK" ]; then  # a smoke test of this script: tiny sizes, every command still runs
   CLIENTS=4 SAMPLES=64 CALLS=1 ROUNDS=1 STEP_ARGS=(--clients 4 --samples 64 --repeats 1)
-  DIST_ARGS=(--clients 8 --samples 16 --rounds 3) SIZES_MB=4 PIPE_SEEDS=0 PIPE_ROUNDS=(--rounds 1)
+  DIST_ARGS=(--clients 8 --samples 16 --rounds 3) SIZES_MB=4 PIPE_SEEDS=0
+  PIPE_ROUNDS=(--rounds 1 --set data.max_train_samples=2000 --set data.max_test_samples=500)
   # the real-MNIST sections: their own --out (never the study's) and a small CPU problem
+  STACK_ARGS=(--clients 4 --samples 32 --rounds 2 --lrs 0.05,0.1)
   RESULTS_SUFFIX=-quick SMALL=(--set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500)
   STUDY_SMALL=(--rounds 1 "${SMALL[@]}") TUNE_SMALL=(--set train.rounds=2 "${SMALL[@]}")
 else
   CLIENTS=20 SAMPLES=600 CALLS=3 ROUNDS=50 STEP_ARGS=(--clients "20,60" --repeats 3)
   DIST_ARGS=(--clients 100 --samples 60 --rounds 4) SIZES_MB=16,256,1024 PIPE_SEEDS=0 PIPE_ROUNDS=()
+  STACK_ARGS=(--clients 100 --fraction 0.2 --samples 600 --rounds 5 --lrs 0.01,0.02,0.05,0.1,0.2,0.5)
   RESULTS_SUFFIX="" STUDY_SMALL=() TUNE_SMALL=()
 fi
 
@@ -142,13 +148,20 @@ section_step() {
   guarded step 240 "$PY" benchmarks/bench_vectorised_step.py --device "$DEVICE" "${STEP_ARGS[@]}"
 }
 
-section_pipeline() {
-  guarded pipeline $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile full --seeds "$PIPE_SEEDS" \
+section_pipeline() {  # pipeline NAME WORKERS STACK: the full profile's pipeline for PIPELINE_S seconds
+  local name=${1:-pipeline} workers=${2:-6} stack=${3:-1}
+  guarded "$name" $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile full --seeds "$PIPE_SEEDS" \
     "${PIPE_ROUNDS[@]}" --set data.root=data/fashion-mnist --set train.device="$DEVICE" \
-    --set train.executor=vectorised --set train.precision=tf32 --workers 6 --gpus auto \
-    --budget-s "$PIPELINE_S" --steps-per-s 3000 --out "$OUT/pipeline"
-  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print("pipeline measured_steps_per_s",
-    c.get("measured_steps_per_s"))' "$OUT/pipeline/command.json" 2>&1 | tee -a "$OUT/pipeline.log"
+    --set train.executor=vectorised --set train.precision=tf32 --workers "$workers" --stack "$stack" --gpus auto \
+    --budget-s "$PIPELINE_S" --steps-per-s 3000 --out "$OUT/$name"
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(sys.argv[2], "measured_steps_per_s",
+    c.get("measured_steps_per_s"))' "$OUT/$name/command.json" "$name" 2>&1 | tee -a "$OUT/$name.log"
+}
+
+section_stacked() {
+  guarded stacked 200 "$PY" benchmarks/bench_stacked.py --device "$DEVICE" --precision tf32 "${STACK_ARGS[@]}" \
+    --json "$OUT/stacked.json"
+  section_pipeline pipeline-stacked 2 3
 }
 
 section_distributed() {
@@ -227,9 +240,9 @@ section_legacy() {
 
 for section in $SECTIONS; do
   case $section in
-    env | profile | levers | table4 | step | pipeline | distributed | transfer | study | tune | legacy)
+    env | profile | levers | table4 | step | pipeline | stacked | distributed | transfer | study | tune | legacy)
       "section_$section" ;;
-    *) echo "unknown section $section (known: env profile levers table4 step pipeline distributed transfer study" \
+    *) echo "unknown section $section (known: env profile levers table4 step pipeline stacked distributed transfer study" \
          "tune legacy)" \
          | tee -a "$STEPS_LOG" ;;
   esac

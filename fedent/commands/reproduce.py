@@ -66,6 +66,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         "--tuned")
     p.add_argument("--workers", type=int, default=2, help="parallel runs in separate processes (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--stack", type=int, default=1, metavar="K",
+                   help="up to K ready runs of one setting (seeds, rows, rates; same data, model and training form) "
+                        "train side by side in one worker, their clients in one vectorised step "
+                        "(train.executor: vectorised); each run's results are the ones it gets alone (default 1)")
     p.add_argument("--gpus", default="auto", metavar="auto|none|ID[,ID]",
                    help="GPUs the pool's workers are spread over, one per worker, round-robin (default auto: every "
                         "visible one, from CUDA_VISIBLE_DEVICES or the driver)")
@@ -130,8 +134,11 @@ def outcomes(args: argparse.Namespace, plan: Plan, out: Path, budget: TimeBudget
     from fedent.experiments.schedulers import RayBackend, SubmititBackend, run_external, submitit_executor
 
     if args.scheduler == "pool":
-        yield from run_plan(plan, args.workers, args.threads, budget=budget, gpus=parse_gpus(args.gpus))
+        yield from run_plan(plan, args.workers, args.threads, budget=budget, gpus=parse_gpus(args.gpus),
+                            stack=args.stack)
         return
+    if args.stack != 1:
+        raise ConfigError("--stack works with the process pool only (--scheduler pool)")
     if budget is not None:
         raise ConfigError("--budget-s works with the process pool only; a scheduler has its own limits "
                           "(--timeout-min)")
@@ -160,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile, args.paper_datasets)
     seeds = parse_list(args.seeds, "seeds", int)
     only = parse_list(args.only, "only", str) if args.only else None
-    if args.workers < 1 or args.threads < 1:
-        raise ConfigError("--workers/--threads: must be >= 1")
+    if args.workers < 1 or args.threads < 1 or args.stack < 1:
+        raise ConfigError("--workers/--threads/--stack: must be >= 1")
     out = Path(args.out)
     rows = parse_list(args.rows, "rows", str) if args.rows else None
     tuned = read_tuned(args.tuned, profile)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -29,6 +30,9 @@ from fedent.config import ConfigError, ExperimentConfig, config_from_dict
 from fedent.experiments.plan import Plan, RunSpec
 from fedent.inputs import RunInputs, load_inputs
 from fedent.strategies.base import StrategyError
+
+if TYPE_CHECKING:
+    from fedent.rounds.stacking import StackSeat
 
 
 @dataclass(frozen=True)
@@ -112,14 +116,24 @@ def inputs_key(cfg: Mapping[str, Any]) -> str:
 InputsFor = Callable[[ExperimentConfig], RunInputs]
 
 
-def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool = True) -> RunOutcome:
+def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool = True,
+            seat: StackSeat | None = None) -> RunOutcome:
     """Run one spec into its run dir. Every run checkpoints each round, so a partial dir that an interrupted
     reproduce left with this spec's config resumes from its last checkpoint; one of another config, or one that
     cannot be resumed (no checkpoint: written before checkpoints, or killed in its first round), is cleared and
     run from the start.
 
     ``progress``: one line per round on stdout when it is not a terminal (on a terminal, the per-run lines
-    of ``fedent reproduce`` are enough)."""
+    of ``fedent reproduce`` are enough). ``seat``: the run trains in one step with others (``execute_stacked``);
+    a run that settles without training leaves it at once."""
+    try:
+        return _execute(spec, inputs_for, progress, seat)
+    finally:
+        if seat is not None:
+            seat.leave()
+
+
+def _execute(spec: RunSpec, inputs_for: InputsFor | None, progress: bool, seat: StackSeat | None) -> RunOutcome:
     from fedent.rounds.engine import RoundPolicy
     from fedent.rounds.rundir import SIMULATOR, RunDirError, RunFinished, plan_run_dir
     from fedent.sim.simulator import SimulationError, run_simulation
@@ -148,7 +162,7 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
     try:
         # no bar (parallel runs would draw over each other); a line per round where there is no terminal
         res = run_simulation(cfg, spec.run_dir, progress=progress, bar=False, inputs=inputs, plots=False,
-                             label=spec.key, policy=RoundPolicy(checkpoint_keep=2), resume=resume)
+                             label=spec.key, policy=RoundPolicy(checkpoint_keep=2), resume=resume, seat=seat)
     except (SimulationError, StrategyError, ValueError, RuntimeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         status = "diverged" if diverged(spec.run_dir) is not None else "failed"  # an outcome, not an error
@@ -211,27 +225,91 @@ def _die_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
-def _execute_safely(spec: RunSpec) -> RunOutcome:
+def execute_stacked(specs: Sequence[RunSpec], inputs_for: InputsFor | None = None,
+                    progress: bool = True) -> list[RunOutcome]:
+    """Run ``specs`` side by side in this process, one thread each, their clients trained in one vectorised step
+    (``fedent.rounds.stacking``: each run's results are the ones it gets alone). One spec runs as ``execute``."""
+    from fedent.rounds.stacking import TrainerStack
+
+    if len(specs) == 1:
+        return [_execute_safely(specs[0], inputs_for, progress)]
+    stack = TrainerStack(len(specs))
+    out: list[RunOutcome | None] = [None] * len(specs)
+
+    def one(i: int, seat: StackSeat) -> None:
+        try:
+            out[i] = execute(specs[i], inputs_for, progress, seat)
+        except Exception as e:  # noqa: BLE001 - reported per run, the others go on
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            out[i] = RunOutcome(specs[i].key, "failed", 0.0, None, last)
+
+    # daemon threads: a stopped reproduce ends its process (each run resumes from its last checkpoint)
+    threads = [threading.Thread(target=one, args=(i, seat), name=f"stacked-{specs[i].key}", daemon=True)
+               for i, seat in enumerate(stack.seats())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [o if o is not None else RunOutcome(s.key, "failed", 0.0, None, "the run's thread ended without an outcome")
+            for o, s in zip(out, specs, strict=True)]
+
+
+def stackable(spec: RunSpec) -> str | None:
+    """The key of the runs ``spec`` may train in one step with (``fedent.rounds.stacking.stack_key``), or None
+    where its config does not parse (it runs alone and fails with its own error)."""
+    from fedent.rounds.stacking import stack_key
+
+    try:
+        return stack_key(config_from_dict(spec.config))
+    except (ConfigError, ValueError, KeyError, TypeError):
+        return None
+
+
+def group_ready(ready: Sequence[RunSpec], stack: int) -> list[tuple[RunSpec, ...]]:
+    """``ready`` (runs whose prerequisites have ended) in plan order, cut into groups of at most ``stack`` runs of
+    one stack key; a run that cannot stack is a group of its own."""
+    groups: list[list[RunSpec]] = []
+    open_: dict[str, list[RunSpec]] = {}
+    for spec in ready:
+        key = stackable(spec) if stack > 1 else None
+        g = open_.get(key) if key is not None else None
+        if g is None or len(g) >= stack:
+            g = [spec]
+            groups.append(g)
+            if key is not None:
+                open_[key] = g
+        else:
+            g.append(spec)
+    return [tuple(g) for g in groups]
+
+
+def _execute_group_safely(specs: tuple[RunSpec, ...]) -> list[RunOutcome]:
+    """Pool entry point of a group of stacked runs."""
+    return execute_stacked(specs)
+
+
+def _execute_safely(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool = True) -> RunOutcome:
     """Pool entry point: an unexpected crash of one run becomes a failed outcome, not a dead pool."""
     try:
-        return execute(spec)
+        return execute(spec, inputs_for, progress)
     except Exception as e:  # noqa: BLE001 - reported per run, the others go on
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         return RunOutcome(spec.key, "failed", 0.0, None, last)
 
 
-def _cut_short(pool: ProcessPoolExecutor, futures: dict[Future[RunOutcome], RunSpec],
+def _cut_short(pool: ProcessPoolExecutor, futures: dict[Future[list[RunOutcome]], tuple[RunSpec, ...]],
                status: dict[str, str]) -> Iterator[RunOutcome]:
     """End the runs still going when a time budget is spent: their processes are killed (a run's directory keeps
     the rounds it logged; a later call with more time redoes it), and each is reported as cut short."""
     for proc in list(getattr(pool, "_processes", {}).values()):  # no public API stops a running task
         proc.kill()
-    for fut, spec in list(futures.items()):
+    for fut, group in list(futures.items()):
         futures.pop(fut)
-        status[spec.key] = "cut short"
-        rounds = len(runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics))
-        yield RunOutcome(spec.key, "cut short", 0.0, None, f"the time budget ended it after {rounds} of "
-                         f"{spec.rounds} rounds")
+        for spec in group:
+            status[spec.key] = "cut short"
+            rounds = len(runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics))
+            yield RunOutcome(spec.key, "cut short", 0.0, None, f"the time budget ended it after {rounds} of "
+                             f"{spec.rounds} rounds")
     pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -250,7 +328,7 @@ class Admission(Protocol):
 
 
 def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsFor | None = None,
-             budget: Admission | None = None, gpus: Sequence[str] = ()) -> Iterator[RunOutcome]:
+             budget: Admission | None = None, gpus: Sequence[str] = (), stack: int = 1) -> Iterator[RunOutcome]:
     """Execute the plan's runs in order, yielding outcomes as runs finish.
 
     ``workers`` > 1 uses a process pool (spawned, each with ``threads`` torch threads): on a small CPU box
@@ -258,26 +336,17 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
     ``budget``: a run starts only when it admits it; a run it never admits ends as ``not run`` with the reason
     (with a pool, a refused run waits and is asked again as slots free up, so a faster measured rate can
     still admit it). ``gpus``: device ids the pool's workers are spread over, one each, round-robin (a single
-    worker trains where the process already is).
+    worker trains where the process already is). ``stack``: up to this many ready runs of one setting
+    (``fedent.rounds.stacking.stack_key``) run in one worker side by side, their clients trained in one
+    vectorised step (``execute_stacked``); a group counts as one worker's task.
     """
     if workers < 1 or threads < 1:
         raise ConfigError("--workers/--threads: must be >= 1")
+    if stack < 1:
+        raise ConfigError("--stack: must be >= 1")
     if workers == 1:
         init_worker(threads)
-        failed: set[str] = set()
-        for spec in plan.runs:  # plan order puts a replayed run before its replay
-            why = budget.admit(spec) if budget is not None else None
-            if why is not None:
-                o = RunOutcome(spec.key, "not run", 0.0, None, why)
-            elif failed & set(spec.after):
-                o = RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
-            else:
-                o = execute(spec, inputs_for)
-                if budget is not None:
-                    budget.finished(spec, o.status)
-            if o.status in ("failed", "not run", "diverged"):
-                failed.add(o.key)
-            yield o
+        yield from _run_here(plan, inputs_for, budget, stack)
         return
     if inputs_for is not None:
         raise ConfigError("injected inputs need workers=1 (they are not sent to worker processes)")
@@ -287,24 +356,30 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
         waiting = list(plan.runs)
         status: dict[str, str] = {}
         refused: dict[str, str] = {}
-        futures: dict[Future[RunOutcome], RunSpec] = {}
+        futures: dict[Future[list[RunOutcome]], tuple[RunSpec, ...]] = {}
+
+        def running() -> list[RunSpec]:
+            return [s for g in futures.values() for s in g]
 
         def release() -> Iterator[RunOutcome]:
+            ready: list[RunSpec] = []
             for spec in list(waiting):
-                if budget is not None and len(futures) >= workers:
-                    return
+                if budget is not None and len(ready) >= (workers - len(futures)) * stack:
+                    break
                 deps = [status.get(k) for k in spec.after]
-                if any(d in ("failed", "not run", "cut short", "diverged") for d in deps):
+                if any(d in _BAD for d in deps):
                     waiting.remove(spec)
                     status[spec.key] = "failed"
                     yield RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
                 elif all(d is not None for d in deps):
-                    why = budget.admit(spec, list(futures.values())) if budget is not None else None
+                    why = budget.admit(spec, running() + ready) if budget is not None else None
                     if why is not None:
                         refused[spec.key] = why
                         continue
                     waiting.remove(spec)
-                    futures[pool.submit(_execute_safely, spec)] = spec
+                    ready.append(spec)
+            for group in group_ready(ready, stack):
+                futures[pool.submit(_execute_group_safely, group)] = group
         try:
             yield from release()
             while futures:
@@ -316,12 +391,12 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
                     refused.update({s.key: "the time budget ended before it started" for s in waiting})
                     break
                 for done in finished:
-                    spec = futures.pop(done)
-                    o = done.result()
-                    status[o.key] = o.status
-                    if budget is not None:
-                        budget.finished(spec, o.status)
-                    yield o
+                    group = futures.pop(done)
+                    for spec, o in zip(group, done.result(), strict=True):
+                        status[o.key] = o.status
+                        if budget is not None:
+                            budget.finished(spec, o.status)
+                        yield o
                 yield from release()
             for spec in waiting:  # never admitted (or waiting on a run that was not)
                 status[spec.key] = "not run"
@@ -330,3 +405,40 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
             for f in futures:
                 f.cancel()
             raise
+
+
+_BAD = ("failed", "not run", "cut short", "diverged")
+
+
+def _run_here(plan: Plan, inputs_for: InputsFor | None, budget: Admission | None,
+              stack: int) -> Iterator[RunOutcome]:
+    """``run_plan`` in this process: in plan order (a replayed run comes before its replay), the first waiting run
+    with up to ``stack`` - 1 later runs of its stack key whose prerequisites ended well, side by side."""
+    pending = list(plan.runs)
+    status: dict[str, str] = {}
+    while pending:
+        head = pending.pop(0)
+        why = budget.admit(head) if budget is not None else None
+        if why is not None or any(status.get(d) in _BAD for d in head.after):
+            o = RunOutcome(head.key, "not run", 0.0, None, why) if why is not None else \
+                RunOutcome(head.key, "failed", 0.0, None, _unmet(head))
+            status[o.key] = o.status
+            yield o
+            continue
+        group = [head]
+        key = stackable(head) if stack > 1 else None
+        for spec in list(pending):
+            if key is None or len(group) >= stack:
+                break
+            if stackable(spec) != key or not all(status.get(d) not in (None, *_BAD) for d in spec.after):
+                continue
+            if budget is not None and budget.admit(spec, group) is not None:
+                continue  # asked again when it is the first waiting run
+            pending.remove(spec)
+            group.append(spec)
+        outs = [execute(head, inputs_for)] if len(group) == 1 else execute_stacked(group, inputs_for)
+        for spec, o in zip(group, outs, strict=True):
+            if budget is not None:
+                budget.finished(spec, o.status)
+            status[o.key] = o.status
+            yield o

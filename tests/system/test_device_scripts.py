@@ -5,6 +5,7 @@ section that writes its archive wrong) costs a whole session's device time. The 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +93,25 @@ def test_the_device_check_dry_runs_its_step_and_levers_sections_with_the_looped_
         step = member.read().decode()
     assert {line.split()[3] for line in step.splitlines() if line.startswith("clients")} == {"direct", "looped",
                                                                                           "looped:1"}
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_its_stacked_section(tmp_path: Path) -> None:
+    """Stacked runs (fedent reproduce --stack): the benchmark's table, stacked against one by one, and the full
+    profile's pipeline with --stack 3, each a step that ends well."""
+    work, out = _scratch_repo(tmp_path), tmp_path / "out"
+    write_mnist_like(work / "data" / "fashion-mnist", n_train=2000, n_test=200)  # what the pipeline reads
+    _dry_run(work, out, SECTIONS="stacked", PIPELINE_S="40")
+    steps = (out / "steps.log").read_text()
+    assert "stacked rc=0" in steps and "pipeline-stacked rc=0" in steps, steps
+    with tarfile.open(out / "device-check.tgz") as tar:
+        member = tar.extractfile("./stacked.log")
+        assert member is not None
+        table = member.read().decode()
+        names = tar.getnames()
+        statuses = [json.load(f) for n in names if n.startswith("./pipeline-stacked/runs/") and
+                    n.endswith("/status.json") and (f := tar.extractfile(n)) is not None]
+    assert "| one by one | 2 |" in table and "| stacked | 2 |" in table
+    assert "max |stacked - one by one| over the final models: 0.00e+00" in table
+    assert "./pipeline-stacked/command.json" in names
+    assert any(st["state"].get("stacked_runs") == 3 for st in statuses)  # the pipeline's runs did stack

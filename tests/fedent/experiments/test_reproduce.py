@@ -355,3 +355,35 @@ def test_a_tuned_file_of_another_problem_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"setting pathological is another problem: data.num_clients 4 \(tuned on "
                                           r"100\)"):
         build_plan(prof, [0], tmp_path / "o", CONFIGS, tuned=read_tuned([str(tmp_path / "other.json")], prof))
+
+
+def test_stacked_runs_of_a_plan_give_the_runs_it_gives_one_by_one(tmp_path: Path) -> None:
+    """``stack=3``: the first run and the later runs of its setting whose prerequisites ended train side by side
+    (the replay waits for the FedEnt run it reads); every run's log equals the one-by-one run's."""
+    prof = _tiny_profile()
+    prof = Profile("tiny", "test", prof.settings,
+                   (*prof.rows, Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent")),
+                   (Section("controls", "Controls", ("pathological",), ("fedavg-replay", "fedavg")),))
+
+    def inputs_for(cfg):  # type: ignore[no-untyped-def]
+        return tiny_inputs(4, 12, 0)
+
+    logs = {}
+    for stack in (1, 3):
+        plan = build_plan(prof, [0, 1], tmp_path / f"out{stack}", CONFIGS, overrides=["train.executor=vectorised"])
+        outcomes = list(run_plan(plan, workers=1, threads=1, inputs_for=inputs_for, stack=stack))
+        assert {o.status for o in outcomes} == {"done"}
+        logs[stack] = {s.key: runlog.read_metrics(s.run_dir / "metrics.jsonl") for s in plan.runs}
+        stacked = {s.key: runlog.read_json(s.run_dir / "status.json")["state"].get("stacked_runs")
+                   for s in plan.runs}
+        if stack == 1:
+            assert set(stacked.values()) == {None}
+        else:
+            assert [o.key for o in outcomes][:3] == ["pathological/fedent-s0", "pathological/fedavg-s0",
+                                                     "pathological/fedent-s1"]
+            assert stacked["pathological/fedent-s0"] == stacked["pathological/fedent-s1"] == 3
+    for key, recs in logs[1].items():
+        assert [r["test_acc"] for r in logs[3][key]] == pytest.approx([r["test_acc"] for r in recs], abs=1e-6), key
+        assert [r["train_loss"] for r in logs[3][key]] == pytest.approx([r["train_loss"] for r in recs], rel=1e-5)
+    with pytest.raises(ConfigError, match="--stack"):
+        list(run_plan(plan, workers=1, stack=0))
