@@ -14,7 +14,8 @@ median wall times, client SGD steps per second and the largest |difference| betw
 final models (they must agree within 1e-5).
 
     python benchmarks/bench_stacked.py                                  # CPU, K = 4
-    python benchmarks/bench_stacked.py --device cuda --clients 100 --fraction 0.2 --samples 600 --lrs 0.01,0.02,0.05,0.1,0.2,0.5
+    python benchmarks/bench_stacked.py --device cuda --precision tf32 --clients 100 --fraction 0.2 --samples 600 \
+        --lrs 0.01,0.02,0.05,0.1,0.2,0.5
 """
 
 from __future__ import annotations
