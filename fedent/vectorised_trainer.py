@@ -179,7 +179,9 @@ def capture_step(step: Callable[[StepState], None], st: StepState) -> Callable[[
         torch.cuda.current_stream().wait_stream(side)
         st.restore(saved)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: stacked runs (fedent.rounds.stacking) that left the stack may still use the GPU from their
+        # own threads while the stack's thread captures; their calls must not break this capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step(st)
         st.restore(saved)
         step(st)

@@ -45,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="run the tuning in N worker processes: the algorithms at once, and a knob's untried values "
                         "(x the seeds) at once; each worker loads the data itself; the chosen values do not "
                         "depend on N (default 1: one run at a time in this process)")
+    p.add_argument("--stack", type=int, default=1, metavar="K",
+                   help="up to K runs of a knob's untried values (x the seeds) train side by side in one process, "
+                        "their clients in one vectorised step (train.executor: vectorised); the scores do not "
+                        "depend on K (default 1)")
 
 
 def parse_grids(texts: list[str]) -> dict[str, list[float]]:
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             set_threads(args.threads)
         tuner = Tuner(cfg, seeds, out, fraction=args.validation_fraction, tail_k=args.tail_k,
                       max_extend=args.max_extend, log=lambda line: print(line, file=sys.stderr, flush=True),
-                      pool=pool)
+                      pool=pool, stack=args.stack)
         try:
             results = tuner.tune_all(algorithms, grids)
         except errors as e:

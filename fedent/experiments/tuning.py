@@ -36,12 +36,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedent import runlog
 from fedent.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict
 from fedent.experiments import paired
 from fedent.inputs import RunInputs, load_inputs
+
+if TYPE_CHECKING:
+    from fedent.rounds.stacking import StackSeat
 
 Scale = Literal["log", "log1m"]  # log: x × factor per step; log1m: (1 − x) × factor per step (β, γ near 1)
 TUNED_VERSION = 1
@@ -160,8 +163,19 @@ def val_score(records: Sequence[Mapping[str, Any]], k: int) -> float | None:
 RunFn = Callable[[ExperimentConfig, Path, RunInputs], "Sequence[Mapping[str, Any]] | None"]
 
 
-def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
-    """One tuning run (read back when it finished before with this config); None when it diverged or failed."""
+def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs,
+                   seat: StackSeat | None = None) -> Sequence[Mapping[str, Any]] | None:
+    """One tuning run (read back when it finished before with this config); None when it diverged or failed.
+    ``seat``: it trains side by side with other points (``run_stacked``)."""
+    try:
+        return _simulate_point(cfg, run_dir, inputs, seat)
+    finally:
+        if seat is not None:
+            seat.leave()
+
+
+def _simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs,
+                    seat: StackSeat | None) -> Sequence[Mapping[str, Any]] | None:
     from fedent.experiments.reproduce import diverged, is_complete, same_config
     from fedent.sim.simulator import SimulationError, run_simulation
 
@@ -173,7 +187,7 @@ def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> S
                 return None
         shutil.rmtree(run_dir)
     try:
-        return run_simulation(cfg, run_dir, progress=False, inputs=inputs, plots=False).records
+        return run_simulation(cfg, run_dir, progress=False, inputs=inputs, plots=False, seat=seat).records
     except SimulationError:  # diverged (a model went non-finite) or the strategy gave up: scores below any run
         return None
 
@@ -191,6 +205,49 @@ def run_in_worker(run: RunFn, inputs_for: InputsFor | None, cfg: ExperimentConfi
     return run(cfg, run_dir, inputs)
 
 
+Job = tuple[ExperimentConfig, Path]
+
+
+def run_stacked(run: RunFn, jobs: Sequence[tuple[ExperimentConfig, Path, RunInputs]]) -> list[Any]:
+    """Tuning runs side by side in this process, one thread each, their clients trained in one vectorised step
+    (``fedent.rounds.stacking``; each run's records are the ones it gets alone). ``run`` takes a ``seat`` keyword
+    (``simulate_point`` does). The first error of a run is raised once every run has ended."""
+    if len(jobs) == 1:
+        return [run(*jobs[0])]
+    from fedent.rounds.stacking import TrainerStack
+
+    stack = TrainerStack(len(jobs))
+    out: list[Any] = [None] * len(jobs)
+    errors: list[BaseException | None] = [None] * len(jobs)
+
+    def one(i: int, seat: StackSeat) -> None:
+        try:
+            out[i] = run(*jobs[i], seat=seat)  # type: ignore[call-arg]
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            errors[i] = e
+        finally:
+            seat.leave()
+
+    threads = [threading.Thread(target=one, args=(i, seat), name=f"tune-stacked-{i}", daemon=True)
+               for i, seat in enumerate(stack.seats())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return out
+
+
+def run_group_in_worker(run: RunFn, inputs_for: InputsFor | None, jobs: Sequence[Job]) -> list[Any]:
+    """A pool task: tuning runs stacked in one worker (``run_stacked``), each one's inputs loaded here."""
+    from fedent.experiments.reproduce import cached_inputs, inputs_key
+
+    return run_stacked(run, [(cfg, run_dir, inputs_for(cfg) if inputs_for is not None else
+                              cached_inputs(inputs_key(cfg.to_dict()))) for cfg, run_dir in jobs])
+
+
 class TuningAborted(RuntimeError):
     """Another algorithm's search failed: this one stops at its next point."""
 
@@ -201,10 +258,14 @@ class Tuner:
     def __init__(self, base: ExperimentConfig, seeds: Sequence[int], out: Path, *, fraction: float = 0.1,
                  tail_k: int = paired.TAIL_K, max_extend: int = 2, run: RunFn = simulate_point,
                  inputs_for: InputsFor | None = None, log: Callable[[str], None] | None = None,
-                 pool: Executor | None = None) -> None:
+                 pool: Executor | None = None, stack: int = 1) -> None:
         """``inputs_for``: a run's data, partition and model (default: the configured ones, loaded once per seed,
         or once per worker with a ``pool``). ``pool``: run the points there (``run`` and ``inputs_for`` must
-        then reach its workers: module-level functions for a process pool)."""
+        then reach its workers: module-level functions for a process pool). ``stack``: up to this many runs of a
+        batch of points train side by side, their clients in one vectorised step (``run_stacked``)."""
+        if stack < 1:
+            raise ConfigError("--stack: must be >= 1")
+        self.stack = stack
         if not 0 < fraction < 1:
             raise ConfigError(f"--validation-fraction: must be in (0, 1), got {fraction}")
         if max_extend < 0:
@@ -260,6 +321,8 @@ class Tuner:
         """The points' scores: one after the other in this process, or all their runs at once in the pool."""
         if self.pool is not None:
             return self._score_pooled(algorithm, points)
+        if self.stack > 1:
+            return self._score_stacked(algorithm, points)
         out = []
         for values in points:
             key = _score_key(algorithm, values)
@@ -275,37 +338,65 @@ class Tuner:
             out.append(self._scored(algorithm, values, scores))
         return out
 
+    def _todo(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[tuple[int, int, Job]]:
+        """Every seed of every uncached point (a point listed twice once): (point, seed index, job)."""
+        keys = [_score_key(algorithm, v) for v in points]
+        return [(i, j, self._point(algorithm, points[i], seed)) for i, k in enumerate(keys)
+                if k not in self._scores and keys.index(k) == i for j, seed in enumerate(self.seeds)]
+
+    def _groups(self, todo: Sequence[tuple[int, int, Job]]) -> list[list[tuple[int, int, Job]]]:
+        return [list(todo[lo:lo + self.stack]) for lo in range(0, len(todo), self.stack)]
+
+    def _score_stacked(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[float | None]:
+        """The batch's runs in this process, ``stack`` at a time side by side; each point scored once its seeds
+        have run."""
+        todo = self._todo(algorithm, points)
+        recs: dict[tuple[int, int], Any] = {}
+        for group in self._groups(todo):
+            got = run_stacked(self.run, [(cfg, run_dir, self._inputs_of(cfg)) for _, _, (cfg, run_dir) in group])
+            for (i, j, _), r in zip(group, got, strict=True):
+                recs[i, j] = r
+                self._counted(algorithm)
+        for i in sorted({i for i, _, _ in todo}):
+            scores = [None if recs[i, j] is None else val_score(recs[i, j], self.tail_k)
+                      for j in range(len(self.seeds))]
+            self._scored(algorithm, points[i], scores)
+        return [self._scores[_score_key(algorithm, v)] for v in points]
+
     def _score_pooled(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[float | None]:
-        """Submit every seed of every uncached point, score each point as its last seed finishes (a run that
-        raised is a bug: the others are cancelled and it is raised here)."""
+        """Submit every seed of every uncached point (``stack`` runs to a task), score each point as its last seed
+        finishes (a run that raised is a bug: the others are cancelled and it is raised here)."""
         assert self.pool is not None
         keys = [_score_key(algorithm, v) for v in points]
-        futures: dict[Future[Any], tuple[int, int]] = {}  # -> (point, seed index)
+        futures: dict[Future[Any], list[tuple[int, int]]] = {}  # -> [(point, seed index)]
         seeds: dict[int, list[float | None]] = {}
         with self._lock:
             if self._aborted:
                 raise TuningAborted("another algorithm's tuning failed")
-            todo = [i for i, k in enumerate(keys) if k not in self._scores and keys.index(k) == i]
-            for i in todo:
+            todo = self._todo(algorithm, points)
+            for i, _, _ in todo:
                 seeds[i] = [None] * len(self.seeds)
-                for j, seed in enumerate(self.seeds):
-                    cfg, run_dir = self._point(algorithm, points[i], seed)
-                    fut = self.pool.submit(run_in_worker, self.run, self.inputs_for, cfg, run_dir)
-                    futures[fut] = (i, j)
+            for group in self._groups(todo):
+                jobs = [job for _, _, job in group]
+                fut = self.pool.submit(run_in_worker, self.run, self.inputs_for, *jobs[0]) if len(jobs) == 1 else \
+                    self.pool.submit(run_group_in_worker, self.run, self.inputs_for, jobs)
+                futures[fut] = [(i, j) for i, j, _ in group]
             self._outstanding.update(futures)
-        left = {i: len(self.seeds) for i in todo}
+        left = {i: len(self.seeds) for i in seeds}
         try:
             for fut in as_completed(futures):
-                i, j = futures[fut]
                 try:
-                    recs = fut.result()
+                    got: Any = fut.result()
                 except CancelledError:
                     raise TuningAborted("another algorithm's tuning failed") from None
-                self._counted(algorithm)
-                seeds[i][j] = None if recs is None else val_score(recs, self.tail_k)
-                left[i] -= 1
-                if left[i] == 0:
-                    self._scored(algorithm, points[i], seeds[i])
+                pairs = futures[fut]
+                answers: list[Any] = list(got) if len(pairs) > 1 else [got]
+                for (i, j), recs in zip(pairs, answers, strict=True):
+                    self._counted(algorithm)
+                    seeds[i][j] = None if recs is None else val_score(recs, self.tail_k)
+                    left[i] -= 1
+                    if left[i] == 0:
+                        self._scored(algorithm, points[i], seeds[i])
         finally:
             for fut in futures:
                 fut.cancel()

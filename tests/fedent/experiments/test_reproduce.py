@@ -116,9 +116,14 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert main(["reproduce", "--only", "nope", "--dry-run", "--out", str(tmp_path)]) == 2
     assert main(["reproduce", "--seeds", "a", "--dry-run", "--out", str(tmp_path)]) == 2
     assert main(["reproduce", "--profile", "cpu", "--paper-datasets", "--dry-run"]) == 2
+    assert main(["reproduce", "--stack", "0", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert main(["reproduce", "--stack", "2", "--scheduler", "ray", "--seeds", "0", "--only", "beta",
+                 "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in err if not line.startswith("fedent reproduce: 4 runs")]  # the start line of the ray call
     # flag mistakes are not labelled "config error"
-    assert len(err) == 3 and all(line.startswith("fedent reproduce: --") for line in err), err
+    assert len(err) == 5 and "--stack works with the process pool only" in err[-1], err
+    assert all(line.startswith("fedent reproduce: --") for line in err), err
     assert main(["reproduce", "--dry-run", "--seeds", "0", "--only", "beta", "--out", str(tmp_path)]) == 0
     assert "4 runs in sections beta" in capsys.readouterr().out
 

@@ -257,3 +257,32 @@ def test_a_run_that_raises_in_the_pool_surfaces_and_stops_the_other_searches(tmp
     assert asked.count("fedent") < 9  # fedent's search stopped before its β and γ knobs
     with pytest.raises(ConfigError, match="twice"):
         Tuner(tiny_config(), [0], tmp_path, pool=ThreadPoolExecutor(1)).tune_all(["fedavg", "fedavg"])
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_stacked_tuning_runs_side_by_side_and_chooses_what_one_at_a_time_chooses(tmp_path: Path,
+                                                                                pooled: bool) -> None:
+    """--stack 3: a knob's points x seeds train in groups of three, one vectorised step (in this process, or as one
+    task of a pool); the scores, the choice and the runs' logs are the one-at-a-time search's."""
+    cfg = tiny_config("fedavg", rounds=2, lr=0.05, executor="vectorised")
+    grids = {"train.lr": [0.01, 0.05, 0.3]}
+
+    def tune(out: Path, stack: int) -> Any:
+        with ThreadPoolExecutor(2) as pool:
+            tuner = Tuner(cfg, [0, 1], out, fraction=0.2, tail_k=2, max_extend=0, inputs_for=_inputs,
+                          pool=pool if pooled else None, stack=stack)
+            return tuner, tuner.tune("fedavg", grids)
+
+    one_tuner, one = tune(tmp_path / "one", 1)
+    stacked_tuner, stacked = tune(tmp_path / "stacked", 3)
+    assert stacked.to_dict() == one.to_dict() and stacked_tuner.runs == one_tuner.runs == 6
+    logs = sorted((tmp_path / "stacked" / "runs").glob("*/*/metrics.jsonl"))
+    assert len(logs) == 6
+    for path in logs:
+        twin = tmp_path / "one" / path.relative_to(tmp_path / "stacked")
+        got, want = runlog.read_metrics(path), runlog.read_metrics(twin)
+        assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=1e-6)
+        status = json.loads((path.parent / "status.json").read_text())
+        assert status["state"].get("stacked_runs") == 3
+    with pytest.raises(ConfigError, match="--stack"):
+        Tuner(cfg, [0], tmp_path / "x", stack=0)
