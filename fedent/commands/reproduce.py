@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             plan, dropped = trim_plan(plan, int(args.budget_s * args.steps_per_s))
         else:  # re-planned while it runs, at the measured rate (fedent.experiments.budget)
-            budget = TimeBudget(plan, args.budget_s, args.steps_per_s, args.workers)
+            # runs going at once: --stack K puts K runs in a worker, each with its share of the rate
+            budget = TimeBudget(plan, args.budget_s, args.steps_per_s, args.workers * args.stack)
             dropped = list(budget.dropped)
         for st, sd in dropped:
             print(f"dropped to fit --budget-s {args.budget_s:g} at {args.steps_per_s:g} steps/s: setting {st}, "

@@ -65,10 +65,16 @@ def in_threads(jobs: Sequence[Callable[[], Any]], timeout: float = 120.0) -> lis
     return out
 
 
+@pytest.mark.parametrize("dp", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_stacked_training_gives_each_run_what_it_gets_alone(device: str) -> None:
-    """Three runs, each from its own model, its own clients and rates: one merged step, the alone results."""
+def test_stacked_training_gives_each_run_what_it_gets_alone(device: str, dp: bool) -> None:
+    """Three runs, each from its own model, its own clients and rates: one merged step, the alone results (under
+    local DP too: each client's clip and noise, drawn from its own generator)."""
+    from fedent.privacy.dpsgd import DPSGD
+
     trainers = [trainer(device, seed=s) for s in (3, 4, 5)]
+    for tr in trainers:
+        tr.use_dp(DPSGD(clip_norm=0.05, noise_multiplier=2.0) if dp else None)
     starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
     cids = ([0, 1, 2], [3, 4], [5, 6, 7, 1])
     rates = ([0.01, 0.2, 0.05], [0.1, 0.3], [0.05, 0.05, 0.2, 0.1])
