@@ -42,6 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N of the comparison's runs at once, each in its own process (default 1)")
+    p.add_argument("--stack", type=int, default=1, metavar="K",
+                   help="up to K consecutive runs (a seed's algorithms, then the next seed's) train side by side in "
+                        "one process, their clients in one vectorised step (train.executor: vectorised); the "
+                        "results are the same (default 1)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_comparison(cfg, algorithms, seeds, out, target=args.target, algo_overrides=args.algo_overrides,
                              device=args.device, progress=not args.no_progress, local_eval=args.local_eval,
-                             workers=args.workers, tuned=tuned,
+                             workers=args.workers, tuned=tuned, stack=args.stack,
                              **({} if args.tail_k is None else {"tail_k": args.tail_k}))
     except input_error_types() as e:
         print(f"fedent compare: {one_line(e)}", file=sys.stderr)

@@ -11,6 +11,7 @@ the report that states what each row ran are one unit; split, the report would r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from fedent.experiments.tuning import Tuned
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
+from fedent.rounds.stacking import StackSeat, side_by_side
 from fedent.sim.simulator import SimulationError, run_simulation
 
 # Every run checkpoints each round, so an interrupted comparison started again on the same --out continues:
@@ -200,14 +202,16 @@ def parse_list(text: str, what: str, cast: Callable[[str], Any]) -> list[Any]:
 def _one_run(cfg_a: ExperimentConfig, run_dir: Path, inputs: RunInputs | None,
              inputs_for: Callable[[ExperimentConfig], RunInputs], device: str | None, progress: bool,
              local_eval: int | None, label: str, target: float | None,
-             arm: str | None = None) -> tuple[RunSummary, Records]:
+             arm: str | None = None, seat: StackSeat | None = None) -> tuple[RunSummary, Records]:
     """One (algorithm, seed) run, resumed or read back when it finished before; in this process or a pool's.
-    ``arm``: the row's label when it is not the algorithm's name (a control)."""
+    ``arm``: the row's label when it is not the algorithm's name (a control); ``seat``: it trains side by side
+    with other runs (``--stack``)."""
     algo, seed = arm or cfg_a.algorithm.name, int(cfg_a.train.seed)
     try:
         res = run_simulation(cfg_a, run_dir, device=device, progress=progress,
                              inputs=inputs if inputs is not None else inputs_for(cfg_a),
-                             local_eval=local_eval, label=label, plots=False, policy=RESUMABLE, resume=True)
+                             local_eval=local_eval, label=label, plots=False, policy=RESUMABLE, resume=True,
+                             seat=seat)
     except RunFinished:  # done before the interruption: its log is the result
         recs = runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
         accs = [float(r["test_acc"]) for r in recs if r.get("test_acc") is not None]
@@ -219,6 +223,27 @@ def _one_run(cfg_a: ExperimentConfig, run_dir: Path, inputs: RunInputs | None,
         return RunSummary(algo, seed, run_dir, None, None, None, None, error=str(e)), recs
     return RunSummary(algo, seed, run_dir, res.final_acc, res.best_acc, rounds_to_target(res.records, target),
                       res.wall_s), res.records
+
+
+Job = tuple[ExperimentConfig, Path, str]
+
+
+def _run_group(jobs: Sequence[Job], inputs: Sequence[RunInputs | None],
+               inputs_for: Callable[[ExperimentConfig], RunInputs], device: str | None, progress: bool,
+               local_eval: int | None, target: float | None) -> list[tuple[RunSummary, Records]]:
+    """Runs side by side in this process (``fedent.rounds.stacking.side_by_side``), or one ``_one_run``; a run's
+    unexpected error is raised once every run of the group has ended."""
+    calls = [functools.partial(_one_run, cfg_a, run_dir, inp, inputs_for, device, progress, local_eval, label,
+                               target, run_dir.name.rpartition("-s")[0])
+             for (cfg_a, run_dir, label), inp in zip(jobs, inputs, strict=True)]
+    if len(calls) == 1:
+        return [calls[0]()]
+    out = []
+    for o in side_by_side(calls, "compare-stacked"):  # each call's seat: _one_run's last argument
+        if isinstance(o, BaseException):
+            raise o
+        out.append(o)
+    return out
 
 
 def _pool_init(threads: int) -> None:
@@ -242,6 +267,7 @@ def run_comparison(
     tail_k: int = paired.TAIL_K,
     workers: int = 1,
     tuned: Tuned | None = None,
+    stack: int = 1,
 ) -> ComparisonResult:
     """Run every algorithm for every seed into ``out_dir/runs/<algo>-s<seed>``; write compare.md and figures.
 
@@ -250,10 +276,14 @@ def run_comparison(
     ``workers`` > 1: the runs go to a pool of that many processes (each with its share of the CPU threads, no
     progress bars; ``inputs_for`` must then be picklable); the results are the same as one process's.
     ``algorithms`` entries may be ``LABEL=ALGORITHM`` (controls); ``tuned`` (fedent.experiments.tuning, a
-    tuned.json) gives each arm its tuned values and the validation split they were chosen on."""
+    tuned.json) gives each arm its tuned values and the validation split they were chosen on. ``stack``: up to
+    this many consecutive runs (a seed's arms, then the next seed's) train side by side in one process, their
+    clients in one vectorised step (``fedent.rounds.stacking``; the results are the same)."""
     out = Path(out_dir)
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
+    if stack < 1:
+        raise ConfigError(f"--stack: must be >= 1, got {stack}")
     arms = dict(parse_arm(a) for a in algorithms)
     if len(arms) != len(algorithms):
         raise ConfigError("--algorithms: duplicate labels")
@@ -274,17 +304,20 @@ def run_comparison(
             cfg_a = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=int(seed)),
                                         name=f"{cfg.name}-{algo}")
             jobs.append((cfg_a, out / "runs" / f"{algo}-s{seed}", f"run {len(jobs) + 1}/{total} {algo} s{seed}"))
+    batches = [jobs[lo:lo + stack] for lo in range(0, len(jobs), stack)]
     if workers == 1:
         inputs_by_seed: dict[int, RunInputs] = {}
-        for cfg_a, run_dir, label in jobs:
-            seed = int(cfg_a.train.seed)
-            if seed not in inputs_by_seed:
-                inputs_by_seed[seed] = inputs_for(cfg_a)
-                md5s[seed] = inputs_by_seed[seed].partition_info.get("md5")
-            summary, recs = _one_run(cfg_a, run_dir, inputs_by_seed[seed], inputs_for, device, progress,
-                                     local_eval, label, target, run_dir.name.rpartition("-s")[0])
-            runs.append(summary)
-            records[(summary.algorithm, summary.seed)] = recs
+        for group in batches:
+            for cfg_a, _, _ in group:
+                seed = int(cfg_a.train.seed)
+                if seed not in inputs_by_seed:
+                    inputs_by_seed[seed] = inputs_for(cfg_a)
+                    md5s[seed] = inputs_by_seed[seed].partition_info.get("md5")
+            inputs = [inputs_by_seed[int(cfg_a.train.seed)] for cfg_a, _, _ in group]
+            for summary, recs in _run_group(group, inputs, inputs_for, device, progress and len(group) == 1,
+                                            local_eval, target):
+                runs.append(summary)
+                records[(summary.algorithm, summary.seed)] = recs
     else:
         import concurrent.futures
         import multiprocessing
@@ -293,12 +326,12 @@ def run_comparison(
         threads = max(1, (os.cpu_count() or 1) // workers)
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                     initializer=_pool_init, initargs=(threads,)) as pool:
-            futures = [pool.submit(_one_run, cfg_a, run_dir, None, inputs_for, device, False, local_eval, label,
-                                   target, run_dir.name.rpartition("-s")[0]) for cfg_a, run_dir, label in jobs]
+            futures = [pool.submit(_run_group, group, [None] * len(group), inputs_for, device, False, local_eval,
+                                   target) for group in batches]
             for fut in futures:  # in the order of the jobs, so the report reads as one process's
-                summary, recs = fut.result()
-                runs.append(summary)
-                records[(summary.algorithm, summary.seed)] = recs
+                for summary, recs in fut.result():
+                    runs.append(summary)
+                    records[(summary.algorithm, summary.seed)] = recs
         for seed in seeds:
             md5s[int(seed)] = next((json.loads(p.read_text()).get("md5") for p in
                                     [runlog.RunPaths(out / "runs" / f"{a}-s{seed}").partition for a in algorithms]

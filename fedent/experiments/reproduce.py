@@ -8,11 +8,11 @@ that renders the logs is ``fedent.experiments.reproduce_report``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -229,29 +229,14 @@ def execute_stacked(specs: Sequence[RunSpec], inputs_for: InputsFor | None = Non
                     progress: bool = True) -> list[RunOutcome]:
     """Run ``specs`` side by side in this process, one thread each, their clients trained in one vectorised step
     (``fedent.rounds.stacking``: each run's results are the ones it gets alone). One spec runs as ``execute``."""
-    from fedent.rounds.stacking import TrainerStack
+    from fedent.rounds.stacking import side_by_side
 
     if len(specs) == 1:
         return [_execute_safely(specs[0], inputs_for, progress)]
-    stack = TrainerStack(len(specs))
-    out: list[RunOutcome | None] = [None] * len(specs)
-
-    def one(i: int, seat: StackSeat) -> None:
-        try:
-            out[i] = execute(specs[i], inputs_for, progress, seat)
-        except Exception as e:  # noqa: BLE001 - reported per run, the others go on
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
-            out[i] = RunOutcome(specs[i].key, "failed", 0.0, None, last)
-
-    # daemon threads: a stopped reproduce ends its process (each run resumes from its last checkpoint)
-    threads = [threading.Thread(target=one, args=(i, seat), name=f"stacked-{specs[i].key}", daemon=True)
-               for i, seat in enumerate(stack.seats())]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [o if o is not None else RunOutcome(s.key, "failed", 0.0, None, "the run's thread ended without an outcome")
-            for o, s in zip(out, specs, strict=True)]
+    got = side_by_side([functools.partial(execute, s, inputs_for, progress) for s in specs], "stacked-run")
+    return [o if isinstance(o, RunOutcome) else
+            RunOutcome(s.key, "failed", 0.0, None, traceback.format_exception_only(type(o), o)[-1].strip())
+            for o, s in zip(got, specs, strict=True)]
 
 
 def stackable(spec: RunSpec) -> str | None:

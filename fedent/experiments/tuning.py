@@ -27,6 +27,7 @@ sequential one, which is what makes the result independent of ``--workers``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -210,34 +211,17 @@ Job = tuple[ExperimentConfig, Path]
 
 def run_stacked(run: RunFn, jobs: Sequence[tuple[ExperimentConfig, Path, RunInputs]]) -> list[Any]:
     """Tuning runs side by side in this process, one thread each, their clients trained in one vectorised step
-    (``fedent.rounds.stacking``; each run's records are the ones it gets alone). ``run`` takes a ``seat`` keyword
-    (``simulate_point`` does). The first error of a run is raised once every run has ended."""
+    (``fedent.rounds.stacking``; each run's records are the ones it gets alone). ``run`` takes the seat as its fourth
+    argument (``simulate_point`` does). The first error of a run is raised once every run has ended."""
     if len(jobs) == 1:
         return [run(*jobs[0])]
-    from fedent.rounds.stacking import TrainerStack
+    from fedent.rounds.stacking import side_by_side
 
-    stack = TrainerStack(len(jobs))
-    out: list[Any] = [None] * len(jobs)
-    errors: list[BaseException | None] = [None] * len(jobs)
-
-    def one(i: int, seat: StackSeat) -> None:
-        try:
-            out[i] = run(*jobs[i], seat=seat)  # type: ignore[call-arg]
-        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
-            errors[i] = e
-        finally:
-            seat.leave()
-
-    threads = [threading.Thread(target=one, args=(i, seat), name=f"tune-stacked-{i}", daemon=True)
-               for i, seat in enumerate(stack.seats())]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for e in errors:
-        if e is not None:
-            raise e
-    return out
+    got = side_by_side([functools.partial(run, *job) for job in jobs], "tune-stacked")  # seat: the 4th argument
+    for o in got:
+        if isinstance(o, BaseException):
+            raise o
+    return got
 
 
 def run_group_in_worker(run: RunFn, inputs_for: InputsFor | None, jobs: Sequence[Job]) -> list[Any]:

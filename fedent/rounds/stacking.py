@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -31,6 +31,7 @@ from fedent.trainer import LocalTrainer, TrainResult
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
 Trained = list[tuple[Params, TrainResult]]
+T = TypeVar("T")
 
 
 def stack_key(cfg: ExperimentConfig) -> str:
@@ -264,3 +265,27 @@ def _gen_state(call: _Call) -> list[Tensor]:
 def _rewind(call: _Call, states: Sequence[Tensor]) -> None:
     for item, s in zip(call.items, states, strict=True):
         item.generator.set_state(s)
+
+
+def side_by_side(jobs: Sequence[Callable[[StackSeat], T]], name: str = "stacked") -> list[T | BaseException]:
+    """Each job in its own thread with its seat of one ``TrainerStack`` (the seat is left when the job ends, however
+    it ends); each job's result or the exception it raised, in order. Daemon threads: a stopped command ends its
+    process (each run resumes from its last checkpoint)."""
+    stack = TrainerStack(len(jobs))
+    out: list[T | BaseException | None] = [None] * len(jobs)
+
+    def one(i: int, seat: StackSeat) -> None:
+        try:
+            out[i] = jobs[i](seat)
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            out[i] = e
+        finally:
+            seat.leave()
+
+    threads = [threading.Thread(target=one, args=(i, seat), name=f"{name}-{i}", daemon=True)
+               for i, seat in enumerate(stack.seats())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [o if o is not None else RuntimeError("the run's thread ended without a result") for o in out]

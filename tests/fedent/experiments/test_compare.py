@@ -169,6 +169,25 @@ def test_workers_run_the_comparison_in_a_pool_with_one_process_results(tmp_path:
         run_comparison(cfg, ["fedavg"], [0], tmp_path / "bad", progress=False, inputs_for=_inputs, workers=0)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stacked_runs_give_the_comparison_of_runs_one_by_one(tmp_path: Path, workers: int) -> None:
+    """--stack 3: the four runs (fedavg and fedent, seeds 0 and 1) train three and one side by side (in this
+    process, or as pool tasks); the report's rows and every run's log are the one-by-one comparison's."""
+    cfg = tiny_config(rounds=2, lr=0.1, executor="vectorised")
+    one = run_comparison(cfg, ["fedavg", "fedent"], [0, 1], tmp_path / "one", progress=False, inputs_for=_inputs)
+    stacked = run_comparison(cfg, ["fedavg", "fedent"], [0, 1], tmp_path / "stacked", progress=False,
+                             inputs_for=_inputs, stack=3, workers=workers)
+    assert [(r.algorithm, r.seed) for r in stacked.runs] == [(r.algorithm, r.seed) for r in one.runs]
+    for a, b in zip(one.runs, stacked.runs, strict=True):
+        assert b.error is None and b.final_acc == pytest.approx(a.final_acc, abs=1e-6)
+        got, want = (runlog.read_metrics(r.run_dir / "metrics.jsonl") for r in (b, a))
+        assert [r["train_loss"] for r in got] == pytest.approx([r["train_loss"] for r in want], rel=1e-5)
+    stacks = [json.loads((r.run_dir / "status.json").read_text())["state"].get("stacked_runs") for r in stacked.runs]
+    assert stacks == [3, 3, 3, None]
+    with pytest.raises(Exception, match="--stack: must be >= 1"):
+        run_comparison(cfg, ["fedavg"], [0], tmp_path / "bad", progress=False, inputs_for=_inputs, stack=0)
+
+
 def test_a_control_row_is_label_equals_algorithm() -> None:
     from fedent.config import ConfigError
     from fedent.experiments.compare import parse_arm
