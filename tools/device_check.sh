@@ -35,6 +35,7 @@
 #                (a warm machine's next call resumes it: finished points are read back); then, in the time left,
 #                the tuned rows with 3 seeds: reproduce --profile mnist --tuned mnist-pathological=.../tuned.json
 #                into results/mnist-tuned (the test set used once)
+#                (STACK=K: the study and tune sections' commands with --stack K; default 1)
 #   legacy       issue 16's checks: the CUDA tests of the vectorised executor, bench_simulator.py, 5 rounds of
 #                every algorithm (per-algorithm.log)
 # Dry run on a machine without a GPU: DEVICE=cpu QUICK=1 (tiny sizes, CPU device) exercises every step's command.
@@ -50,6 +51,7 @@ TABLE4=${TABLE4:-fedavg looped fedent bf16}
 STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
 STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
 STUDY_WORKERS=${STUDY_WORKERS:-6}
+STACK=${STACK:-1}  # --stack of the study and tune sections' commands (runs side by side per worker)
 TUNE_ALGOS=${TUNE_ALGOS:-fedavg,fedadam,fedprox,feddyn,fedent}
 TUNE_WORKERS=${TUNE_WORKERS:-6}
 STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
@@ -194,7 +196,8 @@ section_study() {
     echo "study skipped: ${left}s left before DEADLINE_S" | tee -a "$STEPS_LOG"
   else
     step study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$STUDY_ROWS" \
-      --out "results/mnist$RESULTS_SUFFIX" --workers "$STUDY_WORKERS" --threads 1 --steps-per-s "$STUDY_RATE" \
+      --out "results/mnist$RESULTS_SUFFIX" --workers "$STUDY_WORKERS" --stack "$STACK" --threads 1 \
+      --steps-per-s "$STUDY_RATE" \
       --budget-s $((left - 25)) --set data.root=data/mnist "${STUDY_SMALL[@]}"
   fi
   tail -n 25 "$OUT/study.log" 2>/dev/null
@@ -210,12 +213,13 @@ section_tune() {
   fi
   step tune "$left" "${FEDENT[@]}" tune --config configs/mnist-pathological.yaml --set data.root=data/mnist \
     --set train.precision=tf32 --set train.executor=vectorised --device "$DEVICE" "${TUNE_SMALL[@]}" \
-    --algorithms "$TUNE_ALGOS" --seeds 0 --workers "$TUNE_WORKERS" --threads 1 --out "$tune_out"
+    --algorithms "$TUNE_ALGOS" --seeds 0 --workers "$TUNE_WORKERS" --stack "$STACK" --threads 1 --out "$tune_out"
   tail -n 20 "$OUT/tune.log"
   left=$((DEADLINE_S - SECONDS - 30))
   if [ -f "$tune_out/tuned.json" ] && [ "$left" -ge 90 ]; then
     step tuned-study "$left" "${FEDENT[@]}" reproduce --profile mnist --seeds "$STUDY_SEEDS" --rows "$TUNE_ALGOS" \
-      --tuned "mnist-pathological=$tune_out/tuned.json" --out "$tuned_out" --workers "$STUDY_WORKERS" --threads 1 \
+      --tuned "mnist-pathological=$tune_out/tuned.json" --out "$tuned_out" --workers "$STUDY_WORKERS" \
+      --stack "$STACK" --threads 1 \
       --steps-per-s "$STUDY_RATE" --budget-s $((left - 25)) --set data.root=data/mnist "${STUDY_SMALL[@]}"
     tail -n 5 "$OUT/tuned-study.log"
   fi

@@ -60,15 +60,20 @@ def test_the_device_check_dry_runs_its_profile_and_study_sections(tmp_path: Path
 
 @pytest.mark.slow
 def test_the_device_check_dry_runs_its_tune_section(tmp_path: Path) -> None:
-    """fedent tune with a worker pool on the real-format MNIST, then the tuned rows: tuned.json is made and read."""
+    """fedent tune with a worker pool on the real-format MNIST, then the tuned rows: tuned.json is made and read
+    (STACK=2: both commands with --stack 2, so the tuning's points train two side by side)."""
     work, out = _scratch_repo(tmp_path), tmp_path / "out"
-    _dry_run(work, out, SECTIONS="tune", TUNE_ALGOS="fedavg", TUNE_WORKERS="2", STUDY_SEEDS="0")
+    _dry_run(work, out, SECTIONS="tune", TUNE_ALGOS="fedavg", TUNE_WORKERS="2", STUDY_SEEDS="0", STACK="2")
     steps = (out / "steps.log").read_text()
     assert "tune rc=0" in steps and "tuned-study rc=0" in steps, steps
     tuned = (work / "results" / "mnist-tune-quick" / "tuned.json").read_text()
     assert '"fedavg"' in tuned
     report = (work / "results" / "mnist-tuned-quick" / "report.md").read_text()
     assert "tuned" in report and "mnist-tune-quick/tuned.json" in report
+    statuses = [json.loads(p.read_text()) for p in (work / "results" / "mnist-tune-quick").rglob("status.json")]
+    stacked = [st["state"].get("stacked_runs") for st in statuses]
+    # the grid's three points: two side by side, one alone; an extension past an edge is one point, alone
+    assert stacked.count(2) == 2 and len(stacked) >= 3
     with tarfile.open(out / "device-check.tgz") as outer:
         assert {"./tune.tgz", "./tuned-study.tgz", "./tune.log"} <= set(outer.getnames())
 
