@@ -7,12 +7,20 @@ fitted round r+1 must start from the state saved *before* r+1 (``load(cid, befor
 or FedDyn/SCAFFOLD would apply that round's correction twice.
 
 A SIGKILL mid-save leaves only a temp file beside the previous version; temp files are never read.
+
+``background=True`` (the simulator's store) takes the encoding and the fsynced writes off the round's critical path:
+``save`` copies the state to the CPU at once (the caller may change its tensors afterwards) and a single writer
+thread writes the files in the order saved. Every read waits for the writes before it, and ``flush`` (which the
+engine calls before each checkpoint, so a checkpoint never points at states still in memory) waits for all and
+raises a write's error, so a failed write fails the run instead of being lost.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -63,44 +71,104 @@ def _state_from_payload(payload: Any, cid: int, where: str) -> ClientState:
 class ClientStateStore:
     """Versioned, atomic, per-client ``ClientState`` files under one directory (one store per worker)."""
 
-    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+    def __init__(self, directory: str | Path, keep: int = 3, background: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory)
         self.keep = keep
         self.directory.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temps()
+        self._queue: queue.Queue[tuple[int, int, dict[str, Any]] | None] | None = None
+        self._error: BaseException | None = None
+        if background:
+            self._queue = queue.Queue()
+            threading.Thread(target=self._write_loop, name=f"client-state-writer-{self.directory.name}",
+                             daemon=True).start()
 
     def path(self, cid: int, rnd: int) -> Path:
         return self.directory / f"c{int(cid):06d}-r{int(rnd):08d}.state"
 
     def versions(self, cid: int) -> list[int]:
         """Rounds with a saved state for ``cid``, newest first."""
+        self.flush()
+        return self._versions(cid)
+
+    def _versions(self, cid: int) -> list[int]:
         return [r for c, r, _ in self._files() if c == cid]
 
     def cids(self) -> list[int]:
+        self.flush()
         return sorted({c for c, _, _ in self._files()})
 
     def save(self, cid: int, state: ClientState, rnd: int) -> Path:
-        """Persist the state produced by round ``rnd``'s fit; drops what it supersedes (:meth:`superseded`)."""
+        """Persist the state produced by round ``rnd``'s fit; drops what it supersedes (:meth:`superseded`).
+        In the background: the state is copied now and written by the writer thread (its path is returned)."""
         if rnd < 0 or cid < 0:
             raise ValueError(f"client id and round must be >= 0, got cid={cid} round={rnd}")
+        payload = _state_to_payload(cid, rnd, state)
+        if self._queue is not None:
+            self._raise_failed()
+            self._queue.put((cid, rnd, payload))
+            return self.path(cid, rnd)
+        return self._write(cid, rnd, payload)
+
+    def _write(self, cid: int, rnd: int, payload: dict[str, Any]) -> Path:
         path = self.path(cid, rnd)
-        atomic_write_bytes(path, encode_payload(_state_to_payload(cid, rnd, state)))
-        for old in self.superseded(cid, rnd):
+        atomic_write_bytes(path, encode_payload(payload))
+        for old in self._superseded(cid, rnd):
             try:
                 self.path(cid, old).unlink()
             except OSError:
                 pass
         return path
 
+    def flush(self) -> None:
+        """Wait until every state saved so far is on disk; raises a background write's error (then and later)."""
+        if self._queue is not None:
+            self._queue.join()
+            self._raise_failed()
+
+    def close(self) -> None:
+        """Wait for the pending writes, then end the writer thread (a closed store writes synchronously). For the
+        end of a run, however it ended: a write's error was raised by ``flush`` already, so it is not raised here."""
+        if self._queue is None:
+            return
+        q, self._queue = self._queue, None
+        q.join()
+        q.put(None)
+
+    def _write_loop(self) -> None:
+        q = self._queue
+        assert q is not None
+        while True:
+            item = q.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:  # after a failure nothing more is written: a later state must not
+                    self._write(*item)  # land on disk without the one before it
+            except BaseException as e:  # noqa: BLE001 - raised by the next save or flush, in the caller's thread
+                self._error = e
+            finally:
+                q.task_done()
+
+    def _raise_failed(self) -> None:
+        if self._error is not None:
+            raise ClientStoreError(f"writing a client state under {self.directory} failed: "
+                                   f"{type(self._error).__name__}: {self._error}") from self._error
+
     def superseded(self, cid: int, rnd: int) -> list[int]:
+        """See ``_superseded`` (after the pending writes)."""
+        self.flush()
+        return self._superseded(cid, rnd)
+
+    def _superseded(self, cid: int, rnd: int) -> list[int]:
         """Versions a save at ``rnd`` makes useless: every later round (a timeline the aggregator abandoned by
         resuming earlier or starting over; keeping them by age deleted the state just saved, and a later
         ``load`` read the old run's), and all but the newest ``keep`` of the rest. ``keep`` must exceed the
         aggregator's ``checkpoint_keep``: a resume from its oldest checkpoint c replays round c+1 and needs
         the newest state saved before c+1, which the worker may have followed with two newer saves."""
-        versions = self.versions(cid)
+        versions = self._versions(cid)
         return [r for r in versions if r > rnd] + [r for r in versions if r <= rnd][self.keep:]
 
     def load(self, cid: int, before_round: int | None = None) -> ClientState | None:
@@ -126,7 +194,7 @@ class ClientStateStore:
         return out
 
     def delete(self, cid: int) -> None:
-        for rnd in self.versions(cid):
+        for rnd in self.versions(cid):  # after the pending writes
             self.path(cid, rnd).unlink(missing_ok=True)
 
     def _files(self) -> list[tuple[int, int, Path]]:

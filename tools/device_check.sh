@@ -21,6 +21,8 @@
 #   stacked      stacked.log: benchmarks/bench_stacked.py, 6 rates of FedAvg on 100 clients (20 a round), stacked in
 #                one vectorised step against one by one (fedent reproduce --stack); pipeline-stacked.log: the pipeline
 #                section's command with --workers 2 --stack 3 (its measured client steps/s against the pipeline's)
+#   state        state.log: benchmarks/bench_client_state.py, FedDyn's client states written in the round against in
+#                the background (ClientStateStore(background=True)), vectorised on the GPU, 600 samples a client
 #   distributed  distributed-cpu.log: benchmarks/bench_distributed.py on the host's CPU cores, P = 1, 2, 4, 8
 #                (goal: >= 0.8 P); distributed-cuda.log: P = 1, 2 sharing the one GPU
 #   transfer     transfer.log: benchmarks/bench_transfer.py (generated gRPC path vs bare gRPC on the 16 cores;
@@ -64,12 +66,14 @@ if [ -n "$QUICK" ]; then  # a smoke test of this script: tiny sizes, every comma
   PIPE_ROUNDS=(--rounds 1 --set data.max_train_samples=2000 --set data.max_test_samples=500)
   # the real-MNIST sections: their own --out (never the study's) and a small CPU problem
   STACK_ARGS=(--clients 4 --samples 32 --rounds 2 --lrs 0.05,0.1)
+  STATE_ARGS=(--clients 10 --samples 16 --rounds 3 --repeats 1)
   RESULTS_SUFFIX=-quick SMALL=(--set train.device=cpu --set data.max_train_samples=2000 --set data.max_test_samples=500)
   STUDY_SMALL=(--rounds 1 "${SMALL[@]}") TUNE_SMALL=(--set train.rounds=2 "${SMALL[@]}")
 else
   CLIENTS=20 SAMPLES=600 CALLS=3 ROUNDS=50 STEP_ARGS=(--clients "20,60" --repeats 3)
   DIST_ARGS=(--clients 100 --samples 60 --rounds 4) SIZES_MB=16,256,1024 PIPE_SEEDS=0 PIPE_ROUNDS=()
   STACK_ARGS=(--clients 100 --fraction 0.2 --samples 600 --rounds 5 --lrs 0.01,0.02,0.05,0.1,0.2,0.5)
+  STATE_ARGS=(--clients 100 --samples 600 --rounds 6 --repeats 2)
   RESULTS_SUFFIX="" STUDY_SMALL=() TUNE_SMALL=()
 fi
 
@@ -166,6 +170,11 @@ section_stacked() {
   section_pipeline pipeline-stacked 2 3
 }
 
+section_state() {
+  guarded state 150 "$PY" benchmarks/bench_client_state.py --device "$DEVICE" --executor vectorised "${STATE_ARGS[@]}" \
+    --json "$OUT/state.json"
+}
+
 section_distributed() {
   local cpus
   cpus=$(nproc)
@@ -244,9 +253,10 @@ section_legacy() {
 
 for section in $SECTIONS; do
   case $section in
-    env | profile | levers | table4 | step | pipeline | stacked | distributed | transfer | study | tune | legacy)
+    env | profile | levers | table4 | step | pipeline | stacked | state | distributed | transfer | study | tune \
+      | legacy)
       "section_$section" ;;
-    *) echo "unknown section $section (known: env profile levers table4 step pipeline stacked distributed transfer study" \
+    *) echo "unknown section $section (known: env profile levers table4 step pipeline stacked state distributed transfer study" \
          "tune legacy)" \
          | tee -a "$STEPS_LOG" ;;
   esac

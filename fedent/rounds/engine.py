@@ -101,6 +101,10 @@ class RoundEngine:
         evaluator.bounds = cfg.robust  # federated evaluation: range-checked, weighted by the capped counts
         self.policy = policy or RoundPolicy()
         self.on_phase, self.on_round = on_phase, on_round
+        # called before each checkpoint and before the run is marked done: whatever writes in the background
+        # (the simulator's client-state store) is on disk by then, so a checkpoint never outruns the files it needs
+        self.before_checkpoint: list[Callable[[], None]] = []
+        self.after_run: list[Callable[[], None]] = []  # when the run ends, however it ends (release threads)
         self.seed = cfg.train.seed
         self.rounds = cfg.train.rounds
         self.sizes = list(sizes)
@@ -323,9 +327,20 @@ class RoundEngine:
         return rec
 
     # ---- the run -------------------------------------------------------------------------------------
+    def make_durable(self) -> None:
+        for hook in self.before_checkpoint:
+            hook()
+
     def run(self) -> list[dict[str, Any]]:
         """The whole run; status.json ends ``done``, ``failed`` (with the error) or ``stopped`` (a KeyboardInterrupt:
         Ctrl-C or SIGTERM, with the reason; resumable from the last checkpoint), and errors propagate."""
+        try:
+            return self._run()
+        finally:
+            for hook in self.after_run:
+                hook()
+
+    def _run(self) -> list[dict[str, Any]]:
         self.write_start_files()
         try:
             self.executor.start()
@@ -338,10 +353,12 @@ class RoundEngine:
                     break
                 rec = self.run_round(rnd)
                 if self.policy.checkpoint_keep > 0:
+                    self.make_durable()
                     resume.save(self, rnd, keep=self.policy.checkpoint_keep)
                 if self.on_round is not None:
                     self.on_round(rec)
             self.save_model()
+            self.make_durable()
             if self.budget_stop is None:
                 self.status("done", self.rounds - 1, final_acc=runlog.final_accuracy(self.records))
             else:  # done early, cleanly: the model of the last round within the privacy budget

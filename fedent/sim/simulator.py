@@ -74,24 +74,35 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
     if policy is not None and policy.checkpoint_keep > 0 and strategy.keeps_client_state:
         from fedent.client_store import ClientStateStore
 
-        states = ClientStates(ClientStateStore(paths.root / "client_state", keep=policy.checkpoint_keep + 1),
-                              trainer.device)
+        # written in the background (off the round's critical path); flushed before every checkpoint below
+        store = ClientStateStore(paths.root / "client_state", keep=policy.checkpoint_keep + 1, background=True)
+        states = ClientStates(store, trainer.device)
     executor = make_executor(tr.executor, trainer, inputs.client_indices, ClientTraining.from_config(cfg),
                              tr.max_parallel_clients, tr.conv, states=states,
                              stack=(seat, stack_key(cfg)) if seat is not None else None)
     apply_host(tr.perf, executor.host)
     if world is not None and world.distributed:
         executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval)
-        return RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
-                           dict(inputs.partition_info), policy, on_round=on_round)
+        engine = RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
+                             dict(inputs.partition_info), policy, on_round=on_round)
+        return _durable(engine, states)
     federated = None
     if tr.evaluation == "federated" and tr.evaluate_test:
         make = batched_federated if tr.perf.eval_batched else central_federated
         federated = make(trainer, data.x_test, data.y_test, inputs.num_clients, tr.seed, tr.eval_batch_size)
     evaluator = Evaluator(trainer, data.x_test, data.y_test, tr.eval_batch_size, tr.seed, local_eval, federated,
                           validation=validation_set(inputs), test=tr.evaluate_test)
-    return RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
-                       dict(inputs.partition_info), policy, on_round=on_round)
+    engine = RoundEngine(cfg, paths, strategy, executor, evaluator, trainer.params, inputs.client_sizes(),
+                         dict(inputs.partition_info), policy, on_round=on_round)
+    return _durable(engine, states)
+
+
+def _durable(engine: RoundEngine, states: ClientStates | None) -> RoundEngine:
+    """The engine flushes the background client-state writes before each checkpoint and closes them at the end."""
+    if states is not None and states.store is not None:
+        engine.before_checkpoint.append(states.store.flush)
+        engine.after_run.append(states.store.close)
+    return engine
 
 
 def validation_set(inputs: RunInputs) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -146,3 +146,47 @@ def test_retention_keeps_the_state_a_resume_from_the_oldest_checkpoint_needs(tmp
         store.save(1, _state(float(r)), rnd=r)
     got = store.load(1, before_round=4)
     assert got is not None and _same(got, _state(3.0))
+
+
+def test_a_background_store_reads_its_own_writes_and_keeps_the_same_versions(tmp_path: Path) -> None:
+    """background=True: saves return at once, reads wait for the writes before them; after the same saves the
+    files on disk are the synchronous store's, and the state is copied when saved (changed after, not on disk)."""
+    sync, bg = ClientStateStore(tmp_path / "sync", keep=2), ClientStateStore(tmp_path / "bg", keep=2, background=True)
+    for rnd in range(5):
+        for cid in (0, 3):
+            state = _state(float(rnd + cid))
+            sync.save(cid, state, rnd)
+            bg.save(cid, state, rnd)
+            state.tensors["h"][0].add_(100.0)  # the caller changes its tensors after saving
+            got = bg.load(cid)
+            assert got is not None and _same(got, _state(float(rnd + cid)))
+    assert bg.versions(0) == sync.versions(0) == [4, 3]
+    assert sorted(p.name for p in (tmp_path / "bg").iterdir()) == sorted(p.name for p in (tmp_path / "sync").iterdir())
+    bg.close()
+    bg.save(1, _state(2.0), 0)  # closed: written synchronously
+    assert bg.versions(1) == [0]
+
+
+def test_a_failed_background_write_fails_the_next_flush_and_writes_nothing_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedent.client_store as cs
+
+    store = ClientStateStore(tmp_path, background=True)
+    real = cs.atomic_write_bytes
+
+    def full_disk(path: Path, data: bytes, mode: int | None = None) -> None:
+        if "c000002" in Path(path).name:
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(cs, "atomic_write_bytes", full_disk)
+    store.save(1, _state(1.0), 0)
+    store.save(2, _state(2.0), 0)
+    store.save(3, _state(3.0), 0)
+    with pytest.raises(ClientStoreError, match="No space left on device"):
+        store.flush()
+    with pytest.raises(ClientStoreError, match="No space left"):
+        store.save(4, _state(4.0), 0)
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert names == ["c000001-r00000000.state"]  # client 3's state, saved after the failure, was not written
+    store.close()  # at the end of a run, however it ended: no second error

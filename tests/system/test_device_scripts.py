@@ -103,20 +103,26 @@ def test_the_device_check_dry_runs_its_step_and_levers_sections_with_the_looped_
 @pytest.mark.slow
 def test_the_device_check_dry_runs_its_stacked_section(tmp_path: Path) -> None:
     """Stacked runs (fedent reproduce --stack): the benchmark's table, stacked against one by one, and the full
-    profile's pipeline with --stack 3, each a step that ends well."""
+    profile's pipeline with --stack 3; and the client-state benchmark (the state section): each a step that ends
+    well."""
     work, out = _scratch_repo(tmp_path), tmp_path / "out"
     write_mnist_like(work / "data" / "fashion-mnist", n_train=2000, n_test=200)  # what the pipeline reads
-    _dry_run(work, out, SECTIONS="stacked", PIPELINE_S="40")
+    _dry_run(work, out, SECTIONS="stacked state", PIPELINE_S="40")
     steps = (out / "steps.log").read_text()
-    assert "stacked rc=0" in steps and "pipeline-stacked rc=0" in steps, steps
+    assert "stacked rc=0" in steps and "pipeline-stacked rc=0" in steps and "state rc=0" in steps, steps
     with tarfile.open(out / "device-check.tgz") as tar:
         member = tar.extractfile("./stacked.log")
         assert member is not None
         table = member.read().decode()
         names = tar.getnames()
+        state_member = tar.extractfile("./state.log")
+        assert state_member is not None
+        state_log = state_member.read().decode()
         statuses = [json.load(f) for n in names if n.startswith("./pipeline-stacked/runs/") and
                     n.endswith("/status.json") and (f := tar.extractfile(n)) is not None]
     assert "| one by one | 2 |" in table and "| stacked | 2 |" in table
     assert "max |stacked - one by one| over the final models: 0.00e+00" in table
+    assert "| in the round |" in state_log and "| background |" in state_log
+    assert "max |background - in the round| over the final models: 0.00e+00" in state_log
     assert "./pipeline-stacked/command.json" in names
     assert any(st["state"].get("stacked_runs") == 3 for st in statuses)  # the pipeline's runs did stack

@@ -553,6 +553,39 @@ def test_checkpoints_keep_the_newest_and_none_without_checkpoint_keep(tmp_path: 
     assert rounds == [1, 2, 3] and [r for r, _ in list_checkpoints(e.paths.checkpoint)] == [2, 1]
 
 
+def test_background_writes_are_flushed_before_each_checkpoint_and_the_end_and_closed_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hooks a background writer registers (the simulator's client-state store): flushed before every
+    checkpoint is written (a checkpoint must never point at states still in memory) and before ``done``; closed
+    once the run has ended, failed runs included."""
+    from fedent.rounds import resume
+
+    events: list[str] = []
+    real_save = resume.save
+
+    def save(run: RoundEngine, rnd: int, keep: int = 3) -> None:
+        events.append(f"checkpoint {rnd}")
+        real_save(run, rnd, keep)
+
+    monkeypatch.setattr(resume, "save", save)
+    e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    e.before_checkpoint.append(lambda: events.append("flush"))
+    e.after_run.append(lambda: events.append("close"))
+    e.status = lambda phase, *a, **k: events.append(phase)  # type: ignore[method-assign]
+    e.run()
+    assert events[-3:] == ["flush", "done", "close"]
+    assert [x for x in events if x.startswith(("flush", "checkpoint"))] == [
+        "flush", "checkpoint 0", "flush", "checkpoint 1", "flush"]
+
+    events.clear()
+    broken = engine(tmp_path / "b", rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    broken.before_checkpoint.append(lambda: (_ for _ in ()).throw(OSError("disk full")))
+    broken.after_run.append(lambda: events.append("close"))
+    with pytest.raises(OSError, match="disk full"):
+        broken.run()
+    assert events == ["close"]  # the write's error failed the run before its first checkpoint; closed anyway
+
+
 def test_a_privacy_budget_ends_the_run_early_and_evaluates_its_last_round(tmp_path: Path) -> None:
     """target_epsilon 4 (noise 3, 2 of 4 clients a round: ε 2.4, 3.5, 4.6 after 1, 2, 3 rounds): round 3 is not
     run, round 2 is evaluated although eval_every is 3, and status.json says done early, why, and at round 2."""
