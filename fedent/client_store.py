@@ -80,6 +80,7 @@ class ClientStateStore:
         self._remove_stale_temps()
         self._queue: queue.Queue[tuple[int, int, dict[str, Any]] | None] | None = None
         self._error: BaseException | None = None
+        self._error_at: tuple[int, int] | None = None  # (client, round) of the write that failed
         if background:
             self._queue = queue.Queue()
             threading.Thread(target=self._write_loop, name=f"client-state-writer-{self.directory.name}",
@@ -148,13 +149,14 @@ class ClientStateStore:
                 if self._error is None:  # after a failure nothing more is written: a later state must not
                     self._write(*item)  # land on disk without the one before it
             except BaseException as e:  # noqa: BLE001 - raised by the next save or flush, in the caller's thread
-                self._error = e
+                self._error, self._error_at = e, (item[0], item[1]) if item is not None else None
             finally:
                 q.task_done()
 
     def _raise_failed(self) -> None:
         if self._error is not None:
-            raise ClientStoreError(f"writing a client state under {self.directory} failed: "
+            which = f"client {self._error_at[0]}'s state of round {self._error_at[1]}" if self._error_at else "a state"
+            raise ClientStoreError(f"writing {which} under {self.directory} failed (in the background): "
                                    f"{type(self._error).__name__}: {self._error}") from self._error
 
     def superseded(self, cid: int, rnd: int) -> list[int]:

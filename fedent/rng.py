@@ -8,6 +8,7 @@ draw identical batches, which is what lets a cluster run reproduce a simulation 
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 import torch
@@ -17,6 +18,10 @@ PURPOSES = ("sample", "train", "probe", "oracle", "init", "partition", "eval", "
             "secagg-graph", "secagg-rounding",
             "upload",  # upload: fedent.compress's stochastic rounding
             "validation", "fedent-shuffle")  # the validation split (issue 29); FedEnt's shuffled-rates control
+
+# torch's process-wide generator: whoever seeds it or draws from it while other threads may (dropout's masks in a
+# stacked run that trains alone, a model's initialisation) holds this, so each thread's draws follow its own seed
+GLOBAL_RNG = threading.RLock()
 
 
 def derive_seed(seed: int, purpose: str, round_idx: int = 0, client: int = 0) -> int:

@@ -7,8 +7,11 @@ the SGD step is one foreach kernel, and the loss is summed on the device and rea
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from torch import Tensor, nn
 
 from fedent.params import Params, copy_into
 from fedent.privacy.dpsgd import DPSGD, PerSampleGrads, clip_and_noise
+from fedent.rng import GLOBAL_RNG
 
 # A hook that may modify the gradients in place before each SGD step: (params, grads) -> None.
 GradHook = Callable[[Sequence[Tensor], Sequence[Tensor]], None]
@@ -101,6 +105,17 @@ class LocalTrainer:
     ) -> TrainResult:
         """E epochs of minibatch SGD with a fixed rate on the client's samples ``indices`` (DP-SGD's clipped and
         noised gradient when ``use_dp`` set one; its noise drawn from ``generator`` after the batch plan)."""
+        with self._rng_turn():
+            return self._train(indices, lr, epochs, generator, grad_hook)
+
+    def _rng_turn(self) -> AbstractContextManager[Any]:
+        """A model with dropout draws its masks from torch's process-wide generator: runs in threads of one
+        process (stacked runs, fedent.rounds.stacking, that trained alone) take turns, so each client's draws
+        follow its own seed as in a run alone. A model without dropout draws nothing and never waits."""
+        return GLOBAL_RNG if self._stochastic else contextlib.nullcontext()
+
+    def _train(self, indices: Tensor, lr: float, epochs: int, generator: torch.Generator,
+               grad_hook: GradHook | None) -> TrainResult:
         model, params = self.model, self.params
         model.train()
         if self._stochastic:
@@ -130,8 +145,9 @@ class LocalTrainer:
         pick = torch.randperm(indices.numel(), generator=generator)[:bs]
         idx = indices[pick].to(self.device)
         self.model.train()
-        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
-        return [g.detach() for g in torch.autograd.grad(loss, self.params)]
+        with self._rng_turn():
+            loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+            return [g.detach() for g in torch.autograd.grad(loss, self.params)]
 
     @torch.no_grad()
     def evaluate(self, x: Tensor, y: Tensor, batch_size: int = 1000) -> tuple[float, float]:

@@ -339,9 +339,11 @@ class VectorisedTrainer:
         return dict(zip(self.names, out, strict=True)), loss
 
     def _sgd_step(self, st: StepState) -> None:
-        """One step for every client, in place: w ← w − η·active·(∇ + coef·w + linear); loss summed where active."""
+        """One step for every client, in place: w ← w − η·(∇ + coef·w + linear) where active, else w unchanged;
+        loss summed where active."""
         grads, loss = self._gradients(st)
         rate = st.lr * st.active
+        takes = st.active > 0
         for n in self.names:
             p, g = st.params[n], grads[n]
             shape = (p.shape[0],) + (1,) * (p.dim() - 1)
@@ -349,8 +351,10 @@ class VectorisedTrainer:
                 g = g + st.coef.view(shape) * p
             if st.linear is not None:
                 g = g + st.linear[n]
-            p.sub_(rate.view(shape) * g)
-        st.total.add_(loss.float() * st.active)
+            # a masked client's step is exactly none: its padded batch's gradient is never applied, even where it
+            # is not finite (0 · NaN is NaN); stacked runs pad every client to the longest client of any run
+            p.sub_(torch.where(takes.view(shape), rate.view(shape) * g, 0.0))
+        st.total.add_(torch.where(takes, loss.float(), 0.0))
 
     def _runner(self, key: StepKey, st: StepState) -> Callable[[], None]:
         """How to run one step on ``st``: a replayed CUDA graph on a GPU (the step is launch-bound: one graph

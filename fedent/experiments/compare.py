@@ -28,7 +28,7 @@ from fedent.experiments.tuning import Tuned
 from fedent.inputs import RunInputs, load_inputs
 from fedent.rounds.engine import RoundPolicy
 from fedent.rounds.rundir import RunFinished
-from fedent.rounds.stacking import StackSeat, side_by_side
+from fedent.rounds.stacking import StackSeat, can_stack, side_by_side
 from fedent.sim.simulator import SimulationError, run_simulation
 
 # Every run checkpoints each round, so an interrupted comparison started again on the same --out continues:
@@ -304,7 +304,8 @@ def run_comparison(
             cfg_a = dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=int(seed)),
                                         name=f"{cfg.name}-{algo}")
             jobs.append((cfg_a, out / "runs" / f"{algo}-s{seed}", f"run {len(jobs) + 1}/{total} {algo} s{seed}"))
-    batches = [jobs[lo:lo + stack] for lo in range(0, len(jobs), stack)]
+    k = stack if all(can_stack(cfg_a) for cfg_a, _, _ in jobs) else 1  # a sequential executor, dropout: alone
+    batches = [jobs[lo:lo + k] for lo in range(0, len(jobs), k)]
     if workers == 1:
         inputs_by_seed: dict[int, RunInputs] = {}
         for group in batches:

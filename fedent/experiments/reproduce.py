@@ -241,31 +241,24 @@ def execute_stacked(specs: Sequence[RunSpec], inputs_for: InputsFor | None = Non
 
 def stackable(spec: RunSpec) -> str | None:
     """The key of the runs ``spec`` may train in one step with (``fedent.rounds.stacking.stack_key``), or None
-    where its config does not parse (it runs alone and fails with its own error)."""
-    from fedent.rounds.stacking import stack_key
+    where it cannot stack (``can_stack``: a sequential executor, dropout) or its config does not parse (it runs
+    alone and fails with its own error)."""
+    from fedent.rounds.stacking import can_stack, stack_key
 
     try:
-        return stack_key(config_from_dict(spec.config))
+        cfg = config_from_dict(spec.config)
+        return stack_key(cfg) if can_stack(cfg) else None
     except (ConfigError, ValueError, KeyError, TypeError):
         return None
 
 
-def group_ready(ready: Sequence[RunSpec], stack: int) -> list[tuple[RunSpec, ...]]:
-    """``ready`` (runs whose prerequisites have ended) in plan order, cut into groups of at most ``stack`` runs of
-    one stack key; a run that cannot stack is a group of its own."""
-    groups: list[list[RunSpec]] = []
-    open_: dict[str, list[RunSpec]] = {}
-    for spec in ready:
-        key = stackable(spec) if stack > 1 else None
-        g = open_.get(key) if key is not None else None
-        if g is None or len(g) >= stack:
-            g = [spec]
-            groups.append(g)
-            if key is not None:
-                open_[key] = g
-        else:
-            g.append(spec)
-    return [tuple(g) for g in groups]
+def _open_group(groups: list[list[RunSpec]], spec: RunSpec, stack: int) -> list[RunSpec] | None:
+    """The group ``spec`` joins: the first with room whose runs share its stack key (``stackable``), or None (a
+    run that cannot stack, or no such group: it starts a group of its own)."""
+    key = stackable(spec) if stack > 1 else None
+    if key is None:
+        return None
+    return next((g for g in groups if len(g) < stack and stackable(g[0]) == key), None)
 
 
 def _execute_group_safely(specs: tuple[RunSpec, ...]) -> list[RunOutcome]:
@@ -347,24 +340,32 @@ def run_plan(plan: Plan, workers: int = 2, threads: int = 1, inputs_for: InputsF
             return [s for g in futures.values() for s in g]
 
         def release() -> Iterator[RunOutcome]:
-            ready: list[RunSpec] = []
+            # ready runs into groups of one stack key as they come (``_open_group``); with a budget, no more
+            # groups than free workers, so that every admitted run starts now
+            groups: list[list[RunSpec]] = []
+            free = workers - len(futures) if budget is not None else None
             for spec in list(waiting):
-                if budget is not None and len(ready) >= (workers - len(futures)) * stack:
-                    break
                 deps = [status.get(k) for k in spec.after]
                 if any(d in _BAD for d in deps):
                     waiting.remove(spec)
                     status[spec.key] = "failed"
                     yield RunOutcome(spec.key, "failed", 0.0, None, _unmet(spec))
                 elif all(d is not None for d in deps):
-                    why = budget.admit(spec, running() + ready) if budget is not None else None
+                    group = _open_group(groups, spec, stack)
+                    if group is None and free is not None and len(groups) >= free:
+                        continue  # no worker for a new group (a later run may still join an open one)
+                    why = budget.admit(spec, running() + [s for g in groups for s in g]) if budget is not None \
+                        else None
                     if why is not None:
                         refused[spec.key] = why
                         continue
                     waiting.remove(spec)
-                    ready.append(spec)
-            for group in group_ready(ready, stack):
-                futures[pool.submit(_execute_group_safely, group)] = group
+                    if group is None:
+                        groups.append([spec])
+                    else:
+                        group.append(spec)
+            for g in groups:
+                futures[pool.submit(_execute_group_safely, tuple(g))] = tuple(g)
         try:
             yield from release()
             while futures:

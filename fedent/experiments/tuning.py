@@ -329,7 +329,11 @@ class Tuner:
                 if k not in self._scores and keys.index(k) == i for j, seed in enumerate(self.seeds)]
 
     def _groups(self, todo: Sequence[tuple[int, int, Job]]) -> list[list[tuple[int, int, Job]]]:
-        return [list(todo[lo:lo + self.stack]) for lo in range(0, len(todo), self.stack)]
+        """``stack`` runs to a group where they can stack (``fedent.rounds.stacking.can_stack``), else one."""
+        from fedent.rounds.stacking import can_stack
+
+        k = self.stack if all(can_stack(cfg) for _, _, (cfg, _) in todo) else 1
+        return [list(todo[lo:lo + k]) for lo in range(0, len(todo), k)]
 
     def _score_stacked(self, algorithm: str, points: Sequence[Mapping[str, float]]) -> list[float | None]:
         """The batch's runs in this process, ``stack`` at a time side by side; each point scored once its seeds

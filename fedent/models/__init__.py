@@ -7,7 +7,6 @@ same (name, shape, seed) gives bit-identical initial weights everywhere. Every m
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
@@ -16,9 +15,7 @@ from torch import nn
 from fedent.models.cnn import Cifar10CNN, MnistCNN
 from fedent.models.lenet import LeNet5
 from fedent.models.vgg import VGG11
-from fedent.rng import derive_seed
-
-_INIT_LOCK = threading.Lock()
+from fedent.rng import GLOBAL_RNG, derive_seed
 
 MODELS: dict[str, Callable[[int, int, int, float], nn.Module]] = {
     "mnist-cnn": MnistCNN,
@@ -67,7 +64,7 @@ def build_model(
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model {name}: dropout must be in [0, 1), got {dropout}")
     # the seed is global to the process: runs stacked in threads (fedent.rounds.stacking) build one at a time
-    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+    with GLOBAL_RNG, torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "init"))
         model = factory(num_classes, in_channels, image_size, dropout)
     if not isinstance(model, nn.Module):

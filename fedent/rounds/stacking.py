@@ -27,11 +27,29 @@ from torch import Tensor
 
 from fedent.config import ExperimentConfig
 from fedent.params import Params
-from fedent.trainer import LocalTrainer, TrainResult
+from fedent.trainer import LocalTrainer, TrainResult, resolve_device
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
 Trained = list[tuple[Params, TrainResult]]
+OUT_OF_MEMORY: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 T = TypeVar("T")
+
+
+def can_stack(cfg: ExperimentConfig) -> bool:
+    """Whether a run of ``cfg`` can join a stack: the vectorised executor (named, or ``auto`` on a GPU) and a
+    model without dropout. Commands group only such runs; one that still cannot join (a plug-in model vmap cannot
+    train) trains alone beside the stack, its dropout draws taking turns (``fedent.rng.GLOBAL_RNG``)."""
+    tr = cfg.train
+    if cfg.model.dropout > 0:
+        return False
+    if tr.executor == "vectorised":
+        return True
+    if tr.executor != "auto":
+        return False
+    try:
+        return resolve_device(tr.device).type == "cuda"
+    except ValueError:
+        return False
 
 
 def stack_key(cfg: ExperimentConfig) -> str:
@@ -158,6 +176,10 @@ class TrainerStack:
             return "another model shape"
         if a.x.shape != b.x.shape or a.x.dtype != b.x.dtype or not torch.equal(a.x, b.x) or not torch.equal(a.y, b.y):
             return "other training data"
+        mine, theirs = vt.buffers, lead.buffers  # the merged step runs the leader's model with the leader's buffers
+        if set(mine) != set(theirs) or any(mine[k].shape != theirs[k].shape or not torch.equal(mine[k], theirs[k])
+                                           for k in mine):
+            return "other model buffers"
         return None
 
     def leave(self, seat: StackSeat) -> None:
@@ -200,12 +222,16 @@ class TrainerStack:
 
     def _run_group(self, group: list[_Call]) -> None:
         saved = [_gen_state(c) for c in group]
-        try:
-            answers = self._merged(group)
-        except Exception:  # noqa: BLE001 - redone alone below, so each run gets its own answer or error
-            for c, s in zip(group, saved, strict=True):
-                _rewind(c, s)
-            answers = None
+        answers: list[Any] | None = None
+        while answers is None:
+            try:
+                answers = self._merged(group)
+            except Exception as e:  # noqa: BLE001 - redone alone below, so each run gets its own answer or error
+                for c, s in zip(group, saved, strict=True):
+                    _rewind(c, s)
+                if isinstance(e, OUT_OF_MEMORY) and self._shrink(group):
+                    continue  # the same calls again, in smaller steps
+                break
         for i, c in enumerate(group):
             try:
                 c.result = answers[i] if answers is not None else self._merged([c])[0]
@@ -238,23 +264,41 @@ class TrainerStack:
             lo += len(c.items)
         return out
 
+    def _shrink(self, group: Sequence[_Call]) -> bool:
+        """After running out of device memory: half as many clients a step, the leader's step buffers and CUDA graphs
+        of the old sizes dropped (merged steps of several sizes each keep theirs); False when one client a step
+        already ran out."""
+        total = sum(len(c.items) for c in group)
+        cap = min(self.cap, total) if self.cap is not None else total
+        if cap <= 1:
+            return False
+        self.cap = cap // 2
+        lead = self.leader
+        assert lead is not None
+        lead._states.clear()
+        lead._runners.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"stacked runs: out of device memory at {cap} clients a step; now {self.cap}", file=sys.stderr)
+        return True
+
     def _cap(self, group: Sequence[_Call]) -> int:
-        """Clients per merged step: ``cap`` if set; on CUDA measured once (``fedent.rounds.vectorised``'s rule),
-        from the first training call's first client; otherwise every client at once."""
+        """Clients per merged step: ``cap`` if set, else set once by ``fedent.rounds.vectorised``'s rules: on CUDA
+        measured from the first call's first client; on the CPU what a share of the available memory holds (and
+        local DP's per-sample bound)."""
         if self.cap is not None:
             return max(1, self.cap)
         lead = self.leader
         assert lead is not None
-        total = sum(len(c.items) for c in group)
-        if lead.trainer.device.type != "cuda" and lead.trainer.dp is None:
-            return max(1, total)
-        from fedent.rounds.vectorised import chunk_capacity
+        from fedent.rounds.vectorised import chunk_capacity, cpu_memory_capacity
 
         first = group[0].items[0]
         point = group[0].point if group[0].point is not None else \
             (first.start if isinstance(first, ClientRun) else first.point)
         assert point is not None
         self.cap = chunk_capacity(lead, first.indices, point, limit=None)
+        if lead.trainer.device.type != "cuda":
+            self.cap = min(self.cap, cpu_memory_capacity(point))
         return self.cap
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import tiny_inputs
@@ -392,3 +393,47 @@ def test_stacked_runs_of_a_plan_give_the_runs_it_gives_one_by_one(tmp_path: Path
         assert [r["train_loss"] for r in logs[3][key]] == pytest.approx([r["train_loss"] for r in recs], rel=1e-5)
     with pytest.raises(ConfigError, match="--stack"):
         list(run_plan(plan, workers=1, stack=0))
+
+
+def test_with_a_budget_a_pool_starts_no_more_groups_than_free_workers(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """workers 2, --stack 2, four ready runs of four settings (four groups of one): only two tasks start at once
+    (an admitted run starts now, the budget's estimate counts on it); two runs of one setting share a task."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import fedent.experiments.reproduce as rp
+    from fedent.experiments.plan import Plan, RunSpec
+
+    lock, live, peak, tasks = threading.Lock(), [0], [0], []
+
+    def group_task(group: tuple[RunSpec, ...]) -> list[rp.RunOutcome]:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            tasks.append([s.key for s in group])
+        time.sleep(0.2)
+        with lock:
+            live[0] -= 1
+        return [rp.RunOutcome(s.key, "done", 0.2, 0.5) for s in group]
+
+    class Admit:
+        def admit(self, spec: RunSpec, running: Any = ()) -> str | None:
+            return None
+
+        def finished(self, spec: RunSpec, status: str) -> None:
+            pass
+
+        def time_left(self) -> float:
+            return 100.0
+
+    monkeypatch.setattr(rp, "process_pool", lambda w, t, g: ThreadPoolExecutor(w))
+    monkeypatch.setattr(rp, "_execute_group_safely", group_task)
+    monkeypatch.setattr(rp, "stackable", lambda s: s.setting)
+    settings = ["a", "b", "c", "d", "a"]
+    specs = tuple(RunSpec(st, f"row{i}", 0, {"train": {"rounds": 1}}, tmp_path / f"r{i}")
+                  for i, st in enumerate(settings))
+    outs = list(rp.run_plan(Plan(None, (0,), (), specs), workers=2, budget=Admit(), stack=2))  # type: ignore[arg-type]
+    assert sorted(o.key for o in outs) == sorted(s.key for s in specs) and {o.status for o in outs} == {"done"}
+    assert peak[0] == 2
+    assert tasks[0] == ["a/row0-s0", "a/row4-s0"]  # the later run of setting a joined the first group

@@ -231,3 +231,125 @@ def test_stack_key_ignores_rates_algorithms_and_seeds_but_not_the_training_form(
     assert stack_key(config("fedent", "vectorised", "cpu", seed=4, lr=0.3, rounds=9)) == base  # type: ignore[arg-type]
     for change in ({"batch_size": 4}, {"local_epochs": 3}, {"conv": "looped"}, {"precision": "tf32"}):
         assert stack_key(config("fedavg", "vectorised", "cpu", **change)) != base  # type: ignore[arg-type]
+
+
+def test_a_model_with_other_buffers_trains_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The merged step runs the leader's model with the leader's buffers: a run whose model holds other buffer
+    values (a plug-in's fixed scale) would silently train with the leader's, so it trains alone."""
+    data = uneven_inputs().data
+
+    def scaled(scale: float) -> VectorisedTrainer:
+        m = seeded_conv_model()
+        m.register_buffer("scale", torch.tensor(scale))
+        return VectorisedTrainer(LocalTrainer(m, data.x_train, data.y_train, 8, torch.device("cpu")))
+
+    a, b, c = TrainerStack(3).seats()
+    assert isinstance(a.join(scaled(1.0), "k"), StackMember)
+    assert not isinstance(b.join(scaled(2.0), "k"), StackMember)
+    assert isinstance(c.join(scaled(1.0), "k"), StackMember)
+    assert "other model buffers" in capsys.readouterr().err
+
+
+def test_a_masked_step_leaves_the_client_exactly_as_it_was_even_on_a_non_finite_padding_batch() -> None:
+    """A client with fewer steps than the longest of the step (more so when runs are stacked) takes masked steps
+    on a padding batch (sample 0). Where that batch's gradient is not finite (here sample 0 is inf), the masked
+    steps must still change nothing: the client ends as it does trained alone."""
+    inputs = uneven_inputs()
+    x = inputs.data.x_train.clone()
+    x[0] = float("inf")
+    tr = trainer("cpu", x=x)
+    w0 = [p.detach().clone() for p in tr.params]
+    pool = [i for i in range(1, int(x.shape[0]))]
+    short, long = torch.tensor(pool[:16]), torch.tensor(pool[16:48])  # 2 and 4 full batches of 8: no padding inside
+    runs = [ClientRun(short, torch.Generator().manual_seed(1), 0.1), ClientRun(long, torch.Generator().manual_seed(2),
+                                                                               0.1)]
+    got = VectorisedTrainer(tr).train(w0, runs, 1)
+    tr.load(w0)
+    alone = tr.train(short, 0.1, 1, torch.Generator().manual_seed(1))
+    assert got[0][1].steps == alone.steps == 2 and got[1][1].steps == 4
+    assert all(bool(torch.isfinite(p).all()) for p in got[0][0])
+    assert max_diff(got[0][0], list(tr.params)) <= TOL and got[0][1].loss == pytest.approx(alone.loss, rel=1e-5)
+
+
+def test_running_out_of_device_memory_halves_the_merged_step_and_keeps_every_answer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A merged step that runs out of memory (simulated: the leader's step refuses more than 2 clients) is
+    redone, from rewound generators, in steps of half as many clients until it fits; every run gets its alone
+    result, and the stack keeps the smaller size."""
+    from fedent.rounds.stacking import OUT_OF_MEMORY
+
+    trainers = [trainer("cpu", seed=s) for s in (3, 4)]
+    starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
+    cids, rates = ([0, 1, 2], [3, 4]), ([0.01, 0.2, 0.05], [0.1, 0.3])
+    alone = [VectorisedTrainer(tr).train(starts[k], runs_of(tr, cids[k], rates[k], k), 1)
+             for k, tr in enumerate(trainers)]
+    stack = TrainerStack(2)
+    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats(), trainers, strict=True)]
+    lead = stack.leader
+    assert lead is not None
+    real = lead.train
+    sizes: list[int] = []
+
+    def small_memory(start: Any, runs: Sequence[ClientRun], epochs: int) -> Any:
+        sizes.append(len(runs))
+        if len(runs) > 2:
+            raise OUT_OF_MEMORY("CUDA out of memory (simulated)")
+        return real(start, runs, epochs)
+
+    lead.train = small_memory  # type: ignore[method-assign]
+    got = in_threads([lambda k=k: members[k].train(starts[k], runs_of(trainers[k], cids[k], rates[k], k), 1)
+                      for k in range(2)])
+    assert sizes[:2] == [5, 2] and stack.cap == 2 and stack.merged_calls == 2
+    for g, a in zip(got, alone, strict=True):
+        for (gp, gr), (ap, ar) in zip(g, a, strict=True):
+            assert gr.loss == pytest.approx(ar.loss, rel=1e-6) and max_diff(gp, ap) <= TOL
+    assert "out of device memory at 5 clients a step; now 2" in capsys.readouterr().err
+
+
+def test_runs_that_train_alone_beside_each_other_keep_their_dropout_draws(tmp_path: Path) -> None:
+    """Runs in threads that cannot stack (a dropout model on the sequential host) train at the same time; their
+    dropout masks come from torch's process-wide generator, which each takes in turn (fedent.rng.GLOBAL_RNG), so
+    each ends with the model it gets alone (without the turns: 0.05 and 0.07 apart)."""
+    from fedent.rounds.stacking import side_by_side
+
+    def dropout_model(seed: int) -> nn.Module:
+        g = torch.Generator().manual_seed(seed)
+        m = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dropout(0.3), nn.Linear(48, 4))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        return m
+
+    def one(k: int, tag: str, seat: Any = None) -> Any:
+        inputs = dataclasses.replace(uneven_inputs(8), make_model=lambda s=k: dropout_model(s))
+        return run_simulation(config("fedavg", "auto", "cpu", seed=k), tmp_path / f"{tag}-{k}",  # type: ignore[arg-type]
+                              inputs=inputs, progress=False, plots=False, seat=seat)
+
+    alone = [one(k, "alone") for k in (0, 1)]
+    got = side_by_side([lambda seat, k=k: one(k, "side", seat) for k in (0, 1)])
+    for g, a in zip(got, alone, strict=True):
+        assert not isinstance(g, BaseException), g
+        assert max_diff(g.params, a.params) == 0.0
+
+
+def test_on_the_cpu_a_merged_step_holds_what_a_share_of_the_memory_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight stacked runs of 100 MNIST-CNN clients in one CPU step went past 24 GB: the stack cuts its merged steps
+    to ``cpu_memory_capacity`` clients (here made 2), with the same answers."""
+    import fedent.rounds.vectorised as vec
+
+    monkeypatch.setattr(vec, "cpu_memory_capacity", lambda start: 2)
+    trainers = [trainer("cpu", seed=s) for s in (3, 4)]
+    starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
+    cids, rates = ([0, 1, 2], [3, 4]), ([0.01, 0.2, 0.05], [0.1, 0.3])
+    alone = [VectorisedTrainer(tr).train(starts[k], runs_of(tr, cids[k], rates[k], k), 1)
+             for k, tr in enumerate(trainers)]
+    stack = TrainerStack(2)
+    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats(), trainers, strict=True)]
+    got = in_threads([lambda k=k: members[k].train(starts[k], runs_of(trainers[k], cids[k], rates[k], k), 1)
+                      for k in range(2)])
+    assert stack.cap == 2 and stack.steps == 3 and stack.merged_calls == 2  # 5 clients in steps of 2, 2, 1
+    for g, a in zip(got, alone, strict=True):
+        for (gp, _), (ap, _) in zip(g, a, strict=True):
+            assert max_diff(gp, ap) <= TOL
+    real = vec.CPU_MEMORY_SHARE * 8 * 2**30 // (vec.CPU_BYTES_PER_PARAM * 1_663_370)
+    assert 20 <= real <= 60  # the rule on an 8 GB machine: tens of MNIST-CNN clients a step, not hundreds
