@@ -65,6 +65,20 @@ def in_threads(jobs: Sequence[Callable[[], Any]], timeout: float = 120.0) -> lis
     return out
 
 
+def two_stacked_runs() -> tuple[TrainerStack, list[Any], Callable[[], list[Any]]]:
+    """Two runs (3 and 2 clients, their own models and rates) joined to a new stack: the stack, each run's
+    one-epoch result alone, and a function that trains both through the stack in threads."""
+    trainers = [trainer("cpu", seed=s) for s in (3, 4)]
+    starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
+    cids, rates = ([0, 1, 2], [3, 4]), ([0.01, 0.2, 0.05], [0.1, 0.3])
+    alone = [VectorisedTrainer(tr).train(starts[k], runs_of(tr, cids[k], rates[k], k), 1)
+             for k, tr in enumerate(trainers)]
+    stack = TrainerStack(2)
+    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats(), trainers, strict=True)]
+    return stack, alone, lambda: in_threads([lambda k=k: members[k].train(starts[k], runs_of(
+        trainers[k], cids[k], rates[k], k), 1) for k in range(2)])
+
+
 @pytest.mark.parametrize("dp", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
 def test_stacked_training_gives_each_run_what_it_gets_alone(device: str, dp: bool) -> None:
@@ -278,13 +292,7 @@ def test_running_out_of_device_memory_halves_the_merged_step_and_keeps_every_ans
     result, and the stack keeps the smaller size."""
     from fedent.rounds.stacking import OUT_OF_MEMORY
 
-    trainers = [trainer("cpu", seed=s) for s in (3, 4)]
-    starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
-    cids, rates = ([0, 1, 2], [3, 4]), ([0.01, 0.2, 0.05], [0.1, 0.3])
-    alone = [VectorisedTrainer(tr).train(starts[k], runs_of(tr, cids[k], rates[k], k), 1)
-             for k, tr in enumerate(trainers)]
-    stack = TrainerStack(2)
-    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats(), trainers, strict=True)]
+    stack, alone, train_both = two_stacked_runs()
     lead = stack.leader
     assert lead is not None
     real = lead.train
@@ -297,8 +305,7 @@ def test_running_out_of_device_memory_halves_the_merged_step_and_keeps_every_ans
         return real(start, runs, epochs)
 
     lead.train = small_memory  # type: ignore[method-assign]
-    got = in_threads([lambda k=k: members[k].train(starts[k], runs_of(trainers[k], cids[k], rates[k], k), 1)
-                      for k in range(2)])
+    got = train_both()
     assert sizes[:2] == [5, 2] and stack.cap == 2 and stack.merged_calls == 2
     for g, a in zip(got, alone, strict=True):
         for (gp, gr), (ap, ar) in zip(g, a, strict=True):
@@ -338,15 +345,8 @@ def test_on_the_cpu_a_merged_step_holds_what_a_share_of_the_memory_holds(monkeyp
     import fedent.rounds.vectorised as vec
 
     monkeypatch.setattr(vec, "cpu_memory_capacity", lambda start: 2)
-    trainers = [trainer("cpu", seed=s) for s in (3, 4)]
-    starts = [[p.detach().clone() for p in tr.params] for tr in trainers]
-    cids, rates = ([0, 1, 2], [3, 4]), ([0.01, 0.2, 0.05], [0.1, 0.3])
-    alone = [VectorisedTrainer(tr).train(starts[k], runs_of(tr, cids[k], rates[k], k), 1)
-             for k, tr in enumerate(trainers)]
-    stack = TrainerStack(2)
-    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats(), trainers, strict=True)]
-    got = in_threads([lambda k=k: members[k].train(starts[k], runs_of(trainers[k], cids[k], rates[k], k), 1)
-                      for k in range(2)])
+    stack, alone, train_both = two_stacked_runs()
+    got = train_both()
     assert stack.cap == 2 and stack.steps == 3 and stack.merged_calls == 2  # 5 clients in steps of 2, 2, 1
     for g, a in zip(got, alone, strict=True):
         for (gp, _), (ap, _) in zip(g, a, strict=True):
