@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fedent.config import ExperimentConfig
 from fedent.params import Params
+from fedent.signals import Stopped
 from fedent.trainer import LocalTrainer, TrainResult, resolve_device
 from fedent.vectorised_trainer import ClientRun, GradientRequest, VectorisedTrainer
 
@@ -135,6 +136,7 @@ class TrainerStack:
     _seats: list[StackSeat] = field(default_factory=list)
     _waiting: dict[int, _Call] = field(default_factory=dict)
     _live: int = 0
+    _stopped: BaseException | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -191,9 +193,21 @@ class TrainerStack:
             if self._waiting and len(self._waiting) >= self._live:
                 self._flush()
 
+    def stop(self, why: BaseException) -> None:
+        """The command was stopped (SIGTERM, SIGINT): every call waiting now, and every later one, raises a
+        ``KeyboardInterrupt`` like ``why`` in its run's thread, so each engine ends ``stopped`` (resumable)."""
+        with self._cond:
+            self._stopped = why
+            for c in self._waiting.values():
+                c.error, c.done = _stop_like(why), True
+            self._waiting = {}
+            self._cond.notify_all()
+
     def call(self, seat: StackSeat, call: _Call) -> Any:
         """Hand ``call`` to the stack and wait for its answer (the last run to arrive runs every waiting call)."""
         with self._cond:
+            if self._stopped is not None:
+                raise _stop_like(self._stopped)
             if seat.left or not seat.joined:
                 raise RuntimeError(f"run {seat.index} is not in the stack")
             self._waiting[seat.index] = call
@@ -311,10 +325,18 @@ def _rewind(call: _Call, states: Sequence[Tensor]) -> None:
         item.generator.set_state(s)
 
 
+STOP_WAIT_S = 60.0  # how long a stopped command waits for its stacked runs to write ``stopped``
+
+
+def _stop_like(why: BaseException) -> KeyboardInterrupt:
+    return Stopped(why.signame) if isinstance(why, Stopped) else KeyboardInterrupt()
+
+
 def side_by_side(jobs: Sequence[Callable[[StackSeat], T]], name: str = "stacked") -> list[T | BaseException]:
     """Each job in its own thread with its seat of one ``TrainerStack`` (the seat is left when the job ends, however
-    it ends); each job's result or the exception it raised, in order. Daemon threads: a stopped command ends its
-    process (each run resumes from its last checkpoint)."""
+    it ends); each job's result or the exception it raised, in order. Stopped (SIGTERM, SIGINT in this thread),
+    it stops the stack, so each run ends ``stopped`` at its next stacked call, waits up to ``STOP_WAIT_S`` for them
+    and raises; the runs resume from their last checkpoints."""
     stack = TrainerStack(len(jobs))
     out: list[T | BaseException | None] = [None] * len(jobs)
 
@@ -330,6 +352,12 @@ def side_by_side(jobs: Sequence[Callable[[StackSeat], T]], name: str = "stacked"
                for i, seat in enumerate(stack.seats())]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt as e:  # the command was stopped: the runs stop at their next stacked call
+        stack.stop(e)
+        for t in threads:
+            t.join(STOP_WAIT_S)
+        raise
     return [o if o is not None else RuntimeError("the run's thread ended without a result") for o in out]

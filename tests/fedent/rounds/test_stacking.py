@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -353,3 +354,35 @@ def test_on_the_cpu_a_merged_step_holds_what_a_share_of_the_memory_holds(monkeyp
             assert max_diff(gp, ap) <= TOL
     real = vec.CPU_MEMORY_SHARE * 8 * 2**30 // (vec.CPU_BYTES_PER_PARAM * 1_663_370)
     assert 20 <= real <= 60  # the rule on an 8 GB machine: tens of MNIST-CNN clients a step, not hundreds
+
+
+def test_a_stopped_stack_stops_every_run_at_its_next_call() -> None:
+    """SIGTERM in the command's thread (``side_by_side``): the stack raises ``Stopped`` with the signal in every
+    run's thread, in the call it waits in and in any later one, so each engine ends ``stopped``."""
+    from fedent.signals import Stopped
+
+    trs = [trainer("cpu", seed=s) for s in (3, 4)]
+    w = [[p.detach().clone() for p in tr.params] for tr in trs]
+    stack = TrainerStack(3)  # a third run never comes: the two calls wait
+    members = [seat.join(VectorisedTrainer(tr), "same") for seat, tr in zip(stack.seats()[:2], trs, strict=True)]
+    got: list[Any] = []
+
+    def call(k: int) -> None:
+        try:
+            members[k].train(w[k], runs_of(trs[k], [0], [0.1], k), 1)
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            got.append(e)
+
+    threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(stack._waiting) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stack.stop(Stopped("SIGTERM"))
+    for t in threads:
+        t.join(30)
+    assert [type(e).__name__ for e in got] == ["Stopped", "Stopped"]
+    assert {e.signame for e in got} == {"SIGTERM"}
+    with pytest.raises(Stopped):
+        members[0].train(w[0], runs_of(trs[0], [0], [0.1], 0), 1)
