@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -339,6 +340,7 @@ def side_by_side(jobs: Sequence[Callable[[StackSeat], T]], name: str = "stacked"
     and raises; the runs resume from their last checkpoints."""
     stack = TrainerStack(len(jobs))
     out: list[T | BaseException | None] = [None] * len(jobs)
+    ended = [threading.Event() for _ in jobs]
 
     def one(i: int, seat: StackSeat) -> None:
         try:
@@ -347,17 +349,21 @@ def side_by_side(jobs: Sequence[Callable[[StackSeat], T]], name: str = "stacked"
             out[i] = e
         finally:
             seat.leave()
+            ended[i].set()
 
     threads = [threading.Thread(target=one, args=(i, seat), name=f"{name}-{i}", daemon=True)
                for i, seat in enumerate(stack.seats())]
     for t in threads:
         t.start()
+    # waited on through Events, not Thread.join: a join interrupted by a signal can mark a thread that is still
+    # running as ended (seen: the command exited while a stacked run was still evaluating)
     try:
-        for t in threads:
-            t.join()
+        for ev in ended:
+            ev.wait()
     except KeyboardInterrupt as e:  # the command was stopped: the runs stop at their next stacked call
         stack.stop(e)
-        for t in threads:
-            t.join(STOP_WAIT_S)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for ev in ended:
+            ev.wait(max(0.0, deadline - time.monotonic()))
         raise
     return [o if o is not None else RuntimeError("the run's thread ended without a result") for o in out]
