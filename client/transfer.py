@@ -33,8 +33,9 @@ from fedentrpc.v1 import aggregator_pb2_grpc as pb_grpc
 log = logging.getLogger("fedent.worker")
 
 # a stream ending with one of these was cut (or cancelled by the stall watch), not refused: resume it
+# (ABORTED: the aggregator saw the stream end before its last chunk and kept what arrived)
 CUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                 grpc.StatusCode.INTERNAL})
+                 grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED})
 # the server refused the stream for now (its stream threads or this worker's stream limit are taken,
 # fedentrpc.stream_limit): nothing was sent; wait (full-jitter backoff) and try again
 BUSY = frozenset({grpc.StatusCode.RESOURCE_EXHAUSTED})

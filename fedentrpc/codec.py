@@ -75,6 +75,12 @@ class WireError(ValueError):
         self.why = why if why is not None else message
 
 
+class TruncatedStream(WireError):
+    """A stream that ended before its header's last chunk: cut short, not corrupt (every chunk it holds was
+    verified). A sender's cancelled stream can end so on the receiver instead of breaking, so a receiver that
+    keeps chunks to resume tells the two apart."""
+
+
 # ---- transfer settings ---------------------------------------------------------------------------------
 
 
@@ -377,7 +383,7 @@ class TensorAssembler:
         if h is None:
             raise WireError("empty tensor stream")
         if self._count != h.num_chunks:
-            raise WireError(f"tensor stream truncated: {self._count} of {h.num_chunks} chunks, "
+            raise TruncatedStream(f"tensor stream truncated: {self._count} of {h.num_chunks} chunks, "
                             f"{self._received} of {h.wire_bytes} bytes")
         if self._received != h.wire_bytes:
             # every chunk came but they carried too few bytes: the rest of the buffer (recycled from an earlier

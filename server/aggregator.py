@@ -43,6 +43,7 @@ CODES = {
     "precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "cut": grpc.StatusCode.ABORTED,  # an upload stream that ended early: its chunks are kept, resume it
 }
 T = TypeVar("T")
 
@@ -56,6 +57,12 @@ def _guard(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     except (codec.WireError, StrategyError) as e:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     raise AssertionError("unreachable")
+
+
+def _kept(book: uploads.UploadBook, up: uploads.Upload, h: pb.UpdateHeader, how: str) -> None:
+    state = book.state(up.key)
+    log.info("upload of client %d (worker %s, round %d) %s after %d chunks (%d bytes); kept to resume", h.cid,
+             h.worker_id, h.round, how, state.next_chunk, state.received_bytes)
 
 
 def task_to_item(task: Task) -> pb.WorkResponse:
@@ -149,13 +156,16 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
                 for part in it:
                     up.add(mappers.update_chunk(part))
                 bundle, wire_bytes = up.finish()
+            except codec.TruncatedStream as e:
+                # ended before its last chunk: a stream the worker cancelled (its stall watch) can end so when the
+                # cancel races the handler's read, instead of breaking; what arrived was verified: keep it
+                _kept(remote.uploads, up, h, "ended early")
+                raise ClusterError("cut", f"{e}: the chunks received are kept, resume the upload") from e
             except codec.WireError:
                 up.discard()
                 raise
             except grpc.RpcError:  # the stream broke: its chunks are kept for a resumed upload
-                state = remote.uploads.state(up.key)
-                log.info("upload of client %d (worker %s, round %d) cut after %d chunks (%d bytes); kept to resume",
-                         h.cid, h.worker_id, h.round, state.next_chunk, state.received_bytes)
+                _kept(remote.uploads, up, h, "cut")
                 return
             dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
             remote.submit_update(h.worker_id, h.task_id, h.round, dec.update, wire_bytes, caller_identity(context))

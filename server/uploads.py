@@ -2,7 +2,8 @@
 
 Why: on a real link an upload cut at 90% used to start again from zero, and over a 10 Mbit/s link a model
 is seconds of bytes. A ``SubmitUpdate`` stream's verified chunks are kept here, keyed by (worker, task,
-round, client), when its stream breaks; ``QueryUpload`` says how many are held; a new stream whose header
+round, client), when its stream breaks or ends before its last chunk (a cancelled stream can end so on
+the server instead of breaking); ``QueryUpload`` says how many are held; a new stream whose header
 says ``resume_from_chunk = k`` (k ≤ held) continues the same assembler. Chunks the aggregator holds already
 are dropped unread (a resumed stream may repeat some), so no byte is counted twice, and a key whose upload
 was received whole is ``complete``: it is never taken again (no update is counted twice).
@@ -69,12 +70,14 @@ class Upload:
 
     def finish(self) -> tuple[Bundle, int]:
         """The decoded tensors and the upload's payload bytes; the key is complete once ``accepted`` says so
-        (an upload refused after it arrived, e.g. a caller that does not own the client, blocks nothing)."""
+        (an upload refused after it arrived, e.g. a caller that does not own the client, blocks nothing).
+        A stream that ended before its last chunk raises ``codec.TruncatedStream`` and keeps its chunks held."""
         with self.book.lock, self._p.lock:
             if self._p.owner is not self._token:
                 raise ClusterError("conflict", "this upload stream was superseded by a resumed one")
+            bundle = self._p.asm.finish()  # a stream cut short raises TruncatedStream here, and stays held
             self.book.partials.pop(self.key, None)
-            return self._p.asm.finish(), self._p.asm.wire_bytes
+            return bundle, self._p.asm.wire_bytes
 
     def accepted(self) -> None:
         """The update was taken: the key is complete from here on (never taken again)."""

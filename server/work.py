@@ -19,7 +19,7 @@ from fedentrpc import codec
 
 class ClusterError(Exception):
     """A rejected request; ``code``: invalid, conflict, unauthenticated, permission, precondition, not_found,
-    exhausted."""
+    exhausted, cut."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)

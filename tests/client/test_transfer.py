@@ -31,9 +31,10 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
     """Breaks the first upload stream after ``cut_after`` chunks (``stall``: stops reading instead), and the
     first download after two chunks."""
 
-    def __init__(self, cut_after: int = 3, stall: bool = False, refuse: bool = False) -> None:
+    def __init__(self, cut_after: int = 3, stall: bool = False, refuse: bool = False,
+                 cut_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         self.book = UploadBook()
-        self.cut_after, self.stall, self.refuse = cut_after, stall, refuse
+        self.cut_after, self.stall, self.refuse, self.cut_code = cut_after, stall, refuse, cut_code
         self.streams = 0
         self.got: codec.Bundle | None = None
         self.fetches: list[int] = []
@@ -54,7 +55,7 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
                         while context.is_active():
                             time.sleep(0.02)
                         return pb.SubmitUpdateResponse()
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+                    context.abort(self.cut_code, "link down")
                 up.add(mappers.update_chunk(part))
             self.got, _ = up.finish()
         except grpc.RpcError:
@@ -92,9 +93,10 @@ def _update() -> ClientUpdate:
     return ClientUpdate(cid=1, params=PARAMS, num_samples=5, train_loss=0.5)
 
 
-@pytest.mark.parametrize("stall", [False, True])
-def test_a_cut_upload_resumes_at_the_held_chunk(stall: bool) -> None:
-    agg = _Flaky(stall=stall)
+@pytest.mark.parametrize(("stall", "code"), [(False, grpc.StatusCode.UNAVAILABLE), (True, None),
+                                             (False, grpc.StatusCode.ABORTED)])  # ABORTED: ended early, kept
+def test_a_cut_upload_resumes_at_the_held_chunk(stall: bool, code: grpc.StatusCode | None) -> None:
+    agg = _Flaky(stall=stall, cut_code=code or grpc.StatusCode.UNAVAILABLE)
     with _serving(agg) as stub:
         sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=0.5, timeout_s=20)
     assert sent.resumed == [(3, 3000)]

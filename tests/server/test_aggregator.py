@@ -182,6 +182,34 @@ def test_bad_updates_get_clear_errors_and_are_excluded(start: Any) -> None:
     assert all(torch.equal(a, b) for a, b in zip(final, w, strict=True))
 
 
+def test_an_upload_stream_that_ends_early_is_kept_and_the_resumed_upload_completes_it(start: Any) -> None:
+    # a stream the worker's stall watch cancels can end on the aggregator like one closed early, without an
+    # error: its verified chunks must be kept for the resumption, not discarded as corrupt
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs)
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    spec, meta = codec.TransferSpec(chunk_bytes=16), mappers.UpdateMeta(fake.wid, fit.task_id, fit.round)
+    ups = {c: [p + c for p in w] for c in range(4)}
+    parts = list(mappers.update_to_parts(ClientUpdate(0, ups[0], 12, 0.1), meta, spec))
+    assert len(parts) > 5
+    with pytest.raises(grpc.RpcError) as e:
+        fake.stub.SubmitUpdate(iter(parts[:4]))  # the header and 3 chunks, then the stream ends
+    assert e.value.code() == grpc.StatusCode.ABORTED and "kept" in e.value.details()
+    query = pb.QueryUploadRequest(worker_id=fake.wid, task_id=fit.task_id, round=fit.round, cid=0)
+    state = fake.stub.QueryUpload(query)
+    assert (state.state, state.next_chunk, state.received_bytes) == (pb.UPLOAD_STATE_PARTIAL, 3, 48)
+    fake.stub.SubmitUpdate(mappers.update_to_parts(ClientUpdate(0, ups[0], 12, 0.1), meta, spec, resume_from=3))
+    assert fake.stub.QueryUpload(query).state == pb.UPLOAD_STATE_COMPLETE
+    for c in (1, 2, 3):
+        fake.upload(fit, c, ups[c])
+    assert h.wait(20) and h.run.error is None
+    final = load_model_file(h.run_dir / "model_final.pt").params
+    expect = weighted_sum([ups[c] for c in range(4)], [0.25] * 4)
+    assert all(torch.allclose(a, b) for a, b in zip(final, expect, strict=True))
+
+
 def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)

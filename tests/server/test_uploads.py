@@ -96,3 +96,20 @@ def test_a_corrupt_stream_is_discarded() -> None:
         up.add(bad)
     up.discard()
     assert book.state(up.key).state == pb.UPLOAD_STATE_NONE
+
+
+def test_a_stream_that_ends_before_its_last_chunk_keeps_its_chunks() -> None:
+    book = UploadBook()
+    up = book.begin(_header(), 1 << 20)
+    for c in _chunks()[:5]:
+        up.add(_msg(c))
+    with pytest.raises(codec.TruncatedStream, match="5 of 8 chunks"):
+        up.finish()
+    state = book.state(up.key)
+    assert (state.state, state.next_chunk, state.received_bytes) == (pb.UPLOAD_STATE_PARTIAL, 5, 5000)
+    again = book.begin(_header(resume=5), 1 << 20)
+    for c in _chunks(start=5):
+        again.add(_msg(c))
+    bundle, wire = again.finish()
+    assert wire == 8000 and torch.equal(bundle["params"][0], BUNDLE["params"][0])
+    assert book.state(up.key).state == pb.UPLOAD_STATE_NONE  # taken: nothing held any more
