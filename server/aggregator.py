@@ -143,8 +143,9 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         def go() -> None:
             it = iter(request_iterator)
             h = mappers.update_header(next(it, None))
-            if h.resume_from_chunk:  # taking over kept chunks: the owner only (a new upload is checked at its end)
-                self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
+            # the owner only, before the stream touches the book: a new stream supersedes the one in progress and
+            # replaces its kept chunks, so a forged one would cut the owner's upload (checked again at its end)
+            self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
             # bounded by the decoder: the header's sizes against the model-sized limit before anything is
             # allocated, then every chunk against the header; a cut stream's verified chunks stay in the book
             up = remote.uploads.begin(h, remote.max_update_bytes())

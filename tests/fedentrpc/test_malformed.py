@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import tiny_config, tiny_inputs
+from conftest import FakeWorker, tiny_config, tiny_inputs
 
 from estimator.service import EstimatorHandle, create_estimator_service
 from estimator.settings import EstimatorSettings
@@ -84,14 +84,17 @@ def _assert_one_line(caplog: pytest.LogCaptureFixture, message: str) -> None:
 
 def test_garbage_to_the_aggregator_is_invalid_argument_with_one_line(start: Any,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
-    h = start(tiny_config(), tiny_inputs())
+    inputs = tiny_inputs()
+    h = start(tiny_config(), inputs)
+    # a registered worker hosting client 0 only: its upload stream is read (the run still waits for the rest)
+    wid = FakeWorker(h.port, [0], str(inputs.partition_info["md5"])).wid
     with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch, caplog.at_level(logging.INFO):
         _assert_rejected(_raw_unary(ch, AGG + "Heartbeat", GARBAGE), "HeartbeatRequest")
         _assert_one_line(caplog, "HeartbeatRequest")
         # client-streaming: garbage as the first message, and after a parseable one
         _assert_rejected(_raw_stream_unary(ch, AGG + "SubmitUpdate", [GARBAGE]), "SubmitUpdateRequest")
         _assert_one_line(caplog, "SubmitUpdateRequest")
-        first = pb.SubmitUpdateRequest(header=pb.UpdateHeader(worker_id="w", num_samples=1)).SerializeToString()
+        first = pb.SubmitUpdateRequest(header=pb.UpdateHeader(worker_id=wid, num_samples=1)).SerializeToString()
         _assert_rejected(_raw_stream_unary(ch, AGG + "SubmitUpdate", [first, GARBAGE, GARBAGE]),
                          "SubmitUpdateRequest")
         _assert_one_line(caplog, "SubmitUpdateRequest")

@@ -585,6 +585,46 @@ def test_calls_for_another_workers_registration_are_denied_and_change_nothing(
     assert h.run.error is None, h.run.error
 
 
+def test_a_forged_upload_stream_cannot_take_over_or_drop_the_owners_kept_chunks(pki: CertBundle, start: Any) -> None:
+    """Worker-1 (its own valid token) opening an upload stream for worker-0's client while worker-0's cut
+    upload is held: PERMISSION_DENIED before the stream touches the held chunks, so worker-0 resumes and its
+    update is the one aggregated."""
+    import torch
+    from conftest import FakeWorker, tiny_config, tiny_inputs
+
+    from fedent.model_file import load_model_file
+    from fedent.params import weighted_sum
+    from fedent.strategies.base import ClientUpdate
+    from fedentrpc import codec, mappers
+    from fedentrpc.v1 import aggregator_pb2 as pb
+
+    inputs = tiny_inputs()
+    md5 = str(inputs.partition_info["md5"])
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, security=tls_server(pki))
+    a = FakeWorker(h.port, [0, 1], md5, name="worker-0", security=client(pki, token_of(pki, "worker-0")))
+    b = FakeWorker(h.port, [2, 3], md5, name="worker-1", security=client(pki, token_of(pki, "worker-1")))
+    fit_a, fit_b = a.next("fit").task, b.next("fit").task
+    w = a.model(fit_a.model_blob)
+    spec, meta = codec.TransferSpec(chunk_bytes=16), mappers.UpdateMeta(a.wid, fit_a.task_id, fit_a.round)
+    mine = ClientUpdate(0, [p + 1 for p in w], 12, 0.1)
+    with pytest.raises(grpc.RpcError) as e:
+        a.stub.SubmitUpdate(iter(list(mappers.update_to_parts(mine, meta, spec))[:4]), timeout=TIMEOUT)
+    assert e.value.code() == grpc.StatusCode.ABORTED  # cut after 3 chunks: held
+    forged = ClientUpdate(0, [p + 50 for p in w], 12, 0.1)
+    assert _denied(lambda: b.stub.SubmitUpdate(mappers.update_to_parts(forged, meta, spec), timeout=TIMEOUT)) == PD
+    query = pb.QueryUploadRequest(worker_id=a.wid, task_id=fit_a.task_id, round=fit_a.round, cid=0)
+    state = a.stub.QueryUpload(query, timeout=TIMEOUT)
+    assert (state.state, state.next_chunk) == (pb.UPLOAD_STATE_PARTIAL, 3)
+    a.stub.SubmitUpdate(mappers.update_to_parts(mine, meta, spec, resume_from=3), timeout=TIMEOUT)
+    a.upload(fit_a, 1, w)
+    for cid in fit_b.client_ids:
+        b.upload(fit_b, cid, w)
+    assert h.wait(30) and h.run.error is None, h.run.error
+    final = load_model_file(h.run_dir / "model_final.pt").params
+    expect = weighted_sum([mine.params, w, w, w], [0.25] * 4)
+    assert all(torch.allclose(x, y) for x, y in zip(final, expect, strict=True))
+
+
 def test_mtls_certificate_identity_is_bound_too(pki: CertBundle, start: Any) -> None:
     """Under mutual TLS without tokens the certificate's name is the identity: worker-1's certificate can
     neither register as worker-0 nor heartbeat worker-0's registration."""
