@@ -26,20 +26,23 @@ class Page:
     runs: int  # run directories in the archive: rows x seeds
     setting: str
     extra: tuple[str, ...] = ()
+    folder: str | None = None  # under docs/; None: the profile's name ("": docs/results.md itself)
 
     @property
     def page(self) -> Path:
-        return ROOT / "docs" / self.profile / "results.md"
+        return ROOT / "docs" / (self.profile if self.folder is None else self.folder) / "results.md"
 
     @property
     def logs(self) -> Path:
-        return ROOT / "docs" / self.profile / "results" / "run-logs.tar.gz"
+        return self.page.parent / "results" / "run-logs.tar.gz"
 
 
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
+    Page("cpu", "fedavg,fedavg-lr2,fedavg-lr5,fedavg-lr10,fedent,fedent-first,fedavg-replay-mean,fedadam,feddyn", 27,
+         "pathological", ("--only", "controls"), folder=""),
 ]
 
 
