@@ -118,6 +118,7 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
     start, sent = 0, Sent([])
     req = pb.QueryUploadRequest(worker_id=meta.worker_id, task_id=meta.task_id, round=meta.round, cid=update.cid)
     busy = 0
+    refused = False  # the last stream was a resumption the aggregator refused: the next one starts at chunk 0
     for _ in range(MAX_CUTS):
         left = end - time.monotonic()
         if left <= 0:
@@ -139,13 +140,16 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
                 continue
             if code not in CUT and start == 0:
                 raise
+            # a resumption refused (its round closed, its chunks dropped, its header no longer theirs): once more
+            # from chunk 0, unless the aggregator has it whole; a refusal at chunk 0 is final
+            refused = code not in CUT
             why = "stalled" if watch.stalled else f"{code.name}: {e.details()}"
         finally:
             watch.stop()
         state = _query(stub, req, end, stall_s)
         if state.state == pb.UPLOAD_STATE_COMPLETE:
             return sent
-        start = int(state.next_chunk) if state.state == pb.UPLOAD_STATE_PARTIAL else 0
+        start = int(state.next_chunk) if state.state == pb.UPLOAD_STATE_PARTIAL and not refused else 0
         offset = int(state.received_bytes) if start else 0
         sent.resumed.append((start, offset))
         log.warning("upload of client %d cut (%s); resuming at chunk %d, byte offset %d", update.cid, why, start,

@@ -143,9 +143,10 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
         def go() -> None:
             it = iter(request_iterator)
             h = mappers.update_header(next(it, None))
-            # the owner only, before the stream touches the book: a new stream supersedes the one in progress and
-            # replaces its kept chunks, so a forged one would cut the owner's upload (checked again at its end)
-            self.run.registry.own(h.worker_id, [h.cid], caller_identity(context), "SubmitUpdate")
+            # before the stream touches the book (checked again at its end): the owner only, since a new stream
+            # supersedes the one in progress and replaces its kept chunks; and only for the client's open fit
+            # task, since a header naming a later round drops every earlier round's partials
+            remote.expect_update(h.worker_id, h.task_id, h.round, h.cid, caller_identity(context))
             # bounded by the decoder: the header's sizes against the model-sized limit before anything is
             # allocated, then every chunk against the header; a cut stream's verified chunks stay in the book
             up = remote.uploads.begin(h, remote.max_update_bytes())

@@ -244,6 +244,13 @@ class RemoteExecutor:
         (SCAFFOLD's control variate, FedDyn's state) and framing headroom; anything larger is rejected."""
         return 4 * self.engine.model_bytes + (1 << 20)
 
+    def expect_update(self, worker_id: str, task_id: int, rnd: int, cid: int, identity: str | None = None) -> None:
+        """An upload stream's header, checked before the stream may touch the upload book: the caller owns the
+        client and that client's fit task of this round is open. A header naming another round or task would let
+        a peer drop other workers' kept chunks (a later round drops earlier partials) or fill the book."""
+        self.registry.own(worker_id, [cid], identity, "SubmitUpdate")
+        self._collector("fit").check_open(task_id, rnd, cid)
+
     def submit_update(self, worker_id: str, task_id: int, rnd: int, update: ClientUpdate, wire_bytes: int,
                       identity: str | None = None) -> None:
         w = self.registry.own(worker_id, [update.cid], identity, "SubmitUpdate")  # before any phase check

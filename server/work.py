@@ -77,6 +77,11 @@ class Collector:
         if cid in self.results or cid in self.failed:
             raise ClusterError("conflict", f"client {cid} already reported for round {rnd}")
 
+    def check_open(self, task_id: int, rnd: int, cid: int) -> None:
+        """Raise unless ``cid``'s ``task_id`` of round ``rnd`` is open here and not yet answered."""
+        with self.cond:
+            self._check(task_id, rnd, cid)
+
     def put(self, task_id: int, rnd: int, cid: int, value: Any) -> None:
         with self.cond:
             self._check(task_id, rnd, cid)

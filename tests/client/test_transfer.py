@@ -32,9 +32,10 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
     first download after two chunks."""
 
     def __init__(self, cut_after: int = 3, stall: bool = False, refuse: bool = False,
-                 cut_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+                 cut_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, refuse_resume: bool = False) -> None:
         self.book = UploadBook()
         self.cut_after, self.stall, self.refuse, self.cut_code = cut_after, stall, refuse, cut_code
+        self.refuse_resume = refuse_resume
         self.streams = 0
         self.got: codec.Bundle | None = None
         self.fetches: list[int] = []
@@ -46,6 +47,8 @@ class _Flaky(pb_grpc.AggregatorServiceServicer):
         h = mappers.update_header(next(it))
         if self.refuse:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad update")
+        if self.refuse_resume and h.resume_from_chunk:  # its chunks stay held, as when a round closed
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no open fit task")
         up = self.book.begin(h, 1 << 20)
         first = self.streams == 1
         try:
@@ -101,6 +104,15 @@ def test_a_cut_upload_resumes_at_the_held_chunk(stall: bool, code: grpc.StatusCo
         sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=0.5, timeout_s=20)
     assert sent.resumed == [(3, 3000)]
     assert agg.streams == 2
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
+
+
+def test_a_refused_resumption_is_sent_whole_once_instead_of_resumed_again() -> None:
+    agg = _Flaky(refuse_resume=True)  # the held chunks stay PARTIAL, but every resumption is refused
+    with _serving(agg) as stub:
+        sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=0.5, timeout_s=20)
+    assert sent.resumed == [(3, 3000), (0, 0)]
+    assert agg.streams == 3
     assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
 
 

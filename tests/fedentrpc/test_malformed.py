@@ -86,15 +86,17 @@ def test_garbage_to_the_aggregator_is_invalid_argument_with_one_line(start: Any,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config(), inputs)
-    # a registered worker hosting client 0 only: its upload stream is read (the run still waits for the rest)
-    wid = FakeWorker(h.port, [0], str(inputs.partition_info["md5"])).wid
+    # a registered worker with an open fit task: the header of its upload stream passes, so the next message is read
+    fake = FakeWorker(h.port, [0, 1, 2, 3], str(inputs.partition_info["md5"]))
+    fit = fake.next("fit").task
     with grpc.insecure_channel(f"127.0.0.1:{h.port}") as ch, caplog.at_level(logging.INFO):
         _assert_rejected(_raw_unary(ch, AGG + "Heartbeat", GARBAGE), "HeartbeatRequest")
         _assert_one_line(caplog, "HeartbeatRequest")
         # client-streaming: garbage as the first message, and after a parseable one
         _assert_rejected(_raw_stream_unary(ch, AGG + "SubmitUpdate", [GARBAGE]), "SubmitUpdateRequest")
         _assert_one_line(caplog, "SubmitUpdateRequest")
-        first = pb.SubmitUpdateRequest(header=pb.UpdateHeader(worker_id=wid, num_samples=1)).SerializeToString()
+        first = pb.SubmitUpdateRequest(header=pb.UpdateHeader(worker_id=fake.wid, task_id=fit.task_id, round=fit.round,
+                                                              cid=0, num_samples=1)).SerializeToString()
         _assert_rejected(_raw_stream_unary(ch, AGG + "SubmitUpdate", [first, GARBAGE, GARBAGE]),
                          "SubmitUpdateRequest")
         _assert_one_line(caplog, "SubmitUpdateRequest")
@@ -103,7 +105,7 @@ def test_garbage_to_the_aggregator_is_invalid_argument_with_one_line(start: Any,
         _assert_one_line(caplog, "WorkRequest")
         # the server keeps serving
         assert pb_grpc.AggregatorServiceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT).phase == \
-            pb.RUN_PHASE_STARTING
+            pb.RUN_PHASE_TRAINING
 
 
 def test_garbage_to_the_estimator_is_invalid_argument_with_one_line(estimator: EstimatorHandle,

@@ -587,8 +587,9 @@ def test_calls_for_another_workers_registration_are_denied_and_change_nothing(
 
 def test_a_forged_upload_stream_cannot_take_over_or_drop_the_owners_kept_chunks(pki: CertBundle, start: Any) -> None:
     """Worker-1 (its own valid token) opening an upload stream for worker-0's client while worker-0's cut
-    upload is held: PERMISSION_DENIED before the stream touches the held chunks, so worker-0 resumes and its
-    update is the one aggregated."""
+    upload is held: PERMISSION_DENIED before the stream touches the held chunks; streams for its own client
+    under another round or task: FAILED_PRECONDITION, the book untouched. Worker-0 resumes and its update is
+    the one aggregated."""
     import torch
     from conftest import FakeWorker, tiny_config, tiny_inputs
 
@@ -612,6 +613,14 @@ def test_a_forged_upload_stream_cannot_take_over_or_drop_the_owners_kept_chunks(
     assert e.value.code() == grpc.StatusCode.ABORTED  # cut after 3 chunks: held
     forged = ClientUpdate(0, [p + 50 for p in w], 12, 0.1)
     assert _denied(lambda: b.stub.SubmitUpdate(mappers.update_to_parts(forged, meta, spec), timeout=TIMEOUT)) == PD
+    # its own client, under a header naming a far later round (which would drop every earlier round's kept
+    # chunks) or other tasks (which would fill the book): refused before the book is touched
+    own = ClientUpdate(2, w, 12, 0.1)
+    for task, rnd in ((fit_b.task_id, 2**31 - 1), (fit_b.task_id + 1000, fit_b.round), (fit_a.task_id, fit_b.round)):
+        bad_meta = mappers.UpdateMeta(b.wid, task, rnd)
+        assert _denied(lambda m=bad_meta: b.stub.SubmitUpdate(iter(list(mappers.update_to_parts(own, m, spec))[:3]),
+                                                              timeout=TIMEOUT)) == grpc.StatusCode.FAILED_PRECONDITION
+    assert h.run.remote.uploads.latest_round == 0 and len(h.run.remote.uploads.partials) == 1
     query = pb.QueryUploadRequest(worker_id=a.wid, task_id=fit_a.task_id, round=fit_a.round, cid=0)
     state = a.stub.QueryUpload(query, timeout=TIMEOUT)
     assert (state.state, state.next_chunk) == (pb.UPLOAD_STATE_PARTIAL, 3)
