@@ -43,6 +43,8 @@ PAGES = [
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
     Page("cpu", "fedavg,fedavg-lr2,fedavg-lr5,fedavg-lr10,fedent,fedent-first,fedavg-replay-mean,fedadam,feddyn", 27,
          "pathological", ("--only", "controls"), folder=""),
+    Page("cpu", "fedavg,fedent,fedavg-replay-mean,fedadam,feddyn", 15, "pathological",
+         ("--only", "controls", "--tuned", "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned"),
 ]
 
 
@@ -52,14 +54,19 @@ def _generated(text: str) -> str:
     return re.sub(r"\(report written at .*\)$", "(report written at …)", block, flags=re.M)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.profile)
+def _id(p: Page) -> str:
+    return p.profile if p.folder is None else p.folder or "results"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_id)
 def test_the_page_states_its_archives_checksum(page: Page) -> None:
     digest = hashlib.sha256(page.logs.read_bytes()).hexdigest()
     assert digest in page.page.read_text(encoding="utf-8").replace("\n  ", "")
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.profile)
-def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page) -> None:
+@pytest.mark.parametrize("page", PAGES, ids=_id)
+def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # a page's command names files relative to the repository (its tuned.json)
     out, docs = tmp_path / "results" / page.profile, tmp_path / "docs"
     out.mkdir(parents=True)
     docs.mkdir()
