@@ -50,6 +50,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--only", default=None, metavar="SECTION[,SECTION]",
                    help="run only these sections: main, deviation, distance, beta, gamma, participation")
+    p.add_argument("--settings", default=None, metavar="SETTING[,SETTING]",
+                   help="only these settings of the chosen sections (e.g. pathological): the one a --tuned file "
+                        "was made for, or the one a check needs")
     p.add_argument("--rows", default=None, metavar="ROW[,ROW]",
                    help="only these rows of the chosen sections (e.g. fedavg,fedavg-lr5,fedent); a replay row "
                         "also runs the row it replays")
@@ -171,9 +174,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers/--threads/--stack: must be >= 1")
     out = Path(args.out)
     rows = parse_list(args.rows, "rows", str) if args.rows else None
+    chosen = parse_list(args.settings, "settings", str) if args.settings else None
     tuned = read_tuned(args.tuned, profile)
     plan = build_plan(profile, seeds, out, args.config_dir, only, rows, rounds=args.rounds,
-                      overrides=args.overrides, tuned=tuned)
+                      overrides=args.overrides, tuned=tuned, settings=chosen)
     validate_plan_configs(plan)
     dropped: list[tuple[str, int]] = []
     budget = None

@@ -8,6 +8,7 @@ useful whole tables when a run is stopped early (``run_tier``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,16 +92,25 @@ def run_config(base: Mapping[str, Any], setting: str, row: Row, seed: int,
 def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, config_dir: str | Path,
                only: Sequence[str] | None = None, rows: Sequence[str] | None = None,
                rounds: int | None = None, overrides: Sequence[str] = (),
-               tuned: Mapping[str, Tuned] | None = None) -> Plan:
+               tuned: Mapping[str, Tuned] | None = None, settings: Sequence[str] | None = None) -> Plan:
     """Every run the chosen sections need, deduplicated, seed-major so an early stop leaves whole seeds.
     ``overrides`` (``--set key=value``) apply to every setting, e.g. the device's precision or conv path;
-    ``tuned``: setting -> its tuned.json (``run_config``); a setting without one runs untuned."""
+    ``tuned``: setting -> its tuned.json (``run_config``); a setting without one runs untuned. ``settings``: only
+    these settings of the chosen sections (``--settings``), e.g. the one a tuned.json was made for."""
     if not seeds:
         raise ConfigError("--seeds: at least one seed")
     tuned = dict(tuned or {})
     for key in tuned:
         profile.setting(key)  # an unknown setting is an error, not a silently untuned run
     sections = tuple(profile.section(k) for k in only) if only else profile.sections
+    if settings:  # only these settings of the chosen sections
+        for key in settings:
+            profile.setting(key)
+        sections = tuple(dataclasses.replace(s, settings=tuple(k for k in s.settings if k in settings))
+                         for s in sections)
+        sections = tuple(s for s in sections if s.settings)
+        if not sections:
+            raise ConfigError("--settings: none of these settings is in the chosen sections")
     if rows:  # only these rows (a replay still brings the run it replays)
         for label in rows:
             profile.row(label)

@@ -86,6 +86,19 @@ def test_rows_filter_keeps_a_replays_source_and_rounds_override(tmp_path: Path) 
         build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["beta"], rows=["fedavg"])
 
 
+def test_settings_filter_keeps_only_the_chosen_settings_of_every_section(tmp_path: Path) -> None:
+    everywhere = build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["main", "controls"], rows=["fedavg"])
+    assert {s.setting for s in everywhere.runs} == {"pathological", "dir1.0", "dir0.5"}
+    plan = build_plan(get_profile("cpu"), [0, 1], tmp_path, CONFIGS, only=["main", "controls"], rows=["fedavg"],
+                      settings=["dir1.0"])
+    assert [(s.setting, s.row, s.seed) for s in plan.runs] == [("dir1.0", "fedavg", 0), ("dir1.0", "fedavg", 1)]
+    assert all(sec.settings == ("dir1.0",) for sec in plan.sections) and plan.sections
+    with pytest.raises(ConfigError, match="unknown setting"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"], settings=["nope"])
+    with pytest.raises(ConfigError, match="--settings"):
+        build_plan(get_profile("cpu"), [0], tmp_path, CONFIGS, only=["controls"], settings=["dir1.0"])
+
+
 def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
     plan = build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], rows=["fedavg"],
                       overrides=["train.conv=unfold", "train.max_parallel_clients=7"])
