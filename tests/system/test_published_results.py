@@ -43,8 +43,9 @@ PAGES = [
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
     Page("cpu", "fedavg,fedavg-lr2,fedavg-lr5,fedavg-lr10,fedent,fedent-first,fedavg-replay-mean,fedadam,feddyn", 27,
          "pathological", ("--only", "controls"), folder=""),
-    Page("cpu", "fedavg,fedent,fedavg-replay-mean,fedadam,feddyn", 15, "pathological",
-         ("--only", "controls", "--tuned", "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned"),
+    Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 24, "pathological",
+         ("--only", "main,controls", "--settings", "pathological", "--tuned",
+          "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned"),
 ]
 
 
