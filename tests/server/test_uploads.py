@@ -107,6 +107,10 @@ def test_a_stream_that_ends_before_its_last_chunk_keeps_its_chunks() -> None:
         up.finish()
     state = book.state(up.key)
     assert (state.state, state.next_chunk, state.received_bytes) == (pb.UPLOAD_STATE_PARTIAL, 5, 5000)
+    empty = book.begin(_header(resume=5), 1 << 20)  # a resumption cut before its first chunk: still held
+    with pytest.raises(codec.TruncatedStream):
+        empty.finish()
+    assert book.state(up.key).next_chunk == 5
     again = book.begin(_header(resume=5), 1 << 20)
     for c in _chunks(start=5):
         again.add(_msg(c))
