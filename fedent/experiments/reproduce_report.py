@@ -344,6 +344,29 @@ def _row_text(row: str, rows: Mapping[str, Any]) -> str:
     return row if not opts else f"{row} ({', '.join(f'{k}={v}' for k, v in opts.items())})"
 
 
+def _provenance_lines(runs: list[Mapping[str, Any]]) -> list[str]:
+    """One line per distinct provenance; where the runs came from more than one (rows added on another machine),
+    each line names its runs, so no row's numbers can be read as another machine's."""
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        groups.setdefault(provenance.describe(r.get("provenance")), []).append(r["key"])
+    if len(groups) == 1:
+        return list(groups)
+    return [f"{line}: {_run_keys(keys)}" for line, keys in sorted(groups.items())]
+
+
+def _run_keys(keys: list[str]) -> str:
+    """``setting/row-sN`` keys as ``setting/row`` with their seeds, e.g. ``p/fedcos (seeds 0, 1, 2)``."""
+    seeds: dict[str, list[str]] = {}
+    for key in keys:
+        head, _, seed = key.rpartition("-s")
+        if not head or not seed.isdigit():
+            head, seed = key, ""
+        seeds.setdefault(head, []).append(seed)
+    return "; ".join(f"{head} (seed{'s' if len(ss) > 1 else ''} {', '.join(ss)})" if all(ss) else head
+                     for head, ss in seeds.items())
+
+
 def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
     """The generated report (tables + figures) as markdown; figure links are ``fig_prefix``/NAME."""
     meta, prof = data["meta"], data["profile"]
@@ -356,8 +379,7 @@ def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
         f"{meta.get('threads')})",
         f"- git commit: {meta.get('commit') or 'not recorded'} (report written at {meta.get('report_commit')})",
         f"- trained on: {_machine(m)}",
-        *[f"- run provenance (provenance.json): {line}" for line in
-          sorted({provenance.describe(r.get("provenance")) for r in data["runs"]})],
+        *[f"- run provenance (provenance.json): {line}" for line in _provenance_lines(data["runs"])],
         "- accuracy: final = global test accuracy after the last round, best = the highest measured; mean ± "
         "sample std over the seeds that completed every row of the table; rounds to target = rounds until "
         "the global test accuracy first reaches the target (90% of the best row's mean final accuracy, "

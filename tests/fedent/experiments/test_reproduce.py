@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from conftest import tiny_inputs
 
-from fedent import runlog
+from fedent import provenance, runlog
 from fedent.cli import main
 from fedent.config import ConfigError
 from fedent.experiments.plan import build_plan, read_tuned
 from fedent.experiments.profiles import Profile, Row, Section, Setting
 from fedent.experiments.reproduce import diverged, is_complete, run_plan, same_config
-from fedent.experiments.reproduce_report import BEGIN, END, publish, write_report
+from fedent.experiments.reproduce_report import BEGIN, END, _provenance_lines, publish, write_report
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -437,3 +437,17 @@ def test_with_a_budget_a_pool_starts_no_more_groups_than_free_workers(tmp_path: 
     assert sorted(o.key for o in outs) == sorted(s.key for s in specs) and {o.status for o in outs} == {"done"}
     assert peak[0] == 2
     assert tasks[0] == ["a/row0-s0", "a/row4-s0"]  # the later run of setting a joined the first group
+
+
+def test_runs_from_two_machines_each_get_a_provenance_line_naming_them() -> None:
+    gpu = {"commit": "a" * 40, "hostname": "vm", "machine": "x86_64", "cpu_count": 16, "gpu": "H100",
+           "python": "3.12", "torch": "2.11", "cuda": "13.0"}
+    cpu = {**gpu, "cpu_count": 2, "gpu": None, "cuda": None}
+    runs = [{"key": f"m/{row}-s{s}", "provenance": p} for row, p in (("fedent", gpu), ("fedcos", cpu))
+            for s in range(3)]
+    lines = _provenance_lines(runs)
+    assert len(lines) == 2
+    assert any("GPU H100" in x and x.endswith(": m/fedent (seeds 0, 1, 2)") for x in lines)
+    assert any("GPU None" in x and x.endswith(": m/fedcos (seeds 0, 1, 2)") for x in lines)
+    # one machine: the line as before, without run names
+    assert _provenance_lines(runs[:3]) == [provenance.describe(gpu)]
