@@ -80,3 +80,54 @@ def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monk
                "--out", str(out), "--config-dir", str(ROOT / "configs"), "--report-only", "--publish", str(docs)])
     assert rc == 0
     assert _generated((docs / "results.md").read_text(encoding="utf-8")) == _generated(page.page.read_text("utf-8"))
+
+
+PHI2_LOGS = ROOT / "docs" / "results" / "phi2-offline-logs.tar.gz"
+
+
+def test_the_offline_phi2_table_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/results.md's small check of Algorithm 1's φ2(t+1) (one offline and one online run, 12 rounds) is
+    scored from the two runs kept in docs/results/phi2-offline-logs.tar.gz, and the page states its checksum."""
+    from fedent import runlog
+    from fedent.experiments.mechanism import phi2_scores
+
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert hashlib.sha256(PHI2_LOGS.read_bytes()).hexdigest() in page.replace("\n", "")
+    with tarfile.open(PHI2_LOGS) as tar:
+        tar.extractall(tmp_path, filter="data")
+    scores = {name: phi2_scores([runlog.read_metrics(tmp_path / name / "metrics.jsonl")]) for name in
+              ("offline", "online")}
+    off, on = scores["offline"], scores["online"]
+    assert off is not None and on is not None
+    logged, used, online = off["offline"]["logged"], off["offline"]["used"], on["online"]["logged"]
+    assert off["offline"]["rounds"] == 12 and logged["n"] == 12
+    # the page's rows: median error, the guess's, rounds closer than the guess and with the change's sign right
+    guess = f"{100 * off['offline']['naive_err']:.2f}%"
+    rows = [f"| offline | as Algorithm 1 predicted it | {100 * logged['err']:.2f}% | {guess} "
+            f"| {round(logged['closer'] * 12)} of 12",
+            f"| offline | re-solved online at the rate used | {100 * used['err']:.3f}% | "
+            f"{guess} | {round(used['closer'] * 12)} of 12",
+            f"| online | as logged | {100 * online['err']:.3f}% | {100 * on['online']['naive_err']:.2f}% | "
+            f"{round(online['closer'] * 12)} of 12"]
+    for row in rows:
+        assert row in page, row
+    assert round(logged["sign"] * logged["sign_n"]) == 1 and logged["sign_n"] == 12  # "sign wrong in 11 of 12"
+
+
+def test_the_old_commits_rerun_of_fedavg_x10_gives_the_kept_runs_accuracies(tmp_path: Path) -> None:
+    """docs/results.md: commit cc08eb1, rerun on this box, gives the same six test accuracies as today's code for
+    FedAvg × 10, seed 2 (so the first study's collapse was the old machine's arithmetic); both runs' logs are kept."""
+    from fedent import runlog
+
+    old_logs = ROOT / "docs" / "results" / "cc08eb1-fedavg-lr10-s2.tar.gz"
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert hashlib.sha256(old_logs.read_bytes()).hexdigest() in page.replace("\n", "")
+    run = Path("runs/pathological/fedavg-lr10-s2/metrics.jsonl")
+    accs = []
+    for name, archive in (("old", old_logs), ("new", ROOT / "docs" / "results" / "run-logs.tar.gz")):
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path / name, filter="data")
+        recs = runlog.read_metrics(tmp_path / name / run)
+        accs.append([r["test_acc"] for r in recs if r.get("test_acc") is not None])
+    assert len(accs[0]) == 6 and accs[0] == accs[1]
+    assert f"{100 * accs[0][-1]:.1f}%" == "27.4%" and "ends it at 27.4%" in page
