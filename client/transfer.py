@@ -131,7 +131,7 @@ def upload(stub: pb_grpc.AggregatorServiceStub, update: Any, meta: mappers.Updat
             call.result()
             return sent
         except grpc.FutureCancelledError:  # the stall watch cancelled it
-            why = "stalled"
+            why, refused = "stalled", False  # a refusal concerned only the stream after it
         except grpc.RpcError as e:
             code = e.code()
             if code in BUSY:

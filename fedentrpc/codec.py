@@ -39,6 +39,9 @@ from fedentrpc.v1 import tensor_pb2 as pb
 
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_STREAM_BYTES = 64 * 2**30  # a receiver's default bound on one tensor stream (64 GiB)
+# a receiver's default bound on the tensors one stream declares: each costs a step to lay out and split, and a
+# header of a million empty tensors fits in one message
+DEFAULT_MAX_TENSORS = 1 << 16
 PARAMS_GROUP = "params"
 DEFAULT_CHECKSUM = "crc32c" if google_crc32c.implementation == "c" else "crc32"
 
@@ -306,9 +309,11 @@ class TensorAssembler:
     ``keep_payload=False`` only verifies (a blob store that keeps the chunks themselves).
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_STREAM_BYTES, keep_payload: bool = True) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_STREAM_BYTES, keep_payload: bool = True,
+                 max_tensors: int = DEFAULT_MAX_TENSORS) -> None:
         self.header: pb.TensorListHeader | None = None
         self.max_bytes = max_bytes
+        self.max_tensors = max_tensors
         self.keep_payload = keep_payload
         self._dst: Tensor | None = None
         self._np: Any = None  # numpy view of _dst
@@ -326,6 +331,9 @@ class TensorAssembler:
         if h.wire_dtype not in (pb.WIRE_DTYPE_NATIVE, *_WIRE_TORCH):
             raise WireError(f"unknown wire dtype {_enum_name(pb.WireDtype, h.wire_dtype)}")
         self._algo = algo
+        if len(h.tensors) > self.max_tensors:
+            raise WireError(f"tensor stream declares {len(h.tensors)} tensors; this receiver takes at most "
+                            f"{self.max_tensors}")
         if h.wire_bytes > self.max_bytes or h.raw_bytes > self.max_bytes:
             raise WireError(f"tensor stream of {max(h.wire_bytes, h.raw_bytes)} bytes exceeds this receiver's "
                             f"limit of {self.max_bytes}")

@@ -149,7 +149,7 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
             remote.expect_update(h.worker_id, h.task_id, h.round, h.cid, caller_identity(context))
             # bounded by the decoder: the header's sizes against the model-sized limit before anything is
             # allocated, then every chunk against the header; a cut stream's verified chunks stay in the book
-            up = remote.uploads.begin(h, remote.max_update_bytes())
+            up = remote.uploads.begin(h, remote.max_update_bytes(), remote.max_update_tensors())
             if up.resumed_at is not None:
                 log.info("upload of client %d (worker %s, round %d) resumed at chunk %d, byte offset %d "
                          "(asked from chunk %d)", h.cid, h.worker_id, h.round, up.resumed_at[0], up.resumed_at[1],
@@ -169,7 +169,12 @@ class AggregatorServicer(pb_grpc.AggregatorServiceServicer):
             except grpc.RpcError:  # the stream broke: its chunks are kept for a resumed upload
                 _kept(remote.uploads, up, h, "cut")
                 return
-            dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
+            try:
+                dec = mappers.update_from_bundle(h, bundle, wire_bytes, remote.base_of)
+            except codec.WireError as e:  # whole and verified, yet no update: the client fails this round
+                remote.refuse_update(h.worker_id, h.task_id, h.round, h.cid, f"malformed update: {e}",
+                                     caller_identity(context))
+                raise
             remote.submit_update(h.worker_id, h.task_id, h.round, dec.update, wire_bytes, caller_identity(context))
             up.accepted()
 

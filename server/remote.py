@@ -244,6 +244,19 @@ class RemoteExecutor:
         (SCAFFOLD's control variate, FedDyn's state) and framing headroom; anything larger is rejected."""
         return 4 * self.engine.model_bytes + (1 << 20)
 
+    def max_update_tensors(self) -> int:
+        """The most tensors an update stream may declare: the model's, in up to eight groups (an encoded upload's
+        two code groups and the extra groups of ``max_update_bytes``), and headroom; a header declaring more would
+        only make its decode cost more."""
+        return 8 * len(self.engine.global_params) + 64
+
+    def refuse_update(self, worker_id: str, task_id: int, rnd: int, cid: int, why: str,
+                      identity: str | None = None) -> None:
+        """An upload that arrived whole but does not decode to an update: the client's result this round is a
+        failure, as for an update the acceptance rule refuses, so the same stream cannot be sent again."""
+        self.registry.own(worker_id, [cid], identity, "SubmitUpdate")
+        self._collector("fit").fail(cid, why, task_id, rnd)
+
     def expect_update(self, worker_id: str, task_id: int, rnd: int, cid: int, identity: str | None = None) -> None:
         """An upload stream's header, checked before the stream may touch the upload book: the caller owns the
         client and that client's fit task of this round is open. A header naming another round or task would let

@@ -11,7 +11,9 @@ was received whole is ``complete``: it is never taken again (no update is counte
 A cut stream's handler can still be blocked on its dead connection when the resumed one arrives: each
 stream takes the partial over with a fresh owner token, and a chunk from a superseded stream is refused.
 Partials of earlier rounds are dropped as soon as a later round's upload begins; at most ``MAX_PARTIALS`` are
-kept (each holds a model-sized receive buffer). No gRPC here.
+kept per worker (each holds a receive buffer of up to the update limit), the worker's own oldest evicted first, so
+one worker's uploads never evict another's. An upload is decoded under its own lock, not the book's, so a slow
+or hostile decode delays no other worker's upload or query. No gRPC here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from fedentrpc.codec import Bundle, TensorAssembler, WireError
+from fedentrpc.codec import DEFAULT_MAX_TENSORS, Bundle, TensorAssembler, WireError
 from fedentrpc.v1 import aggregator_pb2 as pb
 from fedentrpc.v1 import tensor_pb2 as tpb
 from server.work import ClusterError
@@ -47,6 +49,7 @@ class _Partial:
     asm: TensorAssembler
     owner: object = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    taken: bool = False  # being decoded, or decoded: no stream may take it over any more
 
 
 class Upload:
@@ -57,6 +60,9 @@ class Upload:
         self._token = object()
         self.resumed_at = resumed_at  # (chunk, byte offset) a resumed stream continued from; None: a new one
         with partial.lock:
+            if partial.taken:
+                raise ClusterError("conflict", f"the upload of client {key[3]} for task {key[1]} was received whole "
+                                               "and is being taken")
             partial.owner = self._token
 
     def add(self, chunk: tpb.TensorChunk) -> None:
@@ -72,12 +78,22 @@ class Upload:
         """The decoded tensors and the upload's payload bytes; the key is complete once ``accepted`` says so
         (an upload refused after it arrived, e.g. a caller that does not own the client, blocks nothing).
         A stream that ended before its last chunk raises ``codec.TruncatedStream`` and keeps its chunks held."""
-        with self.book.lock, self._p.lock:
-            if self._p.owner is not self._token:
+        p = self._p
+        with p.lock:
+            if p.owner is not self._token:
                 raise ClusterError("conflict", "this upload stream was superseded by a resumed one")
-            bundle = self._p.asm.finish()  # a stream cut short raises TruncatedStream here, and stays held
-            self.book.partials.pop(self.key, None)
-            return bundle, self._p.asm.wire_bytes
+            p.taken = True  # from here no stream can take it over, so it is decoded under no lock at all:
+            wire_bytes = p.asm.wire_bytes  # decoding may take long, and nobody else waits for it
+        try:
+            bundle = p.asm.finish()  # a stream cut short raises TruncatedStream here, and stays held
+        except BaseException:
+            with p.lock:
+                p.taken = False
+            raise
+        with self.book.lock:
+            if self.book.partials.get(self.key) is p:  # a newer stream's partial under the same key stays
+                del self.book.partials[self.key]
+        return bundle, wire_bytes
 
     def accepted(self) -> None:
         """The update was taken: the key is complete from here on (never taken again)."""
@@ -88,8 +104,11 @@ class Upload:
 
     def discard(self) -> None:
         """A corrupt stream: its chunks are not kept (the worker sends it again from chunk 0)."""
-        with self.book.lock, self._p.lock:
-            if self._p.owner is self._token and self.book.partials.get(self.key) is self._p:
+        with self._p.lock:  # never the book's lock while waiting for this one (a decode may hold it)
+            if self._p.owner is not self._token:
+                return
+        with self.book.lock:
+            if self.book.partials.get(self.key) is self._p:
                 del self.book.partials[self.key]
 
 
@@ -113,8 +132,9 @@ class UploadBook:
             return pb.QueryUploadResponse(state=pb.UPLOAD_STATE_PARTIAL, next_chunk=p.asm.chunks,
                                           received_bytes=p.asm.wire_bytes)
 
-    def begin(self, h: pb.UpdateHeader, max_bytes: int) -> Upload:
-        """A stream's hold on its upload: a new partial (``resume_from_chunk`` 0) or the held one, taken over."""
+    def begin(self, h: pb.UpdateHeader, max_bytes: int, max_tensors: int = DEFAULT_MAX_TENSORS) -> Upload:
+        """A stream's hold on its upload: a new partial (``resume_from_chunk`` 0) or the held one, taken over.
+        ``max_bytes`` and ``max_tensors`` bound what its header may declare."""
         key, k = key_of(h), int(h.resume_from_chunk)
         with self.lock:
             if key in self.complete:
@@ -126,20 +146,22 @@ class UploadBook:
                     del self.partials[old]
             p = self.partials.get(key)
             if k == 0:
-                p = _Partial(_bare(h), TensorAssembler(max_bytes))
+                p = _Partial(_bare(h), TensorAssembler(max_bytes, max_tensors=max_tensors))
                 self.partials[key] = p
                 self.partials.move_to_end(key)
-                while len(self.partials) > MAX_PARTIALS:
-                    self.partials.popitem(last=False)
+                mine = [x for x in self.partials if x[0] == key[0]]  # oldest first
+                for old in mine[:max(0, len(mine) - MAX_PARTIALS)]:
+                    del self.partials[old]
                 return Upload(self, key, p, None)
             if p is None:
                 raise ClusterError("precondition", f"no partial upload of client {h.cid} for task {h.task_id} "
                                                    f"to resume at chunk {k}: send it from chunk 0")
             if p.header != _bare(h):
                 raise WireError("a resumed upload's header differs from the cut stream's")
-            with p.lock:
-                held, offset = p.asm.chunks, p.asm.wire_bytes
-            if k > held:
-                raise ClusterError("precondition", f"resume at chunk {k}, but the aggregator holds {held} chunks "
-                                                   f"of client {h.cid}'s upload")
-            return Upload(self, key, p, (held, offset))
+        # outside the book's lock: the partial's may be held by a decode
+        with p.lock:
+            held, offset = p.asm.chunks, p.asm.wire_bytes
+        if k > held:
+            raise ClusterError("precondition", f"resume at chunk {k}, but the aggregator holds {held} chunks "
+                                               f"of client {h.cid}'s upload")
+        return Upload(self, key, p, (held, offset))

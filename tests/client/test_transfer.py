@@ -116,6 +116,39 @@ def test_a_refused_resumption_is_sent_whole_once_instead_of_resumed_again() -> N
     assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
 
 
+class _RefusedThenStalled(_Flaky):
+    """Stream 1 breaks after 3 chunks, its resumption (stream 2) is refused, stream 3 (from chunk 0) stalls
+    after 5 chunks, and from then on every stream goes through."""
+
+    def SubmitUpdate(self, request_iterator: Iterator[pb.SubmitUpdateRequest],
+                     context: grpc.ServicerContext) -> pb.SubmitUpdateResponse:
+        self.streams += 1
+        it = iter(request_iterator)
+        h = mappers.update_header(next(it))
+        if self.streams == 2:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no open fit task")
+        up = self.book.begin(h, 1 << 20)
+        for n, part in enumerate(it):
+            if self.streams == 1 and n == 3:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "link down")
+            if self.streams == 3 and n == 5:
+                while context.is_active():
+                    time.sleep(0.02)
+                return pb.SubmitUpdateResponse()
+            up.add(mappers.update_chunk(part))
+        self.got, _ = up.finish()
+        return pb.SubmitUpdateResponse()
+
+
+def test_after_a_refused_resumption_a_later_cut_resumes_at_the_held_chunk_again() -> None:
+    agg = _RefusedThenStalled()
+    with _serving(agg) as stub:
+        sent = transfer.upload(stub, _update(), mappers.UpdateMeta("w", 3, 0), SPEC, stall_s=0.5, timeout_s=20)
+    assert sent.resumed == [(3, 3000), (0, 0), (5, 5000)]  # the refusal sent it whole once, not every time after
+    assert agg.streams == 4
+    assert agg.got is not None and torch.equal(agg.got["params"][0], PARAMS[0])
+
+
 def test_a_refused_upload_is_not_retried() -> None:
     agg = _Flaky(refuse=True)
     with _serving(agg) as stub, pytest.raises(grpc.RpcError) as e:

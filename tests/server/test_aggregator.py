@@ -210,6 +210,35 @@ def test_an_upload_stream_that_ends_early_is_kept_and_the_resumed_upload_complet
     assert all(torch.allclose(a, b) for a, b in zip(final, expect, strict=True))
 
 
+def test_a_whole_upload_that_is_no_update_fails_its_client_and_cannot_be_sent_again(start: Any) -> None:
+    # verified chunks that decode to no update (here: no 'params' group) cost the aggregator a decode; the
+    # client fails this round, as for an update the acceptance rule refuses, so the stream cannot be repeated
+    inputs = tiny_inputs()
+    h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)
+    fake = FakeWorker(h.port, [0, 1, 2, 3], inputs.partition_info["md5"])
+    fit = fake.next("fit").task
+    w = fake.model(fit.model_blob)
+    header = pb.SubmitUpdateRequest(header=pb.UpdateHeader(worker_id=fake.wid, task_id=fit.task_id,
+                                                           round=fit.round, cid=0, num_samples=12))
+    junk = []
+    for c in codec.tensor_chunks({"junk": [torch.zeros(0)] * 50}, codec.TransferSpec()):
+        m = pb.SubmitUpdateRequest()
+        c.fill(m.chunk)
+        junk.append(m)
+    for expect in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+        with pytest.raises(grpc.RpcError) as e:
+            fake.stub.SubmitUpdate(iter([header, *junk]))
+        assert e.value.code() == expect, e.value.details()
+    assert "params" in h.run.remote.collector.failed[0]
+    ups = {c: [p + c for p in w] for c in (1, 2, 3)}
+    for c, params in ups.items():
+        fake.upload(fit, c, params)
+    assert h.wait(20) and h.run.error is None
+    final = load_model_file(h.run_dir / "model_final.pt").params
+    expect_w = weighted_sum(list(ups.values()), [1 / 3] * 3)
+    assert all(torch.allclose(a, b) for a, b in zip(final, expect_w, strict=True))
+
+
 def test_valid_updates_are_aggregated_without_the_bad_one(start: Any) -> None:
     inputs = tiny_inputs()
     h = start(tiny_config("fedavg", rounds=1, fraction=1.0), inputs, quorum=0.5)

@@ -4,11 +4,14 @@ handler still blocked on a dead connection) cannot add to the one that took over
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from fedentrpc import codec
 from fedentrpc.v1 import aggregator_pb2 as pb
+from server import uploads
 from server.uploads import UploadBook
 from server.work import ClusterError
 
@@ -26,8 +29,9 @@ def _msg(c: codec.Chunk) -> codec.pb.TensorChunk:
     return m
 
 
-def _header(resume: int = 0, rnd: int = 0, samples: int = 5) -> pb.UpdateHeader:
-    return pb.UpdateHeader(worker_id="w", task_id=3, round=rnd, cid=1, num_samples=samples, resume_from_chunk=resume)
+def _header(resume: int = 0, rnd: int = 0, samples: int = 5, worker: str = "w", cid: int = 1) -> pb.UpdateHeader:
+    return pb.UpdateHeader(worker_id=worker, task_id=3, round=rnd, cid=cid, num_samples=samples,
+                           resume_from_chunk=resume)
 
 
 def test_a_cut_upload_resumes_from_the_held_chunks_and_completes_once() -> None:
@@ -117,3 +121,66 @@ def test_a_stream_that_ends_before_its_last_chunk_keeps_its_chunks() -> None:
     bundle, wire = again.finish()
     assert wire == 8000 and torch.equal(bundle["params"][0], BUNDLE["params"][0])
     assert book.state(up.key).state == pb.UPLOAD_STATE_NONE  # taken: nothing held any more
+
+
+def test_one_workers_uploads_evict_only_its_own_kept_partials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker with many clients (or a hostile one) starting more uploads than the cap evicts its own oldest
+    partials, never another worker's kept chunks."""
+    monkeypatch.setattr(uploads, "MAX_PARTIALS", 4)
+    book = UploadBook()
+    honest = book.begin(_header(worker="a"), 1 << 20)
+    for c in _chunks()[:3]:
+        honest.add(_msg(c))
+    flood = [book.begin(_header(worker="b", cid=10 + i), 1 << 20) for i in range(6)]
+    for up in flood:
+        up.add(_msg(_chunks()[0]))
+    assert book.state(honest.key).next_chunk == 3  # still held for its owner
+    held = [book.state(up.key).state for up in flood]
+    assert held == [pb.UPLOAD_STATE_NONE] * 2 + [pb.UPLOAD_STATE_PARTIAL] * 4  # b's two oldest went
+
+
+def test_a_header_declaring_more_tensors_than_the_bound_is_refused_before_anything_is_kept() -> None:
+    book = UploadBook()
+    up = book.begin(_header(), 1 << 20, max_tensors=1)
+    two = {"params": [torch.zeros(10), torch.zeros(10)]}
+    first = next(iter(codec.tensor_chunks(two, SPEC)))
+    with pytest.raises(codec.WireError, match="declares 2 tensors; this receiver takes at most 1"):
+        up.add(_msg(first))
+    one = book.begin(_header(), 1 << 20, max_tensors=1)  # the bound admits what it should
+    for c in _chunks():
+        one.add(_msg(c))
+    assert torch.equal(one.finish()[0]["params"][0], BUNDLE["params"][0])
+
+
+def test_a_decode_holds_neither_the_book_nor_other_uploads_and_a_decoded_partial_cannot_be_taken_over(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding an upload (zlib, a header of many tensors) may take long: other workers' queries and uploads
+    go on meanwhile, and no stream can resume the upload being decoded."""
+    book = UploadBook()
+    slow = book.begin(_header(worker="a"), 1 << 20)
+    for c in _chunks():
+        slow.add(_msg(c))
+    entered, release = threading.Event(), threading.Event()
+    real_finish = codec.TensorAssembler.finish
+
+    def blocking_finish(self: codec.TensorAssembler) -> codec.Bundle:
+        entered.set()
+        assert release.wait(10)
+        return real_finish(self)
+
+    monkeypatch.setattr(codec.TensorAssembler, "finish", blocking_finish)
+    result: list[tuple[codec.Bundle, int]] = []
+    t = threading.Thread(target=lambda: result.append(slow.finish()))
+    t.start()
+    try:
+        assert entered.wait(10)
+        other = book.begin(_header(worker="b", cid=2), 1 << 20)  # would wait for the decode under the book's lock
+        other.add(_msg(_chunks()[0]))
+        assert book.state(other.key).next_chunk == 1
+        with pytest.raises(ClusterError, match="received whole"):  # a resumption of the one being decoded
+            book.begin(_header(worker="a", resume=8), 1 << 20)
+    finally:
+        release.set()
+        t.join(10)
+    assert result and torch.equal(result[0][0]["params"][0], BUNDLE["params"][0])
+    assert book.state(slow.key).state == pb.UPLOAD_STATE_NONE and book.state(other.key).next_chunk == 1
