@@ -41,6 +41,8 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
+    Page("mnist", "fedavg,fedent,fedcos,fednorm", 8, "mnist-pathological", ("--set", "data.root=data/mnist"),
+         folder="mnist-cpu", seeds="0,1"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
     Page("cpu", "fedavg,fedavg-lr2,fedavg-lr5,fedavg-lr10,fedent,fedent-first,fedavg-replay-mean,fedadam,feddyn", 27,
          "pathological", ("--only", "controls"), folder=""),
@@ -131,3 +133,44 @@ def test_the_old_commits_rerun_of_fedavg_x10_gives_the_kept_runs_accuracies(tmp_
         accs.append([r["test_acc"] for r in recs if r.get("test_acc") is not None])
     assert len(accs[0]) == 6 and accs[0] == accs[1]
     assert f"{100 * accs[0][-1]:.1f}%" == "27.4%" and "ends it at 27.4%" in page
+
+
+def test_cpu_fedavg_tracks_the_h100_run_over_the_first_ten_rounds_as_the_page_says(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md compares rows trained on this CPU with rows trained on an H100; its check of the
+    machine effect (FedAvg, seed 0, 10 rounds on the CPU against the first 10 of the H100 run) is recomputed from
+    the two kept runs."""
+    from fedent import runlog
+
+    page = (ROOT / "docs" / "mnist-cpu" / "results.md").read_text(encoding="utf-8")
+    prefix = ROOT / "docs" / "mnist-cpu" / "results" / "fedavg-cpu-prefix.tar.gz"
+    assert hashlib.sha256(prefix.read_bytes()).hexdigest() in page.replace("\n", "")
+    run = Path("runs/mnist-pathological/fedavg-s0/metrics.jsonl")
+    acc = []
+    for name, archive in (("cpu", prefix), ("h100", ROOT / "docs" / "mnist" / "results" / "run-logs.tar.gz")):
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path / name, filter="data")
+        acc.append({r["round"]: r["test_acc"] for r in runlog.read_metrics(tmp_path / name / run)
+                    if r.get("test_acc") is not None})
+    cpu, h100 = acc
+    assert sorted(cpu) == list(range(1, 11))
+    gap = max(abs(cpu[r] - h100[r]) for r in cpu)
+    assert f"at most {100 * gap:.2f} points" in page
+
+
+def test_fedcos_tracks_fedavg_on_real_mnist_as_the_pages_say(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md and docs/results.md: FedCos (CPU) stays within the stated points of FedAvg (H100)
+    in every round of both seeds, recomputed from the page's kept runs."""
+    from fedent import runlog
+
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    gap = 0.0
+    for seed in (0, 1):
+        acc = [{r["round"]: r["test_acc"] for r in runlog.read_metrics(
+            tmp_path / "runs" / "mnist-pathological" / f"{row}-s{seed}" / "metrics.jsonl") if r.get("test_acc")}
+            for row in ("fedcos", "fedavg")]
+        assert sorted(acc[0]) == sorted(acc[1]) == list(range(1, 51))
+        gap = max(gap, *(abs(acc[0][r] - acc[1][r]) for r in acc[0]))
+    said = f"within {100 * gap:.2f} points of FedAvg"
+    for page in (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md"):
+        assert said in page.read_text(encoding="utf-8").replace("\n  ", " "), page
