@@ -12,8 +12,8 @@ A cut stream's handler can still be blocked on its dead connection when the resu
 stream takes the partial over with a fresh owner token, and a chunk from a superseded stream is refused.
 Partials of earlier rounds are dropped as soon as a later round's upload begins; at most ``MAX_PARTIALS`` are
 kept per worker (each holds a receive buffer of up to the update limit), the worker's own oldest evicted first, so
-one worker's uploads never evict another's. An upload is decoded under its own lock, not the book's, so a slow
-or hostile decode delays no other worker's upload or query. No gRPC here.
+one worker's uploads never evict another's. An upload is decoded under no lock (marked ``taken``, so no stream
+can take it over meanwhile): a slow or hostile decode delays no other upload or query. No gRPC here.
 """
 
 from __future__ import annotations
@@ -104,11 +104,8 @@ class Upload:
 
     def discard(self) -> None:
         """A corrupt stream: its chunks are not kept (the worker sends it again from chunk 0)."""
-        with self._p.lock:  # never the book's lock while waiting for this one (a decode may hold it)
-            if self._p.owner is not self._token:
-                return
-        with self.book.lock:
-            if self.book.partials.get(self.key) is self._p:
+        with self.book.lock, self._p.lock:
+            if self._p.owner is self._token and self.book.partials.get(self.key) is self._p:
                 del self.book.partials[self.key]
 
 
@@ -158,10 +155,9 @@ class UploadBook:
                                                    f"to resume at chunk {k}: send it from chunk 0")
             if p.header != _bare(h):
                 raise WireError("a resumed upload's header differs from the cut stream's")
-        # outside the book's lock: the partial's may be held by a decode
-        with p.lock:
-            held, offset = p.asm.chunks, p.asm.wire_bytes
-        if k > held:
-            raise ClusterError("precondition", f"resume at chunk {k}, but the aggregator holds {held} chunks "
-                                               f"of client {h.cid}'s upload")
-        return Upload(self, key, p, (held, offset))
+            with p.lock:
+                held, offset = p.asm.chunks, p.asm.wire_bytes
+            if k > held:
+                raise ClusterError("precondition", f"resume at chunk {k}, but the aggregator holds {held} chunks "
+                                                   f"of client {h.cid}'s upload")
+            return Upload(self, key, p, (held, offset))
