@@ -15,12 +15,15 @@ P on another checkout (e.g. main's), alternating with this one in the same run, 
 ``--gather-only`` times one round's all-gather of the updates alone, nothing else running: 2 gloo ranks on this
 host, each holding ``--clients``/2 MNIST-CNN uploads, gather them as ``all_gather_object`` pickles (how every
 update travelled before) and as flat tensors (``fedent.rounds.flatgather``; fresh byte buffers each time, and
-buffers kept from one gather to the next), alternately, after a barrier (waiting for a slower rank is not
-counted); wall and CPU time per gather, rank 0 and rank 1.
+buffers kept from one gather to the next) and, as a reduced round combines them (``--reduce sum``), as their
+sample-weighted float64 sum all-reduced (one model's worth of traffic instead of every upload), alternately, after
+a barrier (waiting for a slower rank is not counted); wall and CPU time per gather, rank 0 and rank 1.
+``--reduce gather,sum`` runs every P > 1 both ways (``fedent simulate --reduce``), alternately in the same run.
 
     python benchmarks/bench_distributed.py                      # P = 1 vs P = 2 on the CPU
     python benchmarks/bench_distributed.py --procs 1,2,4 --device cuda   # on a machine with several GPUs
     python benchmarks/bench_distributed.py --procs 1,2 --rounds 3 --baseline-code ../main   # before/after
+    python benchmarks/bench_distributed.py --procs 1,2 --reduce gather,sum    # all-gather vs all-reduce rounds
     python benchmarks/bench_distributed.py --gather-only --repeats 5     # the all-gather alone, pickled vs flat
 """
 
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,14 +64,16 @@ def _children_cpu() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int,
-        code: Path = ROOT) -> tuple[list[float], list[torch.Tensor], float, float, float]:
+def run(cfg: Path, out: Path, run_id: str, procs: int, threads: int, code: Path = ROOT,
+        reduce: str | None = None) -> tuple[list[float], list[torch.Tensor], float, float, float]:
     """One command on the checkout ``code``: its timed rounds' wall times, final model, rank 0's share of its run
     in the all-gathers (wall, and CPU where reported) and the command's CPU time (every rank)."""
     cmd = [sys.executable, "-m", "fedent", "simulate", "--config", str(cfg), "--out", str(out), "--run-id", run_id,
            "--threads", str(threads), "--no-plots", "--no-progress", "--checkpoint-keep", "0"]
     if procs > 1:
         cmd += ["--procs", str(procs)]
+    if reduce is not None:
+        cmd += ["--reduce", reduce]
     cpu0 = _children_cpu()
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=code, env={**os.environ, "PYTHONPATH": str(code)})
     cpu = _children_cpu() - cpu0
@@ -102,10 +108,21 @@ def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, ou
                for c in world.mine(range(clients))}
     local: tuple[dict[int, ClientUpdate], dict[int, str]] = (uploads, {})
     kept = Buffers()
+
+    def summed(obj: tuple[dict[int, ClientUpdate], dict[int, str]]) -> torch.Tensor:
+        """What a reduced round moves: Σ n_i w_i over this rank's uploads in float64, all-reduced."""
+        buf = torch.zeros(sum(s.numel() for s in shapes), dtype=torch.float64)
+        for u in obj[0].values():
+            off = 0
+            for p in u.params:
+                buf[off:off + p.numel()].add_(p.reshape(-1), alpha=float(u.num_samples))
+                off += p.numel()
+        return world.all_reduce_sum(buf)
+
     ways = {"pickled": world.all_gather, "flat": lambda obj: all_gather_flat(world, obj),
-            "flat, buffers kept": lambda obj: all_gather_flat(world, obj, kept)}
+            "flat, buffers kept": lambda obj: all_gather_flat(world, obj, kept), "summed (all-reduce)": summed}
     got: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
-    first: dict[str, list[tuple[dict[int, ClientUpdate], dict[int, str]]]] = {}
+    first: dict[str, Any] = {}
     for rep in range(repeats + 1):  # the first of each is a warm-up
         for name, gather in ways.items():
             dist.barrier()
@@ -115,9 +132,15 @@ def _gather_rank(rank: int, size: int, port: int, clients: int, repeats: int, ou
                 got[name].append((time.perf_counter() - t0, time.process_time() - c0))
             first.setdefault(name, parts)
             del parts
-    a = first["pickled"]
-    same = all(torch.equal(x, y) for w in ways for pa, pb in zip(a, first[w], strict=True)
+    a = first.pop("pickled")
+    total = first.pop("summed (all-reduce)")
+    same = all(torch.equal(x, y) for w in first for pa, pb in zip(a, first[w], strict=True)
                for c in pa[0] for x, y in zip(pa[0][c].params, pb[0][c].params, strict=True))
+    want = torch.zeros_like(total)
+    for pa in a:
+        for u in pa[0].values():
+            want += u.num_samples * torch.cat([p.reshape(-1) for p in u.params]).double()
+    same = same and bool(torch.allclose(total, want, rtol=0, atol=1e-9))
     mb = sum(s.numel() for s in shapes) * 4 * clients / 1e6
     Path(out, f"rank{rank}.json").write_text(json.dumps({"times": got, "same": same, "mb": mb}))
     world.close()
@@ -132,7 +155,8 @@ def gather_only(clients: int, repeats: int) -> int:
         mp.spawn(_gather_rank, args=(2, free_port(), clients, repeats, tmp), nprocs=2, join=True)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
     print(f"one all-gather of {clients} MNIST-CNN uploads ({ranks[0]['mb']:.0f} MB of float32) over 2 gloo ranks, "
-          f"{repeats} repeats, medians; flat = pickled bit for bit: {all(r['same'] for r in ranks)}")
+          f"{repeats} repeats, medians; flat = pickled bit for bit and the all-reduced sum = the gathered uploads' "
+          f"sum: {all(r['same'] for r in ranks)}")
     print("| form | rank 0 wall (s) | rank 0 CPU (s) | rank 1 wall (s) | rank 1 CPU (s) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for way in ranks[0]["times"]:
@@ -153,6 +177,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--baseline-code", default=None, metavar="DIR",
                     help="another checkout (e.g. main's worktree) run alternately with this one, for before/after")
+    ap.add_argument("--reduce", default="auto",
+                    help="comma-separated fedent simulate --reduce modes run for every P > 1 (auto, gather, sum)")
     ap.add_argument("--gather-only", action="store_true",
                     help="time one round's all-gather alone, pickled vs flat (2 gloo ranks, no training)")
     args = ap.parse_args()
@@ -162,43 +188,49 @@ def main() -> int:
     codes = {"this": ROOT}
     if args.baseline_code:
         codes = {"baseline": Path(args.baseline_code).resolve(), "this": ROOT}
-    sides = [(c, p) for p in counts for c in codes]
+    modes = [m for m in args.reduce.split(",") if m]
+    # (code, P, --reduce): the baseline checkout may predate --reduce; one process has nothing to reduce
+    sides = [(c, p, m if c == "this" and p > 1 else None) for p in counts for c in codes
+             for m in (modes if c == "this" and p > 1 else [None])]
+    Side = tuple[str, int, "str | None"]
     with tempfile.TemporaryDirectory(prefix="bench-dist-") as tmp:
         out = Path(tmp)
         cfg = config(out / "c.yaml", args.clients, args.samples, args.rounds, args.device)
-        times: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
-        models: dict[tuple[str, int], list[torch.Tensor]] = {}
-        gathers: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
-        gathers_cpu: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
-        cpus: dict[tuple[str, int], list[float]] = {s: [] for s in sides}
+        times: dict[Side, list[float]] = {s: [] for s in sides}
+        models: dict[Side, list[torch.Tensor]] = {}
+        gathers: dict[Side, list[float]] = {s: [] for s in sides}
+        gathers_cpu: dict[Side, list[float]] = {s: [] for s in sides}
+        cpus: dict[Side, list[float]] = {s: [] for s in sides}
         for rep in range(args.repeats):
-            for c, p in sides:
-                t, models[(c, p)], g, gc, cpu = run(cfg, out, f"{c}-p{p}-r{rep}", p, args.threads, codes[c])
-                times[(c, p)] += t
-                gathers[(c, p)].append(g)
-                gathers_cpu[(c, p)].append(gc)
-                cpus[(c, p)].append(cpu)
-                print(f"repeat {rep}: {c} P={p} rounds {', '.join(f'{x:.2f}' for x in t)} s, command CPU {cpu:.1f} s",
-                      flush=True)
-    ref = (list(codes)[0], counts[0])
+            for side in sides:
+                c, p, m = side
+                t, models[side], g, gc, cpu = run(cfg, out, f"{c}-p{p}-{m}-r{rep}", p, args.threads, codes[c], m)
+                times[side] += t
+                gathers[side].append(g)
+                gathers_cpu[side].append(gc)
+                cpus[side].append(cpu)
+                print(f"repeat {rep}: {c} P={p} reduce {m or '-'} rounds {', '.join(f'{x:.2f}' for x in t)} s, "
+                      f"command CPU {cpu:.1f} s", flush=True)
+    ref = sides[0]
     base = statistics.median(times[ref])
     rows = []
     print(f"\n{args.clients} clients x {args.samples} samples, MNIST-CNN, {args.device}, {args.threads} thread(s) "
           f"per process, {torch.get_num_threads()} here; code: "
           + ", ".join(f"{c} = {path}" for c, path in codes.items()))
-    print(f"| code | P | round (s, median) | speed-up | speed-up / P | rank 0 in all-gathers (wall) | (CPU) "
-          f"| command CPU (s) | max abs diff vs {ref[0]} P={ref[1]} |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for c, p in sides:
-        med = statistics.median(times[(c, p)])
-        diff = max(float((a - b).abs().max()) for a, b in zip(models[ref], models[(c, p)], strict=True))
-        share, share_cpu = statistics.median(gathers[(c, p)]), statistics.median(gathers_cpu[(c, p)])
-        cpu = statistics.median(cpus[(c, p)])
-        rows.append({"code": c, "procs": p, "round_s": med, "speedup": base / med,
+    print(f"| code | P | reduce | round (s, median) | speed-up | speed-up / P | rank 0 combining updates (wall) "
+          f"| (CPU) | command CPU (s) | max abs diff vs {ref[0]} P={ref[1]} |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for side in sides:
+        c, p, m = side
+        med = statistics.median(times[side])
+        diff = max(float((a - b).abs().max()) for a, b in zip(models[ref], models[side], strict=True))
+        share, share_cpu = statistics.median(gathers[side]), statistics.median(gathers_cpu[side])
+        cpu = statistics.median(cpus[side])
+        rows.append({"code": c, "procs": p, "reduce": m, "round_s": med, "speedup": base / med,
                      "efficiency": base / med / p * counts[0], "gather_share": share, "gather_cpu_share": share_cpu,
                      "command_cpu_s": cpu, "max_abs_diff": diff})
-        print(f"| {c} | {p} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} | {100 * share:.0f}% "
-              f"| {100 * share_cpu:.0f}% | {cpu:.1f} | {diff:.1e} |")
+        print(f"| {c} | {p} | {m or '—'} | {med:.2f} | {base / med:.2f}x | {base / med / p * counts[0]:.2f} "
+              f"| {100 * share:.0f}% | {100 * share_cpu:.0f}% | {cpu:.1f} | {diff:.1e} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

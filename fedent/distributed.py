@@ -18,12 +18,14 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+Reduce = Literal["auto", "gather", "sum"]
+REDUCE_CHOICES: tuple[Reduce, ...] = ("auto", "gather", "sum")
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # A collective waits this long for a rank that never arrives (a crashed peer) before the run fails.
@@ -42,6 +44,10 @@ class World:
     size: int = 1
     local_rank: int = 0
     backend: str = "none"
+    # how the ranks combine a round's updates (fedent.rounds.distributed): "sum" all-reduces their weighted sum
+    # (one model's worth of traffic), "gather" all-gathers every update (one process's model bit for bit),
+    # "auto" sums wherever the run allows (fedent.rounds.distributed.sum_blocker) and gathers elsewhere
+    reduce: Reduce = "auto"
 
     @property
     def distributed(self) -> bool:
@@ -76,6 +82,12 @@ class World:
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the ranks, in place (gloo for CPU tensors, NCCL for GPU ones); ``t`` when alone."""
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
     def agree(self, error: BaseException | None) -> None:
         """Every rank learns whether any rank failed a check (so none waits forever in a collective for a peer
         that has already given up): the local error is re-raised; another rank's becomes a ``WorldError``."""
@@ -92,13 +104,15 @@ class World:
 
     # ---- forming the group -----------------------------------------------------------------------------
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, device: str = "cpu") -> World:
+    def from_env(cls, env: Mapping[str, str] | None = None, device: str = "cpu", reduce: Reduce = "auto") -> World:
         """The world torchrun (or ``fedent simulate --procs``) described in the environment; ``World()`` when
         ``WORLD_SIZE`` is absent or 1. ``device``: ``cuda`` binds this rank to GPU ``LOCAL_RANK`` and adds NCCL."""
+        if reduce not in REDUCE_CHOICES:
+            raise WorldError(f"reduce must be one of {', '.join(REDUCE_CHOICES)}, got {reduce!r}")
         env = os.environ if env is None else env
         size = int(env.get("WORLD_SIZE", "1") or 1)
         if size <= 1:
-            return cls()
+            return cls(reduce=reduce)
         missing = [k for k in ENV_KEYS if not env.get(k)]
         if missing:
             raise WorldError(f"WORLD_SIZE={size} but {', '.join(missing)} not set: start the processes with "
@@ -116,7 +130,7 @@ class World:
         if not dist.is_initialized():
             dist.init_process_group(backend=backend, rank=rank, world_size=size,
                                     timeout=datetime.timedelta(seconds=TIMEOUT_S))
-        return cls(rank, size, local, backend)
+        return cls(rank, size, local, backend, reduce)
 
 
 def free_port() -> int:

@@ -24,7 +24,18 @@ def cases() -> list[tuple[str, ExperimentConfig]]:
         ("fedent-offline-vectorised", config_from_dict(offline)),
         ("fedavg-secure", dataclasses.replace(tiny_config("fedavg", rounds=2, fraction=0.5),
                                               privacy=PrivacyConfig(secure_aggregation=True))),
+        # reduced rounds with a tensor group and uniform weights (SCAFFOLD's Σ y_i and Σ Δc_i), and FedDyn's
+        ("scaffold", tiny_config("scaffold", rounds=2, fraction=0.5)),
+        ("feddyn", tiny_config("feddyn", rounds=2, fraction=0.5)),
+        ("fedcos", tiny_config("fedcos", rounds=2, fraction=0.5)),  # needs every update: gathered under auto
+        ("fedent-gather", tiny_config("fedent", rounds=4, fraction=0.5, evaluation="federated")),
     ]
+
+
+# each case's World.reduce (default auto); and the way each case's rounds are combined under it
+REDUCE = {"fedent-gather": "gather"}
+COMBINED = {"fedavg": "sum", "fedent": "sum", "fedent-offline-vectorised": "sum", "fedavg-secure": "gather",
+            "scaffold": "sum", "feddyn": "sum", "fedcos": "gather", "fedent-gather": "gather"}
 
 
 def rank_main(rank: int, size: int, port: int, out: str) -> None:
@@ -38,7 +49,7 @@ def rank_main(rank: int, size: int, port: int, out: str) -> None:
     try:
         for name, cfg in cases():
             res = run_simulation(cfg, Path(out) / name, progress=False, inputs=tiny_inputs(), plots=False,
-                                 world=world)
+                                 world=dataclasses.replace(world, reduce=REDUCE.get(name, "auto")))
             if world.leader:
                 torch.save({"params": res.params, "records": json.dumps(res.records)}, Path(out) / f"{name}.pt")
     finally:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from fedent.distributed import World
 
 HELP = "run one experiment in-process (the simulator)"
+REDUCE_CHOICES = ("auto", "gather", "sum")  # fedent.distributed.REDUCE_CHOICES, without importing torch here
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -52,6 +53,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="split each round's clients over P processes on this machine (gloo on the CPU, NCCL on "
                         "GPUs; the same model as one process at the same threads per process); torchrun "
                         "--nproc-per-node P -m fedent simulate ... does the same across machines")
+    p.add_argument("--reduce", choices=REDUCE_CHOICES, default="auto",
+                   help="with --procs or torchrun: how the processes combine a round's updates: sum all-reduces "
+                        "their weighted sum (one model's traffic; the one-process model to float rounding), gather "
+                        "all-gathers every update (the one-process model bit for bit), auto (default) sums "
+                        "wherever the strategy and options allow and gathers elsewhere")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip writing plots/*.png at the end")
 
@@ -69,7 +75,7 @@ def child_argv(args: argparse.Namespace, run_id: str, threads: int) -> list[str]
     ``--procs``, with the run id fixed (every rank must name the same run) and the threads split."""
     argv = ["simulate", "--config", str(args.config), "--run-id", run_id, "--threads", str(threads),
             "--quorum", repr(args.quorum), "--round-retries", str(args.round_retries),
-            "--checkpoint-keep", str(args.checkpoint_keep)]
+            "--checkpoint-keep", str(args.checkpoint_keep), "--reduce", args.reduce]
     for o in args.overrides:
         argv += ["--set", o]
     for flag, value in (("--device", args.device), ("--executor", args.executor),
@@ -130,6 +136,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--checkpoint-keep: must be >= 0, got {args.checkpoint_keep}")
     if args.procs is not None and args.procs < 1:
         raise ConfigError(f"--procs: must be >= 1, got {args.procs}")
+    if args.reduce == "sum":
+        from fedent.rounds.distributed import sum_blocker
+        from fedent.strategies.registry import strategy_class
+
+        local_eval = cfg.train.local_eval if args.local_eval is None else args.local_eval
+        why = sum_blocker(cfg, strategy_class(cfg.algorithm.name), local_eval)
+        if why is not None:
+            raise ConfigError(f"--reduce sum: this run cannot be reduced to sums: {why} (use --reduce auto or gather)")
     set_threads(args.threads)
     out = Path(args.out if args.out is not None else cfg.out_dir)
     run_id = args.run_id or new_run_id(cfg.name, cfg.algorithm.name, cfg.train.seed)
@@ -139,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from fedent.trainer import resolve_device
 
     try:
-        world = World.from_env(device=resolve_device(args.device or cfg.train.device).type)
+        world = World.from_env(device=resolve_device(args.device or cfg.train.device).type, reduce=args.reduce)
     except (WorldError, RuntimeError, ValueError) as e:
         print(f"fedent simulate: {one_line(e)}", file=sys.stderr)
         return 2

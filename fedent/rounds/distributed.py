@@ -10,6 +10,14 @@ training depends only on its own seeded stream). Algorithm 1's oracle is split t
 test set, or its own clients' local splits, and the sums are gathered). The gathers pickle only the small
 fields; tensors and arrays travel as one flat byte tensor per rank (``fedent.rounds.flatgather``).
 
+Where the strategy's server step needs only the weighted sum of the updates (its ``secure_weighting``, the same
+property secure aggregation needs) and nothing else looks at single updates (no central DP, no robust rule, no
+local evaluation: ``sum_blocker``), a round is *reduced* instead (``World.reduce``, ``auto`` by default): each
+rank screens its own clients' updates with the engine's acceptance rule, the ranks gather only the clear parts
+(cid, count, loss, scalars, ‖w_i‖²), and all-reduce Σ s_i w_i in float64 (``fit_sum``): one model's worth of
+traffic a round instead of every update (NCCL where the model lives on a GPU). The engine then aggregates that
+sum (``Strategy.aggregate_sum``); the model equals one process's to float rounding (the gathered path: bit for bit).
+
 Only rank 0 writes the run directory the user asked for; the simulator points the other ranks' engines at
 ``<run>/.ranks/<r>/`` (their checkpoints and client state, so a multi-process run resumes too).
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -28,12 +37,13 @@ from torch import Tensor
 from fedent.distributed import World, WorldError
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
-from fedent.params import Params
+from fedent.params import Params, norm_sq, num_elements
 from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
 from fedent.rounds.executor import Gathered
 from fedent.rounds.flatgather import Buffers, all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
-from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, Strategy
+from fedent.rounds.robust import cap_counts
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, SecureSum, Strategy
 from fedent.trainer import LocalTrainer
 
 if TYPE_CHECKING:
@@ -69,6 +79,35 @@ def merge(world: World, local: Gathered[T], buffers: Buffers | None = None) -> G
     return Gathered(out.results, out.failed)
 
 
+Accept = Callable[[Gathered[ClientUpdate]], Gathered[ClientUpdate]]  # the engine's acceptance rule for updates
+
+
+def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], local_eval: int) -> str | None:
+    """Why a round's updates cannot be reduced to their weighted sum over the ranks (None: they can); ``strategy``:
+    the run's, or its class (what it declares is a class property)."""
+    if strategy.secure_weighting is None:
+        return f"{strategy.name} needs more than the updates' weighted sum: {strategy.secure_blocker}"
+    if cfg.privacy.secure_aggregation:
+        return "secure aggregation sums the masked updates itself"
+    if cfg.privacy.dp == "central":
+        return "central DP clips and noises every update before the sum"
+    if cfg.robust.aggregator != "mean" or cfg.robust.clip_norm is not None:
+        return f"robust.aggregator {cfg.robust.aggregator} (or robust.clip_norm) looks at every update"
+    if local_eval > 0:
+        return "train.local_eval evaluates uploaded local models"
+    return None
+
+
+@dataclass
+class Summed:
+    """A reduced round's fit: the clear parts (no params) of the accepted updates and the failures, the weighted
+    sum the strategy aggregates, and the weight cap's diagnostics (as ``robust.apply`` gives them)."""
+
+    updates: Gathered[ClientUpdate]
+    total: SecureSum
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
 class DistributedOracle:
     """Algorithm 1's gradient oracle over P ranks: each rank computes its own clients' gradients (batched
     where its host's oracle is), and all-gathers them, so every rank's fixed point sees every gradient."""
@@ -97,8 +136,9 @@ class DistributedOracle:
 class DistributedExecutor:
     """The rank's in-process executor, asked only about the clients this rank owns; results all-gathered."""
 
-    def __init__(self, inner: InProcessExecutor, world: World) -> None:
+    def __init__(self, inner: InProcessExecutor, world: World, sums: bool = False) -> None:
         self.inner, self.world = inner, world
+        self.sums = sums  # the engine asks ``fit_sum`` instead of ``fit`` (a reduced run: sum_blocker said None)
         self.host = inner.host
         self.host.on_update = None  # uploads are booked after the gather, for every client, on every rank
         self.engine: RoundEngine | None = None
@@ -116,6 +156,7 @@ class DistributedExecutor:
 
     def status_fields(self) -> dict[str, Any]:
         return {**self.inner.status_fields(), "processes": self.world.size, "backend": self.world.backend,
+                "reduce": "sum" if self.sums else "gather",
                 "gather_s": round(self.gather_s, 3), "gather_cpu_s": round(self.gather_cpu_s, 3)}
 
     def _merge(self, local: Gathered[T]) -> Gathered[T]:
@@ -165,6 +206,58 @@ class DistributedExecutor:
         if self.on_client is not None:
             self.on_client(len(cids), len(cids))
         return every
+
+    def fit_sum(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
+                payload: RoundPayload, accept: Accept, cap: float | None) -> Summed:
+        """``fit``, reduced: each rank screens its own clients' updates with ``accept``, the ranks gather the clear
+        parts of the accepted ones (and the failures), cap their counts (``cap``: robust.max_weight_share, as
+        ``robust.apply`` would), and all-reduce Σ s_i w_i and each tensor group's Σ s_i t_i in float64, s_i the
+        capped count (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank."""
+        local = accept(self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload))
+        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params),
+                     update_bytes(u)) for c, u in local.results.items()}
+        every = self._merge(Gathered(clear, local.failed))
+        got = every.results
+        counts = [got[c][0].num_samples for c in got]
+        capped = cap_counts(counts, cap) or counts
+        weights = dict(zip(got, capped if strategy.secure_weighting == "samples" else [1] * len(got), strict=True))
+        groups = strategy.payload_spec.update_tensors
+        like = list(global_params)
+        t0, c0 = time.perf_counter(), time.process_time()
+        buf = torch.zeros(num_elements(like) * (1 + len(groups)), dtype=torch.float64, device=like[0].device)
+        for c, u in local.results.items():
+            off = 0
+            for src in (u.params, *(u.tensors[g] for g in groups)):
+                for p in src:
+                    n = p.numel()
+                    buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
+                    off += n
+        self.world.all_reduce_sum(buf)
+        parts: list[Params] = []
+        off = 0
+        for _ in range(1 + len(groups)):
+            one = []
+            for p in like:
+                one.append(buf[off:off + p.numel()].reshape(p.shape).to(p.dtype))
+                off += p.numel()
+            parts.append(one)
+        self.gather_s += time.perf_counter() - t0
+        self.gather_cpu_s += time.process_time() - c0
+        n_of = dict(zip(got, capped, strict=True))
+        clients = [dataclasses.replace(got[c][0], num_samples=n_of[c]) for c in got]
+        total = SecureSum(rnd, parts[0], dict(zip(groups, parts[1:], strict=True)), float(sum(weights.values())),
+                          clients, norms={c: got[c][1] for c in got})
+        diagnostics: dict[str, Any] = {}
+        if capped is not counts:
+            diagnostics["robust"] = {"capped_weights": [c for c, n in zip(got, counts, strict=True) if n_of[c] < n]}
+        if self.engine is not None:
+            now = time.time()
+            for c in got:
+                self.engine.clients.add_bytes(c, got[c][2])
+                self.engine.clients.update([c], last_heartbeat=now)
+        if self.on_client is not None:
+            self.on_client(len(cids), len(cids))
+        return Summed(Gathered({c: got[c][0] for c in got}, every.failed), total, diagnostics)
 
     def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
         """A secure-aggregation step: each rank's clients answer theirs, and every rank gets every answer."""
@@ -224,8 +317,13 @@ def distributed_federated(world: World, trainer: LocalTrainer, x_test: Tensor, y
 
 
 def distributed_engine_parts(world: World, executor: InProcessExecutor, cfg: ExperimentConfig, inputs: RunInputs,
-                             trainer: LocalTrainer, local_eval: int) -> tuple[DistributedExecutor, Evaluator]:
-    """The simulator's executor and evaluator for one rank of a multi-process run."""
+                             trainer: LocalTrainer, local_eval: int,
+                             strategy: Strategy) -> tuple[DistributedExecutor, Evaluator]:
+    """The simulator's executor and evaluator for one rank of a multi-process run; its rounds are reduced to
+    sums where ``world.reduce`` and the run allow (``reduce: sum`` where the run does not is an error)."""
+    why = sum_blocker(cfg, strategy, local_eval) if world.reduce != "gather" else "gather asked for"
+    if world.reduce == "sum" and why is not None:
+        raise WorldError(f"--reduce sum: this run cannot be reduced to sums: {why} (use --reduce auto or gather)")
     tr, data = cfg.train, inputs.data
     federated = None
     if tr.evaluation == "federated" and tr.evaluate_test:
@@ -236,4 +334,4 @@ def distributed_engine_parts(world: World, executor: InProcessExecutor, cfg: Exp
     if inputs.validation_indices is not None:
         sel = torch.from_numpy(inputs.validation_indices)
         evaluator.validation = (data.x_train[sel].to(trainer.device), data.y_train[sel].to(trainer.device))
-    return DistributedExecutor(executor, world), evaluator
+    return DistributedExecutor(executor, world, sums=why is None), evaluator

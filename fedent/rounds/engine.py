@@ -232,7 +232,15 @@ class RoundEngine:
         if self.secure is not None:  # keys and shares before training (fedent.secagg.coordinator)
             fit_cids, why = self.secure.begin(rnd, fit_cids, self.strategy, self.executor.secure_exchange)
             failed.update(why)
-        fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy, payload))
+        summed: dict[str, Any] = {}
+        fit_sum = getattr(self.executor, "fit_sum", None) if getattr(self.executor, "sums", False) else None
+        if fit_sum is not None:  # a reduced round (fedent.rounds.distributed): the clear parts and the sum
+            got_sum = fit_sum(rnd, fit_cids, self.global_params, self.strategy, payload, self.acceptance.updates,
+                              self.cfg.robust.max_weight_share)
+            fits, self.secure_sum, summed = got_sum.updates, got_sum.total, got_sum.diagnostics
+        else:
+            fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy,
+                                                             payload))
         self.check_stop()
         updates = list(fits.results.values())
         failed.update(fits.failed)
@@ -244,7 +252,7 @@ class RoundEngine:
                                                      self.executor.secure_exchange)
             except ProtocolError as e:
                 skipped["skipped"] = f"secure aggregation could not unmask the sum: {e}"
-        return updates, {**skipped, **failed_clients(failed)}
+        return updates, {**summed, **skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
         """The round's participants and updates, retrying with fresh clients as the policy allows."""
@@ -275,9 +283,10 @@ class RoundEngine:
         dp_info: dict[str, Any] = {}
         if released:
             self.status("aggregating", rnd)
-            if self.secure is not None and self.secure_sum is not None:
-                # secure aggregation: only the unmasked sum exists (privacy_problems refuses central DP and robust
-                # rules with it), so the strategy's server step reads the sum
+            if self.secure_sum is not None:
+                # secure aggregation, or a reduced multi-process round: only the sum exists (privacy_problems and
+                # sum_blocker rule out central DP and robust rules then), so the strategy's server step reads the sum
+                weighed = self.secure_sum.clients
                 result = self.strategy.aggregate_sum(rnd, self.global_params, self.secure_sum)
                 self.secure_sum = None
             else:

@@ -82,7 +82,8 @@ def build_engine(cfg: ExperimentConfig, paths: runlog.RunPaths, inputs: RunInput
                              stack=(seat, stack_key(cfg)) if seat is not None else None)
     apply_host(tr.perf, executor.host)
     if world is not None and world.distributed:
-        executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval)
+        executor_, evaluator = distributed_engine_parts(world, executor, cfg, inputs, trainer, local_eval,
+                                                        strategy)
         engine = RoundEngine(cfg, paths, strategy, executor_, evaluator, trainer.params, inputs.client_sizes(),
                              dict(inputs.partition_info), policy, on_round=on_round)
         return _durable(engine, states)

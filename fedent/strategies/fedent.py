@@ -192,15 +192,18 @@ class FedEnt(Strategy):
             record["trained_rates"] = {str(c): r for c, r in sorted(assigned.items())}
 
     def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
-        """The θ-weighted mean from the secure sum; the record keeps every rate's inputs (clear scalars) but not
-        φ2_actual and the entropy term, which need each client's ‖w_i(t+1)‖² (null under secure aggregation)."""
+        """The θ-weighted mean from the secure sum; the record keeps every rate's inputs (clear scalars), and
+        φ2_actual and the entropy term only where the sum came with each client's ‖w_i(t+1)‖² (``total.norms``: a
+        reduced multi-process round; null under secure aggregation)."""
         o = self.options
-        parts = [ParticipantReport(u.cid, u.num_samples, 0.0, u.scalars) for u in total.clients]
+        norms = total.norms or {}
+        parts = [ParticipantReport(u.cid, u.num_samples, norms.get(u.cid, 0.0), u.scalars) for u in total.clients]
         try:
             record = fedent_round_record(parts, o.beta, o.gamma, o.variant, o.eta_max, o.phi2_rate)
         except KeyError as e:
             raise StrategyError(f"fedent: an update lacks scalar {e}") from None
-        record.update(phi2_actual=None, entropy=None)
+        if total.norms is None:
+            record.update(phi2_actual=None, entropy=None)
         est = self._estimates.pop(rnd, None)
         if est is not None:
             record["estimate"] = est

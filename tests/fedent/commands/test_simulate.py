@@ -19,12 +19,12 @@ def test_child_argv_keeps_every_option_but_procs_and_fixes_run_id_and_threads() 
     argv = ["simulate", "--config", "c.yaml", "--set", "train.rounds=3", "--set", "train.lr=0.1", "--device", "cpu",
             "--executor", "vectorised", "--max-parallel-clients", "4", "--out", "o", "--local-eval", "2",
             "--quorum", "0.5", "--round-retries", "-1", "--checkpoint-keep", "0", "--no-progress", "--no-plots",
-            "--procs", "3"]
+            "--reduce", "gather", "--procs", "3"]
     args = parser.parse_args(argv)
     again = parser.parse_args(child_argv(args, "rid", 2))
     assert again.procs is None and again.run_id == "rid" and again.threads == 2
     for k in ("config", "overrides", "device", "executor", "max_parallel_clients", "out", "local_eval", "quorum",
-              "round_retries", "checkpoint_keep", "no_progress", "no_plots"):
+              "round_retries", "checkpoint_keep", "no_progress", "no_plots", "reduce"):
         assert getattr(again, k) == getattr(args, k), k
 
 
@@ -42,6 +42,13 @@ def test_procs_2_equals_one_process(tmp_path: Path) -> None:
     a = load_model_file(tmp_path / "one" / "model_final.pt").params
     b = load_model_file(tmp_path / "two" / "model_final.pt").params
     assert max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)) <= 1e-5
+
+
+def test_reduce_choices_are_the_worlds() -> None:
+    from fedent.commands.simulate import REDUCE_CHOICES
+    from fedent.distributed import REDUCE_CHOICES as WORLD
+
+    assert REDUCE_CHOICES == WORLD
 
 
 def test_procs_must_be_positive(tmp_path: Path) -> None:

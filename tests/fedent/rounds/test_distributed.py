@@ -1,6 +1,7 @@
-"""P processes reproduce one: a 2-rank gloo run of FedAvg, FedEnt (online, federated evaluation), FedEnt's
-offline Algorithm 1 on the vectorised host and FedAvg under secure aggregation equals the one-process run (model
-within 1e-5, same records); the secure one is also the plain model within the fixed-point resolution."""
+"""P processes reproduce one: a 2-rank gloo run of FedAvg, FedEnt (online, federated evaluation; reduced to
+sums and gathered), FedEnt's offline Algorithm 1 on the vectorised host, SCAFFOLD, FedDyn, FedCos and FedAvg under
+secure aggregation equals the one-process run (model within 1e-5, same records); the secure one is also the plain
+model within the fixed-point resolution."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_support import cases, rank_main
+from distributed_support import COMBINED, cases, rank_main
 from sim_support import tiny_inputs
 
 from fedent.config import PrivacyConfig
@@ -45,6 +46,9 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
         if b["fedent"] is not None:
             assert [c["eta"] for c in a["fedent"]["clients"]] == pytest.approx(
                 [c["eta"] for c in b["fedent"]["clients"]], abs=1e-7)
+            # a reduced round still records φ2_actual and the entropy term (each client's ‖w_i‖² travels beside)
+            for k in ("phi2_actual", "entropy"):
+                assert a["fedent"][k] == pytest.approx(b["fedent"][k], rel=1e-6), k
     # rank 0 booked every client's uploads (its own and rank 1's), as one process does
     rows_two = json.loads((two_ranks / name / "clients.json").read_text())["clients"]
     rows_one = json.loads((tmp_path / name / "clients.json").read_text())["clients"]
@@ -52,6 +56,7 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
     assert [r["worker"] for r in rows_two][:2] == ["simulator rank 0/2", "simulator rank 1/2"]
     status = json.loads((two_ranks / name / "status.json").read_text())
     assert status["phase"] == "done" and status["state"]["processes"] == 2 and status["state"]["gather_s"] > 0
+    assert status["state"]["reduce"] == COMBINED[name]
     assert status["state"]["gather_cpu_s"] > 0
     assert (two_ranks / name / RANKS_DIR / "1" / "status.json").is_file()  # rank 1 wrote only under .ranks/
 
