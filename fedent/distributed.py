@@ -5,7 +5,8 @@ processes itself) sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``
 reads them and joins the process group: gloo on the CPU, NCCL for tensors on GPUs (with gloo beside it for
 the Python objects that the executor gathers, which travel on the CPU). Every rank runs the same round engine
 deterministically; ``fedent.rounds.distributed.DistributedExecutor`` splits each round's clients over the
-ranks and gathers their results so every rank aggregates the same updates.
+ranks and gathers their results (or all-reduces their weighted sum, ``World.reduce``) so every rank aggregates
+the same round.
 
 torch.distributed pulls in no grpc, protobuf or fastapi, so this module belongs to the pure core
 (tests/system/test_core_purity.py).
@@ -83,9 +84,15 @@ class World:
         return box[0]
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` summed over the ranks, in place (gloo for CPU tensors, NCCL for GPU ones); ``t`` when alone."""
-        if self.distributed:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        """``t`` summed over the ranks, in place (gloo for CPU tensors, NCCL for GPU ones, or a CPU copy through
+        gloo where the ranks share a GPU); ``t`` when alone."""
+        if not self.distributed:
+            return t
+        if t.is_cuda and "nccl" not in self.backend:
+            c = t.cpu()
+            dist.all_reduce(c, op=dist.ReduceOp.SUM)
+            return t.copy_(c)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
     def agree(self, error: BaseException | None) -> None:
@@ -126,11 +133,18 @@ class World:
                 raise WorldError("device cuda requested for a multi-process run but CUDA is not available")
             n = torch.cuda.device_count()
             torch.cuda.set_device(local % n)
-            backend = "cpu:gloo,cuda:nccl"
+            backend = backend_for(n, int(env.get("LOCAL_WORLD_SIZE", "") or size))
         if not dist.is_initialized():
             dist.init_process_group(backend=backend, rank=rank, world_size=size,
                                     timeout=datetime.timedelta(seconds=TIMEOUT_S))
         return cls(rank, size, local, backend, reduce)
+
+
+def backend_for(gpus: int, local_size: int) -> str:
+    """The process group's backend for ranks on GPUs: NCCL beside gloo when every rank of this host has a GPU of its
+    own; gloo alone when they share (NCCL refuses two ranks on one device), GPU tensors then reduced through a CPU
+    copy (``World.all_reduce_sum``)."""
+    return "cpu:gloo,cuda:nccl" if gpus >= local_size else "gloo"
 
 
 def free_port() -> int:

@@ -183,7 +183,8 @@ section_distributed() {
   guarded distributed-cpu 240 "$PY" benchmarks/bench_distributed.py --device cpu --procs "$procs" \
     "${DIST_ARGS[@]}" --json "$OUT/distributed-cpu.json"
   if [ "$DEVICE" = cuda ]; then
-    guarded distributed-cuda 120 "$PY" benchmarks/bench_distributed.py --device cuda --procs 1,2 "${DIST_ARGS[@]}" \
+    guarded distributed-cuda 150 "$PY" benchmarks/bench_distributed.py --device cuda --procs 1,2 --reduce gather,sum \
+      "${DIST_ARGS[@]}" \
       --json "$OUT/distributed-cuda.json"
   fi
 }
