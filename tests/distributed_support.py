@@ -12,6 +12,8 @@ from sim_support import tiny_config, tiny_inputs
 
 from fedent.config import ExperimentConfig, PrivacyConfig, config_from_dict
 from fedent.distributed import World, rank_env
+from fedent.inputs import RunInputs
+from fedent.rounds import RoundPolicy
 
 
 # (name, config) of the cases every test rank runs, one after another in one process group
@@ -29,13 +31,35 @@ def cases() -> list[tuple[str, ExperimentConfig]]:
         ("feddyn", tiny_config("feddyn", rounds=2, fraction=0.5)),
         ("fedcos", tiny_config("fedcos", rounds=2, fraction=0.5)),  # needs every update: gathered under auto
         ("fedent-gather", tiny_config("fedent", rounds=4, fraction=0.5, evaluation="federated")),
+        # unequal clients, an attacker rejected (at its report, the rounds released on a 0.5 quorum, the weight cap
+        # binding) or whose uploads are rejected and its rounds skipped (quorum 1): the records must be one process's
+        ("fedavg-rejected", attacked({"attack": "inflate-count", "fraction": 0.2})),  # at its report
+        ("fedavg-skipped", attacked({"attack": "scale", "scale": 1e39, "fraction": 0.2})),  # an upload of inf
     ]
+
+
+def attacked(adversary: dict[str, object]) -> ExperimentConfig:
+    d = tiny_config("fedavg", rounds=3, fraction=0.5).to_dict()
+    d["adversary"] = adversary
+    return config_from_dict(d)
+
+
+POLICIES = {"fedavg-rejected": RoundPolicy(quorum=0.5, retries=-1), "fedavg-skipped": RoundPolicy(retries=-1)}
+
+
+def case_inputs(name: str) -> RunInputs:
+    """The tiny inputs; the attacked cases' clients hold 40 - 3·cid samples (so the weight cap binds)."""
+    base = tiny_inputs()
+    if name not in POLICIES:
+        return base
+    return dataclasses.replace(base, client_indices=tuple(ix[:40 - 3 * c] for c, ix in enumerate(base.client_indices)))
 
 
 # each case's World.reduce (default auto); and the way each case's rounds are combined under it
 REDUCE = {"fedent-gather": "gather"}
 COMBINED = {"fedavg": "sum", "fedent": "sum", "fedent-offline-vectorised": "sum", "fedavg-secure": "gather",
-            "scaffold": "sum", "feddyn": "sum", "fedcos": "gather", "fedent-gather": "gather"}
+            "scaffold": "sum", "feddyn": "sum", "fedcos": "gather", "fedent-gather": "gather",
+            "fedavg-rejected": "sum", "fedavg-skipped": "sum"}
 
 
 def rank_main(rank: int, size: int, port: int, out: str) -> None:
@@ -48,8 +72,9 @@ def rank_main(rank: int, size: int, port: int, out: str) -> None:
     world = World.from_env()
     try:
         for name, cfg in cases():
-            res = run_simulation(cfg, Path(out) / name, progress=False, inputs=tiny_inputs(), plots=False,
-                                 world=dataclasses.replace(world, reduce=REDUCE.get(name, "auto")))
+            res = run_simulation(cfg, Path(out) / name, progress=False, inputs=case_inputs(name), plots=False,
+                                 world=dataclasses.replace(world, reduce=REDUCE.get(name, "auto")),
+                                 policy=POLICIES.get(name))
             if world.leader:
                 torch.save({"params": res.params, "records": json.dumps(res.records)}, Path(out) / f"{name}.pt")
     finally:

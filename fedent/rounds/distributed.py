@@ -168,7 +168,10 @@ class DistributedExecutor:
             self.gather_cpu_s += time.process_time() - c0
 
     def start(self) -> None:
-        """Every rank holds its clients already."""
+        """Every rank holds its clients already; counts a simulated attacker reports are adopted as in one process
+        (every rank alike: the host's reports are a function of the config), so it is rejected at its report,
+        not at each upload."""
+        self.inner.start()
 
     def prepare(self, strategy: Strategy, global_params: Sequence[Tensor], sizes: Sequence[int],
                 rounds: int) -> tuple[Strategy, dict[str, Any]]:
@@ -210,14 +213,19 @@ class DistributedExecutor:
     def fit_sum(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
                 payload: RoundPayload, accept: Accept, cap: float | None) -> Summed:
         """``fit``, reduced: each rank screens its own clients' updates with ``accept``, the ranks gather the clear
-        parts of the accepted ones (and the failures), cap their counts (``cap``: robust.max_weight_share, as
-        ``robust.apply`` would), and all-reduce Σ s_i w_i and each tensor group's Σ s_i t_i in float64, s_i the
-        capped count (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank."""
-        local = accept(self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload))
-        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params),
-                     update_bytes(u)) for c, u in local.results.items()}
-        every = self._merge(Gathered(clear, local.failed))
-        got = every.results
+        parts of the accepted ones (and the failures, and every upload's size for clients.json, rejected ones
+        included, as ``fit`` books them), cap their counts (``cap``: robust.max_weight_share, as ``robust.apply``
+        would), and all-reduce Σ s_i (w_i − w(t)) and each tensor group's Σ s_i t_i in float64, s_i the capped count
+        (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank. The model's sum is
+        W·w(t) + that (W = Σ s_i); the differences travel too (``SecureSum.deltas``: FedDyn's Σλ increment
+        without float32 cancellation)."""
+        raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
+        local = accept(raw)
+        sent = {c: update_bytes(u) for c, u in raw.results.items()}
+        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params))
+                 for c, u in local.results.items()}
+        every = self._merge(Gathered({c: (clear.get(c), n) for c, n in sent.items()}, local.failed))
+        got = {c: v[0] for c, v in every.results.items() if v[0] is not None}
         counts = [got[c][0].num_samples for c in got]
         capped = cap_counts(counts, cap) or counts
         weights = dict(zip(got, capped if strategy.secure_weighting == "samples" else [1] * len(got), strict=True))
@@ -227,33 +235,44 @@ class DistributedExecutor:
         buf = torch.zeros(num_elements(like) * (1 + len(groups)), dtype=torch.float64, device=like[0].device)
         for c, u in local.results.items():
             off = 0
-            for src in (u.params, *(u.tensors[g] for g in groups)):
+            for k, p in enumerate(u.params):  # s_i (w_i − w(t)), the difference taken in float64
+                n = p.numel()
+                buf[off:off + n].add_(p.detach().reshape(-1).double() - like[k].detach().reshape(-1).double(),
+                                      alpha=float(weights[c]))
+                off += n
+            for src in (u.tensors[g] for g in groups):
                 for p in src:
                     n = p.numel()
                     buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
                     off += n
         self.world.all_reduce_sum(buf)
+        weight = float(sum(weights.values()))
         parts: list[Params] = []
+        deltas: Params = []
         off = 0
-        for _ in range(1 + len(groups)):
+        for g in range(1 + len(groups)):
             one = []
             for p in like:
-                one.append(buf[off:off + p.numel()].reshape(p.shape).to(p.dtype))
+                part = buf[off:off + p.numel()].reshape(p.shape)
+                if g == 0:
+                    deltas.append(part.to(p.dtype))
+                    part = part + weight * p.detach().double()
+                one.append(part.to(p.dtype))
                 off += p.numel()
             parts.append(one)
         self.gather_s += time.perf_counter() - t0
         self.gather_cpu_s += time.process_time() - c0
         n_of = dict(zip(got, capped, strict=True))
         clients = [dataclasses.replace(got[c][0], num_samples=n_of[c]) for c in got]
-        total = SecureSum(rnd, parts[0], dict(zip(groups, parts[1:], strict=True)), float(sum(weights.values())),
-                          clients, norms={c: got[c][1] for c in got})
+        total = SecureSum(rnd, parts[0], dict(zip(groups, parts[1:], strict=True)), weight, clients,
+                          norms={c: got[c][1] for c in got}, deltas=deltas)
         diagnostics: dict[str, Any] = {}
         if capped is not counts:
             diagnostics["robust"] = {"capped_weights": [c for c, n in zip(got, counts, strict=True) if n_of[c] < n]}
         if self.engine is not None:
             now = time.time()
-            for c in got:
-                self.engine.clients.add_bytes(c, got[c][2])
+            for c, (_, size) in every.results.items():
+                self.engine.clients.add_bytes(c, size)
                 self.engine.clients.update([c], last_heartbeat=now)
         if self.on_client is not None:
             self.on_client(len(cids), len(cids))

@@ -252,7 +252,8 @@ class RoundEngine:
                                                      self.executor.secure_exchange)
             except ProtocolError as e:
                 skipped["skipped"] = f"secure aggregation could not unmask the sum: {e}"
-        return updates, {**summed, **skipped, **failed_clients(failed)}
+        released = {} if "skipped" in skipped else summed  # the weight cap's entry, as robust.apply gives it
+        return updates, {**released, **skipped, **failed_clients(failed)}
 
     def gather(self, rnd: int) -> tuple[list[int], list[ClientUpdate], dict[str, Any]]:
         """The round's participants and updates, retrying with fresh clients as the policy allows."""

@@ -97,9 +97,10 @@ class SecureSum:
 
     ``params`` = Σ s_i w_i and ``tensors[g]`` = Σ s_i t_i over the survivors, with s_i = n_i (``samples``
     weighting, ``weight`` = Σ n_i) or 1 (``uniform``, ``weight`` = the number of survivors); ``clients``: each
-    survivor's clear part (cid, sample count, train loss, scalars; no params). ``norms``: each client's ‖w_i‖²
-    where the sum was taken in the clear (the multi-process simulator's reduced rounds), None under secure
-    aggregation."""
+    survivor's clear part (cid, sample count, train loss, scalars; no params). Where the sum was taken in the clear
+    (the multi-process simulator's reduced rounds): ``norms``, each client's ‖w_i‖², and ``deltas``,
+    Σ s_i (w_i − w(t)) summed in float64 (``params`` − ``weight``·w(t) in float32 would cancel); both None under
+    secure aggregation."""
 
     round: int
     params: Params
@@ -107,6 +108,7 @@ class SecureSum:
     weight: float
     clients: list[ClientUpdate]
     norms: dict[int, float] | None = None
+    deltas: Params | None = None
 
     def mean(self, group: str | None = None) -> Params:
         """The weighted mean Σ s_i x_i / Σ s_i of the model (or of a tensor group)."""

@@ -113,14 +113,18 @@ class FedDyn(Strategy):
         return AggregateResult(new)
 
     def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
-        """The same update from Σ w_k and |S| (``total.weight``)."""
+        """The same update from Σ w_k and |S| (``total.weight``); Σλ's increment Σ (w_k − w_srv) from
+        ``total.deltas`` where the sum brought it (Σ w_k − |S| w_srv in float32 loses the small difference)."""
         self._require_setup()
         w_srv = list(global_params)
         if self._lambda_sum is None:
             self._lambda_sum = zeros_like(w_srv)
         self._lambda_sum = align_state(self._lambda_sum, w_srv, "feddyn: the server's Σλ")
-        torch._foreach_add_(self._lambda_sum, list(total.params))
-        torch._foreach_add_(self._lambda_sum, w_srv, alpha=-total.weight)
+        if total.deltas is not None:
+            torch._foreach_add_(self._lambda_sum, list(total.deltas))
+        else:
+            torch._foreach_add_(self._lambda_sum, list(total.params))
+            torch._foreach_add_(self._lambda_sum, w_srv, alpha=-total.weight)
         new = total.mean()
         torch._foreach_add_(new, self._lambda_sum, alpha=1.0 / self._num_clients)
         return AggregateResult(new)

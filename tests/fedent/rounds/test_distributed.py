@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_support import COMBINED, cases, rank_main
+from distributed_support import COMBINED, POLICIES, case_inputs, cases, rank_main
 from sim_support import tiny_config, tiny_inputs, write_tiny_config_file
 from torch import Tensor
 
@@ -48,7 +48,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", [n for n, _ in cases()])
 def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path, name: str) -> None:
     cfg = dict(cases())[name]
-    one = run_simulation(cfg, tmp_path / name, progress=False, inputs=tiny_inputs(), plots=False)
+    one = run_simulation(cfg, tmp_path / name, progress=False, inputs=case_inputs(name), plots=False,
+                         policy=POLICIES.get(name))
     two = torch.load(two_ranks / f"{name}.pt")
     diff = max(float((a - b).abs().max()) for a, b in zip(one.params, two["params"], strict=True))
     assert diff <= 1e-5
@@ -56,6 +57,8 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
     assert [r["clients"] for r in recs] == [r["clients"] for r in one.records]
     assert [r["test_acc"] for r in recs] == [r["test_acc"] for r in one.records]
     for a, b in zip(recs, one.records, strict=True):
+        for k in ("skipped", "failed_clients", "robust"):  # rejections, skipped rounds, the weight cap
+            assert a["diagnostics"].get(k) == b["diagnostics"].get(k), k
         assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
         if b["fedent"] is not None:
@@ -69,6 +72,12 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
     rows_one = json.loads((tmp_path / name / "clients.json").read_text())["clients"]
     assert [(r["participation"], r["bytes"]) for r in rows_two] == [(r["participation"], r["bytes"]) for r in rows_one]
     assert [r["worker"] for r in rows_two][:2] == ["simulator rank 0/2", "simulator rank 1/2"]
+    seen = {k for r in one.records for k in r["diagnostics"]}
+    if name == "fedavg-rejected":  # the case exercises what it is for
+        assert {"failed_clients", "robust"} <= seen and "skipped" not in seen
+    if name == "fedavg-skipped":
+        assert "skipped" in seen and any("not finite" in w for r in one.records
+                                         for w in r["diagnostics"].get("failed_clients", {}).values())
     status = json.loads((two_ranks / name / "status.json").read_text())
     assert status["phase"] == "done" and status["state"]["processes"] == 2 and status["state"]["gather_s"] > 0
     assert status["state"]["reduce"] == COMBINED[name]
@@ -220,3 +229,25 @@ def test_reduce_sum_on_a_run_that_needs_every_update_is_refused(tmp_path: Path) 
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--reduce sum: this run cannot be reduced to sums: fedcos" in res.stderr
     assert not list(tmp_path.glob("tiny*"))  # refused before a run directory was made
+
+
+def test_feddyn_takes_its_lambda_increment_from_the_float64_differences() -> None:
+    """Σ (w_k − w_srv) from Σ w_k − |S| w_srv in float32 cancels (relative error ~1e-4 for |Δ| ~ 1e-3 |w|); the
+    reduced round's ``deltas`` keep it as exact as the gathered path's per-client differences."""
+    from fedent.strategies.feddyn import FedDyn
+
+    g = torch.Generator().manual_seed(0)
+    w = [torch.randn(20000, generator=g)]
+    updates = {k: ClientUpdate(k, [w[0] + 1e-3 * torch.randn(20000, generator=g)], 10, 0.0) for k in range(10)}
+    exact = sum(u.params[0].double() - w[0].double() for u in updates.values())
+    gathered, reduced = FedDyn(), FedDyn()
+    for s in (gathered, reduced):
+        s.setup(w, [10] * 100)
+    want = gathered.aggregate(0, w, list(updates.values())).params
+    ex = DistributedExecutor(StubHost(updates), World(), sums=True)  # type: ignore[arg-type]
+    total = ex.fit_sum(0, sorted(updates), w, reduced, RoundPayload(0), lambda got: got, None).total
+    new = reduced.aggregate_sum(0, w, total).params
+    for s in (gathered, reduced):
+        lam = s.server_state()["lambda_sum"][0].double()
+        assert float((lam - exact).abs().max() / exact.abs().max()) <= 1e-6
+    assert float((new[0] - want[0]).abs().max()) <= 1e-6
