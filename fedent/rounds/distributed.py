@@ -215,10 +215,9 @@ class DistributedExecutor:
         """``fit``, reduced: each rank screens its own clients' updates with ``accept``, the ranks gather the clear
         parts of the accepted ones (and the failures, and every upload's size for clients.json, rejected ones
         included, as ``fit`` books them), cap their counts (``cap``: robust.max_weight_share, as ``robust.apply``
-        would), and all-reduce Σ s_i (w_i − w(t)) and each tensor group's Σ s_i t_i in float64, s_i the capped count
-        (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank. The model's sum is
-        W·w(t) + that (W = Σ s_i); the differences travel too (``SecureSum.deltas``: FedDyn's Σλ increment
-        without float32 cancellation)."""
+        would), and all-reduce Σ s_i w_i and each tensor group's Σ s_i t_i in float64, s_i the capped count
+        (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank. Σ s_i (w_i − w(t)) is taken
+        from the float64 sum too (``SecureSum.deltas``: FedDyn's Σλ increment without float32 cancellation)."""
         raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
         local = accept(raw)
         sent = {c: update_bytes(u) for c, u in raw.results.items()}
@@ -235,12 +234,7 @@ class DistributedExecutor:
         buf = torch.zeros(num_elements(like) * (1 + len(groups)), dtype=torch.float64, device=like[0].device)
         for c, u in local.results.items():
             off = 0
-            for k, p in enumerate(u.params):  # s_i (w_i − w(t)), the difference taken in float64
-                n = p.numel()
-                buf[off:off + n].add_(p.detach().reshape(-1).double() - like[k].detach().reshape(-1).double(),
-                                      alpha=float(weights[c]))
-                off += n
-            for src in (u.tensors[g] for g in groups):
+            for src in (u.params, *(u.tensors[g] for g in groups)):
                 for p in src:
                     n = p.numel()
                     buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
@@ -248,15 +242,14 @@ class DistributedExecutor:
         self.world.all_reduce_sum(buf)
         weight = float(sum(weights.values()))
         parts: list[Params] = []
-        deltas: Params = []
+        deltas: Params = []  # Σ s_i (w_i − w(t)) = Σ s_i w_i − W·w(t), the difference taken in float64
         off = 0
         for g in range(1 + len(groups)):
             one = []
             for p in like:
                 part = buf[off:off + p.numel()].reshape(p.shape)
                 if g == 0:
-                    deltas.append(part.to(p.dtype))
-                    part = part + weight * p.detach().double()
+                    deltas.append((part - weight * p.detach().double()).to(p.dtype))
                 one.append(part.to(p.dtype))
                 off += p.numel()
             parts.append(one)
