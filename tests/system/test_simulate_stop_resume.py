@@ -90,3 +90,35 @@ def test_a_signalled_simulation_ends_stopped_and_resumes_to_the_uninterrupted_mo
     again = subprocess.run(_argv(tmp_path, "stopped"), env=_env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "finished" in again.stdout and "nothing to do" in again.stdout, again
     assert _rounds(run_dir) == list(range(1, ROUNDS + 1))
+
+
+@pytest.mark.slow  # three two-process runs of FedDyn (~1 min on a busy 2-core box)
+def test_a_two_process_reduced_run_stopped_resumes_to_the_uninterrupted_model(tmp_path: Path) -> None:
+    """``--procs 2`` (rounds reduced to sums, FedDyn: the clients' λ and the server's Σλ must survive): SIGTERM to
+    the launcher stops both ranks at a checkpoint, the same command resumes them, and the model is the
+    uninterrupted two-process run's bit for bit (the same sums in the same order)."""
+    run_dir = tmp_path / "runs" / "stopped"
+    argv = [*_argv(tmp_path, "stopped"), "--procs", "2"]
+    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "metrics.jsonl").exists() and len(_rounds(run_dir)) >= 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["phase"] == "stopped", err[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["state"]["reduce"] == "sum"
+    assert 2 <= len(_rounds(run_dir)) < ROUNDS, "the signal came after the run finished: make its rounds slower"
+
+    resumed = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr, resumed.stderr[-3000:]
+    assert _rounds(run_dir) == list(range(1, ROUNDS + 1)), "every round logged once"
+    ref = subprocess.run([*_argv(tmp_path, "ref"), "--procs", "2"], env=_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    a = load_model_file(run_dir / "model_final.pt").params
+    b = load_model_file(tmp_path / "runs" / "ref" / "model_final.pt").params
+    assert all(bool((x == y).all()) for x, y in zip(a, b, strict=True))
