@@ -29,7 +29,7 @@ def cases() -> list[tuple[str, ExperimentConfig]]:
         # reduced rounds with a tensor group and uniform weights (SCAFFOLD's Σ y_i and Σ Δc_i), and FedDyn's
         ("scaffold", tiny_config("scaffold", rounds=2, fraction=0.5)),
         ("feddyn", tiny_config("feddyn", rounds=2, fraction=0.5)),
-        ("fedcos", tiny_config("fedcos", rounds=2, fraction=0.5)),  # needs every update: gathered under auto
+        ("fedcos", tiny_config("fedcos", rounds=2, fraction=0.5)),  # weighed by each client's cosine
         ("fedent-gather", tiny_config("fedent", rounds=4, fraction=0.5, evaluation="federated")),
         # unequal clients, an attacker rejected (at its report, the rounds released on a 0.5 quorum, the weight cap
         # binding) or whose uploads are rejected and its rounds skipped (quorum 1): the records must be one process's
@@ -58,7 +58,7 @@ def case_inputs(name: str) -> RunInputs:
 # each case's World.reduce (default auto); and the way each case's rounds are combined under it
 REDUCE = {"fedent-gather": "gather"}
 COMBINED = {"fedavg": "sum", "fedent": "sum", "fedent-offline-vectorised": "sum", "fedavg-secure": "gather",
-            "scaffold": "sum", "feddyn": "sum", "fedcos": "gather", "fedent-gather": "gather",
+            "scaffold": "sum", "feddyn": "sum", "fedcos": "sum", "fedent-gather": "gather",
             "fedavg-rejected": "sum", "fedavg-skipped": "sum"}
 
 

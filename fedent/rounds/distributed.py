@@ -11,11 +11,12 @@ test set, or its own clients' local splits, and the sums are gathered). The gath
 fields; tensors and arrays travel as one flat byte tensor per rank (``fedent.rounds.flatgather``).
 
 Where the strategy's server step needs only the weighted sum of the updates (its ``secure_weighting``, the same
-property secure aggregation needs) and nothing else looks at single updates (no central DP, no robust rule, no
-local evaluation: ``sum_blocker``), a round is *reduced* instead (``World.reduce``, ``auto`` by default): each
-rank screens its own clients' updates with the engine's acceptance rule, the ranks gather only the clear parts
-(cid, count, loss, scalars, ‖w_i‖²), and all-reduce Σ s_i w_i in float64 (``fit_sum``): one model's worth of
-traffic a round instead of every update (NCCL where the model lives on a GPU). The engine then aggregates that
+property secure aggregation needs, or weights from a per-client statistic: ``reduce_by_statistic``) and nothing
+else looks at single updates (no central DP, no robust rule, no local evaluation: ``sum_blocker``), a round is
+*reduced* instead (``World.reduce``, ``auto`` by default): each rank screens its own clients' updates with the
+engine's acceptance rule, the ranks gather only the clear parts (cid, count, loss, scalars, ‖w_i‖², the
+statistic), and all-reduce Σ s_i w_i in float64 (``fit_sum``): one model's worth of traffic a round instead of
+every update (NCCL where each rank has a GPU of its own). The engine then aggregates that
 sum (``Strategy.aggregate_sum``); the model equals one process's to float rounding (the gathered path: bit for bit).
 
 Only rank 0 writes the run directory the user asked for; the simulator points the other ranks' engines at
@@ -85,7 +86,7 @@ Accept = Callable[[Gathered[ClientUpdate]], Gathered[ClientUpdate]]  # the engin
 def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], local_eval: int) -> str | None:
     """Why a round's updates cannot be reduced to their weighted sum over the ranks (None: they can); ``strategy``:
     the run's, or its class (what it declares is a class property)."""
-    if strategy.secure_weighting is None:
+    if strategy.secure_weighting is None and not strategy.reduce_by_statistic:
         return f"{strategy.name} needs more than the updates' weighted sum: {strategy.secure_blocker}"
     if cfg.privacy.secure_aggregation:
         return "secure aggregation sums the masked updates itself"
@@ -221,13 +222,19 @@ class DistributedExecutor:
         raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
         local = accept(raw)
         sent = {c: update_bytes(u) for c, u in raw.results.items()}
-        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params))
+        by_stat = strategy.reduce_by_statistic
+        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params),
+                     strategy.reduce_statistic(global_params, u) if by_stat else 0.0)
                  for c, u in local.results.items()}
         every = self._merge(Gathered({c: (clear.get(c), n) for c, n in sent.items()}, local.failed))
         got = {c: v[0] for c, v in every.results.items() if v[0] is not None}
         counts = [got[c][0].num_samples for c in got]
         capped = cap_counts(counts, cap) or counts
-        weights = dict(zip(got, capped if strategy.secure_weighting == "samples" else [1] * len(got), strict=True))
+        if by_stat:
+            s_i: Sequence[float] = strategy.reduce_weights([got[c][2] for c in got], capped) if got else []
+        else:
+            s_i = capped if strategy.secure_weighting == "samples" else [1] * len(got)
+        weights = dict(zip(got, s_i, strict=True))
         groups = strategy.payload_spec.update_tensors
         like = list(global_params)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -258,7 +265,8 @@ class DistributedExecutor:
         n_of = dict(zip(got, capped, strict=True))
         clients = [dataclasses.replace(got[c][0], num_samples=n_of[c]) for c in got]
         total = SecureSum(rnd, parts[0], dict(zip(groups, parts[1:], strict=True)), weight, clients,
-                          norms={c: got[c][1] for c in got}, deltas=deltas)
+                          norms={c: got[c][1] for c in got}, deltas=deltas,
+                          stats={c: got[c][2] for c in got} if by_stat else None)
         diagnostics: dict[str, Any] = {}
         if capped is not counts:
             diagnostics["robust"] = {"capped_weights": [c for c, n in zip(got, counts, strict=True) if n_of[c] < n]}

@@ -109,6 +109,7 @@ class SecureSum:
     clients: list[ClientUpdate]
     norms: dict[int, float] | None = None
     deltas: Params | None = None
+    stats: dict[int, float] | None = None  # each client's ``reduce_statistic`` (``reduce_by_statistic`` strategies)
 
     def mean(self, group: str | None = None) -> Params:
         """The weighted mean Σ s_i x_i / Σ s_i of the model (or of a tensor group)."""
@@ -216,6 +217,10 @@ class Strategy(ABC):
     # "uniform": by 1), or None where the server step needs more than the sum (then ``secure_blocker`` says why)
     secure_weighting: ClassVar[Literal["samples", "uniform"] | None] = None
     secure_blocker: ClassVar[str] = "it does not declare how it aggregates a secure sum (secure_weighting)"
+    # a reduced multi-process round (fedent.rounds.distributed) whose weights are not ``secure_weighting``'s but come
+    # from each client's own update, normalised over the round (FedCos's cosines): ``reduce_statistic`` is taken
+    # where the client trained, ``reduce_weights`` turns every client's number and count into the round's weights
+    reduce_by_statistic: ClassVar[bool] = False
 
     @property
     def capabilities(self) -> Capabilities:
@@ -248,6 +253,14 @@ class Strategy(ABC):
     def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
         """``aggregate`` from the secure sum alone (strategies with a ``secure_weighting``)."""
         raise StrategyError(f"{self.name} cannot run under secure aggregation: {self.secure_blocker}")
+
+    def reduce_statistic(self, global_params: Sequence[Tensor], update: ClientUpdate) -> float:
+        """The number a reduced round keeps of ``update`` to weigh it (``reduce_by_statistic`` strategies)."""
+        raise NotImplementedError(f"{self.name} does not weigh a reduced round by a statistic")
+
+    def reduce_weights(self, stats: Sequence[float], counts: Sequence[int]) -> list[float]:
+        """The round's weights s_i from every accepted client's statistic and (capped) count, in cid order."""
+        raise NotImplementedError(f"{self.name} does not weigh a reduced round by a statistic")
 
     def server_state(self) -> dict[str, Any]:
         return {}

@@ -19,8 +19,8 @@ from fedent.strategies.base import (
     AggregateResult,
     ClientUpdate,
     LocalSGDStrategy,
+    SecureSum,
     StrategyError,
-    sample_weights,
 )
 from fedent.strategies.options import FedCosOptions
 
@@ -33,23 +33,38 @@ def cosine(x: Sequence[Tensor], y: Sequence[Tensor]) -> float:
     return dot(x, y) / math.sqrt(nx * ny)
 
 
+def clipped_cosine(global_params: Sequence[Tensor], update: ClientUpdate) -> float:
+    """max(0, cos(w_i(t+1), w(t))): one client's raw weight."""
+    return max(0.0, cosine(update.params, global_params))
+
+
+def normalised(raw: Sequence[float], counts: Sequence[int]) -> tuple[list[float], bool]:
+    """(the raw weights normalised to sum 1, or the sample weights θ_i where they sum to 0; whether it fell back)."""
+    if not raw:
+        raise StrategyError("cannot aggregate zero updates")
+    total = sum(raw)
+    if not total > 0.0 or not math.isfinite(total):
+        n = float(sum(counts))
+        if n <= 0:
+            raise StrategyError("cannot aggregate: the updates hold no samples")
+        return [c / n for c in counts], True
+    return [r / total for r in raw], False
+
+
 def cosine_weights(
     global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]
 ) -> tuple[list[float], bool]:
     """(normalised clipped cosine weights, whether the FedAvg fallback was used)."""
     if not updates:
         raise StrategyError("cannot aggregate zero updates")
-    raw = [max(0.0, cosine(u.params, global_params)) for u in updates]
-    total = sum(raw)
-    if not total > 0.0 or not math.isfinite(total):
-        return sample_weights(updates), True
-    return [r / total for r in raw], False
+    return normalised([clipped_cosine(global_params, u) for u in updates], [u.num_samples for u in updates])
 
 
 class FedCos(LocalSGDStrategy):
     name = "fedcos"
     Options = FedCosOptions
     secure_blocker = "its weights are each client's cosine with w(t), which needs every individual model"
+    reduce_by_statistic = True  # a reduced round: each cosine where its client trained, then Σ s_i w_i
 
     def __init__(self, options: FedCosOptions | None = None) -> None:
         self.options = options or FedCosOptions()
@@ -60,6 +75,21 @@ class FedCos(LocalSGDStrategy):
         weights, fallback = cosine_weights(global_params, updates)
         params = weighted_sum([u.params for u in updates], weights)
         return AggregateResult(params, {"cos_weights": weights, "cos_fallback": fallback})
+
+    def reduce_statistic(self, global_params: Sequence[Tensor], update: ClientUpdate) -> float:
+        return clipped_cosine(global_params, update)
+
+    def reduce_weights(self, stats: Sequence[float], counts: Sequence[int]) -> list[float]:
+        return normalised(stats, counts)[0]
+
+    def aggregate_sum(self, rnd: int, global_params: Sequence[Tensor], total: SecureSum) -> AggregateResult:
+        """A reduced round's Σ s_i w_i with the cosine weights its clients' statistics gave (never a secure sum:
+        that has no statistics)."""
+        if total.stats is None:
+            return super().aggregate_sum(rnd, global_params, total)
+        weights, fallback = normalised([total.stats[u.cid] for u in total.clients],
+                                       [u.num_samples for u in total.clients])
+        return AggregateResult(total.mean(), {"cos_weights": weights, "cos_fallback": fallback})
 
 
 STRATEGY = FedCos

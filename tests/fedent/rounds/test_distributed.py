@@ -57,8 +57,9 @@ def test_two_processes_give_the_one_process_run(two_ranks: Path, tmp_path: Path,
     assert [r["clients"] for r in recs] == [r["clients"] for r in one.records]
     assert [r["test_acc"] for r in recs] == [r["test_acc"] for r in one.records]
     for a, b in zip(recs, one.records, strict=True):
-        for k in ("skipped", "failed_clients", "robust"):  # rejections, skipped rounds, the weight cap
+        for k in ("skipped", "failed_clients", "robust", "cos_fallback"):  # rejections, skips, the cap, FedCos
             assert a["diagnostics"].get(k) == b["diagnostics"].get(k), k
+        assert a["diagnostics"].get("cos_weights") == pytest.approx(b["diagnostics"].get("cos_weights"), abs=1e-6)
         assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-5)
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
         if b["fedent"] is not None:
@@ -205,8 +206,15 @@ def test_fedent_records_phi2_actual_and_entropy_from_a_sum_with_norms() -> None:
     assert blind.diagnostics["fedent"]["phi2_actual"] is None and blind.diagnostics["fedent"]["entropy"] is None
 
 
+class Whole(FedAvg):
+    """A strategy (e.g. a plug-in) that declares no way to aggregate a sum: its rounds stay gathered."""
+
+    name = "whole"
+    secure_weighting = None
+
+
 @pytest.mark.parametrize(("change", "why"), [
-    ({"algorithm": "fedcos"}, "fedcos needs more than the updates' weighted sum"),
+    ({"algorithm": Whole}, "whole needs more than the updates' weighted sum"),
     ({"privacy": PrivacyConfig(secure_aggregation=True)}, "secure aggregation"),
     ({"privacy": PrivacyConfig(dp="central")}, "central DP"),
     ({"robust": RobustConfig(aggregator="median")}, "robust.aggregator median"),
@@ -216,18 +224,20 @@ def test_fedent_records_phi2_actual_and_entropy_from_a_sum_with_norms() -> None:
 def test_sum_blocker_keeps_runs_that_look_at_single_updates_gathered(change: dict[str, Any], why: str) -> None:
     from fedent.strategies.registry import strategy_class
 
-    cfg = tiny_config(change.get("algorithm", "fedavg"))
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in change.items() if k in ("privacy", "robust")})
-    assert sum_blocker(tiny_config("fedavg"), FedAvg, 0) is None
-    got = sum_blocker(cfg, strategy_class(cfg.algorithm.name), int(change.get("local_eval", 0)))
+    cfg = dataclasses.replace(tiny_config(), **{k: v for k, v in change.items() if k in ("privacy", "robust")})
+    for name in ("fedavg", "fedadam", "fedyogi", "fedprox", "feddyn", "fedcos", "fednorm", "fedent", "scaffold"):
+        assert sum_blocker(tiny_config(name), strategy_class(name), 0) is None, name  # every built-in sums
+    got = sum_blocker(cfg, change.get("algorithm", FedAvg), int(change.get("local_eval", 0)))
     assert got is not None and why in got
 
 
 def test_reduce_sum_on_a_run_that_needs_every_update_is_refused(tmp_path: Path) -> None:
     cfg = write_tiny_config_file(tmp_path / "c.yaml", algorithm="fedcos")
     res = subprocess.run([sys.executable, "-m", "fedent", "simulate", "--config", str(cfg), "--reduce", "sum",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "--reduce sum: this run cannot be reduced to sums: fedcos" in res.stderr
+                          "--set", "robust.aggregator=median", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "--reduce sum: this run cannot be reduced to sums: robust.aggregator median" in res.stderr
     assert not list(tmp_path.glob("tiny*"))  # refused before a run directory was made
 
 
@@ -251,3 +261,23 @@ def test_feddyn_takes_its_lambda_increment_from_the_float64_differences() -> Non
         lam = s.server_state()["lambda_sum"][0].double()
         assert float((lam - exact).abs().max() / exact.abs().max()) <= 1e-6
     assert float((new[0] - want[0]).abs().max()) <= 1e-6
+
+
+@pytest.mark.parametrize("against", [1.0, -1.0], ids=["cosine", "fallback"])
+def test_fedcos_reduced_weighs_by_the_cosines_its_ranks_took(against: float) -> None:
+    """Each cosine with w(t) taken where its client trained, normalised over the round; updates pointing away from
+    w(t) (every cosine clipped to 0) fall back to the (capped) sample weights, as the gathered path does."""
+    from fedent.strategies.fedcos import FedCos
+
+    w = model(99)
+    updates = {c: ClientUpdate(c, [against * p + 0.3 * q for p, q in zip(w, model(c), strict=True)], 10 + 5 * c, 0.0)
+               for c in range(4)}
+    strategy = FedCos()
+    got = summed(updates, strategy, lambda g: g, 0.3)
+    weighed, _ = robust.apply(RobustConfig(max_weight_share=0.3), w, list(updates.values()))
+    want = strategy.aggregate(0, w, weighed)
+    have = strategy.aggregate_sum(0, w, got.total)
+    assert have.diagnostics["cos_fallback"] is want.diagnostics["cos_fallback"] is (against < 0)
+    assert have.diagnostics["cos_weights"] == pytest.approx(want.diagnostics["cos_weights"], abs=1e-12)
+    assert max(float((a - b).abs().max()) for a, b in zip(have.params, want.params, strict=True)) <= 1e-6
+    assert got.total.stats is not None and len(got.total.stats) == 4
