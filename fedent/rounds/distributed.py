@@ -88,6 +88,9 @@ def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], loca
     the run's, or its class (what it declares is a class property)."""
     if strategy.secure_weighting is None and not strategy.reduce_by_statistic:
         return f"{strategy.name} needs more than the updates' weighted sum: {strategy.secure_blocker}"
+    why = _inherited_sum(strategy if isinstance(strategy, type) else type(strategy))
+    if why is not None:
+        return why
     if cfg.privacy.secure_aggregation:
         return "secure aggregation sums the masked updates itself"
     if cfg.privacy.dp == "central":
@@ -96,6 +99,23 @@ def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], loca
         return f"robust.aggregator {cfg.robust.aggregator} (or robust.clip_norm) looks at every update"
     if local_eval > 0:
         return "train.local_eval evaluates uploaded local models"
+    return None
+
+
+def _defined_in(cls: type[Strategy], name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def _inherited_sum(cls: type[Strategy]) -> str | None:
+    """Why ``cls``'s sum path would not be its ``aggregate`` (a subclass, e.g. a plug-in, that overrides
+    ``aggregate`` but inherits the capability and ``aggregate_sum`` of its parent), or a half-declared statistic."""
+    agg, agg_sum = _defined_in(cls, "aggregate"), _defined_in(cls, "aggregate_sum")
+    if agg_sum is Strategy or not issubclass(agg_sum, agg):
+        return (f"{cls.name} overrides aggregate ({agg.__name__}) without its own aggregate_sum "
+                f"({agg_sum.__name__}'s), so a sum would not aggregate as it does")
+    if cls.reduce_by_statistic and Strategy in (_defined_in(cls, "reduce_statistic"),
+                                                _defined_in(cls, "reduce_weights")):
+        return f"{cls.name} sets reduce_by_statistic but does not define reduce_statistic and reduce_weights"
     return None
 
 
@@ -217,8 +237,10 @@ class DistributedExecutor:
         parts of the accepted ones (and the failures, and every upload's size for clients.json, rejected ones
         included, as ``fit`` books them), cap their counts (``cap``: robust.max_weight_share, as ``robust.apply``
         would), and all-reduce Σ s_i w_i and each tensor group's Σ s_i t_i in float64, s_i the capped count
-        (``samples`` weighting) or 1 (``uniform``), summed in cid order on each rank. Σ s_i (w_i − w(t)) is taken
-        from the float64 sum too (``SecureSum.deltas``: FedDyn's Σλ increment without float32 cancellation)."""
+        (``samples`` weighting), 1 (``uniform``) or the strategy's ``reduce_weights`` of its clients' statistics
+        (``reduce_by_statistic``: FedCos's normalised cosines), summed in cid order on each rank. Σ s_i (w_i − w(t))
+        is taken from the float64 sum too (``SecureSum.deltas``: FedDyn's Σλ increment without float32
+        cancellation)."""
         raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
         local = accept(raw)
         sent = {c: update_bytes(u) for c, u in raw.results.items()}

@@ -97,7 +97,9 @@ class SecureSum:
 
     ``params`` = Σ s_i w_i and ``tensors[g]`` = Σ s_i t_i over the survivors, with s_i = n_i (``samples``
     weighting, ``weight`` = Σ n_i) or 1 (``uniform``, ``weight`` = the number of survivors); ``clients``: each
-    survivor's clear part (cid, sample count, train loss, scalars; no params). Where the sum was taken in the clear
+    survivor's clear part (cid, sample count, train loss, scalars; no params). A reduced round of a
+    ``reduce_by_statistic`` strategy has s_i = its ``reduce_weights`` (``weight`` = their sum, about 1 for FedCos)
+    and ``stats``, each client's statistic. Where the sum was taken in the clear
     (the multi-process simulator's reduced rounds): ``norms``, each client's ‖w_i‖², and ``deltas``,
     Σ s_i (w_i − w(t)) summed in float64 (``params`` − ``weight``·w(t) in float32 would cancel); both None under
     secure aggregation."""

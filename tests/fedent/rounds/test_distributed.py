@@ -33,6 +33,7 @@ from fedent.rounds.executor import Gathered
 from fedent.sim.simulator import run_simulation
 from fedent.strategies.base import ClientUpdate, RoundPayload, SecureSum, Strategy
 from fedent.strategies.fedavg import FedAvg
+from fedent.strategies.fedcos import FedCos
 from fedent.strategies.fedent import UPDATE_SCALARS, FedEnt
 from fedent.strategies.scaffold import DELTA_C, Scaffold
 
@@ -213,8 +214,25 @@ class Whole(FedAvg):
     secure_weighting = None
 
 
+class Squared(FedCos):
+    """A plug-in on FedCos with its own weights in ``aggregate`` only: the inherited sum would not be it."""
+
+    name = "squared"
+
+    def aggregate(self, rnd: int, global_params: Sequence[Tensor], updates: Sequence[ClientUpdate]) -> Any:
+        raise AssertionError("never called here")
+
+
+class HalfStat(FedAvg):
+    name = "halfstat"
+    secure_weighting = None
+    reduce_by_statistic = True
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"algorithm": Whole}, "whole needs more than the updates' weighted sum"),
+    ({"algorithm": Squared}, "squared overrides aggregate (Squared) without its own aggregate_sum (FedCos's)"),
+    ({"algorithm": HalfStat}, "halfstat sets reduce_by_statistic but does not define reduce_statistic"),
     ({"privacy": PrivacyConfig(secure_aggregation=True)}, "secure aggregation"),
     ({"privacy": PrivacyConfig(dp="central")}, "central DP"),
     ({"robust": RobustConfig(aggregator="median")}, "robust.aggregator median"),
@@ -267,8 +285,6 @@ def test_feddyn_takes_its_lambda_increment_from_the_float64_differences() -> Non
 def test_fedcos_reduced_weighs_by_the_cosines_its_ranks_took(against: float) -> None:
     """Each cosine with w(t) taken where its client trained, normalised over the round; updates pointing away from
     w(t) (every cosine clipped to 0) fall back to the (capped) sample weights, as the gathered path does."""
-    from fedent.strategies.fedcos import FedCos
-
     w = model(99)
     updates = {c: ClientUpdate(c, [against * p + 0.3 * q for p, q in zip(w, model(c), strict=True)], 10 + 5 * c, 0.0)
                for c in range(4)}
