@@ -435,6 +435,12 @@ def privacy_problems(privacy: PrivacyConfig, algorithm: AlgorithmConfig, train: 
     if cls.secure_weighting is None:
         out.append(f"privacy.secure_aggregation: {algorithm.name} cannot run under secure aggregation: "
                    f"{cls.secure_blocker} (docs/security.md lists the strategies that can)")
+    else:
+        from fedent.strategies.base import sum_mismatch
+
+        why = sum_mismatch(cls)
+        if why is not None:
+            out.append(f"privacy.secure_aggregation: {algorithm.name} cannot run under secure aggregation: {why}")
     if train.local_eval > 0:
         out.append("privacy.secure_aggregation: train.local_eval evaluates uploaded local models, which the "
                    "aggregator never sees under secure aggregation; set train.local_eval: 0")

@@ -44,7 +44,7 @@ from fedent.rounds.executor import Gathered
 from fedent.rounds.flatgather import Buffers, all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
 from fedent.rounds.robust import cap_counts
-from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, SecureSum, Strategy
+from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, SecureSum, Strategy, sum_mismatch
 from fedent.trainer import LocalTrainer
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], loca
     the run's, or its class (what it declares is a class property)."""
     if strategy.secure_weighting is None and not strategy.reduce_by_statistic:
         return f"{strategy.name} needs more than the updates' weighted sum: {strategy.secure_blocker}"
-    why = _inherited_sum(strategy if isinstance(strategy, type) else type(strategy))
+    why = sum_mismatch(strategy if isinstance(strategy, type) else type(strategy))
     if why is not None:
         return why
     if cfg.privacy.secure_aggregation:
@@ -99,23 +99,6 @@ def sum_blocker(cfg: ExperimentConfig, strategy: Strategy | type[Strategy], loca
         return f"robust.aggregator {cfg.robust.aggregator} (or robust.clip_norm) looks at every update"
     if local_eval > 0:
         return "train.local_eval evaluates uploaded local models"
-    return None
-
-
-def _defined_in(cls: type[Strategy], name: str) -> type:
-    return next(k for k in cls.__mro__ if name in k.__dict__)
-
-
-def _inherited_sum(cls: type[Strategy]) -> str | None:
-    """Why ``cls``'s sum path would not be its ``aggregate`` (a subclass, e.g. a plug-in, that overrides
-    ``aggregate`` but inherits the capability and ``aggregate_sum`` of its parent), or a half-declared statistic."""
-    agg, agg_sum = _defined_in(cls, "aggregate"), _defined_in(cls, "aggregate_sum")
-    if agg_sum is Strategy or not issubclass(agg_sum, agg):
-        return (f"{cls.name} overrides aggregate ({agg.__name__}) without its own aggregate_sum "
-                f"({agg_sum.__name__}'s), so a sum would not aggregate as it does")
-    if cls.reduce_by_statistic and Strategy in (_defined_in(cls, "reduce_statistic"),
-                                                _defined_in(cls, "reduce_weights")):
-        return f"{cls.name} sets reduce_by_statistic but does not define reduce_statistic and reduce_weights"
     return None
 
 

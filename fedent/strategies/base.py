@@ -328,6 +328,24 @@ class Strategy(ABC):
         return type(self).plan_fit is not Strategy.plan_fit
 
 
+def _defined_in(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
+def sum_mismatch(cls: type[Strategy]) -> str | None:
+    """Why ``cls``'s sum path (secure aggregation, a reduced multi-process round) would not be its ``aggregate``: a
+    subclass (e.g. a plug-in) overriding ``aggregate`` but inheriting its parent's capability and ``aggregate_sum``,
+    or a half-declared ``reduce_by_statistic``; None when the two agree as declared."""
+    agg, agg_sum = _defined_in(cls, "aggregate"), _defined_in(cls, "aggregate_sum")
+    if agg_sum is Strategy or not issubclass(agg_sum, agg):
+        return (f"{cls.name} overrides aggregate ({agg.__name__}) without its own aggregate_sum "
+                f"({agg_sum.__name__}'s), so a sum would not aggregate as it does")
+    if cls.reduce_by_statistic and Strategy in (_defined_in(cls, "reduce_statistic"),
+                                                _defined_in(cls, "reduce_weights")):
+        return f"{cls.name} sets reduce_by_statistic but does not define reduce_statistic and reduce_weights"
+    return None
+
+
 def upload(task: ClientTask, scalars: dict[str, float] | None = None) -> FinishFit:
     """The ``finish`` of a plan whose upload is the trained model (plus diagnostics ``scalars``) and nothing else."""
     return lambda params, res: ClientUpdate(task.cid, params, task.num_samples, res.loss, scalars=dict(scalars or {}))

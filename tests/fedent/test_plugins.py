@@ -67,6 +67,18 @@ class NotAStrategy:
     pass
 
 
+from fedent.strategies.fedavg import FedAvg
+
+
+class Shrunk(FedAvg):
+    """FedAvg's capability and aggregate_sum inherited, its own aggregate: a sum would not be this."""
+
+    name = "shrunk"
+
+    def aggregate(self, rnd, global_params, updates):
+        return AggregateResult([0.5 * (g + a) for g, a in zip(global_params, weighted_average(updates))])
+
+
 from fedent.strategies.base import Strategy
 
 
@@ -231,3 +243,18 @@ def test_an_import_path_is_found_in_the_current_directory_after_the_installed_on
     with pytest.raises(plugins.PluginError, match="cannot import module 'not_here_at_all'"):
         plugins.resolve("models", "not_here_at_all:build")
     sys.modules.pop("cwd_only_model", None)
+
+
+def test_a_plugin_that_overrides_aggregate_but_inherits_the_sum_is_refused_secure_aggregation(
+        plugin_pkg: Path) -> None:
+    """It inherits FedAvg's ``secure_weighting`` and ``aggregate_sum``: under secure aggregation (or in a reduced
+    multi-process round, ``sum_blocker``) it would silently run FedAvg's server step."""
+    from fedent.rounds.distributed import sum_blocker
+    from fedent.strategies.registry import strategy_class
+
+    with pytest.raises(ConfigError, match="myplug:Shrunk cannot run under secure aggregation: shrunk overrides "
+                                          "aggregate \\(Shrunk\\) without its own aggregate_sum \\(FedAvg's\\)"):
+        config_from_dict(_cfg(algorithm={"name": "myplug:Shrunk"}, privacy={"secure_aggregation": True}))
+    cfg = config_from_dict(_cfg(algorithm={"name": "myplug:Shrunk"}))
+    why = sum_blocker(cfg, strategy_class("myplug:Shrunk"), 0)
+    assert why is not None and "without its own aggregate_sum" in why
