@@ -2,7 +2,8 @@
 
 Issue 28's goal: P processes scale at least 0.8·P (speed-up of the round time over P = 1). Workload: MNIST-CNN
 on the seeded synthetic set (MNIST-shaped), ``--clients`` clients all sampled every round (fraction 1), each
-with ``--samples`` samples, one local epoch at batch 32, sequential host, evaluation only in the last round.
+with ``--samples`` samples, one local epoch at batch 32, sequential host, evaluation only in the last round,
+FedAvg (``--algorithm``: another strategy, e.g. fedent, whose probes are gathered each round too).
 Each side is a real ``fedent simulate`` command (P = 1: one process, ``--threads T``; P > 1: ``--procs P``, each
 rank ``--threads T``), so process start-up, the all-gathers of the updates and rank 0's files all count. A round's
 time is metrics.jsonl's ``wall_s``; round 0 (warm-up) and the last round (evaluation) are not timed. The sides
@@ -47,7 +48,7 @@ from fedent.model_file import load_model_file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(path: Path, clients: int, samples: int, rounds: int, device: str) -> Path:
+def config(path: Path, clients: int, samples: int, rounds: int, device: str, algorithm: str = "fedavg") -> Path:
     path.write_text(
         "name: bench-distributed\n"
         f"data: {{name: synthetic, num_clients: {clients}, partition: iid, synthetic_train: {clients * samples}, "
@@ -55,7 +56,7 @@ def config(path: Path, clients: int, samples: int, rounds: int, device: str) -> 
         "model: {name: mnist-cnn}\n"
         f"train: {{rounds: {rounds}, fraction: 1.0, local_epochs: 1, batch_size: 32, lr: 0.05, "
         f"eval_every: {rounds}, seed: 0, device: {device}, executor: sequential}}\n"
-        "algorithm: {name: fedavg}\n")
+        f"algorithm: {{name: {algorithm}}}\n")
     return path
 
 
@@ -177,6 +178,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--baseline-code", default=None, metavar="DIR",
                     help="another checkout (e.g. main's worktree) run alternately with this one, for before/after")
+    ap.add_argument("--algorithm", default="fedavg", help="the strategy every run uses (e.g. fedent: probes too)")
     ap.add_argument("--reduce", default="auto",
                     help="comma-separated fedent simulate --reduce modes run for every P > 1 (auto, gather, sum)")
     ap.add_argument("--gather-only", action="store_true",
@@ -195,7 +197,7 @@ def main() -> int:
     Side = tuple[str, int, "str | None"]
     with tempfile.TemporaryDirectory(prefix="bench-dist-") as tmp:
         out = Path(tmp)
-        cfg = config(out / "c.yaml", args.clients, args.samples, args.rounds, args.device)
+        cfg = config(out / "c.yaml", args.clients, args.samples, args.rounds, args.device, args.algorithm)
         times: dict[Side, list[float]] = {s: [] for s in sides}
         models: dict[Side, list[torch.Tensor]] = {}
         gathers: dict[Side, list[float]] = {s: [] for s in sides}
@@ -214,7 +216,8 @@ def main() -> int:
     ref = sides[0]
     base = statistics.median(times[ref])
     rows = []
-    print(f"\n{args.clients} clients x {args.samples} samples, MNIST-CNN, {args.device}, {args.threads} thread(s) "
+    print(f"\n{args.algorithm}, {args.clients} clients x {args.samples} samples, MNIST-CNN, {args.device}, "
+          f"{args.threads} thread(s) "
           f"per process, {torch.get_num_threads()} here; code: "
           + ", ".join(f"{c} = {path}" for c, path in codes.items()))
     print(f"| code | P | reduce | round (s, median) | speed-up | speed-up / P | rank 0 combining updates (wall) "
