@@ -39,16 +39,16 @@ from fedent.distributed import World, WorldError
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params, norm_sq, num_elements
+from fedent.rounds import robust
 from fedent.rounds.evaluation import ClientEval, Evaluator, FederatedEval, evaluate_shards, test_shards
 from fedent.rounds.executor import Gathered
 from fedent.rounds.flatgather import Buffers, all_gather_flat
 from fedent.rounds.inprocess import InProcessExecutor, update_bytes
-from fedent.rounds.robust import cap_counts
 from fedent.strategies.base import ClientUpdate, Probe, RoundPayload, SecureSum, Strategy, sum_mismatch
 from fedent.trainer import LocalTrainer
 
 if TYPE_CHECKING:
-    from fedent.config import ExperimentConfig
+    from fedent.config import ExperimentConfig, RobustConfig
     from fedent.inputs import RunInputs
     from fedent.rounds.engine import RoundEngine
 
@@ -215,15 +215,15 @@ class DistributedExecutor:
         return every
 
     def fit_sum(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
-                payload: RoundPayload, accept: Accept, cap: float | None) -> Summed:
+                payload: RoundPayload, accept: Accept, bounds: RobustConfig) -> Summed:
         """``fit``, reduced: each rank screens its own clients' updates with ``accept``, the ranks gather the clear
         parts of the accepted ones (and the failures, and every upload's size for clients.json, rejected ones
-        included, as ``fit`` books them), cap their counts (``cap``: robust.max_weight_share, as ``robust.apply``
-        would), and all-reduce Σ s_i w_i and each tensor group's Σ s_i t_i in float64, s_i the capped count
-        (``samples`` weighting), 1 (``uniform``) or the strategy's ``reduce_weights`` of its clients' statistics
-        (``reduce_by_statistic``: FedCos's normalised cosines), summed in cid order on each rank. Σ s_i (w_i − w(t))
-        is taken from the float64 sum too (``SecureSum.deltas``: FedDyn's Σλ increment without float32
-        cancellation)."""
+        included, as ``fit`` books them), cap their counts (``robust.apply`` with the run's ``bounds``: only the
+        weight cap acts, ``sum_blocker`` ruled out the rest), and all-reduce Σ s_i w_i and each tensor group's
+        Σ s_i t_i in float64, s_i the capped count (``samples`` weighting), 1 (``uniform``) or the strategy's
+        ``reduce_weights`` of its clients' statistics (``reduce_by_statistic``: FedCos's normalised cosines),
+        summed in cid order on each rank. Σ s_i (w_i − w(t)) is taken from the float64 sum too
+        (``SecureSum.deltas``: FedDyn's Σλ increment without float32 cancellation)."""
         raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
         local = accept(raw)
         sent = {c: update_bytes(u) for c, u in raw.results.items()}
@@ -233,8 +233,8 @@ class DistributedExecutor:
                  for c, u in local.results.items()}
         every = self._merge(Gathered({c: (clear.get(c), n) for c, n in sent.items()}, local.failed))
         got = {c: v[0] for c, v in every.results.items() if v[0] is not None}
-        counts = [got[c][0].num_samples for c in got]
-        capped = cap_counts(counts, cap) or counts
+        clients, diagnostics = robust.apply(bounds, global_params, [got[c][0] for c in got])
+        capped = [u.num_samples for u in clients]
         if by_stat:
             s_i: Sequence[float] = strategy.reduce_weights([got[c][2] for c in got], capped) if got else []
         else:
@@ -267,14 +267,9 @@ class DistributedExecutor:
             parts.append(one)
         self.gather_s += time.perf_counter() - t0
         self.gather_cpu_s += time.process_time() - c0
-        n_of = dict(zip(got, capped, strict=True))
-        clients = [dataclasses.replace(got[c][0], num_samples=n_of[c]) for c in got]
         total = SecureSum(rnd, parts[0], dict(zip(groups, parts[1:], strict=True)), weight, clients,
                           norms={c: got[c][1] for c in got}, deltas=deltas,
                           stats={c: got[c][2] for c in got} if by_stat else None)
-        diagnostics: dict[str, Any] = {}
-        if capped is not counts:
-            diagnostics["robust"] = {"capped_weights": [c for c, n in zip(got, counts, strict=True) if n_of[c] < n]}
         if self.engine is not None:
             now = time.time()
             for c, (_, size) in every.results.items():

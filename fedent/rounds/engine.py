@@ -236,7 +236,7 @@ class RoundEngine:
         fit_sum = getattr(self.executor, "fit_sum", None) if getattr(self.executor, "sums", False) else None
         if fit_sum is not None:  # a reduced round (fedent.rounds.distributed): the clear parts and the sum
             got_sum = fit_sum(rnd, fit_cids, self.global_params, self.strategy, payload, self.acceptance.updates,
-                              self.cfg.robust.max_weight_share)
+                              self.cfg.robust)
             fits, self.secure_sum, summed = got_sum.updates, got_sum.total, got_sum.diagnostics
         else:
             fits = self.acceptance.updates(self.executor.fit(rnd, fit_cids, self.global_params, self.strategy,

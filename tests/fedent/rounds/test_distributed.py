@@ -141,7 +141,8 @@ def model(seed: int) -> list[Tensor]:
 
 def summed(updates: dict[int, ClientUpdate], strategy: Strategy, accept: Any, cap: float | None) -> Summed:
     ex = DistributedExecutor(StubHost(updates), World(), sums=True)  # type: ignore[arg-type]
-    return ex.fit_sum(0, sorted(updates), model(99), strategy, RoundPayload(0), accept, cap)
+    return ex.fit_sum(0, sorted(updates), model(99), strategy, RoundPayload(0), accept,
+                      RobustConfig(max_weight_share=cap))
 
 
 def test_a_reduced_round_is_the_capped_weighted_mean_of_the_accepted_updates() -> None:
@@ -273,7 +274,8 @@ def test_feddyn_takes_its_lambda_increment_from_the_float64_differences() -> Non
         s.setup(w, [10] * 100)
     want = gathered.aggregate(0, w, list(updates.values())).params
     ex = DistributedExecutor(StubHost(updates), World(), sums=True)  # type: ignore[arg-type]
-    total = ex.fit_sum(0, sorted(updates), w, reduced, RoundPayload(0), lambda got: got, None).total
+    total = ex.fit_sum(0, sorted(updates), w, reduced, RoundPayload(0), lambda got: got,
+                       RobustConfig(max_weight_share=None)).total
     new = reduced.aggregate_sum(0, w, total).params
     for s in (gathered, reduced):
         lam = s.server_state()["lambda_sum"][0].double()
