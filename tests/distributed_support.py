@@ -123,3 +123,65 @@ def gather_main(rank: int, size: int, port: int, out: str) -> None:
         (Path(out) / f"rank{rank}.pkl").write_bytes(pickle.dumps((got.results, got.failed, again.results)))
     finally:
         world.close()
+
+
+class FaultyHost:
+    """The in-process executor's ``fit`` for ``fault_main``: each client's update is ``model(cid)``; on rank 1 it
+    raises (``fault == "fit"``) or hands one client a model of the wrong shape, which only the rank's own adding
+    into the sum trips over (``fault == "add"``: the acceptance rule is the identity here)."""
+
+    def __init__(self, rank: int) -> None:
+        from types import SimpleNamespace
+
+        self.rank, self.fault = rank, "none"
+        self.host = SimpleNamespace(on_update=None, hosted=[], trainer=SimpleNamespace(device=torch.device("cpu")))
+
+    def fit(self, rnd: int, cids: list[int], global_params: list[torch.Tensor], strategy: object,
+            payload: object) -> object:
+        from fedent.rounds.executor import Gathered
+        from fedent.strategies.base import ClientUpdate
+
+        if self.rank == 1 and self.fault == "fit":
+            raise RuntimeError("rank 1 ran out of memory (injected)")
+        ups = {c: ClientUpdate(c, [torch.full((3, 2), float(c)), torch.full((4,), -float(c))], 10, 0.0)
+               for c in cids}
+        if self.rank == 1 and self.fault == "add":
+            ups[cids[0]].params[0] = torch.zeros(100)  # larger than the whole sum
+        return Gathered(ups)
+
+
+def fault_main(rank: int, size: int, port: int, out: str) -> None:
+    """Rank ``rank`` of 2, a 20 s collective timeout: a reduced round, a gathered one, then rank 1 failing in its
+    own part of a reduced round (before the gather, then while adding into the sum) and of a gathered one; last a
+    healthy reduced round. Each outcome (the sum, or the exception's type and message) goes to
+    ``out/rank<r>.json``; a rank left waiting would end in gloo's timeout instead."""
+    import fedent.distributed as fd
+    from fedent.config import RobustConfig
+    from fedent.rounds.distributed import DistributedExecutor
+    from fedent.strategies.base import RoundPayload
+    from fedent.strategies.fedavg import FedAvg
+
+    os.environ.update(rank_env(rank, size, port))
+    torch.set_num_threads(1)
+    fd.TIMEOUT_S = 20
+    world = World.from_env()
+    host = FaultyHost(rank)
+    ex = DistributedExecutor(host, world, sums=True)  # type: ignore[arg-type]
+    w = [torch.zeros(3, 2), torch.zeros(4)]
+    outcomes: list[object] = []
+    try:
+        for mode, fault in (("sum", "none"), ("gather", "none"), ("sum", "fit"), ("sum", "add"),
+                            ("gather", "fit"), ("sum", "none")):
+            host.fault = fault
+            try:
+                if mode == "sum":
+                    got = ex.fit_sum(1, [0, 1, 2, 3], w, FedAvg(), RoundPayload(1), lambda g: g, RobustConfig())
+                    outcomes.append([float(got.total.weight), got.total.params[0].flatten().tolist()])
+                else:
+                    every = ex.fit(1, [0, 1, 2, 3], w, FedAvg(), RoundPayload(1))
+                    outcomes.append(sorted(every.results))
+            except Exception as e:  # noqa: BLE001 - recorded for the test to judge
+                outcomes.append([type(e).__name__, str(e)])
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(outcomes))
+    finally:
+        world.close()

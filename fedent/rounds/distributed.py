@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from fedent.rounds.engine import RoundEngine
 
 T = TypeVar("T")
+R = TypeVar("R")
 RANKS_DIR = ".ranks"  # <run>/.ranks/<r>/: the engine files of rank r > 0
 
 
@@ -69,15 +70,33 @@ def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
                                scalars=dict(update.scalars), codes={})
 
 
-def merge(world: World, local: Gathered[T], buffers: Buffers | None = None) -> Gathered[T]:
+def merge(world: World, local: Gathered[T], buffers: Buffers | None = None,
+          error: BaseException | None = None) -> Gathered[T]:
     """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
     tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``; ``buffers``:
-    the caller's, kept for its next gather)."""
+    the caller's, kept for its next gather). ``error``: this rank failed before the gather (not one client: the
+    rank's own work); it still takes part, so every rank raises now (this one its error, the others a
+    ``WorldError`` naming the rank) instead of the healthy ones waiting in their next collective for
+    ``TIMEOUT_S``."""
+    why = None if error is None else f"{type(error).__name__}: {error}"[:500]
+    parts = all_gather_flat(world, (local.results, local.failed, why), buffers)
+    if error is not None:
+        raise error
     out: Gathered[T] = Gathered()
-    for part in all_gather_flat(world, (local.results, local.failed), buffers):
+    for r, part in enumerate(parts):
+        if part[2] is not None:
+            raise WorldError(f"rank {r} of {world.size} failed: {part[2]}")
         out.results.update(part[0])
         out.failed.update(part[1])
     return Gathered(out.results, out.failed)
+
+
+def attempted(work: Callable[[], R]) -> tuple[R | None, BaseException | None]:
+    """``work()``'s result, or its exception (to be carried through the next collective by ``merge``)."""
+    try:
+        return work(), None
+    except Exception as e:  # noqa: BLE001 - any failure must reach the peers before they wait on this rank
+        return None, e
 
 
 Accept = Callable[[Gathered[ClientUpdate]], Gathered[ClientUpdate]]  # the engine's acceptance rule for updates
@@ -163,10 +182,10 @@ class DistributedExecutor:
                 "reduce": "sum" if self.sums else "gather",
                 "gather_s": round(self.gather_s, 3), "gather_cpu_s": round(self.gather_cpu_s, 3)}
 
-    def _merge(self, local: Gathered[T]) -> Gathered[T]:
+    def _merge(self, local: Gathered[T] | None, error: BaseException | None = None) -> Gathered[T]:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            return merge(self.world, local, self.buffers)
+            return merge(self.world, Gathered() if local is None else local, self.buffers, error)
         finally:
             self.gather_s += time.perf_counter() - t0
             self.gather_cpu_s += time.process_time() - c0
@@ -195,15 +214,17 @@ class DistributedExecutor:
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:
-        return self._merge(self.inner.probe(rnd, self.world.mine(cids), global_params, strategy))
+        return self._merge(*attempted(lambda: self.inner.probe(rnd, self.world.mine(cids), global_params, strategy)))
 
     def fit(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor], strategy: Strategy,
             payload: RoundPayload) -> Gathered[ClientUpdate]:
-        local = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
         cpu, device = torch.device("cpu"), self.host.trainer.device
-        travelling: Gathered[ClientUpdate] = Gathered({c: update_to(u, cpu) for c, u in local.results.items()},
-                                                      local.failed)
-        every = self._merge(travelling)
+
+        def local() -> Gathered[ClientUpdate]:
+            mine = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
+            return Gathered({c: update_to(u, cpu) for c, u in mine.results.items()}, mine.failed)
+
+        every = self._merge(*attempted(local))
         every.results = {c: update_to(u, device) for c, u in every.results.items()}
         if self.engine is not None:
             now = time.time()
@@ -223,15 +244,28 @@ class DistributedExecutor:
         Σ s_i t_i in float64, s_i the capped count (``samples`` weighting), 1 (``uniform``) or the strategy's
         ``reduce_weights`` of its clients' statistics (``reduce_by_statistic``: FedCos's normalised cosines),
         summed in cid order on each rank. Σ s_i (w_i − w(t)) is taken from the float64 sum too
-        (``SecureSum.deltas``: FedDyn's Σλ increment without float32 cancellation)."""
-        raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
-        local = accept(raw)
-        sent = {c: update_bytes(u) for c, u in raw.results.items()}
+        (``SecureSum.deltas``: FedDyn's Σλ increment without float32 cancellation). A rank that fails in its own
+        part (not a client's: those are failures) makes every rank raise at the next collective, never wait:
+        before the gather through ``merge``, after it through the sum's last element (a count of failed ranks)."""
         by_stat = strategy.reduce_by_statistic
-        clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)), norm_sq(u.params),
-                     strategy.reduce_statistic(global_params, u) if by_stat else 0.0)
-                 for c, u in local.results.items()}
-        every = self._merge(Gathered({c: (clear.get(c), n) for c, n in sent.items()}, local.failed))
+        groups = strategy.payload_spec.update_tensors
+        like = list(global_params)
+
+        def screened() -> tuple[Gathered[ClientUpdate], Gathered[tuple[Any, int]], Tensor]:
+            raw = self.inner.fit(rnd, self.world.mine(cids), global_params, strategy, payload)
+            local = accept(raw)
+            clear = {c: (ClientUpdate(c, [], u.num_samples, u.train_loss, scalars=dict(u.scalars)),
+                         norm_sq(u.params), strategy.reduce_statistic(global_params, u) if by_stat else 0.0)
+                     for c, u in local.results.items()}
+            travelling = Gathered({c: (clear.get(c), update_bytes(u)) for c, u in raw.results.items()}, local.failed)
+            # allocated before the gather, so running out of memory here is a failure the peers hear of
+            buf = torch.zeros(num_elements(like) * (1 + len(groups)) + 1, dtype=torch.float64, device=like[0].device)
+            return local, travelling, buf
+
+        done, error = attempted(screened)
+        local, travelling, buf = done if done is not None else (Gathered(), None, None)
+        every = self._merge(travelling, error)
+        assert buf is not None  # merge raised otherwise
         got = {c: v[0] for c, v in every.results.items() if v[0] is not None}
         clients, diagnostics = robust.apply(bounds, global_params, [got[c][0] for c in got])
         capped = [u.num_samples for u in clients]
@@ -240,18 +274,27 @@ class DistributedExecutor:
         else:
             s_i = capped if strategy.secure_weighting == "samples" else [1] * len(got)
         weights = dict(zip(got, s_i, strict=True))
-        groups = strategy.payload_spec.update_tensors
-        like = list(global_params)
         t0, c0 = time.perf_counter(), time.process_time()
-        buf = torch.zeros(num_elements(like) * (1 + len(groups)), dtype=torch.float64, device=like[0].device)
-        for c, u in local.results.items():
-            off = 0
-            for src in (u.params, *(u.tensors[g] for g in groups)):
-                for p in src:
-                    n = p.numel()
-                    buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
-                    off += n
+
+        def fill() -> None:
+            for c, u in local.results.items():
+                off = 0
+                for src in (u.params, *(u.tensors[g] for g in groups)):
+                    for p in src:
+                        n = p.numel()
+                        buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
+                        off += n
+
+        _, failed = attempted(fill)
+        if failed is not None:  # still in the all-reduce (the peers are there), then everyone raises
+            buf.zero_()
+            buf[-1] = 1.0
         self.world.all_reduce_sum(buf)
+        if failed is not None:
+            raise failed
+        if buf[-1].item() != 0.0:
+            raise WorldError(f"{int(buf[-1].item())} of {self.world.size} ranks failed adding their clients to the "
+                             "round's sum")
         weight = float(sum(weights.values()))
         parts: list[Params] = []
         deltas: Params = []  # Σ s_i (w_i − w(t)) = Σ s_i w_i − W·w(t), the difference taken in float64
@@ -282,7 +325,8 @@ class DistributedExecutor:
     def secure_exchange(self, rnd: int, requests: Mapping[int, bytes]) -> Gathered[bytes]:
         """A secure-aggregation step: each rank's clients answer theirs, and every rank gets every answer."""
         mine = set(self.world.mine(list(requests)))
-        return self._merge(self.inner.secure_exchange(rnd, {c: r for c, r in requests.items() if c in mine}))
+        return self._merge(*attempted(lambda: self.inner.secure_exchange(
+            rnd, {c: r for c, r in requests.items() if c in mine})))
 
     def replacements(self, rnd: int, attempt: int, k: int, exclude: set[int]) -> list[int]:
         return self.inner.replacements(rnd, attempt, k, exclude)

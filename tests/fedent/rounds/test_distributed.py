@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_support import COMBINED, POLICIES, case_inputs, cases, rank_main
+from distributed_support import COMBINED, POLICIES, case_inputs, cases, fault_main, rank_main
 from sim_support import tiny_config, tiny_inputs, write_tiny_config_file
 from torch import Tensor
 
@@ -115,6 +115,23 @@ def test_owner_is_a_fixed_round_robin_and_one_process_owns_all() -> None:
 def test_test_set_slices_cover_it_once() -> None:
     parts = [_slice(10, World(rank=r, size=3)) for r in range(3)]
     assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 7), (7, 10)]
+
+
+@pytest.mark.slow  # two spawned ranks, six rounds of tiny stub updates (a few seconds)
+def test_a_rank_failing_in_its_own_part_makes_every_rank_raise_instead_of_waiting(tmp_path: Path) -> None:
+    """Rank 1 fails in its own part of a round (not a client's): before the gather (reduced and gathered rounds)
+    and while adding its clients into the reduced sum. Both ranks raise at once, rank 1 its own error and rank 0 a
+    ``WorldError`` naming it (not gloo's timeout after waiting), and the next round runs on both."""
+    mp.spawn(fault_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    healthy = [40.0, [60.0] * 6]  # FedAvg's sum: 10 samples each, client c's first tensor all c
+    assert r0[0] == r1[0] == healthy and r0[5] == r1[5] == healthy
+    assert r0[1] == r1[1] == [0, 1, 2, 3]
+    for i in (2, 4):  # before the gather: the reduced round, then the gathered one
+        assert r1[i] == ["RuntimeError", "rank 1 ran out of memory (injected)"]
+        assert r0[i] == ["WorldError", "rank 1 of 2 failed: RuntimeError: rank 1 ran out of memory (injected)"]
+    assert r1[3][0] == "RuntimeError"  # adding a wrongly shaped model into its slice of the sum
+    assert r0[3] == ["WorldError", "1 of 2 ranks failed adding their clients to the round's sum"]
 
 
 def test_merge_of_one_rank_sorts_by_client() -> None:
