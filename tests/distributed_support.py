@@ -182,6 +182,56 @@ def fault_main(rank: int, size: int, port: int, out: str) -> None:
                     outcomes.append(sorted(every.results))
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 outcomes.append([type(e).__name__, str(e)])
+        outcomes += faulty_oracle_and_evaluator(world)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(outcomes))
     finally:
         world.close()
+
+
+class FaultyOracle:
+    """A gradient oracle whose every gradient is the client's id; on rank 1 it raises while ``fail`` is set."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.fail = rank, False
+
+    def gradient(self, t: int, cid: int, point: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.rank == 1 and self.fail:
+            raise RuntimeError("rank 1's gradient failed (injected)")
+        return [torch.full((2,), float(cid))]
+
+
+class FaultyTrainer:
+    """What ``DistributedEvaluator`` asks of a trainer; on rank 1 ``evaluate`` raises while ``fail`` is set."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.fail, self.device = rank, False, torch.device("cpu")
+
+    def load(self, params: object) -> None:
+        pass
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, float]:
+        if self.rank == 1 and self.fail:
+            raise RuntimeError("rank 1's evaluation failed (injected)")
+        return 1.0, 0.6
+
+
+def faulty_oracle_and_evaluator(world: World) -> list[object]:
+    """Algorithm 1's oracle over the ranks (batched, then one client owned by rank 1) and the split server-side
+    evaluation, each healthy, then with rank 1 failing, then healthy again: the outcomes, as ``fault_main``'s."""
+    from fedent.rounds.distributed import DistributedEvaluator, DistributedOracle
+
+    oracle, trainer = FaultyOracle(world.rank), FaultyTrainer(world.rank)
+    dist_oracle = DistributedOracle(oracle, world, torch.device("cpu"))  # type: ignore[arg-type]
+    evaluator = DistributedEvaluator(world, trainer, torch.zeros(10, 1), torch.zeros(10), 5, 0)  # type: ignore[arg-type]
+    steps = (lambda: [float(g[0][0]) for g in dist_oracle.gradients(0, [0, 1, 2, 3], [])],
+             lambda: [float(v) for v in dist_oracle.gradient(0, 3, [])[0]],
+             lambda: list(evaluator.evaluate([])))
+    outcomes: list[object] = []
+    for step in steps:
+        for fail in (False, True, False):
+            oracle.fail = trainer.fail = fail
+            try:
+                outcomes.append(step())
+            except Exception as e:  # noqa: BLE001 - recorded for the test to judge
+                outcomes.append([type(e).__name__, str(e)])
+    return outcomes

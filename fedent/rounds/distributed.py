@@ -141,19 +141,23 @@ class DistributedOracle:
 
     def gradient(self, t: int, cid: int, point: Sequence[Tensor]) -> Params:
         owner = self.world.owner(cid)
-        got = self.inner.gradient(t, cid, point) if owner == self.world.rank else None
-        g = self.world.broadcast(None if got is None else _moved(got, torch.device("cpu")), src=owner)
+        got, error = (attempted(lambda: _moved(self.inner.gradient(t, cid, point), torch.device("cpu")))
+                      if owner == self.world.rank else (None, None))
+        why = None if error is None else f"{type(error).__name__}: {error}"[:500]
+        g, said = self.world.broadcast((got, why), src=owner)  # the owner's failure reaches every rank
+        if error is not None:
+            raise error
+        if said is not None:
+            raise WorldError(f"rank {owner} of {self.world.size} failed: {said}")
         assert g is not None
         return _moved(g, self.device)
 
     def gradients(self, t: int, cids: Sequence[int], point: Sequence[Tensor]) -> list[Params]:
         mine = self.world.mine(cids)
-        local = dict(zip(mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)),
-                         strict=True))
-        every: dict[int, Params] = {}
-        for part in all_gather_flat(self.world, local, self.buffers):
-            every.update(part)
-        return [_moved(every[int(c)], self.device) for c in cids]
+        local, error = attempted(lambda: Gathered(dict(zip(
+            mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)), strict=True))))
+        every = merge(self.world, local or Gathered(), self.buffers, error)
+        return [_moved(every.results[int(c)], self.device) for c in cids]
 
 
 class DistributedExecutor:
@@ -357,11 +361,22 @@ class DistributedEvaluator(Evaluator):
         part = _slice(int(self.y_test.shape[0]), self.world)
         x, y = self.x_test[part], self.y_test[part]
         n = int(y.shape[0])
-        loss, acc = (0.0, 0.0)
-        if n:
+
+        def score() -> tuple[float, float]:
+            if not n:
+                return 0.0, 0.0
             self.trainer.load(params)
-            loss, acc = self.trainer.evaluate(x, y, self.batch_size)
-        sums = self.world.all_gather((loss * n, round(acc * n), n))
+            return self.trainer.evaluate(x, y, self.batch_size)
+
+        got, error = attempted(score)
+        loss, acc = got or (0.0, 0.0)
+        why = None if error is None else f"{type(error).__name__}: {error}"[:500]
+        sums = self.world.all_gather((loss * n, round(acc * n), n, why))  # a rank's failure reaches every rank
+        if error is not None:
+            raise error
+        for r, s in enumerate(sums):
+            if s[3] is not None:
+                raise WorldError(f"rank {r} of {self.world.size} failed evaluating: {s[3]}")
         total = sum(s[2] for s in sums)
         return sum(s[0] for s in sums) / max(total, 1), sum(s[1] for s in sums) / max(total, 1)
 
@@ -375,7 +390,8 @@ def distributed_federated(world: World, trainer: LocalTrainer, x_test: Tensor, y
 
     def run(rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
         mine = world.mine(range(num_clients))
-        return merge(world, Gathered(evaluate_shards(trainer, x, y, shards, mine, params, batch_size)))
+        got, error = attempted(lambda: Gathered(evaluate_shards(trainer, x, y, shards, mine, params, batch_size)))
+        return merge(world, got or Gathered(), error=error)
 
     return run
 

@@ -132,6 +132,13 @@ def test_a_rank_failing_in_its_own_part_makes_every_rank_raise_instead_of_waitin
         assert r0[i] == ["WorldError", "rank 1 of 2 failed: RuntimeError: rank 1 ran out of memory (injected)"]
     assert r1[3][0] == "RuntimeError"  # adding a wrongly shaped model into its slice of the sum
     assert r0[3] == ["WorldError", "1 of 2 ranks failed adding their clients to the round's sum"]
+    # Algorithm 1's oracle (batched, then client 3 alone, owned by rank 1) and the split evaluation
+    healthy_runs = ([0.0, 1.0, 2.0, 3.0], [3.0, 3.0], [1.0, 0.6])
+    for k, (healthy_run, why) in enumerate(zip(healthy_runs, ("gradient", "gradient", "evaluation"), strict=True)):
+        at = 6 + 3 * k
+        assert r0[at] == r1[at] == healthy_run and r0[at + 2] == r1[at + 2] == healthy_run
+        assert r1[at + 1] == ["RuntimeError", f"rank 1's {why} failed (injected)"]
+        assert r0[at + 1][0] == "WorldError" and "rank 1 of 2 failed" in r0[at + 1][1], r0[at + 1]
 
 
 def test_merge_of_one_rank_sorts_by_client() -> None:
