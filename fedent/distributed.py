@@ -37,6 +37,20 @@ class WorldError(RuntimeError):
     """The process group cannot be formed, or the ranks disagree about something they must share."""
 
 
+class RanksFailed(WorldError):
+    """Some ranks failed in their own part of a step and said so in its collective: ``failures`` lists (rank,
+    why); every rank raises it alike, so none goes on to a collective the failed ones will not enter."""
+
+    def __init__(self, size: int, failures: list[tuple[int, str]]) -> None:
+        self.failures = failures
+        super().__init__("; ".join(f"rank {r} of {size} failed: {why}" for r, why in failures))
+
+
+def said(error: BaseException | None) -> str | None:
+    """How a rank's failure travels to its peers: its type and message, bounded."""
+    return None if error is None else f"{type(error).__name__}: {error}"[:500]
+
+
 @dataclass(frozen=True)
 class World:
     """This process's place among ``size`` processes of one run (``size == 1``: no process group at all)."""
@@ -98,12 +112,12 @@ class World:
     def agree(self, error: BaseException | None) -> None:
         """Every rank learns whether any rank failed a check (so none waits forever in a collective for a peer
         that has already given up): the local error is re-raised; another rank's becomes a ``WorldError``."""
-        got = self.all_gather(None if error is None else f"{type(error).__name__}: {error}")
+        got = self.all_gather(said(error))
         if error is not None:
             raise error
-        for r, why in enumerate(got):
-            if why is not None:
-                raise WorldError(f"rank {r} of {self.size} failed: {why}")
+        failures = [(r, why) for r, why in enumerate(got) if why is not None]
+        if failures:
+            raise RanksFailed(self.size, failures)
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():

@@ -149,6 +149,14 @@ class FaultyHost:
             ups[cids[0]].params[0] = torch.zeros(100)  # larger than the whole sum
         return Gathered(ups)
 
+    def probe(self, rnd: int, cids: list[int], global_params: list[torch.Tensor], strategy: object) -> object:
+        from fedent.rounds.executor import Gathered
+        from fedent.strategies.base import Probe
+
+        if self.rank == 1 and self.fault == "probe":
+            raise RuntimeError("rank 1's probe failed (injected)")
+        return Gathered({c: Probe(c, 10, {"a": float(c)}) for c in cids})
+
 
 def fault_main(rank: int, size: int, port: int, out: str) -> None:
     """Rank ``rank`` of 2, a 20 s collective timeout: a reduced round, a gathered one, then rank 1 failing in its
@@ -171,12 +179,16 @@ def fault_main(rank: int, size: int, port: int, out: str) -> None:
     outcomes: list[object] = []
     try:
         for mode, fault in (("sum", "none"), ("gather", "none"), ("sum", "fit"), ("sum", "add"),
-                            ("gather", "fit"), ("sum", "none")):
+                            ("gather", "fit"), ("sum", "none"), ("probe", "probe"), ("probe", "none")):
             host.fault = fault
             try:
                 if mode == "sum":
                     got = ex.fit_sum(1, [0, 1, 2, 3], w, FedAvg(), RoundPayload(1), lambda g: g, RobustConfig())
-                    outcomes.append([float(got.total.weight), got.total.params[0].flatten().tolist()])
+                    outcomes.append([float(got.total.weight), got.total.params[0].flatten().tolist(),
+                                     got.total.params[1].tolist()])
+                elif mode == "probe":
+                    probes = ex.probe(1, [0, 1, 2, 3], w, FedAvg())
+                    outcomes.append([p.scalars["a"] for p in probes.results.values()])
                 else:
                     every = ex.fit(1, [0, 1, 2, 3], w, FedAvg(), RoundPayload(1))
                     outcomes.append(sorted(every.results))

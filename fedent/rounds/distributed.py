@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedent.distributed import World, WorldError
+from fedent.distributed import RanksFailed, World, WorldError, said
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params, norm_sq, num_elements
@@ -75,23 +75,23 @@ def merge(world: World, local: Gathered[T], buffers: Buffers | None = None,
     """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
     tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``; ``buffers``:
     the caller's, kept for its next gather). ``error``: this rank failed before the gather (not one client: the
-    rank's own work); it still takes part, so every rank raises now (this one its error, the others a
-    ``WorldError`` naming the rank) instead of the healthy ones waiting in their next collective for
-    ``TIMEOUT_S``."""
-    why = None if error is None else f"{type(error).__name__}: {error}"[:500]
-    parts = all_gather_flat(world, (local.results, local.failed, why), buffers)
-    if error is not None:
-        raise error
+    rank's own work); it still takes part, so every rank raises now, this one its error and the others
+    ``RanksFailed`` naming it. (gloo notices a peer that exits within a second or so, but not who failed or why;
+    NCCL's collectives, the reduced sum's, wait for ``TIMEOUT_S``.)"""
+    try:
+        parts = all_gather_flat(world, (local.results, local.failed), buffers, said(error))
+    except RanksFailed:
+        if error is not None:
+            raise error from None
+        raise
     out: Gathered[T] = Gathered()
-    for r, part in enumerate(parts):
-        if part[2] is not None:
-            raise WorldError(f"rank {r} of {world.size} failed: {part[2]}")
-        out.results.update(part[0])
-        out.failed.update(part[1])
+    for results, failed in parts:
+        out.results.update(results)
+        out.failed.update(failed)
     return Gathered(out.results, out.failed)
 
 
-def attempted(work: Callable[[], R]) -> tuple[R | None, BaseException | None]:
+def attempted(work: Callable[[], R]) -> tuple[R | None, Exception | None]:
     """``work()``'s result, or its exception (to be carried through the next collective by ``merge``)."""
     try:
         return work(), None
@@ -143,12 +143,11 @@ class DistributedOracle:
         owner = self.world.owner(cid)
         got, error = (attempted(lambda: _moved(self.inner.gradient(t, cid, point), torch.device("cpu")))
                       if owner == self.world.rank else (None, None))
-        why = None if error is None else f"{type(error).__name__}: {error}"[:500]
-        g, said = self.world.broadcast((got, why), src=owner)  # the owner's failure reaches every rank
+        g, why = self.world.broadcast((got, said(error)), src=owner)  # the owner's failure reaches every rank
         if error is not None:
             raise error
-        if said is not None:
-            raise WorldError(f"rank {owner} of {self.world.size} failed: {said}")
+        if why is not None:
+            raise RanksFailed(self.world.size, [(owner, why)])
         assert g is not None
         return _moved(g, self.device)
 
@@ -269,36 +268,39 @@ class DistributedExecutor:
         done, error = attempted(screened)
         local, travelling, buf = done if done is not None else (Gathered(), None, None)
         every = self._merge(travelling, error)
-        assert buf is not None  # merge raised otherwise
+        if buf is None:  # unreachable: merge raised this rank's error
+            raise WorldError("the reduced round's buffer is missing")
         got = {c: v[0] for c, v in every.results.items() if v[0] is not None}
-        clients, diagnostics = robust.apply(bounds, global_params, [got[c][0] for c in got])
-        capped = [u.num_samples for u in clients]
-        if by_stat:
-            s_i: Sequence[float] = strategy.reduce_weights([got[c][2] for c in got], capped) if got else []
-        else:
-            s_i = capped if strategy.secure_weighting == "samples" else [1] * len(got)
-        weights = dict(zip(got, s_i, strict=True))
         t0, c0 = time.perf_counter(), time.process_time()
 
-        def fill() -> None:
+        def fill() -> tuple[tuple[list[ClientUpdate], dict[str, Any]], dict[int, float]]:
+            # the cap and the statistic's weights see the same gathered values on every rank; adding one's own
+            # clients into the sum is the rank's alone
+            capped_clients, diag = robust.apply(bounds, global_params, [got[c][0] for c in got])
+            capped = [u.num_samples for u in capped_clients]
+            if by_stat:
+                s_i: Sequence[float] = strategy.reduce_weights([got[c][2] for c in got], capped) if got else []
+            else:
+                s_i = capped if strategy.secure_weighting == "samples" else [1] * len(got)
+            w_i = {c: float(s) for c, s in zip(got, s_i, strict=True)}
             for c, u in local.results.items():
                 off = 0
                 for src in (u.params, *(u.tensors[g] for g in groups)):
                     for p in src:
                         n = p.numel()
-                        buf[off:off + n].add_(p.detach().reshape(-1), alpha=float(weights[c]))
+                        buf[off:off + n].add_(p.detach().reshape(-1), alpha=w_i[c])
                         off += n
+            return (capped_clients, diag), w_i
 
-        _, failed = attempted(fill)
-        if failed is not None:  # still in the all-reduce (the peers are there), then everyone raises
+        filled, failed = attempted(fill)
+        if failed is not None:  # still in the all-reduce (the peers wait there), its last element counting failures
             buf.zero_()
             buf[-1] = 1.0
         self.world.all_reduce_sum(buf)
-        if failed is not None:
-            raise failed
-        if buf[-1].item() != 0.0:
-            raise WorldError(f"{int(buf[-1].item())} of {self.world.size} ranks failed adding their clients to the "
-                             "round's sum")
+        if buf[-1].item() != 0.0:  # every rank sees the count: all say who failed and why, then raise
+            self.world.agree(failed)
+        assert filled is not None  # agree raised otherwise
+        (clients, diagnostics), weights = filled
         weight = float(sum(weights.values()))
         parts: list[Params] = []
         deltas: Params = []  # Σ s_i (w_i − w(t)) = Σ s_i w_i − W·w(t), the difference taken in float64
@@ -370,13 +372,12 @@ class DistributedEvaluator(Evaluator):
 
         got, error = attempted(score)
         loss, acc = got or (0.0, 0.0)
-        why = None if error is None else f"{type(error).__name__}: {error}"[:500]
-        sums = self.world.all_gather((loss * n, round(acc * n), n, why))  # a rank's failure reaches every rank
+        sums = self.world.all_gather((loss * n, round(acc * n), n, said(error)))  # a failure reaches every rank
         if error is not None:
             raise error
-        for r, s in enumerate(sums):
-            if s[3] is not None:
-                raise WorldError(f"rank {r} of {self.world.size} failed evaluating: {s[3]}")
+        failures = [(r, str(s[3])) for r, s in enumerate(sums) if s[3] is not None]
+        if failures:
+            raise RanksFailed(self.world.size, failures)
         total = sum(s[2] for s in sums)
         return sum(s[0] for s in sums) / max(total, 1), sum(s[1] for s in sums) / max(total, 1)
 

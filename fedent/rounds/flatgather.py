@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fedent.distributed import World, WorldError
+from fedent.distributed import RanksFailed, World, WorldError
 
 T = TypeVar("T")
 
@@ -148,20 +148,27 @@ class Buffers:
         return self.send[:n], [b[:n] for b in self.recv]
 
 
-def all_gather_flat(world: World, obj: T, buffers: Buffers | None = None) -> list[T]:
+def all_gather_flat(world: World, obj: T, buffers: Buffers | None = None, error: str | None = None) -> list[T]:
     """Every rank's ``obj`` in rank order, like ``world.all_gather``; the arrays inside travel as one flat byte
     tensor per rank (rank r's own ``obj`` comes back unchanged, the others' arrays on the CPU). ``buffers``: keep
-    the byte buffers for the next call (None: fresh ones, freed on return)."""
+    the byte buffers for the next call (None: fresh ones, freed on return). ``error``: this rank failed in its own
+    part (``said``); it travels with the skeletons, and if any rank sent one every rank raises ``RanksFailed``
+    before the byte gather (no buffers sized for the healthy ranks' updates on a rank already short of memory)."""
     if not world.distributed:
+        if error is not None:
+            raise RanksFailed(1, [(0, error)])
         return [obj]
     packer = _Packer()
     skeleton = packer.strip(obj)
-    parts = world.all_gather((skeleton, packer.length))
-    longest = max(int(n) for _, n in parts)
+    parts = world.all_gather((skeleton, packer.length, error))
+    failures = [(r, str(why)) for r, (_, _, why) in enumerate(parts) if why is not None]
+    if failures:
+        raise RanksFailed(world.size, failures)
+    longest = max(int(n) for _, n, _ in parts)
     if longest == 0:  # nothing but small fields (probes, answers, failures): the object gather was all
         bufs = [torch.empty(0, dtype=torch.uint8) for _ in parts]
     else:
         mine, bufs = (buffers or Buffers()).get(longest, len(parts))
         packer.write(mine)  # the tail past packer.length is padding, never read
         dist.all_gather(bufs, mine)
-    return [obj if r == world.rank else fill(skel, bufs[r][:int(n)]) for r, (skel, n) in enumerate(parts)]
+    return [obj if r == world.rank else fill(skel, bufs[r][:int(n)]) for r, (skel, n, _) in enumerate(parts)]

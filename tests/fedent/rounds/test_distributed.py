@@ -117,28 +117,37 @@ def test_test_set_slices_cover_it_once() -> None:
     assert [(p.start, p.stop) for p in parts] == [(0, 3), (3, 7), (7, 10)]
 
 
-@pytest.mark.slow  # two spawned ranks, six rounds of tiny stub updates (a few seconds)
+@pytest.mark.slow  # two spawned ranks, a few steps of tiny stub updates (a few seconds)
 def test_a_rank_failing_in_its_own_part_makes_every_rank_raise_instead_of_waiting(tmp_path: Path) -> None:
-    """Rank 1 fails in its own part of a round (not a client's): before the gather (reduced and gathered rounds)
-    and while adding its clients into the reduced sum. Both ranks raise at once, rank 1 its own error and rank 0 a
-    ``WorldError`` naming it (not gloo's timeout after waiting), and the next round runs on both."""
+    """Rank 1 fails in its own part of a step (not a client's): before the gather (reduced and gathered rounds,
+    probes), while adding its clients into the reduced sum, in Algorithm 1's oracle and in the split evaluation.
+    Both ranks raise at once, rank 1 its own error and rank 0 ``RanksFailed`` naming it (not gloo's timeout after
+    waiting, here 20 s), and the next step runs on both."""
     mp.spawn(fault_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    healthy = [40.0, [60.0] * 6]  # FedAvg's sum: 10 samples each, client c's first tensor all c
+    # FedAvg's sum: 10 samples each, client c's tensors c and -c
+    healthy = [40.0, [60.0] * 6, [-60.0] * 4]
     assert r0[0] == r1[0] == healthy and r0[5] == r1[5] == healthy
     assert r0[1] == r1[1] == [0, 1, 2, 3]
-    for i in (2, 4):  # before the gather: the reduced round, then the gathered one
-        assert r1[i] == ["RuntimeError", "rank 1 ran out of memory (injected)"]
-        assert r0[i] == ["WorldError", "rank 1 of 2 failed: RuntimeError: rank 1 ran out of memory (injected)"]
-    assert r1[3][0] == "RuntimeError"  # adding a wrongly shaped model into its slice of the sum
-    assert r0[3] == ["WorldError", "1 of 2 ranks failed adding their clients to the round's sum"]
+    assert r0[7] == r1[7] == [0.0, 1.0, 2.0, 3.0]  # probes, after rank 1's failed one
+    injected = {2: "rank 1 ran out of memory (injected)", 3: None, 4: "rank 1 ran out of memory (injected)",
+                6: "rank 1's probe failed (injected)"}
+    for i, why in injected.items():
+        assert r1[i][0] == "RuntimeError" and (why is None or r1[i][1] == why), r1[i]
+        assert r0[i] == ["RanksFailed", f"rank 1 of 2 failed: RuntimeError: {r1[i][1]}"], r0[i]
     # Algorithm 1's oracle (batched, then client 3 alone, owned by rank 1) and the split evaluation
     healthy_runs = ([0.0, 1.0, 2.0, 3.0], [3.0, 3.0], [1.0, 0.6])
     for k, (healthy_run, why) in enumerate(zip(healthy_runs, ("gradient", "gradient", "evaluation"), strict=True)):
-        at = 6 + 3 * k
+        at = 8 + 3 * k
         assert r0[at] == r1[at] == healthy_run and r0[at + 2] == r1[at + 2] == healthy_run
         assert r1[at + 1] == ["RuntimeError", f"rank 1's {why} failed (injected)"]
-        assert r0[at + 1][0] == "WorldError" and "rank 1 of 2 failed" in r0[at + 1][1], r0[at + 1]
+        assert r0[at + 1] == ["RanksFailed", f"rank 1 of 2 failed: RuntimeError: rank 1's {why} failed (injected)"]
+
+
+def test_merge_alone_raises_the_ranks_own_error() -> None:
+    boom = MemoryError("out of memory")
+    with pytest.raises(MemoryError, match="out of memory"):
+        merge(World(), Gathered({1: "a"}), error=boom)
 
 
 def test_merge_of_one_rank_sorts_by_client() -> None:
