@@ -41,7 +41,7 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
-    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean", 15, "mnist-pathological",
+    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay", 18, "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
@@ -178,16 +178,18 @@ def test_fedcos_tracks_fedavg_on_real_mnist_as_the_pages_say(tmp_path: Path) -> 
 
 
 def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_path: Path) -> None:
-    """docs/mnist-cpu/results.md and docs/results.md: FedAvg at FedEnt's round-mean rate against FedEnt and FedAvg,
-    paired end points recomputed from the page's kept runs (``pair_runs``, as the pages' command prints them)."""
+    """docs/mnist-cpu/results.md and docs/results.md: FedAvg at FedEnt's round-mean rate against FedEnt, FedAvg and
+    the per-client replay (same CPU), and the per-client replay against FedEnt (H100): paired end points
+    recomputed from the page's kept runs (``pair_runs``, as the pages' command prints them)."""
     from fedent.experiments import paired
     from fedent.experiments.pair_runs import pair
 
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     setting = tmp_path / "runs" / "mnist-pathological"
-    for against in ("fedent", "fedavg"):
-        got = pair(setting, "fedavg-replay-mean", against)
+    for row, against in (("fedavg-replay-mean", "fedent"), ("fedavg-replay-mean", "fedavg"),
+                         ("fedavg-replay-mean", "fedavg-replay"), ("fedavg-replay", "fedent")):
+        got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
         for page in (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md"):
