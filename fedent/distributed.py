@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -49,6 +49,16 @@ class RanksFailed(WorldError):
 def said(error: BaseException | None) -> str | None:
     """How a rank's failure travels to its peers: its type and message, bounded."""
     return None if error is None else f"{type(error).__name__}: {error}"[:500]
+
+
+def raise_failures(size: int, error: BaseException | None, whys: Sequence[tuple[int, str | None]]) -> None:
+    """After a collective that carried each rank's ``said`` (``whys``: rank, what it said): this rank's own
+    ``error`` is re-raised, another rank's becomes ``RanksFailed``; nothing when none failed."""
+    if error is not None:
+        raise error
+    failures = [(r, str(why)) for r, why in whys if why is not None]
+    if failures:
+        raise RanksFailed(size, failures)
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,7 @@ class World:
     def agree(self, error: BaseException | None) -> None:
         """Every rank learns whether any rank failed a check (so none waits forever in a collective for a peer
         that has already given up): the local error is re-raised; another rank's becomes a ``WorldError``."""
-        got = self.all_gather(said(error))
-        if error is not None:
-            raise error
-        failures = [(r, why) for r, why in enumerate(got) if why is not None]
-        if failures:
-            raise RanksFailed(self.size, failures)
+        raise_failures(self.size, error, list(enumerate(self.all_gather(said(error)))))
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedent.distributed import RanksFailed, World, WorldError, said
+from fedent.distributed import World, WorldError, raise_failures, said
 from fedent.meanfield.fixed_point import gradients_at
 from fedent.meanfield.oracle import TrainerOracle
 from fedent.params import Params, norm_sq, num_elements
@@ -70,22 +70,17 @@ def update_to(update: ClientUpdate, device: torch.device) -> ClientUpdate:
                                scalars=dict(update.scalars), codes={})
 
 
-def merge(world: World, local: Gathered[T], buffers: Buffers | None = None,
+def merge(world: World, local: Gathered[T] | None, buffers: Buffers | None = None,
           error: BaseException | None = None) -> Gathered[T]:
     """Every rank's results and failures in one ``Gathered`` (sorted by cid), the same on every rank; the
     tensors and arrays inside the results travel as one flat buffer per rank (``all_gather_flat``; ``buffers``:
     the caller's, kept for its next gather). ``error``: this rank failed before the gather (not one client: the
     rank's own work); it still takes part, so every rank raises now, this one its error and the others
-    ``RanksFailed`` naming it. (gloo notices a peer that exits within a second or so, but not who failed or why;
-    NCCL's collectives, the reduced sum's, wait for ``TIMEOUT_S``.)"""
-    try:
-        parts = all_gather_flat(world, (local.results, local.failed), buffers, said(error))
-    except RanksFailed:
-        if error is not None:
-            raise error from None
-        raise
+    ``RanksFailed`` naming it (``local`` is None then). (gloo notices a peer that exits within a second or so, but
+    not who failed or why; NCCL's collectives, the reduced sum's, wait for ``TIMEOUT_S``.)"""
+    local = Gathered() if local is None else local
     out: Gathered[T] = Gathered()
-    for results, failed in parts:
+    for results, failed in all_gather_flat(world, (local.results, local.failed), buffers, error):
         out.results.update(results)
         out.failed.update(failed)
     return Gathered(out.results, out.failed)
@@ -144,10 +139,7 @@ class DistributedOracle:
         got, error = (attempted(lambda: _moved(self.inner.gradient(t, cid, point), torch.device("cpu")))
                       if owner == self.world.rank else (None, None))
         g, why = self.world.broadcast((got, said(error)), src=owner)  # the owner's failure reaches every rank
-        if error is not None:
-            raise error
-        if why is not None:
-            raise RanksFailed(self.world.size, [(owner, why)])
+        raise_failures(self.world.size, error, [(owner, why)])
         assert g is not None
         return _moved(g, self.device)
 
@@ -155,7 +147,7 @@ class DistributedOracle:
         mine = self.world.mine(cids)
         local, error = attempted(lambda: Gathered(dict(zip(
             mine, (_moved(g, torch.device("cpu")) for g in gradients_at(self.inner, t, mine, point)), strict=True))))
-        every = merge(self.world, local or Gathered(), self.buffers, error)
+        every = merge(self.world, local, self.buffers, error)
         return [_moved(every.results[int(c)], self.device) for c in cids]
 
 
@@ -188,7 +180,7 @@ class DistributedExecutor:
     def _merge(self, local: Gathered[T] | None, error: BaseException | None = None) -> Gathered[T]:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            return merge(self.world, Gathered() if local is None else local, self.buffers, error)
+            return merge(self.world, local, self.buffers, error)
         finally:
             self.gather_s += time.perf_counter() - t0
             self.gather_cpu_s += time.process_time() - c0
@@ -373,11 +365,7 @@ class DistributedEvaluator(Evaluator):
         got, error = attempted(score)
         loss, acc = got or (0.0, 0.0)
         sums = self.world.all_gather((loss * n, round(acc * n), n, said(error)))  # a failure reaches every rank
-        if error is not None:
-            raise error
-        failures = [(r, str(s[3])) for r, s in enumerate(sums) if s[3] is not None]
-        if failures:
-            raise RanksFailed(self.world.size, failures)
+        raise_failures(self.world.size, error, [(r, s[3]) for r, s in enumerate(sums)])
         total = sum(s[2] for s in sums)
         return sum(s[0] for s in sums) / max(total, 1), sum(s[1] for s in sums) / max(total, 1)
 
@@ -392,7 +380,7 @@ def distributed_federated(world: World, trainer: LocalTrainer, x_test: Tensor, y
     def run(rnd: int, params: Sequence[Tensor]) -> Gathered[ClientEval]:
         mine = world.mine(range(num_clients))
         got, error = attempted(lambda: Gathered(evaluate_shards(trainer, x, y, shards, mine, params, batch_size)))
-        return merge(world, got or Gathered(), error=error)
+        return merge(world, got, error=error)
 
     return run
 

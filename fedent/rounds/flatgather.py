@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fedent.distributed import RanksFailed, World, WorldError
+from fedent.distributed import World, WorldError, raise_failures, said
 
 T = TypeVar("T")
 
@@ -148,22 +148,21 @@ class Buffers:
         return self.send[:n], [b[:n] for b in self.recv]
 
 
-def all_gather_flat(world: World, obj: T, buffers: Buffers | None = None, error: str | None = None) -> list[T]:
+def all_gather_flat(world: World, obj: T, buffers: Buffers | None = None,
+                    error: BaseException | None = None) -> list[T]:
     """Every rank's ``obj`` in rank order, like ``world.all_gather``; the arrays inside travel as one flat byte
     tensor per rank (rank r's own ``obj`` comes back unchanged, the others' arrays on the CPU). ``buffers``: keep
     the byte buffers for the next call (None: fresh ones, freed on return). ``error``: this rank failed in its own
-    part (``said``); it travels with the skeletons, and if any rank sent one every rank raises ``RanksFailed``
-    before the byte gather (no buffers sized for the healthy ranks' updates on a rank already short of memory)."""
+    part; what it ``said`` travels with the skeletons, and if any rank failed every rank raises before the byte
+    gather (``raise_failures``: its own error, or ``RanksFailed``), so no rank already short of memory allocates
+    buffers sized for the healthy ranks' updates."""
     if not world.distributed:
-        if error is not None:
-            raise RanksFailed(1, [(0, error)])
+        raise_failures(1, error, [])
         return [obj]
     packer = _Packer()
     skeleton = packer.strip(obj)
-    parts = world.all_gather((skeleton, packer.length, error))
-    failures = [(r, str(why)) for r, (_, _, why) in enumerate(parts) if why is not None]
-    if failures:
-        raise RanksFailed(world.size, failures)
+    parts = world.all_gather((skeleton, packer.length, said(error)))
+    raise_failures(world.size, error, [(r, why) for r, (_, _, why) in enumerate(parts)])
     longest = max(int(n) for _, n, _ in parts)
     if longest == 0:  # nothing but small fields (probes, answers, failures): the object gather was all
         bufs = [torch.empty(0, dtype=torch.uint8) for _ in parts]
