@@ -99,6 +99,7 @@ class Profile:
 BASELINES = ("fedavg", "fedadam", "fedprox", "feddyn", "fedcos", "fednorm")
 FEDENT_ROWS = ("fedent", "fedent-paper", "fedent-offline", "fedent-offline-paper")
 LR_SCALES = (2, 5, 10)  # FedAvg's learning-rate sweep: base rate × 1 (the fedavg row), 2, 5, 10
+MNIST_TUNED_LR_SCALES = (9,)  # the real-MNIST row's FedAvg rate tuned on a validation split: 9 × 0.01
 # the controls (issue 17): a tuned FedAvg, FedAvg on FedEnt's own schedule, FedEnt under the first readings
 CONTROL_ROWS = (*(f"fedavg-lr{k}" for k in LR_SCALES), "fedavg-replay", "fedavg-replay-mean", "fedent-first",
                 "fedent-offline-first")
@@ -130,6 +131,8 @@ def paper_rows(offline_sweeps: int | None) -> tuple[Row, ...]:
     rows += [Row(f"fedent-beta{b:g}", "fedent", (("beta", b),)) for b in BETAS]
     rows += [Row(f"fedent-gamma{g:g}", "fedent", (("gamma", g),)) for g in GAMMAS]
     rows += [Row(f"fedavg-lr{k}", "fedavg", lr_scale=float(k)) for k in LR_SCALES]
+    # real MNIST: FedAvg at the rate `fedent tune` chose on a validation split (0.09, docs/mnist-cpu/results.md)
+    rows += [Row(f"fedavg-lr{k}", "fedavg", lr_scale=float(k)) for k in MNIST_TUNED_LR_SCALES]
     rows += [
         Row("fedavg-replay", "fedavg", (("replay", "per_client"),), replay_of="fedent"),
         Row("fedavg-replay-mean", "fedavg", (("replay", "round_mean"),), replay_of="fedent"),
@@ -325,7 +328,7 @@ def full_profile() -> Profile:
 # mnist``: the package index's copy, checked against torchvision's md5s) and model, the seven algorithms at the
 # paper's hyperparameters and FedEnt's rate controls, 3 seeds, at the full profile's training settings (a GPU).
 MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean",
-              "fedavg-replay")
+              "fedavg-replay", *(f"fedavg-lr{k}" for k in MNIST_TUNED_LR_SCALES))
 
 
 def mnist_profile() -> Profile:
