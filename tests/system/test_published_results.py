@@ -41,7 +41,7 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
-    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay", 18, "mnist-pathological",
+    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9", 21, "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
@@ -188,9 +188,83 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
         tar.extractall(tmp_path, filter="data")
     setting = tmp_path / "runs" / "mnist-pathological"
     for row, against in (("fedavg-replay-mean", "fedent"), ("fedavg-replay-mean", "fedavg"),
-                         ("fedavg-replay-mean", "fedavg-replay"), ("fedavg-replay", "fedent")):
+                         ("fedavg-replay-mean", "fedavg-replay"), ("fedavg-replay", "fedent"),
+                         # FedAvg at its validation-tuned rate (the tuning: the test below)
+                         ("fedavg-lr9", "fedent"), ("fedavg-lr9", "fedavg-replay"),
+                         ("fedavg-lr9", "fedavg-replay-mean")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
         for page in (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md"):
             assert said in page.read_text(encoding="utf-8").replace("\n  ", " "), (page, said)
+
+
+def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md and docs/results.md: ``fedent tune`` chose FedAvg's rate on a validation split of
+    the real-MNIST row with the test set sealed, and ``fedavg-lr9`` is that rate, trained on the same problem. Each
+    tried rate's score is recomputed from its kept run (mean validation accuracy of the last 5 rounds), the bracket
+    is recomputed, the diverged run failed on a non-finite model, and the row's test runs started after the
+    tuning ended."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+    from fedent.experiments.plan import build_plan
+    from fedent.experiments.profiles import get_profile
+
+    archive = ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz"
+    pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
+             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tune", filter="data")
+    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    (knob,) = tuned["algorithms"]["fedavg"]["knobs"]
+    tried = sorted(knob["tried"])
+    assert knob["key"] == "train.lr" and tuned["algorithms"]["fedavg"]["runs"] == len(tried) == 4
+    runs = tmp_path / "tune" / "runs" / "fedavg"
+    assert {d.name for d in runs.iterdir()} == {f"lr{lr:g}-s0" for lr, _ in tried}  # no other run kept
+
+    plan = build_plan(get_profile("mnist"), [0], tmp_path / "plan", ROOT / "configs", rows=["fedavg-lr9"])
+    (row,) = plan.runs
+    said, ended = [], 0.0
+    for lr, score in tried:
+        run = runs / f"lr{lr:g}-s0"
+        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+        status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+        ended = max(ended, status["updated_at"])
+        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == ("fedavg", lr)
+        assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
+        assert status["state"]["evaluation"] == "sealed"
+        for part in ("data", "model"):  # the row's problem (the validation split and the data root aside)
+            want = {k: v for k, v in row.config[part].items() if k not in ("root", "validation_fraction")}
+            assert {k: cfg[part][k] for k in want} == want, part
+        for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed"):  # precision: tf32 is a no-op on CPU
+            assert cfg["train"][key] == row.config["train"][key], key
+        if score is None:
+            assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+            said.append(f"{lr:g} (diverged in round {status['round']})")
+            continue
+        recs = runlog.read_metrics(run / "metrics.jsonl")
+        assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
+        assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+        said.append(f"{lr:g} ({100 * score:.2f}%)")
+    finite = [s for _, s in tried if s is not None]
+    at = [s for _, s in tried].index(max(finite))
+    assert 0 < at < len(tried) - 1  # bracketed: a tried value on each side, each worse or diverged
+    best = tried[at][0]
+    assert tuned["algorithms"]["fedavg"]["chosen"]["train.lr"] == best == knob["best"] == pytest.approx(0.09)
+    assert row.config["train"]["lr"] == pytest.approx(best)
+    for page, text in pages:
+        assert ", ".join(said) in text, (page, said)
+
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "study", filter="data")
+    for seed in (0, 1, 2):  # the test set was read after the rate was chosen, at that rate
+        run = tmp_path / "study" / "runs" / "mnist-pathological" / f"fedavg-lr9-s{seed}"
+        status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+        assert status["started_at"] > ended
+        assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
