@@ -9,7 +9,9 @@ The search is one pass of coordinate search: the knobs of an algorithm (its rate
 ``KNOBS``) are tuned one at a time, each with the values chosen so far for the others. A knob's grid is
 *bracketed* when its best value has a tried value on both sides; when the best is at an edge the grid is
 extended one step in that direction (``step``), at most ``max_extend`` times and never past the knob's domain,
-and the report says, for every knob, whether its optimum is bracketed and, if not, why.
+and the report says, for every knob, whether its optimum is bracketed and, if not, why. ``--knobs`` tunes a
+subset (a full FedEnt search is 7+ runs, its base rate alone 3+); the rest stay at the base config's value, are
+still named in every point (so the runs are the full search's) and are reported as not tuned.
 
 With a pool (``fedent tune --workers N``) the same search runs in N worker processes: the algorithms are tuned
 concurrently (``tune_all``: a thread each; each algorithm's knobs stay in order), and a knob's untried values
@@ -33,7 +35,7 @@ import json
 import math
 import shutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +103,11 @@ class KnobResult:
     bracketed: bool = False
     why: str = ""
     extensions: int = 0
+    tuned: bool = True  # False: left out by ``--knobs``, held at the base config's value
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "tried": [[v, s] for v, s in sorted(self.tried.items())], "best": self.best,
-                "bracketed": self.bracketed, "why": self.why, "extensions": self.extensions}
+                "bracketed": self.bracketed, "why": self.why, "extensions": self.extensions, "tuned": self.tuned}
 
 
 @dataclass
@@ -400,16 +403,22 @@ class Tuner:
             for fut in self._outstanding:
                 fut.cancel()
 
-    def tune_all(self, algorithms: Sequence[str],
-                 grids: Mapping[str, Sequence[float]] | None = None) -> list[AlgorithmTuning]:
+    def tune_all(self, algorithms: Sequence[str], grids: Mapping[str, Sequence[float]] | None = None,
+                 only: Collection[str] | None = None) -> list[AlgorithmTuning]:
         """Every algorithm's search: in turn, or with a pool each in a thread of its own (all their runs share
-        the pool). The first error is raised once the others have stopped."""
+        the pool). The first error is raised once the others have stopped. ``only``: the knobs to tune (every
+        key must be a knob of one of the algorithms)."""
+        if only is not None:
+            known = {k.key for a in algorithms for k in knobs_for(a, grids)}
+            if not only or set(only) - known:
+                raise ConfigError(f"--knobs: {', '.join(sorted(set(only) - known)) or 'none given'}: not a knob of "
+                                  f"{', '.join(algorithms)} (knobs: {', '.join(sorted(known))})")
         if self.pool is None:
-            return [self.tune(a, grids) for a in algorithms]
+            return [self.tune(a, grids, only) for a in algorithms]
         if len(set(algorithms)) != len(algorithms):
             raise ConfigError(f"--algorithms: {','.join(algorithms)} lists an algorithm twice")
         with ThreadPoolExecutor(max_workers=max(len(algorithms), 1), thread_name_prefix="tune") as threads:
-            futures = [threads.submit(self.tune, a, grids) for a in algorithms]
+            futures = [threads.submit(self.tune, a, grids, only) for a in algorithms]
             wait(futures, return_when=FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in futures):
                 self.abort()
@@ -449,13 +458,21 @@ class Tuner:
             res.extensions += 1
             values = [*order, nxt]
 
-    def tune(self, algorithm: str, grids: Mapping[str, Sequence[float]] | None = None) -> AlgorithmTuning:
+    def tune(self, algorithm: str, grids: Mapping[str, Sequence[float]] | None = None,
+             only: Collection[str] | None = None) -> AlgorithmTuning:
+        """The algorithm's knobs in turn; ``only``: tune just these keys, the others held at the base config's
+        value (still part of every point, so a point's runs are the same whichever knobs are tuned)."""
         knobs = knobs_for(algorithm, grids)
         chosen: dict[str, float] = {}
         defaults = self._defaults(algorithm, knobs)
         results = []
         start = self._algorithm_runs.get(algorithm, 0)
         for knob in knobs:
+            if only is not None and knob.key not in only:
+                results.append(KnobResult(knob.key, why="not tuned (--knobs): the base config's value",
+                                          tuned=False))
+                chosen[knob.key] = defaults[knob.key]
+                continue
             fixed = {**defaults, **chosen}
             fixed.pop(knob.key, None)
             res = self.tune_knob(algorithm, knob, fixed)
@@ -505,6 +522,8 @@ def tune_table(results: Sequence[AlgorithmTuning], tuner: Tuner) -> list[str]:
             tried = ", ".join(f"{v:.4g} ({'div.' if s is None else f'{100 * s:.1f}'})" for v, s in
                               sorted(k.tried.items()))
             br = "yes" if k.bracketed else f"no: {k.why}"
+            if not k.tuned:
+                tried, br = "not tuned (--knobs)", "-"
             lines.append(f"| {r.algorithm} | {k.key} | {tried} | {r.chosen.get(k.key, float('nan')):.4g} | {br} |")
     return lines
 

@@ -37,6 +37,15 @@ def test_tune_writes_the_chosen_values_and_the_report(tmp_path: Path, capsys: py
         assert json.loads(metrics.read_text().splitlines()[-1])["test_acc"] is None
     assert main(["tune", "--config", str(cfg), "--algorithms", "fedavg", "--grid", "train.lr=0.1",
                  "--out", str(out)]) == 2
+    assert main(["tune", "--config", str(cfg), "--algorithms", "fedavg", "--knobs", "algorithm.mu",
+                 "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert main(["tune", "--config", str(cfg), "--algorithms", "fedprox", "--grid", "train.lr=0.01,0.1",
+                 "--knobs", "train.lr", "--max-extend", "0", "--tail-k", "1", "--out", str(out / "prox")]) == 0
+    knobs = json.loads((out / "prox" / "tuned.json").read_text())["algorithms"]["fedprox"]["knobs"]
+    assert [(k["key"], k["tuned"], len(k["tried"])) for k in knobs] == [("train.lr", True, 2),
+                                                                        ("algorithm.mu", False, 0)]
+    assert "| fedprox | algorithm.mu | not tuned (--knobs) |" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core box: two spawned pools, each worker importing torch

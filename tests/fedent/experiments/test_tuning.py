@@ -286,3 +286,34 @@ def test_stacked_tuning_runs_side_by_side_and_chooses_what_one_at_a_time_chooses
         assert status["state"].get("stacked_runs") == 3
     with pytest.raises(ConfigError, match="--stack"):
         Tuner(cfg, [0], tmp_path / "x", stack=0)
+
+
+def test_knobs_left_out_stay_at_the_configs_value_and_are_reported_untuned(tmp_path: Path) -> None:
+    """--knobs train.lr: FedEnt's β and γ are never varied, every point still names them (so its runs are the
+    full search's), and tuned.json and tune.md say they were not tuned."""
+    fake, asked = _fake(peak=0.03)
+    dirs: list[str] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        dirs.append(run_dir.relative_to(tmp_path).as_posix())
+        algo = cfg.to_dict()["algorithm"]
+        assert (algo["beta"], algo["gamma"]) == (0.99, 0.99)
+        return fake(cfg, run_dir, inputs)
+
+    tuner = _tuner(tmp_path, run)
+    [res] = tuner.tune_all(["fedent"], {"train.lr": [0.01, 0.03, 0.1]}, only=["train.lr"])
+    assert sorted(asked) == [0.01, 0.03, 0.1] and tuner.runs == 3
+    assert res.chosen == {"train.lr": 0.03, "algorithm.beta": 0.99, "algorithm.gamma": 0.99}
+    assert [(k.key, k.tuned, k.tried) for k in res.knobs][1:] == [("algorithm.beta", False, {}),
+                                                                   ("algorithm.gamma", False, {})]
+    assert sorted(dirs) == [f"runs/fedent/beta0.99_gamma0.99_lr{v}-s0" for v in ("0.01", "0.03", "0.1")]
+    write_tuned(tmp_path / "tuned.json", tuner, [res])
+    knobs = json.loads((tmp_path / "tuned.json").read_text())["algorithms"]["fedent"]["knobs"]
+    assert [k["tuned"] for k in knobs] == [True, False, False]
+    table = (tmp_path / "tune.md").read_text()
+    assert "| fedent | algorithm.beta | not tuned (--knobs) | 0.99 | - |" in table
+    assert "| fedent | train.lr | 0.01 (" in table
+    with pytest.raises(ConfigError, match="--knobs: algorithm.mu: not a knob of fedent"):
+        tuner.tune_all(["fedent"], None, only=["algorithm.mu"])
+    with pytest.raises(ConfigError, match="--knobs: none given"):
+        tuner.tune_all(["fedent"], None, only=[])
