@@ -114,11 +114,14 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
 
 def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:
     plan = build_plan(get_profile("mnist"), [0, 1, 2], tmp_path, CONFIGS)
-    assert len(plan.runs) == 39 and {s.seed for s in plan.runs} == {0, 1, 2}
+    assert len(plan.runs) == 42 and {s.seed for s in plan.runs} == {0, 1, 2}
     assert {s.row for s in plan.runs} == SEVEN | {"fedent-shuffled", "fedent-fixed", "fedent-cap-none",
-                                                 "fedavg-replay-mean", "fedavg-replay", "fedavg-lr9"}
-    tuned = next(s for s in plan.runs if s.key == "mnist-pathological/fedavg-lr9-s2")  # the validation-tuned rate
-    assert (tuned.config["algorithm"]["name"], tuned.config["train"]["lr"]) == ("fedavg", 0.09)
+                                                 "fedavg-replay-mean", "fedavg-replay", "fedavg-lr9", "fedent-lr9"}
+    for algorithm in ("fedavg", "fedent"):  # the validation-tuned rates (FedEnt's: its base rate η_i(−1))
+        tuned = next(s for s in plan.runs if s.key == f"mnist-pathological/{algorithm}-lr9-s2")
+        assert (tuned.config["algorithm"]["name"], tuned.config["train"]["lr"]) == (algorithm, 0.09)
+    tuned_fedent = next(s for s in plan.runs if s.key == "mnist-pathological/fedent-lr9-s0").config["algorithm"]
+    assert (tuned_fedent["beta"], tuned_fedent["gamma"], tuned_fedent["rates"]) == (0.99, 0.99, "adaptive")
     for replay in (s for s in plan.runs if s.row.startswith("fedavg-replay")):  # FedEnt's rates, same seed
         assert replay.after == (f"mnist-pathological/fedent-s{replay.seed}",)
         assert replay.config["algorithm"]["replay"] == ("round_mean" if replay.row.endswith("mean") else "per_client")
