@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from fedent.experiments.compare import parse_list
-    from fedent.experiments.tuning import Tuner, tune_table, write_tuned
+    from fedent.experiments.tuning import Tuner, check_knobs, tune_table, write_tuned
     from fedent.sim.simulator import SimulationError
 
     cfg = load_config(args.config, args.overrides)
@@ -80,12 +80,14 @@ def run(args: argparse.Namespace) -> int:
     algorithms = parse_list(args.algorithms, "algorithms", str)
     seeds = parse_list(args.seeds, "seeds", int)
     grids = parse_grids(args.grid)
-    knobs = None if args.knobs is None else [k.strip() for k in args.knobs.split(",") if k.strip()]
+    knobs = None if args.knobs is None else parse_list(args.knobs, "knobs", str)
     if args.tail_k < 1:
         raise ConfigError("--tail-k: must be >= 1")
     if args.workers < 1:
         raise ConfigError("--workers: must be >= 1")
     check_device(cfg, args.device)
+    if knobs is not None:  # before a pool of workers starts
+        check_knobs(algorithms, grids, knobs)
     out = Path(args.out) if args.out else Path(cfg.out_dir) / f"tune-{cfg.name}"
     errors: tuple[type[BaseException], ...] = (*input_error_types(), SimulationError)
     with contextlib.ExitStack() as stack:

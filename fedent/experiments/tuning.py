@@ -11,7 +11,8 @@ The search is one pass of coordinate search: the knobs of an algorithm (its rate
 extended one step in that direction (``step``), at most ``max_extend`` times and never past the knob's domain,
 and the report says, for every knob, whether its optimum is bracketed and, if not, why. ``--knobs`` tunes a
 subset (a full FedEnt search is 7+ runs, its base rate alone 3+); the rest stay at the base config's value, are
-still named in every point (so the runs are the full search's) and are reported as not tuned.
+still named in every point (so when the knobs tuned are the first ones, e.g. the rate, the runs are the ones a full
+search trains first) and are reported as not tuned; ``Tuned`` does not read them back as tuned values.
 
 With a pool (``fedent tune --workers N``) the same search runs in N worker processes: the algorithms are tuned
 concurrently (``tune_all``: a thread each; each algorithm's knobs stay in order), and a knob's untried values
@@ -409,10 +410,7 @@ class Tuner:
         the pool). The first error is raised once the others have stopped. ``only``: the knobs to tune (every
         key must be a knob of one of the algorithms)."""
         if only is not None:
-            known = {k.key for a in algorithms for k in knobs_for(a, grids)}
-            if not only or set(only) - known:
-                raise ConfigError(f"--knobs: {', '.join(sorted(set(only) - known)) or 'none given'}: not a knob of "
-                                  f"{', '.join(algorithms)} (knobs: {', '.join(sorted(known))})")
+            check_knobs(algorithms, grids, only)
         if self.pool is None:
             return [self.tune(a, grids, only) for a in algorithms]
         if len(set(algorithms)) != len(algorithms):
@@ -492,6 +490,29 @@ class Tuner:
         return out
 
 
+def check_knobs(algorithms: Sequence[str], grids: Mapping[str, Sequence[float]] | None,
+                only: Collection[str]) -> None:
+    """``--knobs``: every key a knob of every algorithm tuned (an algorithm tuning none of them would train only
+    runs at its config's values and report them as tuned), none given twice, and no ``--grid`` for a knob left
+    out (it would be ignored)."""
+    keys = list(only)
+    if not keys:
+        raise ConfigError("--knobs: expected a comma-separated list")
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"--knobs: duplicate entries in {','.join(keys)}")
+    for algorithm in algorithms:
+        knobs = [k.key for k in knobs_for(algorithm, grids)]
+        missing = [k for k in keys if k not in knobs]
+        if missing:
+            raise ConfigError(f"--knobs: {', '.join(missing)}: not a knob of {algorithm} (its knobs: "
+                              f"{', '.join(knobs)}); tune such algorithms in separate runs")
+    for key in grids or {}:
+        head, _, rest = key.partition(".")
+        knob = rest if head not in ("train", "algorithm") else key
+        if knob not in keys and any(knob in [k.key for k in knobs_for(a, grids)] for a in algorithms):
+            raise ConfigError(f"--grid {key}: that knob is not tuned (--knobs {','.join(keys)})")
+
+
 def _point_name(values: Mapping[str, float]) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) or "defaults"
 
@@ -564,8 +585,11 @@ class Tuned:
         if not isinstance(raw, dict) or raw.get("version") != TUNED_VERSION:
             raise ConfigError(f"--tuned {path}: not a tuned.json of version {TUNED_VERSION}")
         algos = raw.get("algorithms") or {}
-        try:
-            chosen = {str(a): {str(k): float(x) for k, x in v["chosen"].items()} for a, v in algos.items()}
+        try:  # a knob left out by --knobs ("tuned": false) was held at the tuning config's value: not a tuned value
+            held = {str(a): {str(k["key"]) for k in v.get("knobs") or [] if k.get("tuned") is False}
+                    for a, v in algos.items()}
+            chosen = {str(a): {str(k): float(x) for k, x in v["chosen"].items() if str(k) not in held[str(a)]}
+                      for a, v in algos.items()}
             fraction = float(raw["validation_fraction"])
         except (KeyError, TypeError, ValueError, AttributeError):
             raise ConfigError(f"--tuned {path}: malformed (needs validation_fraction and each algorithm's "

@@ -37,9 +37,10 @@ def test_tune_writes_the_chosen_values_and_the_report(tmp_path: Path, capsys: py
         assert json.loads(metrics.read_text().splitlines()[-1])["test_acc"] is None
     assert main(["tune", "--config", str(cfg), "--algorithms", "fedavg", "--grid", "train.lr=0.1",
                  "--out", str(out)]) == 2
+    capsys.readouterr()
     assert main(["tune", "--config", str(cfg), "--algorithms", "fedavg", "--knobs", "algorithm.mu",
                  "--out", str(out)]) == 2
-    capsys.readouterr()
+    assert "--knobs: algorithm.mu: not a knob of fedavg" in capsys.readouterr().err
     assert main(["tune", "--config", str(cfg), "--algorithms", "fedprox", "--grid", "train.lr=0.01,0.1",
                  "--knobs", "train.lr", "--max-extend", "0", "--tail-k", "1", "--out", str(out / "prox")]) == 0
     knobs = json.loads((out / "prox" / "tuned.json").read_text())["algorithms"]["fedprox"]["knobs"]

@@ -313,7 +313,30 @@ def test_knobs_left_out_stay_at_the_configs_value_and_are_reported_untuned(tmp_p
     table = (tmp_path / "tune.md").read_text()
     assert "| fedent | algorithm.beta | not tuned (--knobs) | 0.99 | - |" in table
     assert "| fedent | train.lr | 0.01 (" in table
-    with pytest.raises(ConfigError, match="--knobs: algorithm.mu: not a knob of fedent"):
-        tuner.tune_all(["fedent"], None, only=["algorithm.mu"])
-    with pytest.raises(ConfigError, match="--knobs: none given"):
-        tuner.tune_all(["fedent"], None, only=[])
+    read = Tuned.read(tmp_path / "tuned.json")  # held values are the config's, not tuned ones: --tuned skips them
+    assert read.chosen == {"fedent": {"train.lr": 0.03}}
+    assert read.config_sets("fedent", "fedent")[0] == "train.lr=0.03"
+    assert read.algorithm_options("fedent", "fedent") == {}
+    for only, grids, why in (
+            (["algorithm.mu"], None, "--knobs: algorithm.mu: not a knob of fedent"),
+            ([], None, "--knobs: expected a comma-separated list"),
+            (["train.lr", "train.lr"], None, "--knobs: duplicate entries"),
+            (["algorithm.beta"], {"fedent.algorithm.gamma": [0.9, 0.99]}, "--grid fedent.algorithm.gamma: that knob "
+                                                                            "is not tuned")):
+        with pytest.raises(ConfigError, match=why):
+            tuner.tune_all(["fedent"], grids, only=only)
+    with pytest.raises(ConfigError, match="algorithm.beta: not a knob of fedavg"):  # fedavg would tune nothing
+        tuner.tune_all(["fedent", "fedavg"], None, only=["algorithm.beta"])
+    assert tuner.runs == 3  # no error trained anything
+
+
+def test_knobs_reach_every_search_of_a_pool(tmp_path: Path) -> None:
+    """tune_all with a pool hands --knobs to each algorithm's thread: FedEnt's β and γ stay untried there too."""
+    with ThreadPoolExecutor(4) as pool:
+        results = Tuner(tiny_config(), [0], tmp_path, fraction=0.2, tail_k=1, run=lambda c, d, i: _lr_peaked(c),
+                        inputs_for=_inputs, pool=pool).tune_all(["fedent", "fedprox"], {"train.lr": [0.01, 0.03, 0.1]},
+                                                                only=["train.lr"])
+    assert [[(k.key, k.tuned, len(k.tried)) for k in r.knobs] for r in results] == [
+        [("train.lr", True, 3), ("algorithm.beta", False, 0), ("algorithm.gamma", False, 0)],
+        [("train.lr", True, 3), ("algorithm.mu", False, 0)]]
+    assert [r.runs for r in results] == [3, 3]
