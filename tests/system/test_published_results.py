@@ -41,7 +41,8 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
-    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9", 21, "mnist-pathological",
+    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9", 24,
+         "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
@@ -191,7 +192,10 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          ("fedavg-replay-mean", "fedavg-replay"), ("fedavg-replay", "fedent"),
                          # FedAvg at its validation-tuned rate (the tuning: the test below)
                          ("fedavg-lr9", "fedent"), ("fedavg-lr9", "fedavg-replay"),
-                         ("fedavg-lr9", "fedavg-replay-mean")):
+                         ("fedavg-lr9", "fedavg-replay-mean"),
+                         # FedEnt at its validation-tuned base rate
+                         ("fedent-lr9", "fedavg-lr9"), ("fedent-lr9", "fedent"), ("fedent-lr9", "fedavg"),
+                         ("fedent-lr9", "fedavg-replay")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -199,12 +203,30 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
             assert said in page.read_text(encoding="utf-8").replace("\n  ", " "), (page, said)
 
 
-def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path) -> None:
-    """docs/mnist-cpu/results.md and docs/results.md: ``fedent tune`` chose FedAvg's rate on a validation split of
-    the real-MNIST row with the test set sealed, and ``fedavg-lr9`` is that rate, trained on the same problem. Each
-    tried rate's score is recomputed from its kept run (mean validation accuracy of the last 5 rounds), the bracket
-    is recomputed, the diverged run failed on a non-finite model, and the row's test runs started after the
-    tuning ended."""
+@dataclass(frozen=True)
+class TunedRow:
+    """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/tune-logs.tar.gz) and the profile
+    row that tests it: FedAvg's rate, FedEnt's base rate η_i(−1) (``--knobs train.lr``: β and γ held at 0.99)."""
+
+    algorithm: str
+    row: str
+    held: tuple[tuple[str, float], ...] = ()  # knobs not tuned, at the config's value: named in each run's dir
+
+    def run_name(self, lr: float) -> str:
+        return "_".join([*(f"{k.split('.')[-1]}{v:g}" for k, v in self.held), f"lr{lr:g}"]) + "-s0"
+
+
+TUNED_ROWS = [TunedRow("fedavg", "fedavg-lr9"),
+              TunedRow("fedent", "fedent-lr9", (("algorithm.beta", 0.99), ("algorithm.gamma", 0.99)))]
+
+
+@pytest.mark.parametrize("tuned_row", TUNED_ROWS, ids=lambda t: t.algorithm)
+def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tuned_row: TunedRow) -> None:
+    """docs/mnist-cpu/results.md and docs/results.md: ``fedent tune`` chose the rate on a validation split of the
+    real-MNIST row with the test set sealed, and the row is that rate, trained on the same problem. Each tried
+    rate's score is recomputed from its kept run (mean validation accuracy of the last 5 rounds), the bracket is
+    recomputed, the knobs not tuned stayed at the config's value in every run, the diverged run failed on a
+    non-finite model, and the row's test runs started after the tuning ended."""
     import json
     import statistics
 
@@ -214,6 +236,7 @@ def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path:
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
+    algorithm = tuned_row.algorithm
     archive = ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz"
     pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
              (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
@@ -222,21 +245,24 @@ def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path:
         tar.extractall(tmp_path / "tune", filter="data")
     tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    (knob,) = tuned["algorithms"]["fedavg"]["knobs"]
+    knob, *held = tuned["algorithms"][algorithm]["knobs"]
+    assert [(k["key"], k["tuned"], k["tried"]) for k in held] == [(k, False, []) for k, _ in tuned_row.held]
+    assert all(tuned["algorithms"][algorithm]["chosen"][k] == v for k, v in tuned_row.held)
     tried = sorted(knob["tried"])
-    assert knob["key"] == "train.lr" and tuned["algorithms"]["fedavg"]["runs"] == len(tried) == 4
-    runs = tmp_path / "tune" / "runs" / "fedavg"
-    assert {d.name for d in runs.iterdir()} == {f"lr{lr:g}-s0" for lr, _ in tried}  # no other run kept
+    assert knob["key"] == "train.lr" and knob["tuned"] and tuned["algorithms"][algorithm]["runs"] == len(tried) == 4
+    runs = tmp_path / "tune" / "runs" / algorithm
+    assert {d.name for d in runs.iterdir()} == {tuned_row.run_name(lr) for lr, _ in tried}  # no other run kept
 
-    plan = build_plan(get_profile("mnist"), [0], tmp_path / "plan", ROOT / "configs", rows=["fedavg-lr9"])
+    plan = build_plan(get_profile("mnist"), [0], tmp_path / "plan", ROOT / "configs", rows=[tuned_row.row])
     (row,) = plan.runs
     said, ended = [], 0.0
     for lr, score in tried:
-        run = runs / f"lr{lr:g}-s0"
+        run = runs / tuned_row.run_name(lr)
         cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
         status = json.loads((run / "status.json").read_text(encoding="utf-8"))
         ended = max(ended, status["updated_at"])
-        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == ("fedavg", lr)
+        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == (algorithm, lr)
+        assert all(cfg["algorithm"][k.split(".")[-1]] == v for k, v in tuned_row.held)
         assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
         assert status["state"]["evaluation"] == "sealed"
         for part in ("data", "model"):  # the row's problem (the validation split and the data root aside)
@@ -256,7 +282,7 @@ def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path:
     at = [s for _, s in tried].index(max(finite))
     assert 0 < at < len(tried) - 1  # bracketed: a tried value on each side, each worse or diverged
     best = tried[at][0]
-    assert tuned["algorithms"]["fedavg"]["chosen"]["train.lr"] == best == knob["best"] == pytest.approx(0.09)
+    assert tuned["algorithms"][algorithm]["chosen"]["train.lr"] == best == knob["best"] == pytest.approx(0.09)
     assert row.config["train"]["lr"] == pytest.approx(best)
     for page, text in pages:
         assert ", ".join(said) in text, (page, said)
@@ -264,7 +290,7 @@ def test_the_fedavg_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path:
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path / "study", filter="data")
     for seed in (0, 1, 2):  # the test set was read after the rate was chosen, at that rate
-        run = tmp_path / "study" / "runs" / "mnist-pathological" / f"fedavg-lr9-s{seed}"
+        run = tmp_path / "study" / "runs" / "mnist-pathological" / f"{tuned_row.row}-s{seed}"
         status = json.loads((run / "status.json").read_text(encoding="utf-8"))
         assert status["started_at"] > ended
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
