@@ -408,7 +408,7 @@ class Tuner:
                  only: Collection[str] | None = None) -> list[AlgorithmTuning]:
         """Every algorithm's search: in turn, or with a pool each in a thread of its own (all their runs share
         the pool). The first error is raised once the others have stopped. ``only``: the knobs to tune (every
-        key must be a knob of one of the algorithms)."""
+        key a knob of every algorithm: ``check_knobs``)."""
         if only is not None:
             check_knobs(algorithms, grids, only)
         if self.pool is None:
@@ -459,7 +459,7 @@ class Tuner:
     def tune(self, algorithm: str, grids: Mapping[str, Sequence[float]] | None = None,
              only: Collection[str] | None = None) -> AlgorithmTuning:
         """The algorithm's knobs in turn; ``only``: tune just these keys, the others held at the base config's
-        value (still part of every point, so a point's runs are the same whichever knobs are tuned)."""
+        value and still named in every point (so tuning the first knobs trains the full search's first runs)."""
         knobs = knobs_for(algorithm, grids)
         chosen: dict[str, float] = {}
         defaults = self._defaults(algorithm, knobs)
