@@ -112,6 +112,9 @@ class RemoteExecutor:
         report = getattr(estimator, "report", None)
         return self.rebuild_strategy(estimator), dict(report) if isinstance(report, dict) else {}
 
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        """The aggregator is one process (the workers restore their own client state): nothing to agree on."""
+
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """w(t) encoded once for every download of the round; the previous round's blobs are dropped."""
         enc = codec.encode_tensors({codec.PARAMS_GROUP: list(global_params)}, self.settings.transfer(), BlobMessage)

@@ -195,6 +195,7 @@ def fault_main(rank: int, size: int, port: int, out: str) -> None:
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 outcomes.append([type(e).__name__, str(e)])
         outcomes += faulty_oracle_and_evaluator(world)
+        outcomes += resumes(ex, rank)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(outcomes))
     finally:
         world.close()
@@ -246,4 +247,22 @@ def faulty_oracle_and_evaluator(world: World) -> list[object]:
                 outcomes.append(step())
             except Exception as e:  # noqa: BLE001 - recorded for the test to judge
                 outcomes.append([type(e).__name__, str(e)])
+    return outcomes
+
+
+def resumes(ex: object, rank: int) -> list[object]:
+    """The executor's resume agreement (``DistributedExecutor.resumed``): both ranks at round 3; rank 1's checkpoint
+    unreadable; the ranks at different rounds (3 and 2); both at 3 again. The outcomes, as ``fault_main``'s."""
+    from fedent.rounds.distributed import DistributedExecutor
+
+    assert isinstance(ex, DistributedExecutor)
+    unreadable = RuntimeError("rank 1's checkpoint is unreadable (injected)")
+    steps = ((3, None), (None, unreadable) if rank == 1 else (3, None), (3 - rank, None), (3, None))
+    outcomes: list[object] = []
+    for first, error in steps:
+        try:
+            ex.resumed(first, error)
+            outcomes.append(first)
+        except Exception as e:  # noqa: BLE001 - recorded for the test to judge
+            outcomes.append([type(e).__name__, str(e)])
     return outcomes

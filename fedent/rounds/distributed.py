@@ -161,7 +161,6 @@ class DistributedExecutor:
         self.host.on_update = None  # uploads are booked after the gather, for every client, on every rank
         self.engine: RoundEngine | None = None
         self.on_client: Callable[[int, int], None] | None = None
-        self._first_round: int | None = None
         self.gather_s = 0.0  # wall time in the all-gathers of probes and updates (waiting for peers included)
         self.gather_cpu_s = 0.0  # this process's CPU time in them (all its threads: packing, copies, gloo's)
         self.buffers = Buffers()  # the updates' byte buffers, the same size every round: kept, not re-faulted
@@ -197,15 +196,20 @@ class DistributedExecutor:
             oracle = DistributedOracle(self.host.oracle(), self.world, self.host.trainer.device)
             return strategy, dict(strategy.prepare(oracle, global_params, sizes, rounds) or {})
 
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        """Every rank resumed, and at the same round: a rank whose own checkpoint failed to load says so (every rank
+        raises, this one its error, the others ``RanksFailed`` naming it, instead of waiting in the first round's
+        gather); a resume that found different checkpoints on different ranks (a kill between two ranks' saves)
+        would train different models and is refused."""
+        got = self.world.all_gather((first, said(error)))
+        raise_failures(self.world.size, error, [(r, why) for r, (_, why) in enumerate(got)])
+        firsts = [f for f, _ in got]
+        if len(set(firsts)) != 1:
+            raise WorldError(f"the ranks would start at different rounds {firsts} (their checkpoints differ); "
+                             "remove the run directory's newest checkpoint or start a new run")
+
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
-        """The first round this process runs is every rank's (a resume that found different checkpoints on
-        different ranks, e.g. after a kill between two ranks' saves, would train different models)."""
-        if self._first_round is None:
-            self._first_round = rnd
-            firsts = self.world.all_gather(rnd)
-            if len(set(firsts)) != 1:
-                raise WorldError(f"the ranks would start at different rounds {firsts} (their checkpoints differ); "
-                                 "remove the run directory's newest checkpoint or start a new run")
+        """Every rank holds w(t) already (each aggregates the same round)."""
 
     def probe(self, rnd: int, cids: Sequence[int], global_params: Sequence[Tensor],
               strategy: Strategy) -> Gathered[Probe]:

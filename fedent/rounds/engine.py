@@ -355,7 +355,12 @@ class RoundEngine:
         try:
             self.executor.start()
             self.prepare()
-            first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
+            try:
+                first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
+            except Exception as e:
+                self.executor.resumed(None, e)  # the other processes of the run learn it (it may raise)
+                raise
+            self.executor.resumed(first, None)
             for rnd in range(first, self.rounds):
                 self.check_stop()
                 self.budget_stop = self.privacy.over_budget(rnd, released_rounds(self.records), self.sizes)

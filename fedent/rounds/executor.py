@@ -54,6 +54,12 @@ class ClientExecutor(Protocol):
         and return the strategy to use from now on (maybe a new one) and the preparation's report."""
         ...
 
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        """The run starts at round ``first`` (its resume's, 0 when fresh), or its resume failed here with ``error``
+        (``first`` None; the engine re-raises it). Where the run is several processes, they agree on both here, so a
+        rank whose checkpoint is unreadable is named to its peers instead of leaving them waiting for it."""
+        ...
+
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """w(t) is fixed for the round: publish it (the cluster encodes it once for every download)."""
         ...

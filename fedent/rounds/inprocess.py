@@ -77,6 +77,9 @@ class InProcessExecutor:
         with self.host.lock:
             return strategy, dict(strategy.prepare(self.host.oracle(), global_params, sizes, rounds) or {})
 
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        """One process: nothing to agree on."""
+
     def begin_round(self, rnd: int, global_params: Sequence[Tensor]) -> None:
         """The model is already in this process."""
 

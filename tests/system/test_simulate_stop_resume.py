@@ -9,8 +9,10 @@ A finished run started again is reported, not retrained.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,9 @@ from pathlib import Path
 import pytest
 from datafiles import write_mnist_like
 
+from fedent.checkpoint import load_checkpoint, save_checkpoint
 from fedent.model_file import load_model_file
+from fedent.rounds.distributed import RANKS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_COPY = Path("/usr/share/datasets/fashion-mnist")
@@ -96,7 +100,8 @@ def test_a_signalled_simulation_ends_stopped_and_resumes_to_the_uninterrupted_mo
 def test_a_two_process_reduced_run_stopped_resumes_to_the_uninterrupted_model(tmp_path: Path) -> None:
     """``--procs 2`` (rounds reduced to sums, FedDyn: the clients' λ and the server's Σλ must survive): SIGTERM to
     the launcher stops both ranks at a checkpoint, the same command resumes them, and the model is the
-    uninterrupted two-process run's bit for bit (the same sums in the same order)."""
+    uninterrupted two-process run's bit for bit (the same sums in the same order). A copy of the stopped run whose
+    rank 1 cannot resume fails on both ranks at once, rank 0 naming rank 1's error."""
     run_dir = tmp_path / "runs" / "stopped"
     argv = [*_argv(tmp_path, "stopped"), "--procs", "2"]
     proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -111,6 +116,23 @@ def test_a_two_process_reduced_run_stopped_resumes_to_the_uninterrupted_model(tm
     assert json.loads((run_dir / "status.json").read_text())["phase"] == "stopped", err[-3000:]
     assert json.loads((run_dir / "status.json").read_text())["state"]["reduce"] == "sum"
     assert 2 <= len(_rounds(run_dir)) < ROUNDS, "the signal came after the run finished: make its rounds slower"
+
+    # a copy whose rank 1 holds an intact checkpoint of another model (its shapes): rank 1's resume fails after the
+    # run directory's checks, every rank stops at once and rank 0's status names rank 1's error (before, rank 0
+    # waited in round 1's gather until gloo saw rank 1's process exit, and said only that)
+    broken = tmp_path / "runs" / "broken"
+    shutil.copytree(run_dir, broken)
+    ckpt_dir = broken / RANKS_DIR / "1" / "checkpoint"
+    newest = sorted(ckpt_dir.glob("*.ckpt"))[-1]
+    ckpt = load_checkpoint(newest)
+    save_checkpoint(ckpt_dir, dataclasses.replace(ckpt, global_params=[p.flatten() for p in ckpt.global_params]))
+    failed = subprocess.run([*_argv(tmp_path, "broken"), "--procs", "2"], env=_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert failed.returncode != 0
+    status = json.loads((broken / "status.json").read_text())
+    assert status["phase"] == "failed", failed.stderr[-3000:]
+    assert status["state"]["error"] == ("RanksFailed: rank 1 of 2 failed: ValueError: checkpoint model shapes "
+                                        "differ from the configured model"), status
 
     resumed = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

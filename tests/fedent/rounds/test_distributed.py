@@ -120,7 +120,8 @@ def test_test_set_slices_cover_it_once() -> None:
 @pytest.mark.slow  # two spawned ranks, a few steps of tiny stub updates (a few seconds)
 def test_a_rank_failing_in_its_own_part_makes_every_rank_raise_instead_of_waiting(tmp_path: Path) -> None:
     """Rank 1 fails in its own part of a step (not a client's): before the gather (reduced and gathered rounds,
-    probes), while adding its clients into the reduced sum, in Algorithm 1's oracle and in the split evaluation.
+    probes), while adding its clients into the reduced sum, in Algorithm 1's oracle, in the split evaluation and
+    when its checkpoint fails to load on a resume (where ranks at different rounds are refused too).
     Both ranks raise at once, rank 1 its own error and rank 0 ``RanksFailed`` naming it (not gloo's timeout after
     waiting, here 20 s), and the next step runs on both."""
     mp.spawn(fault_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
@@ -142,6 +143,14 @@ def test_a_rank_failing_in_its_own_part_makes_every_rank_raise_instead_of_waitin
         assert r0[at] == r1[at] == healthy_run and r0[at + 2] == r1[at + 2] == healthy_run
         assert r1[at + 1] == ["RuntimeError", f"rank 1's {why} failed (injected)"]
         assert r0[at + 1] == ["RanksFailed", f"rank 1 of 2 failed: RuntimeError: rank 1's {why} failed (injected)"]
+    # the resume (engine.resumed): agreed at round 3; rank 1's checkpoint unreadable (named to rank 0, which would
+    # otherwise wait in round 1's gather); the ranks at rounds 3 and 2 refused on both; agreed again
+    assert r0[17] == r1[17] == 3 and r0[20] == r1[20] == 3
+    assert r1[18] == ["RuntimeError", "rank 1's checkpoint is unreadable (injected)"]
+    assert r0[18] == ["RanksFailed", "rank 1 of 2 failed: RuntimeError: rank 1's checkpoint is unreadable (injected)"]
+    different = "the ranks would start at different rounds [3, 2] (their checkpoints differ)"
+    assert r0[19][0] == r1[19][0] == "WorldError" and r0[19][1].startswith(different) and r1[19] == r0[19]
+    assert len(r0) == len(r1) == 21
 
 
 def test_merge_alone_raises_the_ranks_own_error() -> None:

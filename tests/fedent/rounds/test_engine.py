@@ -243,16 +243,42 @@ def test_model_final_is_replaced_atomically_never_torn(tmp_path: Path, monkeypat
     assert not [p for p in e.paths.root.iterdir() if p.name.endswith(".tmp")]
 
 
+class Resuming(InProcessExecutor):
+    """Records what the engine tells the executor about its resume (a run of several processes agrees on it)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.resumes: list[tuple[int | None, str | None]] = []
+
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        self.resumes.append((first, None if error is None else type(error).__name__))
+
+
 def test_checkpoints_that_are_all_corrupt_stop_the_run_instead_of_restarting_at_round_0(tmp_path: Path) -> None:
-    e = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
+    e = engine(tmp_path, Resuming, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
     e.run()
     rows = e.paths.metrics.read_text()
     for p in e.paths.checkpoint.iterdir():
         p.write_bytes(p.read_bytes()[:-3])
-    again = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
+    again = engine(tmp_path, Resuming, rounds=3, policy=RoundPolicy(checkpoint_keep=2))
     with pytest.raises(RunDirError, match=r"none is intact .*round-00000002\.ckpt"):
         again.run()
     assert again.paths.metrics.read_text() == rows  # no duplicate rows appended
+    # the executor heard of both: the fresh start at round 0, then the failed resume (with the error, before the
+    # engine re-raised it: the other ranks of a multi-process run then raise instead of waiting in round 1)
+    assert isinstance(e.executor, Resuming) and isinstance(again.executor, Resuming)
+    assert e.executor.resumes == [(0, None)] and again.executor.resumes == [(None, "RunDirError")]
+
+
+def test_a_resumed_run_tells_the_executor_its_first_round(tmp_path: Path) -> None:
+    e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    e.run()
+    newest = sorted(e.paths.checkpoint.glob("round-*.ckpt"))[-1]
+    assert newest.name == "round-00000001.ckpt"  # checkpoints are named by round index: 0, 1
+    newest.unlink()  # as if killed before the last round's checkpoint: that round (index 1) runs again
+    again = engine(tmp_path, Resuming, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    again.run()
+    assert isinstance(again.executor, Resuming) and again.executor.resumes == [(1, None)]
 
 
 def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_path: Path) -> None:
