@@ -329,7 +329,9 @@ def full_profile() -> Profile:
 # base rate, so under `reproduce --tuned` it runs at 9 × the tuned rate, like every fedavg-lrK row. FedEnt at the
 # base rate η_i(−1) the same tuning chose for it (`fedent tune --knobs train.lr`; β, γ at the paper's 0.99): also
 # 0.09, row fedent-lr9 (issue 29's control "FedEnt at its tuned base rate"); like fedavg-lr9 a fixed 9 × the base
-# rate, so under `reproduce --tuned` with that tuned.json it would run at 9 × 0.09 = 0.81 (0.27 diverged).
+# rate, so under `reproduce --tuned` with that tuned.json it would run at 9 × 0.09 = 0.81 (0.27 diverged). FedEnt's
+# full search (base rate, then β, then γ; docs/mnist-cpu/results/fedent-tune-logs.tar.gz) keeps β = γ = 0.99, so
+# fedent-lr9 is FedEnt with all three knobs tuned on this setting.
 MNIST_TUNED_FEDAVG = Row("fedavg-lr9", "fedavg", lr_scale=9.0)
 MNIST_TUNED_FEDENT = Row("fedent-lr9", "fedent", lr_scale=9.0)
 MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean",

@@ -294,3 +294,77 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
         status = json.loads((run / "status.json").read_text(encoding="utf-8"))
         assert status["started_at"] > ended
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
+
+
+def _point_dir(values: dict[str, float]) -> str:
+    """A tuning point's run directory (``fedent tune``'s naming: the knobs' last names and values, sorted)."""
+    return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) + "-s0"
+
+
+def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md and docs/results.md: FedEnt's knobs searched in turn on the real-MNIST row (base rate,
+    then β at the chosen rate, then γ at both chosen), seed 0, validation split, test set sealed. Every point's run
+    is the one its values name, each score is recomputed from its run, each knob's best is the best finite score,
+    bracketed where tuned.json says so (else at the domain's edge), the base rate's points are the first search's
+    runs with the same scores, no other run is kept, and the pages quote every tried value."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+
+    archive = ROOT / "docs" / "mnist-cpu" / "results" / "fedent-tune-logs.tar.gz"
+    pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
+             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tune", filter="data")
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "first", filter="data")
+    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    first = json.loads((tmp_path / "first" / "tuned.json").read_text(encoding="utf-8"))
+    assert list(tuned["algorithms"]) == ["fedent"]
+    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    fedent = tuned["algorithms"]["fedent"]
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
+                                                                              "algorithm.gamma")]
+    assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
+
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    chosen = {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}  # the paper's values until their knob is tuned
+    names, texts = set(), {}
+    for knob in knobs:
+        said = []
+        for value, score in knob["tried"]:
+            point = {**chosen, knob["key"]: value}
+            run = runs / _point_dir(point)
+            names.add(run.name)
+            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+            status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+            assert cfg["train"]["lr"] == point["train.lr"]
+            assert (cfg["algorithm"]["beta"], cfg["algorithm"]["gamma"]) == (point["algorithm.beta"],
+                                                                            point["algorithm.gamma"])
+            assert cfg["train"]["evaluate_test"] is False and status["state"]["evaluation"] == "sealed"
+            if score is None:
+                assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+                said.append(f"{value:g} (diverged in round {status['round']})")
+                continue
+            recs = runlog.read_metrics(run / "metrics.jsonl")
+            assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)
+            assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+            said.append(f"{value:g} ({100 * score:.2f}%)")
+        scores = [s for _, s in knob["tried"]]
+        at = scores.index(max(s for s in scores if s is not None))
+        assert knob["best"] == knob["tried"][at][0]
+        assert knob["bracketed"] == (0 < at < len(scores) - 1)
+        if not knob["bracketed"]:  # at an edge: the next step would leave (0, 1)
+            assert "domain" in knob["why"] and knob["tried"][at][0] == 0.9, knob
+        chosen[knob["key"]] = knob["best"]
+        texts[knob["key"]] = ", ".join(said)
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    for page, text in pages:
+        for key in ("algorithm.beta", "algorithm.gamma"):
+            assert texts[key] in text, (page, key, texts[key])
