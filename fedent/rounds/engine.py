@@ -358,7 +358,11 @@ class RoundEngine:
             try:
                 first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
             except Exception as e:
-                self.executor.resumed(None, e)  # the other processes of the run learn it (it may raise)
+                try:
+                    self.executor.resumed(None, e)  # the other processes of the run learn it (re-raises e)
+                except Exception as told:  # noqa: BLE001 - this rank's own error is the one to report
+                    if told is not e:  # the telling failed (a peer gone already): note it, keep the cause
+                        e.add_note(f"the run's other processes were not told: {told}")
                 raise
             self.executor.resumed(first, None)
             for rnd in range(first, self.rounds):

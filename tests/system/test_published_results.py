@@ -306,7 +306,8 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
     then β at the chosen rate, then γ at both chosen), seed 0, validation split, test set sealed. Every point's run
     is the one its values name, each score is recomputed from its run, each knob's best is the best finite score,
     bracketed where tuned.json says so (else at the domain's edge), the base rate's points are the first search's
-    runs with the same scores, no other run is kept, and the pages quote every tried value."""
+    runs with the same scores, no other run is kept, the pages quote every tried β and γ value, and the mechanism
+    (η* and the logged rates over every solve of each β run) and score gaps the page gives are the runs'."""
     import json
     import statistics
 
@@ -368,3 +369,28 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
     for page, text in pages:
         for key in ("algorithm.beta", "algorithm.gamma"):
             assert texts[key] in text, (page, key, texts[key])
+
+    # the mechanism the page gives for β (every solve of each β run) and the score gaps it quotes
+    def solves(beta: float) -> tuple[list[float], list[float]]:
+        recs = runlog.read_metrics(runs / _point_dir({"train.lr": 0.09, "algorithm.beta": beta,
+                                                       "algorithm.gamma": 0.99}) / "metrics.jsonl")
+        got = [c for r in recs for c in r["fedent"]["clients"]]
+        return [c["eta_star"] for c in got], [c["eta"] for c in got]
+
+    cap = {b: (statistics.median(solves(b)[0]), sum(e >= 1.0 for e in solves(b)[0]) / len(solves(b)[0]))
+           for b in (0.9, 0.99, 0.999)}
+    rates = {b: (min(solves(b)[1]), max(solves(b)[1])) for b in (0.9, 0.99, 0.999)}
+    said = [f"at β = 0.9 η*'s median was {cap[0.9][0]:.4f} and never at the cap (logged rates "
+            f"{rates[0.9][0]:.3f}–{rates[0.9][1]:.3f}",
+            f"at 0.99 {cap[0.99][0]:.4f} and at the cap in {100 * cap[0.99][1]:.1f}% (rates "
+            f"{rates[0.99][0]:.3f}–{rates[0.99][1]:.3f})",
+            f"in {100 * cap[0.999][1]:.1f}% of its {len(solves(0.999)[0])} solves (rates up to {rates[0.999][1]:.3f}"]
+    assert cap[0.9][1] == 0
+    scores = {(k["key"], v): sc for k in knobs for v, sc in k["tried"]}
+    best = scores["algorithm.gamma", 0.99]
+    gaps = sorted(100 * (best - scores["algorithm.gamma", g]) for g in (0.999, 0.9999))
+    said += [f"it scored {100 * (best - scores['algorithm.beta', 0.9]):.2f} points lower",
+             f"scores {gaps[0]:.2f}–{gaps[1]:.2f} points"]
+    text = pages[0][1].replace("\n", " ")
+    for phrase in said:
+        assert phrase in text, phrase

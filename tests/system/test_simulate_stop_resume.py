@@ -96,7 +96,7 @@ def test_a_signalled_simulation_ends_stopped_and_resumes_to_the_uninterrupted_mo
     assert _rounds(run_dir) == list(range(1, ROUNDS + 1))
 
 
-@pytest.mark.slow  # three two-process runs of FedDyn (~1 min on a busy 2-core box)
+@pytest.mark.slow  # four two-process runs of FedDyn (~1 min on a busy 2-core box)
 def test_a_two_process_reduced_run_stopped_resumes_to_the_uninterrupted_model(tmp_path: Path) -> None:
     """``--procs 2`` (rounds reduced to sums, FedDyn: the clients' λ and the server's Σλ must survive): SIGTERM to
     the launcher stops both ranks at a checkpoint, the same command resumes them, and the model is the

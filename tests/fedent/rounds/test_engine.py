@@ -270,6 +270,26 @@ def test_checkpoints_that_are_all_corrupt_stop_the_run_instead_of_restarting_at_
     assert e.executor.resumes == [(0, None)] and again.executor.resumes == [(None, "RunDirError")]
 
 
+class PeerGone(InProcessExecutor):
+    """A run of several processes whose peer has exited already: telling it of a failed resume fails too."""
+
+    def resumed(self, first: int | None, error: BaseException | None) -> None:
+        if error is not None:
+            raise RuntimeError("[gloo] connection closed by peer")
+
+
+def test_a_failed_resume_keeps_its_own_error_when_the_peers_cannot_be_told(tmp_path: Path) -> None:
+    e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    e.run()
+    for p in e.paths.checkpoint.iterdir():
+        p.write_bytes(p.read_bytes()[:-3])
+    again = engine(tmp_path, PeerGone, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    with pytest.raises(RunDirError, match="none is intact") as got:
+        again.run()
+    assert got.value.__notes__ == ["the run's other processes were not told: [gloo] connection closed by peer"]
+    assert "RunDirError" in status(again)["state"]["error"]
+
+
 def test_a_resumed_run_tells_the_executor_its_first_round(tmp_path: Path) -> None:
     e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
     e.run()
