@@ -20,7 +20,7 @@ def test_the_file_is_a_state_dict_that_plain_torch_and_the_model_load(tmp_path: 
     raw = torch.load(path, weights_only=True)  # no pickled code: only str and tensors
     assert (raw["format"], raw["model"], raw["config_hash"]) == (FORMAT, "mnist-cnn", "abc123")
     model.load_state_dict(raw["state_dict"])
-    assert [float(p.flatten()[0]) for p in model.parameters()] == [float(i) for i in range(len(names))]
+    assert [float(p.detach().flatten()[0]) for p in model.parameters()] == [float(i) for i in range(len(names))]
     got = load_model_file(path)
     assert (got.model, got.config_hash) == ("mnist-cnn", "abc123") and got.state_dict is not None
     assert list(got.state_dict) == names and all(torch.equal(a, b) for a, b in zip(got.params, params, strict=True))
