@@ -203,6 +203,18 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
             assert said in page.read_text(encoding="utf-8").replace("\n  ", " "), (page, said)
 
 
+def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
+    """docs/mnist-cpu/results/NAME unpacked into ``into``, after checking the page states its sha256; the two pages
+    that quote it, as (path, text with the bullets' continuation lines joined)."""
+    archive = ROOT / "docs" / "mnist-cpu" / "results" / name
+    pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
+             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return pages
+
+
 @dataclass(frozen=True)
 class TunedRow:
     """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/tune-logs.tar.gz) and the profile
@@ -237,12 +249,7 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
     from fedent.experiments.profiles import get_profile
 
     algorithm = tuned_row.algorithm
-    archive = ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz"
-    pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
-             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
-    assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "tune", filter="data")
+    pages = _tuning_archive("tune-logs.tar.gz", tmp_path / "tune")
     tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
     knob, *held = tuned["algorithms"][algorithm]["knobs"]
@@ -315,14 +322,8 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
 
     from fedent import runlog
 
-    archive = ROOT / "docs" / "mnist-cpu" / "results" / "fedent-tune-logs.tar.gz"
-    pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
-             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
-    assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "tune", filter="data")
-    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz") as tar:
-        tar.extractall(tmp_path / "first", filter="data")
+    pages = _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "tune")
+    _tuning_archive("tune-logs.tar.gz", tmp_path / "first")
     tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
     first = json.loads((tmp_path / "first" / "tuned.json").read_text(encoding="utf-8"))
     assert list(tuned["algorithms"]) == ["fedent"]
