@@ -341,6 +341,22 @@ class RoundEngine:
         for hook in self.before_checkpoint:
             hook()
 
+    def first_round(self) -> int:
+        """The first round to run (the newest checkpoint's next, 0 when fresh), told to the executor, which makes the
+        run's processes agree on it; a resume that fails here is told too, so the other processes raise instead of
+        waiting for this one. Its own error is the one raised (a failure to tell becomes a note on it)."""
+        try:
+            first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
+        except Exception as e:
+            try:
+                self.executor.resumed(None, e)  # a distributed executor re-raises e once the peers know
+            except Exception as told:  # noqa: BLE001 - this rank's own error is the one to report
+                if told is not e:  # a peer gone already: note it, keep the cause
+                    e.add_note(f"the run's other processes were not told: {told}")
+            raise
+        self.executor.resumed(first, None)
+        return first
+
     def run(self) -> list[dict[str, Any]]:
         """The whole run; status.json ends ``done``, ``failed`` (with the error) or ``stopped`` (a KeyboardInterrupt:
         Ctrl-C or SIGTERM, with the reason; resumable from the last checkpoint), and errors propagate."""
@@ -355,16 +371,7 @@ class RoundEngine:
         try:
             self.executor.start()
             self.prepare()
-            try:
-                first = resume.resume(self) if self.policy.checkpoint_keep > 0 else 0
-            except Exception as e:
-                try:
-                    self.executor.resumed(None, e)  # the other processes of the run learn it (re-raises e)
-                except Exception as told:  # noqa: BLE001 - this rank's own error is the one to report
-                    if told is not e:  # the telling failed (a peer gone already): note it, keep the cause
-                        e.add_note(f"the run's other processes were not told: {told}")
-                raise
-            self.executor.resumed(first, None)
+            first = self.first_round()
             for rnd in range(first, self.rounds):
                 self.check_stop()
                 self.budget_stop = self.privacy.over_budget(rnd, released_rounds(self.records), self.sizes)
