@@ -10,6 +10,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -308,6 +309,52 @@ def _point_dir(values: dict[str, float]) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) + "-s0"
 
 
+def _check_search(runs: Path, knobs: list[dict[str, Any]], chosen: dict[str, float]
+                  ) -> tuple[dict[str, float], set[str], dict[str, str]]:
+    """One algorithm's coordinate search as tuned.json records it (``knobs``, in order; ``chosen``: the config's value
+    of each knob before it is tuned): every point's run is the one its values name and trained those values on the
+    validation split with the test set sealed, each score is recomputed from its run (mean validation accuracy of the
+    last 5 of 50 rounds), a diverged point failed on a non-finite model, and each knob's best is the best finite
+    score, bracketed exactly when tuned.json says so. Returns the values chosen, the run directories, and each knob's
+    tried values as the pages quote them ("0.01 (97.35%), 0.27 (diverged in round 3)")."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+
+    chosen, names, texts = dict(chosen), set(), {}
+    for knob in knobs:
+        said = []
+        for value, score in knob["tried"]:
+            point = {**chosen, knob["key"]: value}
+            run = runs / _point_dir(point)
+            names.add(run.name)
+            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+            status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+            for key, want in point.items():
+                part, name = key.split(".")
+                assert cfg[part][name] == want, (run.name, key)
+            assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
+            assert status["state"]["evaluation"] == "sealed"
+            if score is None:
+                assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+                said.append(f"{value:g} (diverged in round {status['round']})")
+                continue
+            recs = runlog.read_metrics(run / "metrics.jsonl")
+            assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
+            assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+            said.append(f"{value:g} ({100 * score:.2f}%)")
+        scores = [s for _, s in knob["tried"]]
+        at = scores.index(max(s for s in scores if s is not None))
+        assert knob["tuned"] and knob["best"] == knob["tried"][at][0]
+        assert knob["bracketed"] == (0 < at < len(scores) - 1)
+        chosen[knob["key"]] = knob["best"]
+        texts[knob["key"]] = ", ".join(said)
+    return chosen, names, texts
+
+
 def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md and docs/results.md: FedEnt's knobs searched in turn on the real-MNIST row (base rate,
     then β at the chosen rate, then γ at both chosen), seed 0, validation split, test set sealed. Every point's run
@@ -317,8 +364,6 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
     (η* and the logged rates over every solve of each β run) and score gaps the page gives are the runs'."""
     import json
     import statistics
-
-    import yaml
 
     from fedent import runlog
 
@@ -335,36 +380,11 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
     assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
 
     runs = tmp_path / "tune" / "runs" / "fedent"
-    chosen = {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}  # the paper's values until their knob is tuned
-    names, texts = set(), {}
+    # the paper's values until their knob is tuned
+    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99})
     for knob in knobs:
-        said = []
-        for value, score in knob["tried"]:
-            point = {**chosen, knob["key"]: value}
-            run = runs / _point_dir(point)
-            names.add(run.name)
-            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-            status = json.loads((run / "status.json").read_text(encoding="utf-8"))
-            assert cfg["train"]["lr"] == point["train.lr"]
-            assert (cfg["algorithm"]["beta"], cfg["algorithm"]["gamma"]) == (point["algorithm.beta"],
-                                                                            point["algorithm.gamma"])
-            assert cfg["train"]["evaluate_test"] is False and status["state"]["evaluation"] == "sealed"
-            if score is None:
-                assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
-                said.append(f"{value:g} (diverged in round {status['round']})")
-                continue
-            recs = runlog.read_metrics(run / "metrics.jsonl")
-            assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)
-            assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
-            said.append(f"{value:g} ({100 * score:.2f}%)")
-        scores = [s for _, s in knob["tried"]]
-        at = scores.index(max(s for s in scores if s is not None))
-        assert knob["best"] == knob["tried"][at][0]
-        assert knob["bracketed"] == (0 < at < len(scores) - 1)
         if not knob["bracketed"]:  # at an edge: the next step would leave (0, 1)
-            assert "domain" in knob["why"] and knob["tried"][at][0] == 0.9, knob
-        chosen[knob["key"]] = knob["best"]
-        texts[knob["key"]] = ", ".join(said)
+            assert "domain" in knob["why"] and knob["best"] == 0.9, knob
     assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
     assert {d.name for d in runs.iterdir()} == names  # no other run kept
     for page, text in pages:
