@@ -8,6 +8,7 @@ import hashlib
 import re
 import shutil
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,14 +310,25 @@ def _point_dir(values: dict[str, float]) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) + "-s0"
 
 
-def _check_search(runs: Path, knobs: list[dict[str, Any]], chosen: dict[str, float]
+def _row_config(row: str, out: Path) -> dict[str, Any]:
+    """The mnist profile's config of ``row``, seed 0: the problem a search on the real-MNIST row tunes for."""
+    from fedent.experiments.plan import build_plan
+    from fedent.experiments.profiles import get_profile
+
+    (spec,) = build_plan(get_profile("mnist"), [0], out, ROOT / "configs", rows=[row]).runs
+    return dict(spec.config)
+
+
+def _check_search(runs: Path, knobs: list[dict[str, Any]], chosen: dict[str, float], row: Mapping[str, Any]
                   ) -> tuple[dict[str, float], set[str], dict[str, str]]:
     """One algorithm's coordinate search as tuned.json records it (``knobs``, in order; ``chosen``: the config's value
     of each knob before it is tuned): every point's run is the one its values name and trained those values on the
-    validation split with the test set sealed, each score is recomputed from its run (mean validation accuracy of the
-    last 5 of 50 rounds), a diverged point failed on a non-finite model, and each knob's best is the best finite
-    score, bracketed exactly when tuned.json says so. Returns the values chosen, the run directories, and each knob's
-    tried values as the pages quote them ("0.01 (97.35%), 0.27 (diverged in round 3)")."""
+    validation split with the test set sealed, on the problem of ``row`` (a profile row's config: data, model,
+    rounds, sampling, local training; the validation split and data root aside); each score is recomputed from its
+    run (mean validation accuracy of the last 5 of 50 rounds), a diverged point failed on a non-finite model, and
+    each knob's best is the best finite score, bracketed exactly when tuned.json says so. Returns the values chosen,
+    the run directories, and each knob's tried values as the pages quote them ("0.01 (97.35%), 0.27 (diverged in
+    round 1)")."""
     import json
     import statistics
 
@@ -338,6 +350,11 @@ def _check_search(runs: Path, knobs: list[dict[str, Any]], chosen: dict[str, flo
                 assert cfg[part][name] == want, (run.name, key)
             assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
             assert status["state"]["evaluation"] == "sealed"
+            for part in ("data", "model"):
+                want = {k: v for k, v in row[part].items() if k not in ("root", "validation_fraction")}
+                assert {k: cfg[part][k] for k in want} == want, (run.name, part)
+            for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed"):  # tf32: a no-op on CPU
+                assert cfg["train"][key] == row["train"][key], (run.name, key)
             if score is None:
                 assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
                 said.append(f"{value:g} (diverged in round {status['round']})")
@@ -381,7 +398,8 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
 
     runs = tmp_path / "tune" / "runs" / "fedent"
     # the paper's values until their knob is tuned
-    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99})
+    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
+                                         _row_config("fedent", tmp_path / "plan"))
     for knob in knobs:
         if not knob["bracketed"]:  # at an edge: the next step would leave (0, 1)
             assert "domain" in knob["why"] and knob["best"] == 0.9, knob
