@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -91,8 +92,10 @@ def read_state_file(path: str | Path) -> Any:
 
 
 def _check_storable(obj: Any, where: str) -> None:
-    """Only plain data and tensors: what ``torch.load(weights_only=True)`` reads back."""
-    if obj is None or isinstance(obj, (bool, int, float, str, Tensor)):
+    """Only plain data and tensors: what ``torch.load(weights_only=True)`` reads back. Scalars must be exactly
+    bool, int, float or str: a subclass (numpy's float64, torch's version string) is written by ``torch.save``
+    but refused by the safe loader, so the file would be written and never read back."""
+    if obj is None or type(obj) in (bool, int, float, str) or isinstance(obj, Tensor):
         return
     if isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
@@ -104,13 +107,21 @@ def _check_storable(obj: Any, where: str) -> None:
                 raise TypeError(f"{where}: key {k!r} must be a str or int")
             _check_storable(v, f"{where}.{k}")
         return
-    raise TypeError(f"{where}: cannot checkpoint a {type(obj).__name__}")
+    sub = next((b.__name__ for b in (bool, int, float, str) if isinstance(obj, b)), None)
+    why = f" (a subclass of {sub}: pass {sub}(value))" if sub else ""
+    raise TypeError(f"{where}: cannot checkpoint a {type(obj).__name__}{why}")
 
 
 def _plain(obj: Any) -> Any:
-    """Detached CPU copies of tensors, plain dicts/lists elsewhere (so the saved file aliases nothing)."""
+    """Detached CPU copies of tensors, plain dicts/lists elsewhere (so the saved file aliases nothing), and plain
+    scalars for numpy's and other subclasses of bool, int, float and str (which the safe loader refuses)."""
     if isinstance(obj, Tensor):
         return obj.detach().to("cpu").clone()
+    if isinstance(obj, np.generic) and obj.dtype.kind in "biuf":
+        return obj.item()
+    for base in (bool, int, float, str):
+        if isinstance(obj, base) and type(obj) is not base:
+            return base(obj)
     if isinstance(obj, Mapping):
         return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -1,7 +1,10 @@
 """Where and with what a run was trained: commit, machine, GPU, library versions (issue 29, item 5).
 
 Written once per run as ``provenance.json`` beside config.yaml so every published number can be traced to the
-code and hardware that produced it; the generated reports print it. Nothing here may fail a run: each field that
+code and hardware that produced it; the generated reports print it. A run resumed from a checkpoint (a killed
+process, a GPU call that ran out of time, another machine) keeps, under ``earlier``, the provenance of each process
+that trained the rounds it kept (``resumed``), so a run trained partly at another commit or on another card says
+which rounds ran where. Nothing here may fail a run: each field that
 cannot be read is recorded as ``"unknown"`` together with the reason, never silently left out.
 """
 
@@ -12,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +54,7 @@ def _torch_info() -> dict[str, Any]:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is a hard dependency
         return {"torch": "unknown", "reason": str(exc)}
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda or "none (CPU build)"}
+    info: dict[str, Any] = {"torch": str(torch.__version__), "cuda": str(torch.version.cuda or "none (CPU build)")}
     try:
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
@@ -77,10 +81,26 @@ def collect(cwd: str | Path | None = None) -> dict[str, Any]:
     }
 
 
-def describe(p: dict[str, Any] | None) -> str:
-    """One line for a report; says plainly when a run has no provenance.json (older runs)."""
-    if not p:
-        return "not recorded (run written before provenance.json existed)"
+def resumed(saved: Mapping[str, Any] | None, current: Mapping[str, Any], kept: int) -> dict[str, Any]:
+    """provenance.json of a run resumed after round ``kept`` (1-based: the checkpoint's last round): this process's
+    fields at the top with ``from_round``, and under ``earlier`` the processes that trained rounds 1..kept, each
+    with its ``rounds`` [first, last]. ``saved``: the provenance the checkpoint holds (its process's fields and its
+    own ``earlier``), so the history is exactly the checkpoint's rounds even when newer checkpoints were lost; a
+    checkpoint written before provenance was kept in checkpoints gives an "unknown" entry with the reason."""
+    if saved:
+        earlier = [dict(e) for e in saved.get("earlier", [])]
+        first = int(saved.get("from_round", 1))
+        head = {k: v for k, v in saved.items() if k not in ("earlier", "from_round")}
+    else:
+        earlier, first = [], 1
+        head = {"commit": "unknown", "reason": "its checkpoint predates provenance in checkpoints"}
+    if first <= kept:
+        earlier.append({**head, "rounds": [first, kept]})
+    return {**{k: v for k, v in current.items() if k not in ("earlier", "from_round")}, "from_round": kept + 1,
+            "earlier": earlier}
+
+
+def _one(p: Mapping[str, Any]) -> str:
     commit = str(p.get("commit", "unknown"))
     if commit == "unknown":
         commit = f"unknown ({p.get('reason', 'no reason given')})"
@@ -89,3 +109,14 @@ def describe(p: dict[str, Any] | None) -> str:
         commit += f" (with uncommitted changes{declared})"
     return (f"commit {commit}; host {p.get('hostname')} ({p.get('machine')}, {p.get('cpu_count')} CPUs); "
             f"GPU {p.get('gpu')}; python {p.get('python')}, torch {p.get('torch')}, CUDA {p.get('cuda')}")
+
+
+def describe(p: dict[str, Any] | None) -> str:
+    """One line for a report; says plainly when a run has no provenance.json (older runs), and, for a resumed run,
+    which rounds each process trained."""
+    if not p:
+        return "not recorded (run written before provenance.json existed)"
+    if not p.get("earlier"):
+        return _one(p)
+    parts = [f"rounds {e['rounds'][0]}–{e['rounds'][1]}: {_one(e)}" for e in p["earlier"]]
+    return "; ".join([*parts, f"rounds {p.get('from_round')} on (resumed): {_one(p)}"])

@@ -116,6 +116,7 @@ class RoundEngine:
         self.metrics = runlog.MetricsLog(paths.metrics)
         self.records: list[dict[str, Any]] = []
         self.trajectory: list[dict[str, Any]] = []
+        self.provenance: dict[str, Any] = {}  # this process's, and after a resume the earlier ones' (provenance.json)
         self.estimator_report: dict[str, Any] = {}
         self.acceptance = Acceptance(lambda: self.strategy, lambda: self.global_params, lambda: self.sizes)
         self.rejected: dict[int, str] = {}  # clients whose reported counts were out of bounds: out of the run
@@ -156,7 +157,8 @@ class RoundEngine:
     def write_start_files(self) -> None:
         runlog.write_config(self.paths.config, self.cfg.to_dict())
         runlog.atomic_write_json(self.paths.partition, self.partition_info)
-        runlog.atomic_write_json(self.paths.provenance, provenance.collect())
+        self.provenance = provenance.collect()
+        runlog.atomic_write_json(self.paths.provenance, self.provenance)
         self.clients.write()
         self.status("starting", None)
 

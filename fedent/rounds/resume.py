@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedent import runlog
+from fedent import provenance, runlog
 from fedent.checkpoint import (
     Checkpoint,
     config_fingerprint,
@@ -58,7 +58,8 @@ def save(run: RoundEngine, rnd: int, keep: int = 3) -> None:
         estimator={"trajectory": json.loads(json.dumps(runlog.jsonable(run.trajectory))),
                    "round_base": runlog.ROUND_BASE},
         clients={"rows": json.loads(json.dumps(runlog.jsonable(rows)))},
-        extra={"elapsed_s": time.perf_counter() - run.t_start, "run_id": run.paths.run_id},
+        extra={"elapsed_s": time.perf_counter() - run.t_start, "run_id": run.paths.run_id,
+               "provenance": run.provenance},
     ), keep=keep)
 
 
@@ -106,6 +107,9 @@ def resume(run: RoundEngine) -> int:
             if old:
                 row.update({k: old[k] for k in _CLIENT_COUNTERS if k in old})
     _keep_rounds(run, ckpt.round)
+    before = ckpt.extra.get("provenance")
+    run.provenance = provenance.resumed(before if isinstance(before, dict) else None, run.provenance, ckpt.round + 1)
+    runlog.atomic_write_json(run.paths.provenance, run.provenance)
     run.t_start = time.perf_counter() - float(ckpt.extra.get("elapsed_s", 0.0))
     if run.trajectory:
         old = runlog.read_json(run.paths.estimator, default={})

@@ -132,6 +132,26 @@ def test_non_storable_state_is_refused_before_writing(tmp_path: Path) -> None:
     assert list_checkpoints(tmp_path) == []
 
 
+def test_scalar_subclasses_are_stored_plain_or_refused_never_written_unreadable(tmp_path: Path) -> None:
+    """numpy scalars and torch's version string pickle fine but ``torch.load(weights_only=True)`` refuses them: a
+    checkpoint holding one was written and then skipped as unreadable on resume. A checkpoint stores them as plain
+    numbers and strings; a raw payload with one is refused before writing."""
+    import numpy as np
+
+    extra = {"torch": torch.__version__, "f": np.float64(1.5), "i": np.int64(2), "b": np.bool_(True),
+             "nested": [np.float32(0.25), {"s": torch.__version__}]}
+    save_checkpoint(tmp_path, Checkpoint(round=0, global_params=[torch.zeros(1)], config_fingerprint="fp", seed=0,
+                                         extra=extra))
+    back = load_latest_checkpoint(tmp_path)
+    assert back is not None and back.extra == {"torch": str(torch.__version__), "f": 1.5, "i": 2, "b": True,
+                                               "nested": [0.25, {"s": str(torch.__version__)}]}
+    assert [type(back.extra[k]) for k in ("torch", "f", "i", "b")] == [str, float, int, bool]
+    with pytest.raises(TypeError, match=r"state\.v: cannot checkpoint a TorchVersion \(a subclass of str"):
+        encode_payload({"v": torch.__version__})
+    with pytest.raises(TypeError, match="cannot checkpoint a float64"):
+        encode_payload({"v": [np.float64(1.0)]})
+
+
 def test_config_fingerprint_and_mismatch(tmp_path: Path) -> None:
     a = config_from_dict({"train": {"rounds": 3, "seed": 1}})
     same_but_device = config_from_dict({"train": {"rounds": 3, "seed": 1, "device": "cpu"}, "out_dir": "x"})

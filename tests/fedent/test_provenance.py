@@ -53,3 +53,32 @@ def test_a_dirty_copy_with_a_stale_git_records_the_declared_commit_beside_gits(t
     line = provenance.describe({**dirty, "hostname": "h", "machine": "x", "cpu_count": 1, "gpu": "g",
                                 "python": "3", "torch": "2", "cuda": "13"})
     assert "with uncommitted changes; declared by its maker: feedbeef" in line
+
+
+def _prov(commit: str, gpu: str = "none") -> dict:
+    return {"commit": commit, "dirty": False, "hostname": "h", "machine": "x86_64", "cpu_count": 2, "gpu": gpu,
+            "python": "3.11.7", "torch": "2.14.1", "cuda": "13.0"}
+
+
+def test_a_resumed_runs_provenance_says_which_rounds_each_process_trained():
+    first = _prov("a" * 40)
+    second = provenance.resumed(first, _prov("b" * 40, gpu="NVIDIA H100"), kept=10)  # killed after round 10
+    assert second == {**_prov("b" * 40, gpu="NVIDIA H100"), "from_round": 11,
+                      "earlier": [{**first, "rounds": [1, 10]}]}
+    third = provenance.resumed(second, _prov("c" * 40), kept=30)
+    assert third["commit"] == "c" * 40 and third["from_round"] == 31
+    assert third["earlier"] == [{**first, "rounds": [1, 10]},
+                                {**_prov("b" * 40, gpu="NVIDIA H100"), "rounds": [11, 30]}]
+    # a saved record whose own rounds start after the kept one (the engine never writes one) adds no entry
+    assert provenance.resumed(second, _prov("d" * 40), kept=10)["earlier"] == [{**first, "rounds": [1, 10]}]
+    line = provenance.describe(third)
+    assert line == (f"rounds 1–10: {provenance.describe(first)}; rounds 11–30: commit {'b' * 40}; host h (x86_64, 2 "
+                    f"CPUs); GPU NVIDIA H100; python 3.11.7, torch 2.14.1, CUDA 13.0; rounds 31 on (resumed): "
+                    f"{provenance.describe(_prov('c' * 40))}")
+
+
+def test_a_checkpoint_without_provenance_gives_an_unknown_earlier_entry_with_its_reason():
+    got = provenance.resumed(None, _prov("e" * 40), kept=4)
+    (entry,) = got["earlier"]
+    assert entry["rounds"] == [1, 4] and entry["commit"] == "unknown" and "predates" in entry["reason"]
+    assert provenance.describe(got).startswith("rounds 1–4: commit unknown (its checkpoint predates")

@@ -301,6 +301,36 @@ def test_a_resumed_run_tells_the_executor_its_first_round(tmp_path: Path) -> Non
     assert isinstance(again.executor, Resuming) and again.executor.resumes == [(1, None)]
 
 
+def test_a_resumed_runs_provenance_keeps_the_rounds_each_process_trained(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after round 1 of 3 and resumed by a process at another commit, then again after round 2 by a third:
+    provenance.json names each process with the rounds it trained, from the checkpoint resumed from (a later
+    checkpoint lost does not put its process's rounds in the history)."""
+    from fedent import provenance
+
+    def at(commit: str) -> None:
+        monkeypatch.setattr(provenance, "collect", lambda cwd=None: {"commit": commit, "gpu": "none"})
+
+    at("a")
+    e = engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=3))
+    e.run()
+    assert json.loads(e.paths.provenance.read_text()) == {"commit": "a", "gpu": "none"}  # fresh: no history
+    for name in ("round-00000002.ckpt", "round-00000001.ckpt"):
+        (e.paths.checkpoint / name).unlink()  # as if killed after round 1's checkpoint
+    at("b")
+    engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=3)).run()
+    assert json.loads(e.paths.provenance.read_text()) == {
+        "commit": "b", "gpu": "none", "from_round": 2, "earlier": [{"commit": "a", "gpu": "none", "rounds": [1, 1]}]}
+    (e.paths.checkpoint / "round-00000002.ckpt").unlink()  # killed again, after round 2 (b trained rounds 2, 3)
+    at("c")
+    engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=3)).run()
+    got = json.loads(e.paths.provenance.read_text())
+    assert (got["commit"], got["from_round"]) == ("c", 3)
+    assert got["earlier"] == [{"commit": "a", "gpu": "none", "rounds": [1, 1]},
+                              {"commit": "b", "gpu": "none", "rounds": [2, 2]}]
+    assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [1, 2, 3]
+
+
 def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_path: Path) -> None:
     """Killed between logging round 0 and writing its checkpoint: round 0 is run again and metrics.jsonl
     is cut first (it used to keep the old line and append another round 0)."""
