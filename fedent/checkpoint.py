@@ -103,8 +103,8 @@ def _check_storable(obj: Any, where: str) -> None:
         return
     if isinstance(obj, Mapping):
         for k, v in obj.items():
-            if not isinstance(k, (str, int)):
-                raise TypeError(f"{where}: key {k!r} must be a str or int")
+            if type(k) not in (str, int):
+                raise TypeError(f"{where}: key {k!r} must be a str or int (not a subclass: {type(k).__name__})")
             _check_storable(v, f"{where}.{k}")
         return
     sub = next((b.__name__ for b in (bool, int, float, str) if isinstance(obj, b)), None)
@@ -114,16 +114,19 @@ def _check_storable(obj: Any, where: str) -> None:
 
 def _plain(obj: Any) -> Any:
     """Detached CPU copies of tensors, plain dicts/lists elsewhere (so the saved file aliases nothing), and plain
-    scalars for numpy's and other subclasses of bool, int, float and str (which the safe loader refuses)."""
+    values for numpy's boolean, integer and (double or narrower) float scalars and for subclasses of int, float and
+    str, keys included (the safe loader refuses them; anything else it refuses is left for ``_check_storable``)."""
     if isinstance(obj, Tensor):
         return obj.detach().to("cpu").clone()
-    if isinstance(obj, np.generic) and obj.dtype.kind in "biuf":
+    if isinstance(obj, np.generic) and obj.dtype.kind in "biuf" and obj.dtype.itemsize <= 8:
         return obj.item()
-    for base in (bool, int, float, str):
+    if type(obj) is bool:  # an int subclass itself, which cannot be subclassed: plain already
+        return obj
+    for base in (int, float, str):  # int() and str.__str__ keep an enum's value (str() would give "Cls.NAME")
         if isinstance(obj, base) and type(obj) is not base:
-            return base(obj)
+            return str.__str__(obj) if base is str else base(obj)
     if isinstance(obj, Mapping):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {_plain(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     return obj

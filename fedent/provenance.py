@@ -81,16 +81,22 @@ def collect(cwd: str | Path | None = None) -> dict[str, Any]:
     }
 
 
-def resumed(saved: Mapping[str, Any] | None, current: Mapping[str, Any], kept: int) -> dict[str, Any]:
+def resumed(saved: Mapping[str, Any] | None, current: Mapping[str, Any], kept: int,
+            fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """provenance.json of a run resumed after round ``kept`` (1-based: the checkpoint's last round): this process's
     fields at the top with ``from_round``, and under ``earlier`` the processes that trained rounds 1..kept, each
     with its ``rounds`` [first, last]. ``saved``: the provenance the checkpoint holds (its process's fields and its
-    own ``earlier``), so the history is exactly the checkpoint's rounds even when newer checkpoints were lost; a
-    checkpoint written before provenance was kept in checkpoints gives an "unknown" entry with the reason."""
+    own ``earlier``), so the history is exactly the checkpoint's rounds even when newer checkpoints were lost. A
+    checkpoint written before checkpoints held provenance has none: then ``fallback`` (the provenance.json the last
+    process left) stands for rounds 1..kept with a note saying so, or, without one, an "unknown" entry."""
     if saved:
         earlier = [dict(e) for e in saved.get("earlier", [])]
         first = int(saved.get("from_round", 1))
         head = {k: v for k, v in saved.items() if k not in ("earlier", "from_round")}
+    elif fallback and not fallback.get("earlier"):
+        earlier, first = [], 1
+        head = {**fallback, "note": "from provenance.json, the last process before this resume: its checkpoint "
+                                    "predates provenance in checkpoints, so a process before it is not recorded"}
     else:
         earlier, first = [], 1
         head = {"commit": "unknown", "reason": "its checkpoint predates provenance in checkpoints"}
@@ -104,6 +110,8 @@ def _one(p: Mapping[str, Any]) -> str:
     commit = str(p.get("commit", "unknown"))
     if commit == "unknown":
         commit = f"unknown ({p.get('reason', 'no reason given')})"
+        if "hostname" not in p:  # nothing else was recorded: say no more than that
+            return f"commit {commit}"
     elif p.get("dirty"):
         declared = f"; declared by its maker: {p['declared_commit']}" if p.get("declared_commit") else ""
         commit += f" (with uncommitted changes{declared})"
@@ -112,11 +120,17 @@ def _one(p: Mapping[str, Any]) -> str:
 
 
 def describe(p: dict[str, Any] | None) -> str:
-    """One line for a report; says plainly when a run has no provenance.json (older runs), and, for a resumed run,
-    which rounds each process trained."""
+    """One line for a report; says plainly when a run has no provenance.json (older runs). A resumed run whose
+    processes differ (commit, machine, GPU, versions) names each with its rounds, "|" between them; one resumed on
+    the same commit and machine reads like a run that was never stopped."""
     if not p:
         return "not recorded (run written before provenance.json existed)"
-    if not p.get("earlier"):
-        return _one(p)
-    parts = [f"rounds {e['rounds'][0]}–{e['rounds'][1]}: {_one(e)}" for e in p["earlier"]]
-    return "; ".join([*parts, f"rounds {p.get('from_round')} on (resumed): {_one(p)}"])
+    parts: list[tuple[int, str]] = []  # (first round, description), neighbours with one description merged
+    for first, line in [*((int(e["rounds"][0]), _one(e)) for e in p.get("earlier") or ()),
+                        (int(p.get("from_round", 1)), _one(p))]:
+        if not parts or parts[-1][1] != line:
+            parts.append((first, line))
+    if len(parts) == 1:
+        return parts[0][1]
+    ends = [f"{a}–{b - 1}" for (a, _), (b, _) in zip(parts, parts[1:], strict=False)] + [f"{parts[-1][0]} on"]
+    return " | ".join(f"rounds {r}: {line}" for r, (_, line) in zip(ends, parts, strict=True))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedent import model_file, provenance, runlog
-from fedent.checkpoint import config_fingerprint
+from fedent.checkpoint import config_fingerprint, list_checkpoints
 from fedent.config import ExperimentConfig
 from fedent.params import Params, all_finite, clone, num_elements
 from fedent.privacy.run import RunPrivacy, released_rounds
@@ -158,7 +158,8 @@ class RoundEngine:
         runlog.write_config(self.paths.config, self.cfg.to_dict())
         runlog.atomic_write_json(self.paths.partition, self.partition_info)
         self.provenance = provenance.collect()
-        runlog.atomic_write_json(self.paths.provenance, self.provenance)
+        if not list_checkpoints(self.paths.checkpoint):  # else first_round writes it, with the resumed history
+            runlog.atomic_write_json(self.paths.provenance, self.provenance)
         self.clients.write()
         self.status("starting", None)
 
@@ -357,6 +358,7 @@ class RoundEngine:
                     e.add_note(f"the run's other processes were not told: {told}")
             raise
         self.executor.resumed(first, None)
+        runlog.atomic_write_json(self.paths.provenance, self.provenance)  # resumed: with the earlier processes
         return first
 
     def run(self) -> list[dict[str, Any]]:

@@ -108,8 +108,12 @@ def resume(run: RoundEngine) -> int:
                 row.update({k: old[k] for k in _CLIENT_COUNTERS if k in old})
     _keep_rounds(run, ckpt.round)
     before = ckpt.extra.get("provenance")
-    run.provenance = provenance.resumed(before if isinstance(before, dict) else None, run.provenance, ckpt.round + 1)
-    runlog.atomic_write_json(run.paths.provenance, run.provenance)
+    try:  # the previous process's, for a checkpoint older than provenance in checkpoints; never fatal
+        last = runlog.read_json(run.paths.provenance, default=None)
+    except (OSError, ValueError):
+        last = None
+    run.provenance = provenance.resumed(before if isinstance(before, dict) else None, run.provenance, ckpt.round + 1,
+                                        fallback=last if isinstance(last, dict) else None)
     run.t_start = time.perf_counter() - float(ckpt.extra.get("elapsed_s", 0.0))
     if run.trajectory:
         old = runlog.read_json(run.paths.estimator, default={})

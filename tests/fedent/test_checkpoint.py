@@ -136,20 +136,34 @@ def test_scalar_subclasses_are_stored_plain_or_refused_never_written_unreadable(
     """numpy scalars and torch's version string pickle fine but ``torch.load(weights_only=True)`` refuses them: a
     checkpoint holding one was written and then skipped as unreadable on resume. A checkpoint stores them as plain
     numbers and strings; a raw payload with one is refused before writing."""
+    import enum
+
     import numpy as np
 
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
     extra = {"torch": torch.__version__, "f": np.float64(1.5), "i": np.int64(2), "b": np.bool_(True),
-             "nested": [np.float32(0.25), {"s": torch.__version__}]}
+             "nested": [np.float32(0.25), {"s": torch.__version__}], "t": True, "k": Kind.A, "l": Level.HIGH,
+             np.str_("key"): 1, Level.HIGH: "by enum"}
     save_checkpoint(tmp_path, Checkpoint(round=0, global_params=[torch.zeros(1)], config_fingerprint="fp", seed=0,
                                          extra=extra))
     back = load_latest_checkpoint(tmp_path)
     assert back is not None and back.extra == {"torch": str(torch.__version__), "f": 1.5, "i": 2, "b": True,
-                                               "nested": [0.25, {"s": str(torch.__version__)}]}
-    assert [type(back.extra[k]) for k in ("torch", "f", "i", "b")] == [str, float, int, bool]
+                                               "nested": [0.25, {"s": str(torch.__version__)}], "t": True,
+                                               "k": "a", "l": 3, "key": 1, 3: "by enum"}
+    assert [type(back.extra[k]) for k in ("torch", "f", "i", "b", "t", "k", "l")] == [str, float, int, bool, bool,
+                                                                                       str, int]
+    assert {type(k) for k in back.extra} == {str, int}
     with pytest.raises(TypeError, match=r"state\.v: cannot checkpoint a TorchVersion \(a subclass of str"):
         encode_payload({"v": torch.__version__})
     with pytest.raises(TypeError, match="cannot checkpoint a float64"):
         encode_payload({"v": [np.float64(1.0)]})
+    with pytest.raises(TypeError, match="must be a str or int \\(not a subclass: str_\\)"):
+        encode_payload({np.str_("k"): 1})
 
 
 def test_config_fingerprint_and_mismatch(tmp_path: Path) -> None:

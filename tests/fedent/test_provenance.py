@@ -72,13 +72,30 @@ def test_a_resumed_runs_provenance_says_which_rounds_each_process_trained():
     # a saved record whose own rounds start after the kept one (the engine never writes one) adds no entry
     assert provenance.resumed(second, _prov("d" * 40), kept=10)["earlier"] == [{**first, "rounds": [1, 10]}]
     line = provenance.describe(third)
-    assert line == (f"rounds 1–10: {provenance.describe(first)}; rounds 11–30: commit {'b' * 40}; host h (x86_64, 2 "
-                    f"CPUs); GPU NVIDIA H100; python 3.11.7, torch 2.14.1, CUDA 13.0; rounds 31 on (resumed): "
+    assert line == (f"rounds 1–10: {provenance.describe(first)} | rounds 11–30: commit {'b' * 40}; host h (x86_64, "
+                    f"2 CPUs); GPU NVIDIA H100; python 3.11.7, torch 2.14.1, CUDA 13.0 | rounds 31 on: "
                     f"{provenance.describe(_prov('c' * 40))}")
+
+
+def test_a_run_resumed_on_the_same_commit_and_machine_reads_as_one():
+    same = provenance.resumed(provenance.resumed(_prov("a" * 40), _prov("a" * 40), kept=3), _prov("a" * 40), kept=7)
+    assert [e["rounds"] for e in same["earlier"]] == [[1, 3], [4, 7]]  # the file keeps every process
+    assert provenance.describe(same) == provenance.describe(_prov("a" * 40))
+    mixed = provenance.resumed(provenance.resumed(_prov("a" * 40), _prov("a" * 40), kept=3), _prov("b" * 40), kept=7)
+    assert provenance.describe(mixed).startswith("rounds 1–7: commit " + "a" * 40)  # neighbours merged
+    assert " | rounds 8 on: commit " + "b" * 40 in provenance.describe(mixed)
 
 
 def test_a_checkpoint_without_provenance_gives_an_unknown_earlier_entry_with_its_reason():
     got = provenance.resumed(None, _prov("e" * 40), kept=4)
     (entry,) = got["earlier"]
     assert entry["rounds"] == [1, 4] and entry["commit"] == "unknown" and "predates" in entry["reason"]
-    assert provenance.describe(got).startswith("rounds 1–4: commit unknown (its checkpoint predates")
+    assert provenance.describe(got) == ("rounds 1–4: commit unknown (its checkpoint predates provenance in "
+                                        "checkpoints) | rounds 5 on: " + provenance.describe(_prov("e" * 40)))
+    # with the provenance.json the last process left: that process stands for the rounds, with a note
+    old = provenance.resumed(None, _prov("e" * 40), kept=4, fallback=_prov("f" * 40))
+    (entry,) = old["earlier"]
+    assert {k: v for k, v in entry.items() if k not in ("note", "rounds")} == _prov("f" * 40)
+    assert entry["rounds"] == [1, 4] and "not recorded" in entry["note"]
+    # a provenance.json that itself holds a history is not taken for one process
+    assert provenance.resumed(None, _prov("e" * 40), kept=4, fallback=got)["earlier"][0]["commit"] == "unknown"

@@ -329,6 +329,30 @@ def test_a_resumed_runs_provenance_keeps_the_rounds_each_process_trained(tmp_pat
     assert got["earlier"] == [{"commit": "a", "gpu": "none", "rounds": [1, 1]},
                               {"commit": "b", "gpu": "none", "rounds": [2, 2]}]
     assert [r["round"] for r in runlog.read_metrics(e.paths.metrics)] == [1, 2, 3]
+    # killed again while starting (before the resume): provenance.json keeps the history it had
+    at("d")
+    engine(tmp_path, rounds=3, policy=RoundPolicy(checkpoint_keep=3)).write_start_files()
+    assert json.loads(e.paths.provenance.read_text()) == got
+
+
+def test_a_checkpoint_from_before_provenance_in_checkpoints_resumes_with_the_last_provenance_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedent import provenance
+    from fedent.checkpoint import load_latest_checkpoint, save_checkpoint
+
+    monkeypatch.setattr(provenance, "collect", lambda cwd=None: {"commit": "a", "gpu": "none"})
+    e = engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2))
+    e.run()
+    (e.paths.checkpoint / "round-00000001.ckpt").unlink()
+    ckpt = load_latest_checkpoint(e.paths.checkpoint)
+    assert ckpt is not None and ckpt.extra.pop("provenance") == {"commit": "a", "gpu": "none"}
+    save_checkpoint(e.paths.checkpoint, ckpt)  # as an older version wrote it: no provenance inside
+    monkeypatch.setattr(provenance, "collect", lambda cwd=None: {"commit": "b", "gpu": "none"})
+    engine(tmp_path, rounds=2, policy=RoundPolicy(checkpoint_keep=2)).run()
+    got = json.loads(e.paths.provenance.read_text())
+    (entry,) = got["earlier"]
+    assert (got["commit"], got["from_round"], entry["commit"], entry["rounds"]) == ("b", 2, "a", [1, 1])
+    assert "not recorded" in entry["note"]
 
 
 def test_a_crash_before_the_first_checkpoint_runs_round_0_again_logged_once(tmp_path: Path) -> None:
