@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,12 @@ def _torch_info() -> dict[str, Any]:
 
 
 def collect(cwd: str | Path | None = None) -> dict[str, Any]:
-    """Commit, host, CPU count, GPU, and python/torch/CUDA versions of this process."""
+    """Commit, host, CPU count, GPU, and python/torch/CUDA versions of this process, and when it started the run
+    (``started_at``, epoch seconds: a resumed run's status.json holds only the last process's start, so the
+    history under ``earlier`` is what says when its first rounds began, e.g. after a tuning that chose its values)."""
     return {
         **git_commit(cwd),
+        "started_at": time.time(),
         "hostname": socket.gethostname(),
         "machine": platform.machine(),
         "platform": platform.platform(),

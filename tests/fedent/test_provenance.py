@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import time
 
 from fedent import provenance
 
@@ -13,6 +14,18 @@ def test_collect_in_checkout_records_head():
     assert p["commit"] == head and len(head) == 40
     assert p["cpu_count"] == os.cpu_count() and p["python"].count(".") == 2
     assert p["torch"] and p["gpu"] and "cuda" in p
+
+
+def test_each_process_records_when_it_started_and_a_resume_keeps_every_start():
+    """A resumed run's status.json holds the last process's start only: the provenance keeps each one's, so a
+    row's first rounds can be shown to have begun after the tuning that chose its values ended."""
+    before = time.time()
+    first = provenance.collect()
+    second = provenance.collect()
+    assert before <= first["started_at"] <= second["started_at"] <= time.time()
+    got = provenance.resumed(first, second, kept=5)
+    assert got["started_at"] == second["started_at"] and got["earlier"][0]["started_at"] == first["started_at"]
+    assert provenance.describe(got) == provenance.describe(second)  # a start time alone is no other process
 
 
 def test_outside_a_repo_unknown_with_reason(tmp_path):
