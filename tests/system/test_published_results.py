@@ -43,7 +43,8 @@ class Page:
 PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
-    Page("mnist", "fedavg,fedent,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9", 24,
+    Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
+                  "fedadam-lr3,feddyn-lr9-alpha0.01", 36,
          "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
@@ -182,8 +183,9 @@ def test_fedcos_tracks_fedavg_on_real_mnist_as_the_pages_say(tmp_path: Path) -> 
 
 def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md and docs/results.md: FedAvg at FedEnt's round-mean rate against FedEnt, FedAvg and
-    the per-client replay (same CPU), and the per-client replay against FedEnt (H100): paired end points
-    recomputed from the page's kept runs (``pair_runs``, as the pages' command prints them)."""
+    the per-client replay (same CPU), the per-client replay against FedEnt (H100), and the rows at validation-tuned
+    values against each other and their untuned rows: paired end points recomputed from the page's kept runs
+    (``pair_runs``, as the pages' command prints them)."""
     from fedent.experiments import paired
     from fedent.experiments.pair_runs import pair
 
@@ -197,7 +199,11 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          ("fedavg-lr9", "fedavg-replay-mean"),
                          # FedEnt at its validation-tuned base rate
                          ("fedent-lr9", "fedavg-lr9"), ("fedent-lr9", "fedent"), ("fedent-lr9", "fedavg"),
-                         ("fedent-lr9", "fedavg-replay")):
+                         ("fedent-lr9", "fedavg-replay"),
+                         # FedAdam and FedDyn at their validation-searched values
+                         ("fedadam-lr3", "fedent-lr9"), ("fedadam-lr3", "fedavg-lr9"), ("fedadam-lr3", "fedadam"),
+                         ("feddyn-lr9-alpha0.01", "fedent-lr9"), ("feddyn-lr9-alpha0.01", "fedavg-lr9"),
+                         ("feddyn-lr9-alpha0.01", "feddyn"), ("fedadam-lr3", "feddyn-lr9-alpha0.01")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -483,3 +489,78 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
     for page, text in pages:
         for phrase in said:
             assert phrase in text.replace("\n", " "), (page, phrase)
+
+
+# The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
+BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01"}
+
+
+def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md: each baseline's test-set row is the values its search chose (every knob of
+    tuned.json, on the row's problem), each of its 3 runs trained at them to round 50, and every process that trained
+    its rounds started after that algorithm's last tuning run ended: status.json's start for the last process, the
+    provenance's ``started_at`` for each earlier one that records it, and for an earlier one that predates
+    ``started_at`` (runs resumed across sessions) the commit time of the code it ran, which it cannot have run
+    before; the page names those processes with their rounds and commits."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from fedent import runlog
+
+    def committed(commit: str) -> float:
+        out = subprocess.run(["git", "show", "-s", "--format=%ct", commit], cwd=ROOT, capture_output=True,
+                             text=True, check=True)
+        return float(out.stdout.strip())
+
+    pages = _tuning_archive("baselines-tune-logs.tar.gz", tmp_path / "tune")
+    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "study", filter="data")
+    page = pages[0][1].replace("\n", " ")
+
+    def end(label: str, seed: int) -> float:
+        recs = runlog.read_metrics(tmp_path / "study" / "runs" / "mnist-pathological" / f"{label}-s{seed}" /
+                                   "metrics.jsonl")
+        return 100 * sum(r["test_acc"] for r in recs[-5:]) / 5
+
+    leads: list[str] = []
+    for algorithm, label in BASELINE_ROWS.items():
+        chosen = tuned["algorithms"][algorithm]["chosen"]
+        ended = max(json.loads(s.read_text(encoding="utf-8"))["updated_at"]
+                    for s in (tmp_path / "tune" / "runs" / algorithm).glob("*/status.json"))
+        tuning = yaml.safe_load(next((tmp_path / "tune" / "runs" / algorithm).glob("*/config.yaml")).read_text(
+            encoding="utf-8"))
+        unrecorded = []
+        for seed in (0, 1, 2):
+            run = tmp_path / "study" / "runs" / "mnist-pathological" / f"{label}-s{seed}"
+            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+            for key, value in chosen.items():
+                part, name = key.split(".")
+                assert cfg[part][name] == pytest.approx(value), (run.name, key)
+            assert cfg["train"]["seed"] == seed and cfg["train"]["rounds"] == 50
+            for key in ("beta1", "beta2", "tau"):  # FedAdam's knobs the search does not tune: as in the search
+                assert cfg["algorithm"].get(key) == tuning["algorithm"].get(key), (run.name, key)
+            assert cfg["model"] == tuning["model"] and cfg["data"]["partition"] == tuning["data"]["partition"]
+            assert [r["round"] for r in runlog.read_metrics(run / "metrics.jsonl")] == list(range(1, 51))
+            status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+            assert status["phase"] == "done" and status["started_at"] > ended, run.name
+            prov = json.loads((run / "provenance.json").read_text(encoding="utf-8"))
+            earlier = prov.get("earlier", [])
+            # the processes' rounds tile 1..50: each earlier one up to the next's first round
+            firsts = [e["rounds"][0] for e in earlier] + [prov.get("from_round", 1)]
+            assert firsts[0] == 1 and all(e["rounds"][1] + 1 == nxt
+                                          for e, nxt in zip(earlier, firsts[1:], strict=True))
+            for e in earlier:
+                if "started_at" in e:
+                    assert e["started_at"] > ended, (run.name, e["rounds"])
+                else:
+                    assert committed(e["commit"]) > ended, (run.name, e["rounds"], e["commit"])
+                    unrecorded.append("rounds {}–{} at {}".format(*e["rounds"], e["commit"][:7]))
+        if unrecorded:
+            said = f"`{label}`: {', '.join(unrecorded)} (seeds 0, 1, 2)"
+            assert len(unrecorded) == 3 and said in page, said
+        leads.append(", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2)))
+    # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
+    assert f"is {leads[0]} (FedAdam) and {leads[1]} (FedDyn) on seeds 0, 1, 2" in page, leads
