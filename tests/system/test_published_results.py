@@ -121,6 +121,88 @@ def test_the_offline_phi2_table_is_what_its_kept_runs_score(tmp_path: Path) -> N
     assert round(logged["sign"] * logged["sign_n"]) == 1 and logged["sign_n"] == 12  # "sign wrong in 11 of 12"
 
 
+def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path: Path) -> None:
+    """docs/results.md's full-scale check of Algorithm 1 (real MNIST, seed 0): the offline run kept in
+    docs/results/phi2-offline-mnist-logs.tar.gz and the H100's online FedEnt run of the same seed (the real-MNIST
+    archive) give the page's φ2 table, rates, cap shares and accuracies; the run is the row's problem with only the
+    estimator changed, Algorithm 1 converged as the page says, and the page states the archive's checksum."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+    from fedent.experiments.mechanism import phi2_scores
+
+    logs = ROOT / "docs" / "results" / "phi2-offline-mnist-logs.tar.gz"
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert hashlib.sha256(logs.read_bytes()).hexdigest() in page.replace("\n", "")
+    text = page.replace("\n", " ")
+    with tarfile.open(logs) as tar:
+        tar.extractall(tmp_path, filter="data")
+    with tarfile.open(ROOT / "docs" / "mnist" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "h100", filter="data")
+    offline, online = tmp_path / "offline", tmp_path / "h100" / "runs" / "mnist-pathological" / "fedent-s0"
+    cfg = yaml.safe_load((offline / "config.yaml").read_text(encoding="utf-8"))
+    ref = yaml.safe_load((online / "config.yaml").read_text(encoding="utf-8"))
+    assert cfg["algorithm"]["estimator"] == "offline" and ref["algorithm"]["estimator"] == "online"
+    assert {k: v for k, v in cfg["algorithm"].items() if k != "estimator"} == \
+        {k: v for k, v in ref["algorithm"].items() if k != "estimator"}
+    assert cfg["model"] == ref["model"] and cfg["data"]["partition"] == ref["data"]["partition"]
+    for key in ("rounds", "fraction", "local_epochs", "batch_size", "lr", "seed"):
+        assert cfg["train"][key] == ref["train"][key], key
+    assert (json.loads((offline / "partition.json").read_text(encoding="utf-8"))["md5"] ==
+            json.loads((online / "partition.json").read_text(encoding="utf-8"))["md5"])
+    report = json.loads((offline / "estimator.json").read_text(encoding="utf-8"))["report"]
+    assert report["stop_reason"] == "converged" and report["eps1"] == report["eps2"] == 0.001
+    assert f"after {report['sweeps']} sweeps and {report['gradient_evaluations']:,} client gradient" in text
+
+    recs = {name: runlog.read_metrics(run / "metrics.jsonl") for name, run in (("off", offline), ("on", online))}
+    assert [r["clients"] for r in recs["off"]] == [r["clients"] for r in recs["on"]]  # the same participants
+    off, on = phi2_scores([recs["off"]]), phi2_scores([recs["on"]])
+    assert off is not None and on is not None
+    o, n = off["offline"], on["online"]
+    assert o["rounds"] == n["rounds"] == 50
+
+    def cell(score: dict[str, Any], guess: float, first: bool = False) -> str:
+        lo, hi = score["closer_ci"]
+        k = round(score["closer"] * score["n"])
+        sign = round(score["sign"] * score["sign_n"])
+        level = "95% " if first else ""  # the table's first row names the level once
+        return (f"{100 * score['err']:.2f}% | {100 * guess:.2f}% | {k} of {score['n']} ({level}{100 * lo:.0f}–"
+                f"{100 * hi:.0f}%) | {sign} of {score['sign_n']} ({100 * score['sign_ci'][0]:.0f}–"
+                f"{100 * score['sign_ci'][1]:.0f}%) |")
+
+    rows = [f"| offline (CPU) | as Algorithm 1 predicted it | {cell(o['logged'], o['naive_err'], first=True)}",
+            f"| offline (CPU) | re-solved online at the rate used | {cell(o['used'], o['naive_err'])}",
+            f"| online (H100) | as logged | {cell(n['logged'], n['naive_err'])}"]
+    for row in rows:
+        assert row in page, row
+    wrong = o["logged"]["sign_n"] - round(o["logged"]["sign"] * o["logged"]["sign_n"])
+    assert f"sign wrong in {wrong} of 50 rounds" in text
+
+    def solves(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [c for r in records for c in r["fedent"]["clients"]]
+
+    def mean_rate(record: dict[str, Any]) -> float:
+        got = record["fedent"]["clients"]
+        return sum(c["theta"] * c["eta"] for c in got) / sum(c["theta"] for c in got)
+
+    shares = {k: (sum(c["eta_star"] >= 1.0 for c in solves(v)) / len(solves(v)),
+                  sum(c["eta_star"] == 0 for c in solves(v)) / len(solves(v))) for k, v in recs.items()}
+    assert len(solves(recs["off"])) == 1000
+    said = [f"cap in {100 * shares['off'][0]:.0f}% of its 1,000 solves and at 0 in {100 * shares['off'][1]:.0f}% "
+            f"(online: {100 * shares['on'][0]:.0f}% and {100 * shares['on'][1]:.0f}%)",
+            f"from {mean_rate(recs['off'][0]):.4f} to {mean_rate(recs['off'][-1]):.4f} (online: "
+            f"{mean_rate(recs['on'][0]):.4f} to {mean_rate(recs['on'][-1]):.4f})",
+            f"ended at {100 * recs['off'][-1]['test_acc']:.2f}% after round 50, end point "
+            f"{100 * statistics.fmean(r['test_acc'] for r in recs['off'][-5:]):.2f}%, against the online run's "
+            f"{100 * recs['on'][-1]['test_acc']:.2f}% and "
+            f"{100 * statistics.fmean(r['test_acc'] for r in recs['on'][-5:]):.2f}%"]
+    for phrase in said:
+        assert phrase in text, phrase
+
+
 def test_the_old_commits_rerun_of_fedavg_x10_gives_the_kept_runs_accuracies(tmp_path: Path) -> None:
     """docs/results.md: commit cc08eb1, rerun on this box, gives the same six test accuracies as today's code for
     FedAvg × 10, seed 2 (so the first study's collapse was the old machine's arithmetic); both runs' logs are kept."""
