@@ -199,6 +199,10 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
             f"{100 * statistics.fmean(r['test_acc'] for r in recs['off'][-5:]):.2f}%, against the online run's "
             f"{100 * recs['on'][-1]['test_acc']:.2f}% and "
             f"{100 * statistics.fmean(r['test_acc'] for r in recs['on'][-5:]):.2f}%"]
+    gaps = [100 * abs(a["test_acc"] - b["test_acc"]) for a, b in zip(recs["off"], recs["on"], strict=True)]
+    said.append(f"differ by up to {max(gaps):.2f} points in an early round and by at most {max(gaps[-10:]):.2f} in "
+                f"the last 10")
+    assert gaps.index(max(gaps)) < 10  # "an early round"
     for phrase in said:
         assert phrase in text, phrase
 
