@@ -132,7 +132,7 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
     import yaml
 
     from fedent import runlog
-    from fedent.experiments.mechanism import phi2_scores
+    from fedent.experiments.mechanism import phi2_scores, solve_stats
 
     logs = ROOT / "docs" / "results" / "phi2-offline-mnist-logs.tar.gz"
     page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
@@ -181,20 +181,14 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
     wrong = o["logged"]["sign_n"] - round(o["logged"]["sign"] * o["logged"]["sign_n"])
     assert f"sign wrong in {wrong} of 50 rounds" in text
 
-    def solves(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [c for r in records for c in r["fedent"]["clients"]]
-
-    def mean_rate(record: dict[str, Any]) -> float:
-        got = record["fedent"]["clients"]
-        return sum(c["theta"] * c["eta"] for c in got) / sum(c["theta"] for c in got)
-
-    shares = {k: (sum(c["eta_star"] >= 1.0 for c in solves(v)) / len(solves(v)),
-                  sum(c["eta_star"] == 0 for c in solves(v)) / len(solves(v))) for k, v in recs.items()}
-    assert len(solves(recs["off"])) == 1000
+    # the mechanism table's definitions (η* at the cap U = min(B, η_max); θ-weighted mean used rate)
+    stats = {k: solve_stats([v]) for k, v in recs.items()}
+    assert stats["off"] is not None and stats["on"] is not None and stats["off"]["solves"] == 1000
+    shares = {k: (v["at_bound"], v["zero"]) for k, v in stats.items() if v is not None}
     said = [f"cap in {100 * shares['off'][0]:.0f}% of its 1,000 solves and at 0 in {100 * shares['off'][1]:.0f}% "
             f"(online: {100 * shares['on'][0]:.0f}% and {100 * shares['on'][1]:.0f}%)",
-            f"from {mean_rate(recs['off'][0]):.4f} to {mean_rate(recs['off'][-1]):.4f} (online: "
-            f"{mean_rate(recs['on'][0]):.4f} to {mean_rate(recs['on'][-1]):.4f})",
+            f"from {stats['off']['rate_first']:.4f} to {stats['off']['rate_last']:.4f} (online: "
+            f"{stats['on']['rate_first']:.4f} to {stats['on']['rate_last']:.4f})",
             f"ended at {100 * recs['off'][-1]['test_acc']:.2f}% after round 50, end point "
             f"{100 * statistics.fmean(r['test_acc'] for r in recs['off'][-5:]):.2f}%, against the online run's "
             f"{100 * recs['on'][-1]['test_acc']:.2f}% and "
