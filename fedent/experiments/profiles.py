@@ -341,7 +341,11 @@ MNIST_TUNED_FEDADAM = Row("fedadam-lr3", "fedadam", lr_scale=3.0)
 # FedDyn the same way (its rate, then α at the chosen rate): rate 0.09 = 9 × the base rate, α 0.01 (the config's
 # 0.001 and 0.0001 scored lower, 0.1 diverged).
 MNIST_TUNED_FEDDYN = Row("feddyn-lr9-alpha0.01", "feddyn", (("alpha", 0.01),), lr_scale=9.0)
-MNIST_TUNED = (MNIST_TUNED_FEDAVG, MNIST_TUNED_FEDENT, MNIST_TUNED_FEDADAM, MNIST_TUNED_FEDDYN)
+# FedProx the same way (its rate, then μ at the chosen rate; docs/mnist-cpu/results/fedprox-tune-logs.tar.gz): rate
+# 0.09 = 9 × the base rate, μ 0.0001 (1e-05 to 0.1 tried, a factor 10 apart; 1e-05, 0.001 and 0.01 scored 0.01-0.07
+# points below it, one seed: μ barely matters here).
+MNIST_TUNED_FEDPROX = Row("fedprox-lr9-mu0.0001", "fedprox", (("mu", 0.0001),), lr_scale=9.0)
+MNIST_TUNED = (MNIST_TUNED_FEDAVG, MNIST_TUNED_FEDENT, MNIST_TUNED_FEDADAM, MNIST_TUNED_FEDDYN, MNIST_TUNED_FEDPROX)
 MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean",
               "fedavg-replay", *(r.label for r in MNIST_TUNED))
 
