@@ -521,43 +521,60 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
         assert phrase in text, phrase
 
 
-# The baselines' searches on the real-MNIST row (docs/mnist-cpu/results/baselines-tune-logs.tar.gz): each knob
-# after the rate held at the config's (the paper's) value until its turn, and the row that tests the choice.
-BASELINE_SEARCHES = {"feddyn": ({"algorithm.alpha": 0.001}, "FedDyn"),
-                     "fedadam": ({"algorithm.server_lr": 0.01}, "FedAdam")}
+@dataclass(frozen=True)
+class BaselineSearch:
+    """A baseline's search on the real-MNIST row: the archive under docs/mnist-cpu/results/ that keeps it, each knob
+    after the rate at the config's (the paper's) value until its turn, and the name the pages give it."""
+
+    archive: str
+    held: dict[str, float]
+    name: str
+
+
+BASELINE_SEARCHES = {"feddyn": BaselineSearch("baselines-tune-logs.tar.gz", {"algorithm.alpha": 0.001}, "FedDyn"),
+                     "fedadam": BaselineSearch("baselines-tune-logs.tar.gz", {"algorithm.server_lr": 0.01},
+                                               "FedAdam"),
+                     "fedprox": BaselineSearch("fedprox-tune-logs.tar.gz", {"algorithm.mu": 0.01}, "FedProx")}
 
 
 def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp_path: Path) -> None:
-    """docs/mnist-cpu/results.md and docs/results.md: FedDyn's and FedAdam's knobs searched in turn on the real-MNIST
-    row (rate, then FedDyn's α or FedAdam's server rate at the chosen rate), seed 0, the validation split, test set
-    sealed, by the same search as FedAvg's and FedEnt's. Every point's run is the one its values name, on the row's
-    problem; scores, choices and brackets are recomputed from the runs; no other run is kept; the pages quote
-    every tried value, and the gaps they give to the tuned FedAvg's and FedEnt's validation scores (the other two
-    archives) are the kept scores'."""
+    """docs/mnist-cpu/results.md and docs/results.md: FedDyn's, FedAdam's and FedProx's knobs searched in turn on the
+    real-MNIST row (rate, then FedDyn's α, FedAdam's server rate or FedProx's μ at the chosen rate), seed 0, the
+    validation split, test set sealed, by the same search as FedAvg's and FedEnt's. Every point's run is the one its
+    values name, on the row's problem; scores, choices and brackets are recomputed from the runs; each archive holds
+    its algorithms' runs and no other; the pages quote every tried value, and the gaps they give to the tuned
+    FedAvg's and FedEnt's validation scores (the other two archives) are the kept scores'."""
     import json
 
-    pages = _tuning_archive("baselines-tune-logs.tar.gz", tmp_path / "tune")
+    archives = sorted({s.archive for s in BASELINE_SEARCHES.values()})
+    unpacked = {a: tmp_path / a.split(".")[0] for a in archives}
+    for archive, into in unpacked.items():
+        pages = _tuning_archive(archive, into)  # checks the page states each archive's sha256
     _tuning_archive("tune-logs.tar.gz", tmp_path / "avg")
     _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "ent")
-    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
-    assert sorted(tuned["algorithms"]) == sorted(BASELINE_SEARCHES)
-    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    assert {d.name for d in (tmp_path / "tune" / "runs").iterdir()} == set(BASELINE_SEARCHES)
     best = {}
-    for algorithm, (held, name) in BASELINE_SEARCHES.items():
-        got = tuned["algorithms"][algorithm]
-        knobs = got["knobs"]
-        assert [k["key"] for k in knobs] == ["train.lr", *held]  # every knob of the algorithm, the rate first
-        runs = tmp_path / "tune" / "runs" / algorithm
-        chosen, names, texts = _check_search(runs, knobs, held, _row_config(algorithm, tmp_path / "plan"))
-        assert got["chosen"] == chosen and got["runs"] == len(names)
-        assert {d.name for d in runs.iterdir()} == names  # no other run kept
-        for knob in knobs:
-            assert knob["bracketed"], knob  # each optimum has a worse (or diverged) value on either side
-        for page, text in pages:
-            for key, said in texts.items():
-                assert said in text, (page, algorithm, key, said)
-        best[name] = max(s for k in knobs for _, s in k["tried"] if s is not None)
+    for archive, into in unpacked.items():
+        tuned = json.loads((into / "tuned.json").read_text(encoding="utf-8"))
+        mine = sorted(a for a, s in BASELINE_SEARCHES.items() if s.archive == archive)
+        assert sorted(tuned["algorithms"]) == mine
+        assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+        assert {d.name for d in (into / "runs").iterdir()} == set(mine)
+        for algorithm in mine:
+            search = BASELINE_SEARCHES[algorithm]
+            got = tuned["algorithms"][algorithm]
+            knobs = got["knobs"]
+            assert [k["key"] for k in knobs] == ["train.lr", *search.held]  # every knob, the rate first
+            runs = into / "runs" / algorithm
+            chosen, names, texts = _check_search(runs, knobs, search.held,
+                                                 _row_config(algorithm, tmp_path / "plan"))
+            assert got["chosen"] == chosen and got["runs"] == len(names)
+            assert {d.name for d in runs.iterdir()} == names  # no other run kept
+            for knob in knobs:
+                assert knob["bracketed"], knob  # each optimum has a worse (or diverged) value on either side
+            for page, text in pages:
+                for key, said in texts.items():
+                    assert said in text, (page, algorithm, key, said)
+            best[search.name] = max(s for k in knobs for _, s in k["tried"] if s is not None)
     avg = json.loads((tmp_path / "avg" / "tuned.json").read_text(encoding="utf-8"))["algorithms"]["fedavg"]
     ent = json.loads((tmp_path / "ent" / "tuned.json").read_text(encoding="utf-8"))["algorithms"]["fedent"]
     best["FedAvg"] = max(s for _, s in avg["knobs"][0]["tried"] if s is not None)
@@ -565,7 +582,9 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
     said = [f"FedAdam {100 * best['FedAdam']:.2f}%, FedDyn {100 * best['FedDyn']:.2f}%, FedAvg "
             f"{100 * best['FedAvg']:.2f}%, FedEnt {100 * best['FedEnt']:.2f}%",
             f"FedAdam +{100 * (best['FedAdam'] - best['FedEnt']):.2f} and FedDyn "
-            f"+{100 * (best['FedDyn'] - best['FedEnt']):.2f} points above FedEnt"]
+            f"+{100 * (best['FedDyn'] - best['FedEnt']):.2f} points above FedEnt",
+            f"FedProx {100 * best['FedProx']:.2f}% ({100 * (best['FedProx'] - best['FedAvg']):+.2f} points from "
+            f"FedAvg's, {100 * (best['FedProx'] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−")]
     for page, text in pages:
         for phrase in said:
             assert phrase in text.replace("\n", " "), (page, phrase)
@@ -594,8 +613,10 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                              text=True, check=True)
         return float(out.stdout.strip())
 
-    pages = _tuning_archive("baselines-tune-logs.tar.gz", tmp_path / "tune")
-    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    searches: dict[str, Path] = {}  # algorithm: its unpacked search
+    for archive in sorted({s.archive for s in BASELINE_SEARCHES.values()}):
+        pages = _tuning_archive(archive, tmp_path / archive.split(".")[0])
+        searches |= {a: tmp_path / archive.split(".")[0] for a, s in BASELINE_SEARCHES.items() if s.archive == archive}
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path / "study", filter="data")
     page = pages[0][1].replace("\n", " ")
@@ -605,12 +626,13 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                                    "metrics.jsonl")
         return 100 * sum(r["test_acc"] for r in recs[-5:]) / 5
 
-    leads: list[str] = []
+    leads: dict[str, str] = {}
     for algorithm, label in BASELINE_ROWS.items():
+        tuned = json.loads((searches[algorithm] / "tuned.json").read_text(encoding="utf-8"))
         chosen = tuned["algorithms"][algorithm]["chosen"]
         ended = max(json.loads(s.read_text(encoding="utf-8"))["updated_at"]
-                    for s in (tmp_path / "tune" / "runs" / algorithm).glob("*/status.json"))
-        tuning = yaml.safe_load(next((tmp_path / "tune" / "runs" / algorithm).glob("*/config.yaml")).read_text(
+                    for s in (searches[algorithm] / "runs" / algorithm).glob("*/status.json"))
+        tuning = yaml.safe_load(next((searches[algorithm] / "runs" / algorithm).glob("*/config.yaml")).read_text(
             encoding="utf-8"))
         unrecorded = []
         for seed in (0, 1, 2):
@@ -641,6 +663,6 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         if unrecorded:
             said = f"`{label}`: {', '.join(unrecorded)} (seeds 0, 1, 2)"
             assert len(unrecorded) == 3 and said in page, said
-        leads.append(", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2)))
+        leads[algorithm] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
-    assert f"is {leads[0]} (FedAdam) and {leads[1]} (FedDyn) on seeds 0, 1, 2" in page, leads
+    assert f"is {leads['fedadam']} (FedAdam) and {leads['feddyn']} (FedDyn) on seeds 0, 1, 2" in page, leads
