@@ -44,7 +44,7 @@ PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
-                  "fedadam-lr3,feddyn-lr9-alpha0.01", 36,
+                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001", 42,
          "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
@@ -283,7 +283,10 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          # FedAdam and FedDyn at their validation-searched values
                          ("fedadam-lr3", "fedent-lr9"), ("fedadam-lr3", "fedavg-lr9"), ("fedadam-lr3", "fedadam"),
                          ("feddyn-lr9-alpha0.01", "fedent-lr9"), ("feddyn-lr9-alpha0.01", "fedavg-lr9"),
-                         ("feddyn-lr9-alpha0.01", "feddyn"), ("fedadam-lr3", "feddyn-lr9-alpha0.01")):
+                         ("feddyn-lr9-alpha0.01", "feddyn"), ("fedadam-lr3", "feddyn-lr9-alpha0.01"),
+                         # FedProx at its validation-searched values
+                         ("fedprox-lr9-mu0.0001", "fedent-lr9"), ("fedprox-lr9-mu0.0001", "fedavg-lr9"),
+                         ("fedprox-lr9-mu0.0001", "fedprox")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -591,7 +594,7 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
 
 
 # The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
-BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01"}
+BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001"}
 
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
@@ -666,3 +669,5 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         leads[algorithm] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
     assert f"is {leads['fedadam']} (FedAdam) and {leads['feddyn']} (FedDyn) on seeds 0, 1, 2" in page, leads
+    said = f"FedProx's end point against `fedent-lr9` is {leads['fedprox'].replace('-', '−')} on seeds 0, 1, 2"
+    assert said in page, leads
