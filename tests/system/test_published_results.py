@@ -540,6 +540,17 @@ BASELINE_SEARCHES = {"feddyn": BaselineSearch("baselines-tune-logs.tar.gz", {"al
                      "fedprox": BaselineSearch("fedprox-tune-logs.tar.gz", {"algorithm.mu": 0.01}, "FedProx")}
 
 
+def _baseline_searches(into: Path) -> tuple[list[tuple[Path, str]], dict[str, Path]]:
+    """Each archive of BASELINE_SEARCHES unpacked under ``into`` (after checking the page states its sha256): the
+    pages that quote them, as ``_tuning_archive`` gives them, and each algorithm's unpacked search."""
+    pages: list[tuple[Path, str]] = []
+    searches: dict[str, Path] = {}
+    for archive in sorted({s.archive for s in BASELINE_SEARCHES.values()}):
+        pages = _tuning_archive(archive, into / archive.split(".")[0])
+        searches |= {a: into / archive.split(".")[0] for a, s in BASELINE_SEARCHES.items() if s.archive == archive}
+    return pages, searches
+
+
 def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md and docs/results.md: FedDyn's, FedAdam's and FedProx's knobs searched in turn on the
     real-MNIST row (rate, then FedDyn's α, FedAdam's server rate or FedProx's μ at the chosen rate), seed 0, the
@@ -549,16 +560,13 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
     FedAvg's and FedEnt's validation scores (the other two archives) are the kept scores'."""
     import json
 
-    archives = sorted({s.archive for s in BASELINE_SEARCHES.values()})
-    unpacked = {a: tmp_path / a.split(".")[0] for a in archives}
-    for archive, into in unpacked.items():
-        pages = _tuning_archive(archive, into)  # checks the page states each archive's sha256
+    pages, searches = _baseline_searches(tmp_path)
     _tuning_archive("tune-logs.tar.gz", tmp_path / "avg")
     _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "ent")
     best = {}
-    for archive, into in unpacked.items():
+    for into in sorted(set(searches.values())):
         tuned = json.loads((into / "tuned.json").read_text(encoding="utf-8"))
-        mine = sorted(a for a, s in BASELINE_SEARCHES.items() if s.archive == archive)
+        mine = sorted(a for a, d in searches.items() if d == into)
         assert sorted(tuned["algorithms"]) == mine
         assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
         assert {d.name for d in (into / "runs").iterdir()} == set(mine)
@@ -582,14 +590,14 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
     ent = json.loads((tmp_path / "ent" / "tuned.json").read_text(encoding="utf-8"))["algorithms"]["fedent"]
     best["FedAvg"] = max(s for _, s in avg["knobs"][0]["tried"] if s is not None)
     best["FedEnt"] = max(s for k in ent["knobs"] for _, s in k["tried"] if s is not None)
-    said = [f"FedAdam {100 * best['FedAdam']:.2f}%, FedDyn {100 * best['FedDyn']:.2f}%, FedAvg "
-            f"{100 * best['FedAvg']:.2f}%, FedEnt {100 * best['FedEnt']:.2f}%",
-            f"FedAdam +{100 * (best['FedAdam'] - best['FedEnt']):.2f} and FedDyn "
-            f"+{100 * (best['FedDyn'] - best['FedEnt']):.2f} points above FedEnt",
-            f"FedProx {100 * best['FedProx']:.2f}% ({100 * (best['FedProx'] - best['FedAvg']):+.2f} points from "
-            f"FedAvg's, {100 * (best['FedProx'] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−")]
+    phrases = [f"FedAdam {100 * best['FedAdam']:.2f}%, FedDyn {100 * best['FedDyn']:.2f}%, FedAvg "
+                f"{100 * best['FedAvg']:.2f}%, FedEnt {100 * best['FedEnt']:.2f}%",
+                f"FedAdam +{100 * (best['FedAdam'] - best['FedEnt']):.2f} and FedDyn "
+                f"+{100 * (best['FedDyn'] - best['FedEnt']):.2f} points above FedEnt",
+                f"FedProx {100 * best['FedProx']:.2f}% ({100 * (best['FedProx'] - best['FedAvg']):+.2f} points from "
+                f"FedAvg's, {100 * (best['FedProx'] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−")]
     for page, text in pages:
-        for phrase in said:
+        for phrase in phrases:
             assert phrase in text.replace("\n", " "), (page, phrase)
 
 
@@ -616,10 +624,7 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                              text=True, check=True)
         return float(out.stdout.strip())
 
-    searches: dict[str, Path] = {}  # algorithm: its unpacked search
-    for archive in sorted({s.archive for s in BASELINE_SEARCHES.values()}):
-        pages = _tuning_archive(archive, tmp_path / archive.split(".")[0])
-        searches |= {a: tmp_path / archive.split(".")[0] for a, s in BASELINE_SEARCHES.items() if s.archive == archive}
+    pages, searches = _baseline_searches(tmp_path)
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path / "study", filter="data")
     page = pages[0][1].replace("\n", " ")
