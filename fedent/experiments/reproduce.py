@@ -135,7 +135,6 @@ def execute(spec: RunSpec, inputs_for: InputsFor | None = None, progress: bool =
 
 def _execute(spec: RunSpec, inputs_for: InputsFor | None, progress: bool, seat: StackSeat | None) -> RunOutcome:
     from fedent.rounds.engine import RoundPolicy
-    from fedent.rounds.rundir import SIMULATOR, RunDirError, RunFinished, plan_run_dir
     from fedent.sim.simulator import SimulationError, run_simulation
 
     t0 = time.perf_counter()
@@ -145,19 +144,7 @@ def _execute(spec: RunSpec, inputs_for: InputsFor | None, progress: bool, seat: 
     if (blew := diverged(spec.run_dir)) is not None and same_config(spec.run_dir, spec.config):
         return RunOutcome(spec.key, "diverged", 0.0, None, f"(before) {blew}")
     cfg = config_from_dict(spec.config)
-    resume = False
-    if spec.run_dir.exists() and same_config(spec.run_dir, spec.config) and _log_covers_checkpoints(spec.run_dir):
-        try:
-            resume = plan_run_dir(spec.run_dir, cfg, SIMULATOR).action == "resume"
-        except (RunDirError, RunFinished):
-            resume = False
-    if spec.run_dir.exists() and not resume:
-        if finished(spec.run_dir):  # a finished run of another config is a result: kept, never overwritten
-            kept = set_aside(spec.run_dir)
-            print(f"{spec.key}: {spec.run_dir} held a finished run of another config; moved to {kept.name}",
-                  file=sys.stderr)
-        else:
-            shutil.rmtree(spec.run_dir)
+    resume = prepare_run_dir(spec.run_dir, cfg, spec.key)
     inputs = inputs_for(cfg) if inputs_for is not None else cached_inputs(inputs_key(spec.config))
     try:
         # no bar (parallel runs would draw over each other); a line per round where there is no terminal
@@ -168,6 +155,28 @@ def _execute(spec: RunSpec, inputs_for: InputsFor | None, progress: bool, seat: 
         status = "diverged" if diverged(spec.run_dir) is not None else "failed"  # an outcome, not an error
         return RunOutcome(spec.key, status, time.perf_counter() - t0, None, f"{type(e).__name__}: {msg}")
     return RunOutcome(spec.key, "done", time.perf_counter() - t0, res.final_acc)
+
+
+def prepare_run_dir(run_dir: Path, cfg: ExperimentConfig, label: str) -> bool:
+    """Make ``run_dir`` ready for ``cfg``'s run; True when it holds this config's unfinished run to resume from
+    its newest checkpoint. Anything else there is cleared, except a finished run (of another config: a caller
+    skips this config's own), which is a result and is moved aside whole (``set_aside``), never deleted."""
+    from fedent.rounds.rundir import SIMULATOR, RunDirError, RunFinished, plan_run_dir
+
+    if not run_dir.exists():
+        return False
+    if same_config(run_dir, cfg.to_dict()) and _log_covers_checkpoints(run_dir):
+        try:
+            if plan_run_dir(run_dir, cfg, SIMULATOR).action == "resume":
+                return True
+        except (RunDirError, RunFinished):
+            pass
+    if finished(run_dir):
+        kept = set_aside(run_dir)
+        print(f"{label}: {run_dir} held a finished run of another config; moved to {kept.name}", file=sys.stderr)
+    else:
+        shutil.rmtree(run_dir)
+    return False
 
 
 def _log_covers_checkpoints(run_dir: Path) -> bool:

@@ -34,7 +34,6 @@ import functools
 import hashlib
 import json
 import math
-import shutil
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, Executor, Future, ThreadPoolExecutor, as_completed, wait
@@ -170,8 +169,9 @@ RunFn = Callable[[ExperimentConfig, Path, RunInputs], "Sequence[Mapping[str, Any
 
 def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs,
                    seat: StackSeat | None = None) -> Sequence[Mapping[str, Any]] | None:
-    """One tuning run (read back when it finished before with this config); None when it diverged or failed.
-    ``seat``: it trains side by side with other points (``run_stacked``)."""
+    """One tuning run (read back when it finished before with this config, continued from its newest checkpoint
+    when it was cut short); None when it diverged or failed. ``seat``: it trains side by side with other points
+    (``run_stacked``)."""
     try:
         return _simulate_point(cfg, run_dir, inputs, seat)
     finally:
@@ -181,18 +181,20 @@ def simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs,
 
 def _simulate_point(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs,
                     seat: StackSeat | None) -> Sequence[Mapping[str, Any]] | None:
-    from fedent.experiments.reproduce import diverged, is_complete, same_config
+    from fedent.experiments.reproduce import diverged, is_complete, prepare_run_dir, same_config
+    from fedent.rounds.engine import RoundPolicy
     from fedent.sim.simulator import SimulationError, run_simulation
 
-    if run_dir.exists():
-        if same_config(run_dir, cfg.to_dict()):
-            if is_complete(run_dir, cfg.train.rounds):
-                return runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
-            if diverged(run_dir) is not None:
-                return None
-        shutil.rmtree(run_dir)
+    if run_dir.exists() and same_config(run_dir, cfg.to_dict()):
+        if is_complete(run_dir, cfg.train.rounds):
+            return runlog.read_metrics(runlog.RunPaths(run_dir).metrics)
+        if diverged(run_dir) is not None:
+            return None
+    # a point an interrupted search left half-trained goes on from its newest checkpoint, as reproduce's runs do
+    resume = prepare_run_dir(run_dir, cfg, run_dir.name)
     try:
-        return run_simulation(cfg, run_dir, progress=False, inputs=inputs, plots=False, seat=seat).records
+        return run_simulation(cfg, run_dir, progress=False, inputs=inputs, plots=False, seat=seat,
+                              policy=RoundPolicy(checkpoint_keep=2), resume=resume).records
     except SimulationError:  # diverged (a model went non-finite) or the strategy gave up: scores below any run
         return None
 

@@ -155,6 +155,45 @@ def test_tuning_never_evaluates_the_test_set_and_the_chosen_values_reach_the_fin
         assert recs[-1]["test_acc"] is not None and recs[-1]["val_acc"] is not None
 
 
+def test_a_point_cut_short_goes_on_from_its_checkpoint_and_another_configs_finished_run_is_kept(
+        tmp_path: Path) -> None:
+    """Tuning again after a kill continues the point that was cut short (its logged rounds kept, not trained
+    again) and ends where the uninterrupted run ended; a finished run of another config is moved aside."""
+    cfg = tiny_config("fedavg", rounds=3, local_eval=0)
+
+    def search() -> Any:
+        return Tuner(cfg, [0], tmp_path, fraction=0.2, tail_k=2, max_extend=0,
+                     inputs_for=_inputs).tune("fedavg", {"train.lr": [0.05, 0.1]})
+
+    first = search()
+    run_dir = sorted((tmp_path / "runs").glob("*/*/metrics.jsonl"))[0].parent
+    metrics = run_dir / "metrics.jsonl"
+    full = metrics.read_text().splitlines()
+    assert len(full) == 3
+    # as a kill during round 3 leaves it: round 3 not logged, the newest checkpoint that of round 2
+    metrics.write_text("".join(line + "\n" for line in full[:2]))
+    ckpts = sorted((run_dir / "checkpoint").iterdir())
+    assert [c.name for c in ckpts] == ["round-00000001.ckpt", "round-00000002.ckpt"]  # the last two kept
+    ckpts[-1].unlink()
+    (run_dir / "model_final.pt").unlink()
+    (run_dir / "status.json").write_text(json.dumps({"phase": "running"}))
+    again = search()
+    assert metrics.read_text().splitlines()[:2] == full[:2]  # rounds 1-2 kept (their wall times too)
+    assert runlog.read_metrics(metrics)[2]["val_acc"] == json.loads(full[2])["val_acc"]
+    assert again.to_dict() == first.to_dict()
+
+    # the same point's directory holding a finished run of another config: kept aside, whole
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    written["train"]["local_epochs"] = 2
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(written))
+    before = metrics.read_text()
+    search()
+    kept = run_dir.with_name(f"{run_dir.name}.superseded-1")
+    assert yaml.safe_load((kept / "config.yaml").read_text())["train"]["local_epochs"] == 2
+    assert (kept / "metrics.jsonl").read_text() == before
+    assert len(runlog.read_metrics(metrics)) == 3 and (run_dir / "model_final.pt").exists()
+
+
 def test_tuned_json_errors_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         Tuned.read(tmp_path / "missing.json")
