@@ -33,9 +33,11 @@
 #                next call resumes it (complete runs are skipped); carry data/mnist (the four IDX .gz of
 #                `fedent data fetch mnist`)
 #   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
-#                TUNE_ALGOS (default the three baselines not yet tuned at this scale) on Table IV's MNIST row, 50
-#                rounds, seed 0, --workers TUNE_WORKERS, into results/mnist-tune
-#                (a warm machine's next call resumes it: finished points are read back); then, in the time left,
+#                TUNE_ALGOS (default the two baselines not yet tuned at this scale, FedCos and FedNorm: FedAvg,
+#                FedEnt, FedAdam, FedDyn and FedProx were tuned on the CPU) on Table IV's MNIST row, 50 rounds,
+#                seed 0, --workers TUNE_WORKERS, into results/mnist-tune
+#                (a warm machine's next call resumes it: finished points are read back, a point cut short goes on
+#                from its checkpoint); then, in the time left,
 #                the tuned rows with 3 seeds: reproduce --profile mnist --tuned mnist-pathological=.../tuned.json
 #                into results/mnist-tuned (the test set used once)
 #                (STACK=K: the study and tune sections' commands with --stack K; default 1)
@@ -55,7 +57,7 @@ STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
 STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
 STUDY_WORKERS=${STUDY_WORKERS:-6}
 STACK=${STACK:-1}  # --stack of the study and tune sections' commands (runs side by side per worker)
-TUNE_ALGOS=${TUNE_ALGOS:-fedadam,fedprox,feddyn}  # FedAvg and FedEnt were tuned on the CPU (docs/mnist-cpu/results.md)
+TUNE_ALGOS=${TUNE_ALGOS:-fedcos,fednorm}  # the other five were tuned on the CPU (docs/mnist-cpu/results.md)
 TUNE_WORKERS=${TUNE_WORKERS:-6}
 STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
 mkdir -p "$OUT/runs"
