@@ -104,10 +104,22 @@ class KnobResult:
     why: str = ""
     extensions: int = 0
     tuned: bool = True  # False: left out by ``--knobs``, held at the base config's value
+    per_seed: dict[float, list[float | None]] = field(default_factory=dict)  # value -> each tuning seed's score
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "tried": [[v, s] for v, s in sorted(self.tried.items())], "best": self.best,
-                "bracketed": self.bracketed, "why": self.why, "extensions": self.extensions, "tuned": self.tuned}
+                "bracketed": self.bracketed, "why": self.why, "extensions": self.extensions, "tuned": self.tuned,
+                "per_seed": [[v, s] for v, s in sorted(self.per_seed.items())]}
+
+    def seed_choices(self) -> list[float | None]:
+        """The value each tuning seed alone would choose among the values tried (ties: the smaller; None: that
+        seed diverged everywhere): whether the seeds agree with the mean's choice."""
+        n = max((len(s) for s in self.per_seed.values()), default=0)
+        out: list[float | None] = []
+        for j in range(n):
+            ok: dict[float, float] = {v: x for v, per in self.per_seed.items() if (x := per[j]) is not None}
+            out.append(None if not ok else min(v for v, x in ok.items() if x == max(ok.values())))
+        return out
 
 
 @dataclass
@@ -265,6 +277,7 @@ class Tuner:
         self.run, self.inputs_for, self.log, self.pool = run, inputs_for, log, pool
         self._inputs: dict[int, RunInputs] = {}
         self._scores: dict[tuple[str, str], float | None] = {}
+        self._seed_scores: dict[tuple[str, str], list[float | None]] = {}  # each seed's, in seed order
         self._algorithm_runs: dict[str, int] = {}
         self._lock = threading.Lock()  # the score cache and the run counters, shared by tune_all's threads
         self._outstanding: set[Future[Any]] = set()
@@ -298,10 +311,18 @@ class Tuner:
         got = None if any(s is None for s in scores) else sum(s for s in scores if s is not None) / len(scores)
         if self.log is not None:
             shown = "diverged" if got is None else f"{100 * got:.2f}%"
+            if len(scores) > 1:
+                shown += " (seeds " + ", ".join("diverged" if x is None else f"{100 * x:.2f}%" for x in scores) + ")"
             self.log(f"tune {algorithm}: {_point_name(values)}: validation {shown}")
         with self._lock:
             self._scores[_score_key(algorithm, values)] = got
+            self._seed_scores[_score_key(algorithm, values)] = list(scores)
         return got
+
+    def seed_scores(self, algorithm: str, values: Mapping[str, float]) -> list[float | None]:
+        """A scored point's score on each tuning seed, in seed order."""
+        with self._lock:
+            return list(self._seed_scores[_score_key(algorithm, values)])
 
     def score(self, algorithm: str, values: Mapping[str, float]) -> float | None:
         """The point's score over the tuning seeds (None when any seed diverged or never scored)."""
@@ -435,6 +456,7 @@ class Tuner:
             untried = [v for v in values if v not in res.tried]
             scores = self.score_many(algorithm, [{**fixed, knob.key: v} for v in untried])
             res.tried.update(zip(untried, scores, strict=True))
+            res.per_seed.update({v: self.seed_scores(algorithm, {**fixed, knob.key: v}) for v in untried})
             ok = {v: s for v, s in res.tried.items() if s is not None}
             if not ok:
                 res.why = "every value diverged"
@@ -548,7 +570,22 @@ def tune_table(results: Sequence[AlgorithmTuning], tuner: Tuner) -> list[str]:
             if not k.tuned:
                 tried, br = "not tuned (--knobs)", "-"
             lines.append(f"| {r.algorithm} | {k.key} | {tried} | {r.chosen.get(k.key, float('nan')):.4g} | {br} |")
+    if len(tuner.seeds) > 1:
+        lines += ["", "Each tuning seed's score (validation %) and the value it alone would choose:", "",
+                  "| algorithm | knob | value | " + " | ".join(f"seed {s}" for s in tuner.seeds) + " | mean |",
+                  "| --- | --- | ---: | " + " | ".join("---:" for _ in tuner.seeds) + " | ---: |"]
+        for r in results:
+            for k in (k for k in r.knobs if k.tuned):
+                for v, per in sorted(k.per_seed.items()):
+                    lines.append(f"| {r.algorithm} | {k.key} | {v:.4g} | " + " | ".join(_pct(x) for x in per)
+                                 + f" | {_pct(k.tried.get(v))} |")
+                alone = " | ".join("none" if c is None else f"**{c:.4g}**" for c in k.seed_choices())
+                lines.append(f"| {r.algorithm} | {k.key} | alone chooses | {alone} | **{r.chosen[k.key]:.4g}** |")
     return lines
+
+
+def _pct(score: float | None) -> str:
+    return "div." if score is None else f"{100 * score:.2f}"
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,42 @@ def test_a_point_cut_short_goes_on_from_its_checkpoint_and_another_configs_finis
     assert len(runlog.read_metrics(metrics)) == 3 and (run_dir / "model_final.pt").exists()
 
 
+def test_each_tuning_seeds_scores_and_its_own_choice_are_kept_and_shown(tmp_path: Path) -> None:
+    """With several tuning seeds the mean decides, and tuned.json and tune.md also keep each seed's scores and the
+    value each seed alone would choose, so a reader sees whether the seeds agree."""
+    peaks = {0: 0.03, 1: 0.1}  # seed 1 alone prefers 0.1; the mean prefers 0.03 (seed 0 is steeper)
+    lines: list[str] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]] | None:
+        if cfg.train.lr > 0.2:
+            return None if cfg.train.seed == 1 else [{"val_acc": 0.1}]
+        slope = 0.2 if cfg.train.seed == 0 else 0.05
+        return [{"val_acc": 0.9 - slope * abs(math.log10(cfg.train.lr / peaks[cfg.train.seed]))}]
+
+    tuner = Tuner(tiny_config(), [0, 1], tmp_path, fraction=0.2, tail_k=1, max_extend=0, run=run,
+                  inputs_for=_inputs, log=lines.append)
+    res = tuner.tune("fedavg", {"train.lr": [0.01, 0.03, 0.1, 0.3]})
+    knob = res.knobs[0]
+    assert res.chosen == {"train.lr": 0.03} and knob.seed_choices() == [0.03, 0.1]
+    assert knob.per_seed[0.3] == [0.1, None] and knob.tried[0.3] is None
+    s0, s1 = knob.per_seed[0.1]
+    assert knob.tried[0.1] == pytest.approx((s0 + s1) / 2) and s1 == pytest.approx(0.9)
+    assert "tune fedavg: lr0.1: validation 84.77% (seeds 79.54%, 90.00%)" in lines
+    write_tuned(tmp_path / "tuned.json", tuner, [res])
+    kept = json.loads((tmp_path / "tuned.json").read_text())["algorithms"]["fedavg"]["knobs"][0]
+    assert kept["per_seed"] == [[v, per] for v, per in sorted(knob.per_seed.items())]
+    md = (tmp_path / "tune.md").read_text().splitlines()
+    assert "| fedavg | train.lr | 0.1 | 79.54 | 90.00 | 84.77 |" in md
+    assert "| fedavg | train.lr | 0.3 | 10.00 | div. | div. |" in md
+    assert "| fedavg | train.lr | alone chooses | **0.03** | **0.1** | **0.03** |" in md
+    assert "Tuner" not in "".join(md)
+
+    one = Tuner(tiny_config(), [0], tmp_path / "one", fraction=0.2, tail_k=1, max_extend=0, run=run,
+                inputs_for=_inputs)
+    write_tuned(tmp_path / "one" / "tuned.json", one, [one.tune("fedavg", {"train.lr": [0.01, 0.03, 0.1]})])
+    assert "alone chooses" not in (tmp_path / "one" / "tune.md").read_text()  # one seed: nothing to compare
+
+
 def test_tuned_json_errors_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         Tuned.read(tmp_path / "missing.json")
