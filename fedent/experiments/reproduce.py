@@ -8,15 +8,18 @@ that renders the logs is ``fedent.experiments.reproduce_report``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing import get_context
@@ -201,13 +204,44 @@ def init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> 
     _die_with_parent()
 
 
-def process_pool(workers: int, threads: int, gpus: Sequence[str] = ()) -> ProcessPoolExecutor:
+@contextmanager
+def process_pool(workers: int, threads: int, gpus: Sequence[str] = (),
+                 grace_s: float = 15.0) -> Iterator[ProcessPoolExecutor]:
     """The pool of ``workers`` spawned processes (``init_worker``: ``threads`` torch threads each, spread over
     ``gpus``, ended with their parent) that ``run_plan`` and ``fedent tune --workers`` run in. A task loads its
-    inputs in the worker (``cached_inputs``): the data is never sent through the pool."""
+    inputs in the worker (``cached_inputs``): the data is never sent through the pool.
+
+    Left normally, it waits for the tasks still running. Left by an exception (SIGTERM or Ctrl-C raise ``Stopped``
+    in the main thread) it stops them instead (``stop_workers``): otherwise the command would hang until every
+    running run had trained its last round."""
     ctx = get_context("spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
                                initargs=(threads, ctx.Value("i", 0), tuple(gpus)))
+    try:
+        yield pool
+    except BaseException:
+        stop_workers(pool, grace_s)
+        raise
+    pool.shutdown(wait=True)
+
+
+def stop_workers(pool: ProcessPoolExecutor, grace_s: float) -> None:
+    """Stop the pool's runs as Ctrl-C stops one: nothing queued starts, each worker gets SIGINT (its round engine
+    writes status.json ``stopped`` and keeps its checkpoints, so the run resumes), and a worker still alive after
+    ``grace_s`` is killed."""
+    procs = list(getattr(pool, "_processes", {}).values())  # no public API stops a running task
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(deadline - time.monotonic(), 0.0))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
 
 
 def _die_with_parent(poll_s: float = 0.5) -> None:

@@ -438,12 +438,18 @@ class Tuner:
             return [self.tune(a, grids, only) for a in algorithms]
         if len(set(algorithms)) != len(algorithms):
             raise ConfigError(f"--algorithms: {','.join(algorithms)} lists an algorithm twice")
-        with ThreadPoolExecutor(max_workers=max(len(algorithms), 1), thread_name_prefix="tune") as threads:
+        threads = ThreadPoolExecutor(max_workers=max(len(algorithms), 1), thread_name_prefix="tune")
+        try:
             futures = [threads.submit(self.tune, a, grids, only) for a in algorithms]
             wait(futures, return_when=FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in futures):
                 self.abort()
             wait(futures)
+        except BaseException:  # SIGTERM or Ctrl-C: waiting for the searches would wait for their running points;
+            self.abort()  # the pool's owner stops those (fedent.experiments.reproduce.process_pool)
+            threads.shutdown(wait=False, cancel_futures=True)
+            raise
+        threads.shutdown(wait=True)
         errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:  # the first real error, not a search it stopped
             raise next((e for e in errors if not isinstance(e, TuningAborted)), errors[0])

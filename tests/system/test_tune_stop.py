@@ -1,0 +1,60 @@
+"""``fedent tune --workers 2`` stopped by SIGTERM: a real subprocess whose points train in spawned pool workers.
+
+Before, the signal reached only the parent, which then waited for the running points to train their last round
+(hours at Table IV's scale) before exiting. Now it stops them: the command exits at once with 128 + SIGTERM, each
+point's status.json says ``stopped`` and keeps its checkpoints, so the same command resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from fedent.config import config_from_dict
+from fedent.experiments.reproduce import prepare_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUNDS = 5000  # far more than a point trains before the signal
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_sigterm_stops_a_pooled_tune_at_once_and_its_points_resume(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("name: tiny\ndata: {name: synthetic, num_clients: 10, synthetic_train: 400, synthetic_test: 100}\n"
+                   f"train: {{rounds: {ROUNDS}, fraction: 0.3, local_epochs: 1, batch_size: 16, lr: 0.05, "
+                   "device: cpu}\nalgorithm: {name: fedavg}\n")
+    out = tmp_path / "tune"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fedent.cli", "tune", "--config", str(cfg), "--algorithms",
+                             "fedavg", "--grid", "train.lr=0.01,0.03", "--workers", "2", "--out", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = [out / "runs" / "fedavg" / f"lr{lr}-s0" for lr in ("0.01", "0.03")]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(_lines(r / "metrics.jsonl") >= 2 for r in runs):  # both points training in their workers
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)  # before: it waited for 5,000 rounds of each point
+    finally:
+        proc.kill()  # its workers end with it (fedent.experiments.reproduce._die_with_parent)
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-3000:])
+    assert "stopped by SIGTERM" in err, err[-3000:]
+    for run in runs:
+        status = json.loads((run / "status.json").read_text())
+        assert status["phase"] == "stopped" and status["state"]["reason"].startswith("stopped by"), status
+        assert 2 <= _lines(run / "metrics.jsonl") < ROUNDS
+        written = config_from_dict(yaml.safe_load((run / "config.yaml").read_text()))
+        assert prepare_run_dir(run, written, run.name) is True  # the same command goes on from its checkpoint
