@@ -246,12 +246,6 @@ def _run_group(jobs: Sequence[Job], inputs: Sequence[RunInputs | None],
     return out
 
 
-def _pool_init(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def run_comparison(
     cfg: ExperimentConfig,
     algorithms: Sequence[str],
@@ -320,13 +314,12 @@ def run_comparison(
                 runs.append(summary)
                 records[(summary.algorithm, summary.seed)] = recs
     else:
-        import concurrent.futures
-        import multiprocessing
         import os
 
+        from fedent.experiments.reproduce import process_pool  # SIGTERM stops its runs; workers die with us
+
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                                    initializer=_pool_init, initargs=(threads,)) as pool:
+        with process_pool(workers, threads) as pool:
             futures = [pool.submit(_run_group, group, [None] * len(group), inputs_for, device, False, local_eval,
                                    target) for group in batches]
             for fut in futures:  # in the order of the jobs, so the report reads as one process's
