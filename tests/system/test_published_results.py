@@ -201,6 +201,77 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
         assert phrase in text, phrase
 
 
+def test_the_offline_phi2_table_over_three_seeds_is_what_the_kept_runs_score(tmp_path: Path) -> None:
+    """docs/results.md: Algorithm 1 on real MNIST, seeds 1 and 2 added to seed 0 (two archives), each offline run the
+    row's problem with only the estimator changed against the H100's online run of its seed; the pooled φ2 table,
+    each seed's wrong signs and the paired end points and finals are what the runs give."""
+    import json
+
+    import yaml
+
+    from fedent import runlog
+    from fedent.experiments import paired as P
+    from fedent.experiments.mechanism import phi2_scores
+
+    page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    text = page.replace("\n", " ")
+    archives = [ROOT / "docs" / "results" / n for n in ("phi2-offline-mnist-logs.tar.gz",
+                                                        "phi2-offline-mnist-s1-s2-logs.tar.gz")]
+    for archive in archives:
+        assert hashlib.sha256(archive.read_bytes()).hexdigest() in page.replace("\n", "")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path, filter="data")
+    with tarfile.open(ROOT / "docs" / "mnist" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "h100", filter="data")
+    offline = {0: tmp_path / "offline", 1: tmp_path / "offline-s1", 2: tmp_path / "offline-s2"}
+    off, on = {}, {}
+    for seed, run in offline.items():
+        online = tmp_path / "h100" / "runs" / "mnist-pathological" / f"fedent-s{seed}"
+        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+        ref = yaml.safe_load((online / "config.yaml").read_text(encoding="utf-8"))
+        assert cfg["algorithm"]["estimator"] == "offline" and ref["algorithm"]["estimator"] == "online"
+        assert {k: v for k, v in cfg["algorithm"].items() if k != "estimator"} == \
+            {k: v for k, v in ref["algorithm"].items() if k != "estimator"}
+        assert cfg["model"] == ref["model"] and cfg["data"]["partition"] == ref["data"]["partition"]
+        for key in ("rounds", "fraction", "local_epochs", "batch_size", "lr", "seed"):
+            assert cfg["train"][key] == ref["train"][key], key
+        assert cfg["train"]["seed"] == seed
+        assert (json.loads((run / "partition.json").read_text(encoding="utf-8"))["md5"] ==
+                json.loads((online / "partition.json").read_text(encoding="utf-8"))["md5"])
+        report = json.loads((run / "estimator.json").read_text(encoding="utf-8"))["report"]
+        assert report["stop_reason"] == "converged"
+        off[seed], on[seed] = (runlog.read_metrics(r / "metrics.jsonl") for r in (run, online))
+        assert [r["clients"] for r in off[seed]] == [r["clients"] for r in on[seed]]  # the same participants
+        one = phi2_scores([off[seed]])
+        assert one is not None
+        logged = one["offline"]["logged"]
+        assert logged["sign_n"] - round(logged["sign"] * logged["sign_n"]) == 49  # "wrong in 49 of 50 ... each"
+    pooled_off, pooled_on = phi2_scores(list(off.values())), phi2_scores(list(on.values()))
+    assert pooled_off is not None and pooled_on is not None
+    o, n = pooled_off["offline"], pooled_on["online"]
+    assert o["rounds"] == n["rounds"] == 150
+
+    def cell(score: dict[str, Any], guess: float, first: bool = False) -> str:
+        lo, hi = score["closer_ci"]
+        level = "95% " if first else ""
+        return (f"{100 * score['err']:.2f}% | {100 * guess:.2f}% | {round(score['closer'] * score['n'])} of "
+                f"{score['n']} ({level}{100 * lo:.0f}–{100 * hi:.0f}%) | {round(score['sign'] * score['sign_n'])} of "
+                f"{score['sign_n']} ({100 * score['sign_ci'][0]:.0f}–{100 * score['sign_ci'][1]:.0f}%) |")
+
+    rows = [f"| offline (CPU), seeds 0–2 | as Algorithm 1 predicted it | {cell(o['logged'], o['naive_err'], True)}",
+            f"| offline (CPU), seeds 0–2 | re-solved online at the rate used | {cell(o['used'], o['naive_err'])}",
+            f"| online (H100), seeds 0–2 | as logged | {cell(n['logged'], n['naive_err'])}"]
+    for row in rows:
+        assert row in page, row
+    end = P.paired({s: P.tail_mean(r) for s, r in off.items()}, {s: P.tail_mean(r) for s, r in on.items()})
+    final = P.paired({s: r[-1]["test_acc"] for s, r in off.items()}, {s: r[-1]["test_acc"] for s, r in on.items()})
+    def said(p: P.Paired | None) -> str:  # the page's minus signs
+        return P.fmt(p).split(" (n")[0].replace("-", "−")
+
+    assert f"end points are {said(end)} points from the online runs'" in text
+    assert f"final accuracies {said(final)}." in text
+
+
 def test_the_old_commits_rerun_of_fedavg_x10_gives_the_kept_runs_accuracies(tmp_path: Path) -> None:
     """docs/results.md: commit cc08eb1, rerun on this box, gives the same six test accuracies as today's code for
     FedAvg × 10, seed 2 (so the first study's collapse was the old machine's arithmetic); both runs' logs are kept."""
