@@ -121,15 +121,50 @@ def test_the_offline_phi2_table_is_what_its_kept_runs_score(tmp_path: Path) -> N
     assert round(logged["sign"] * logged["sign_n"]) == 1 and logged["sign_n"] == 12  # "sign wrong in 11 of 12"
 
 
+def _phi2_cell(score: dict[str, Any], guess: float, first: bool = False) -> str:
+    lo, hi = score["closer_ci"]
+    k = round(score["closer"] * score["n"])
+    sign = round(score["sign"] * score["sign_n"])
+    level = "95% " if first else ""  # the table's first row names the level once
+    return (f"{100 * score['err']:.2f}% | {100 * guess:.2f}% | {k} of {score['n']} ({level}{100 * lo:.0f}–"
+            f"{100 * hi:.0f}%) | {sign} of {score['sign_n']} ({100 * score['sign_ci'][0]:.0f}–"
+            f"{100 * score['sign_ci'][1]:.0f}%) |")
+
+
+def _phi2_rows(offline: str, online: str, o: dict[str, Any], n: dict[str, Any]) -> list[str]:
+    """The φ2 table's three rows: the offline runs' prediction as made and re-solved online, the online runs'."""
+    return [f"| {offline} | as Algorithm 1 predicted it | {_phi2_cell(o['logged'], o['naive_err'], True)}",
+            f"| {offline} | re-solved online at the rate used | {_phi2_cell(o['used'], o['naive_err'])}",
+            f"| {online} | as logged | {_phi2_cell(n['logged'], n['naive_err'])}"]
+
+
+def _offline_twin_of(offline: Path, online: Path) -> dict[str, Any]:
+    """Checks the offline FedEnt run is the online run's problem with only the estimator changed (algorithm options,
+    model, partition and its md5, rounds, sampling, local training, seed); returns Algorithm 1's report."""
+    import json
+
+    import yaml
+
+    cfg = yaml.safe_load((offline / "config.yaml").read_text(encoding="utf-8"))
+    ref = yaml.safe_load((online / "config.yaml").read_text(encoding="utf-8"))
+    assert cfg["algorithm"]["estimator"] == "offline" and ref["algorithm"]["estimator"] == "online"
+    assert {k: v for k, v in cfg["algorithm"].items() if k != "estimator"} == \
+        {k: v for k, v in ref["algorithm"].items() if k != "estimator"}
+    assert cfg["model"] == ref["model"] and cfg["data"]["partition"] == ref["data"]["partition"]
+    for key in ("rounds", "fraction", "local_epochs", "batch_size", "lr", "seed"):
+        assert cfg["train"][key] == ref["train"][key], key
+    assert (json.loads((offline / "partition.json").read_text(encoding="utf-8"))["md5"] ==
+            json.loads((online / "partition.json").read_text(encoding="utf-8"))["md5"])
+    report: dict[str, Any] = json.loads((offline / "estimator.json").read_text(encoding="utf-8"))["report"]
+    return report
+
+
 def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path: Path) -> None:
     """docs/results.md's full-scale check of Algorithm 1 (real MNIST, seed 0): the offline run kept in
     docs/results/phi2-offline-mnist-logs.tar.gz and the H100's online FedEnt run of the same seed (the real-MNIST
     archive) give the page's φ2 table, rates, cap shares and accuracies; the run is the row's problem with only the
     estimator changed, Algorithm 1 converged as the page says, and the page states the archive's checksum."""
-    import json
     import statistics
-
-    import yaml
 
     from fedent import runlog
     from fedent.experiments.mechanism import phi2_scores, solve_stats
@@ -143,17 +178,7 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
     with tarfile.open(ROOT / "docs" / "mnist" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path / "h100", filter="data")
     offline, online = tmp_path / "offline", tmp_path / "h100" / "runs" / "mnist-pathological" / "fedent-s0"
-    cfg = yaml.safe_load((offline / "config.yaml").read_text(encoding="utf-8"))
-    ref = yaml.safe_load((online / "config.yaml").read_text(encoding="utf-8"))
-    assert cfg["algorithm"]["estimator"] == "offline" and ref["algorithm"]["estimator"] == "online"
-    assert {k: v for k, v in cfg["algorithm"].items() if k != "estimator"} == \
-        {k: v for k, v in ref["algorithm"].items() if k != "estimator"}
-    assert cfg["model"] == ref["model"] and cfg["data"]["partition"] == ref["data"]["partition"]
-    for key in ("rounds", "fraction", "local_epochs", "batch_size", "lr", "seed"):
-        assert cfg["train"][key] == ref["train"][key], key
-    assert (json.loads((offline / "partition.json").read_text(encoding="utf-8"))["md5"] ==
-            json.loads((online / "partition.json").read_text(encoding="utf-8"))["md5"])
-    report = json.loads((offline / "estimator.json").read_text(encoding="utf-8"))["report"]
+    report = _offline_twin_of(offline, online)
     assert report["stop_reason"] == "converged" and report["eps1"] == report["eps2"] == 0.001
     assert f"after {report['sweeps']} sweeps and {report['gradient_evaluations']:,} client gradient" in text
 
@@ -164,19 +189,7 @@ def test_the_full_scale_offline_phi2_table_is_what_its_kept_run_scores(tmp_path:
     o, n = off["offline"], on["online"]
     assert o["rounds"] == n["rounds"] == 50
 
-    def cell(score: dict[str, Any], guess: float, first: bool = False) -> str:
-        lo, hi = score["closer_ci"]
-        k = round(score["closer"] * score["n"])
-        sign = round(score["sign"] * score["sign_n"])
-        level = "95% " if first else ""  # the table's first row names the level once
-        return (f"{100 * score['err']:.2f}% | {100 * guess:.2f}% | {k} of {score['n']} ({level}{100 * lo:.0f}–"
-                f"{100 * hi:.0f}%) | {sign} of {score['sign_n']} ({100 * score['sign_ci'][0]:.0f}–"
-                f"{100 * score['sign_ci'][1]:.0f}%) |")
-
-    rows = [f"| offline (CPU) | as Algorithm 1 predicted it | {cell(o['logged'], o['naive_err'], first=True)}",
-            f"| offline (CPU) | re-solved online at the rate used | {cell(o['used'], o['naive_err'])}",
-            f"| online (H100) | as logged | {cell(n['logged'], n['naive_err'])}"]
-    for row in rows:
+    for row in _phi2_rows("offline (CPU)", "online (H100)", o, n):
         assert row in page, row
     wrong = o["logged"]["sign_n"] - round(o["logged"]["sign"] * o["logged"]["sign_n"])
     assert f"sign wrong in {wrong} of 50 rounds" in text
@@ -205,7 +218,6 @@ def test_the_offline_phi2_table_over_three_seeds_is_what_the_kept_runs_score(tmp
     """docs/results.md: Algorithm 1 on real MNIST, seeds 1 and 2 added to seed 0 (two archives), each offline run the
     row's problem with only the estimator changed against the H100's online run of its seed; the pooled φ2 table,
     each seed's wrong signs and the paired end points and finals are what the runs give."""
-    import json
 
     import yaml
 
@@ -227,19 +239,8 @@ def test_the_offline_phi2_table_over_three_seeds_is_what_the_kept_runs_score(tmp
     off, on = {}, {}
     for seed, run in offline.items():
         online = tmp_path / "h100" / "runs" / "mnist-pathological" / f"fedent-s{seed}"
-        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-        ref = yaml.safe_load((online / "config.yaml").read_text(encoding="utf-8"))
-        assert cfg["algorithm"]["estimator"] == "offline" and ref["algorithm"]["estimator"] == "online"
-        assert {k: v for k, v in cfg["algorithm"].items() if k != "estimator"} == \
-            {k: v for k, v in ref["algorithm"].items() if k != "estimator"}
-        assert cfg["model"] == ref["model"] and cfg["data"]["partition"] == ref["data"]["partition"]
-        for key in ("rounds", "fraction", "local_epochs", "batch_size", "lr", "seed"):
-            assert cfg["train"][key] == ref["train"][key], key
-        assert cfg["train"]["seed"] == seed
-        assert (json.loads((run / "partition.json").read_text(encoding="utf-8"))["md5"] ==
-                json.loads((online / "partition.json").read_text(encoding="utf-8"))["md5"])
-        report = json.loads((run / "estimator.json").read_text(encoding="utf-8"))["report"]
-        assert report["stop_reason"] == "converged"
+        assert _offline_twin_of(run, online)["stop_reason"] == "converged"
+        assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["seed"] == seed
         off[seed], on[seed] = (runlog.read_metrics(r / "metrics.jsonl") for r in (run, online))
         assert [r["clients"] for r in off[seed]] == [r["clients"] for r in on[seed]]  # the same participants
         one = phi2_scores([off[seed]])
@@ -251,17 +252,7 @@ def test_the_offline_phi2_table_over_three_seeds_is_what_the_kept_runs_score(tmp
     o, n = pooled_off["offline"], pooled_on["online"]
     assert o["rounds"] == n["rounds"] == 150
 
-    def cell(score: dict[str, Any], guess: float, first: bool = False) -> str:
-        lo, hi = score["closer_ci"]
-        level = "95% " if first else ""
-        return (f"{100 * score['err']:.2f}% | {100 * guess:.2f}% | {round(score['closer'] * score['n'])} of "
-                f"{score['n']} ({level}{100 * lo:.0f}–{100 * hi:.0f}%) | {round(score['sign'] * score['sign_n'])} of "
-                f"{score['sign_n']} ({100 * score['sign_ci'][0]:.0f}–{100 * score['sign_ci'][1]:.0f}%) |")
-
-    rows = [f"| offline (CPU), seeds 0–2 | as Algorithm 1 predicted it | {cell(o['logged'], o['naive_err'], True)}",
-            f"| offline (CPU), seeds 0–2 | re-solved online at the rate used | {cell(o['used'], o['naive_err'])}",
-            f"| online (H100), seeds 0–2 | as logged | {cell(n['logged'], n['naive_err'])}"]
-    for row in rows:
+    for row in _phi2_rows("offline (CPU), seeds 0–2", "online (H100), seeds 0–2", o, n):
         assert row in page, row
     end = P.paired({s: P.tail_mean(r) for s, r in off.items()}, {s: P.tail_mean(r) for s, r in on.items()})
     final = P.paired({s: r[-1]["test_acc"] for s, r in off.items()}, {s: r[-1]["test_acc"] for s, r in on.items()})
