@@ -320,10 +320,10 @@ def _execute_safely(spec: RunSpec, inputs_for: InputsFor | None = None, progress
 
 def _cut_short(pool: ProcessPoolExecutor, futures: dict[Future[list[RunOutcome]], tuple[RunSpec, ...]],
                status: dict[str, str]) -> Iterator[RunOutcome]:
-    """End the runs still going when a time budget is spent: their processes are killed (a run's directory keeps
-    the rounds it logged; a later call with more time redoes it), and each is reported as cut short."""
-    for proc in list(getattr(pool, "_processes", {}).values()):  # no public API stops a running task
-        proc.kill()
+    """End the runs still going when a time budget is spent: their workers are stopped at once (no grace: the
+    budget is spent; a run's directory keeps the rounds it logged and its checkpoints, so a later call with more
+    time resumes it), and each is reported as cut short, its rounds read once its worker is gone."""
+    stop_workers(pool, grace_s=0.0)
     for fut, group in list(futures.items()):
         futures.pop(fut)
         for spec in group:
@@ -331,7 +331,6 @@ def _cut_short(pool: ProcessPoolExecutor, futures: dict[Future[list[RunOutcome]]
             rounds = len(runlog.read_metrics(runlog.RunPaths(spec.run_dir).metrics))
             yield RunOutcome(spec.key, "cut short", 0.0, None, f"the time budget ended it after {rounds} of "
                              f"{spec.rounds} rounds")
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _unmet(spec: RunSpec) -> str:
