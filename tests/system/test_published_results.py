@@ -377,8 +377,8 @@ class TunedRow:
     row: str
     held: tuple[tuple[str, float], ...] = ()  # knobs not tuned, at the config's value: named in each run's dir
 
-    def run_name(self, lr: float) -> str:
-        return "_".join([*(f"{k.split('.')[-1]}{v:g}" for k, v in self.held), f"lr{lr:g}"]) + "-s0"
+    def run_name(self, lr: float, seed: int = 0) -> str:
+        return "_".join([*(f"{k.split('.')[-1]}{v:g}" for k, v in self.held), f"lr{lr:g}"]) + f"-s{seed}"
 
 
 TUNED_ROWS = [TunedRow("fedavg", "fedavg-lr9"),
@@ -456,11 +456,16 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
 
 
-def test_fedavgs_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path) -> None:
-    """docs/mnist-cpu/results.md (ninth pass) and docs/results.md: FedAvg's rate searched again on tuning seeds 0 and
-    1 of the real-MNIST row's validation split. Seed 0's runs are the first search's (tune-logs.tar.gz), read back, not
-    trained again; every seed's score is recomputed from its run, the mean decides, and tune.md's per-seed table
-    and each seed's own choice are what the runs give; the pages quote those scores and choices."""
+@pytest.mark.parametrize(("tuned_row", "archive"), [(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz"),
+                                                     (TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz")],
+                         ids=["fedavg", "fedent"])
+def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, tuned_row: TunedRow,
+                                                                   archive: str) -> None:
+    """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99) and
+    docs/results.md: a rate searched again on tuning seeds 0 and 1 of the real-MNIST row's validation split. Seed 0's
+    runs are the first search's (tune-logs.tar.gz), read back, not trained again; every seed's score is recomputed
+    from its run, the mean decides, and tune.md's per-seed table and each seed's own choice are what the runs give;
+    the pages quote those scores and choices."""
     import json
     import statistics
 
@@ -468,26 +473,29 @@ def test_fedavgs_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path
 
     from fedent import runlog
 
-    pages = _tuning_archive("fedavg-tune-2seeds-logs.tar.gz", tmp_path / "two")
+    algorithm = tuned_row.algorithm
+    pages = _tuning_archive(archive, tmp_path / "two")
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz") as tar:
         tar.extractall(tmp_path / "one", filter="data")
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0, 1] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    (knob,) = tuned["algorithms"]["fedavg"]["knobs"]
+    knob, *held = tuned["algorithms"][algorithm]["knobs"]
+    assert [(k["key"], k["tuned"], k["tried"]) for k in held] == [(k, False, []) for k, _ in tuned_row.held]
     per_seed = {v: scores for v, scores in knob["per_seed"]}
-    runs = tmp_path / "two" / "runs" / "fedavg"
-    assert {d.name for d in runs.iterdir()} == {f"lr{v:g}-s{s}" for v in per_seed for s in (0, 1)}
-    row = _row_config("fedavg-lr9", tmp_path / "plan")
+    runs = tmp_path / "two" / "runs" / algorithm
+    assert {d.name for d in runs.iterdir()} == {tuned_row.run_name(v, s) for v in per_seed for s in (0, 1)}
+    row = _row_config(tuned_row.row, tmp_path / "plan")
     for v, scores in per_seed.items():
         for seed, score in zip((0, 1), scores, strict=True):
-            run = runs / f"lr{v:g}-s{seed}"
+            run = runs / tuned_row.run_name(v, seed)
             cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
             assert (cfg["train"]["lr"], cfg["train"]["seed"], cfg["train"]["evaluate_test"]) == (v, seed, False)
-            assert cfg["data"]["validation_fraction"] == 0.1 and cfg["algorithm"]["name"] == "fedavg"
+            assert cfg["data"]["validation_fraction"] == 0.1 and cfg["algorithm"]["name"] == algorithm
+            assert all(cfg["algorithm"][k.split(".")[-1]] == at for k, at in tuned_row.held)
             for key in ("rounds", "fraction", "local_epochs", "batch_size"):
                 assert cfg["train"][key] == row["train"][key], key
             if seed == 0:  # the first search's run, read back
-                first = tmp_path / "one" / "runs" / "fedavg" / run.name
+                first = tmp_path / "one" / "runs" / algorithm / run.name
                 kept = sorted(f.name for f in first.iterdir())
                 assert "status.json" in kept and kept == sorted(f.name for f in run.iterdir())
                 assert all((run / f).read_bytes() == (first / f).read_bytes() for f in kept)
@@ -502,17 +510,36 @@ def test_fedavgs_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path
     assert {v: s for v, s in knob["tried"]} == pytest.approx(means)
     finite = {v: m for v, m in means.items() if m is not None}
     best = max(finite, key=lambda v: finite[v])
-    assert tuned["algorithms"]["fedavg"]["chosen"]["train.lr"] == best == knob["best"]
+    assert tuned["algorithms"][algorithm]["chosen"]["train.lr"] == best == knob["best"]
     alone = [max((v for v in per_seed if per_seed[v][j] is not None), key=lambda v: per_seed[v][j]) for j in (0, 1)]
     md = (tmp_path / "two" / "tune.md").read_text(encoding="utf-8")
-    assert "| fedavg | train.lr | alone chooses | " + " | ".join(f"**{c:g}**" for c in alone) + f" | **{best:g}** |" \
-        in md
+    chooses = " | ".join(f"**{c:g}**" for c in alone)
+    assert f"| {algorithm} | train.lr | alone chooses | {chooses} | **{best:g}** |" in md
     said = ", ".join(f"{v:g} (" + ("diverged on both seeds" if all(x is None for x in sc) else
                                    " and ".join(f"{100 * x:.2f}%" for x in sc if x is not None)) + ")"
                      for v, sc in sorted(per_seed.items()))
     for page, text in pages:
         assert said in text, (page, said)
         assert f"each seed alone chooses {alone[0]:g} and {alone[1]:g}" in text, page
+
+
+def test_fedent_against_fedavg_at_the_rate_both_two_seed_searches_chose_is_what_the_page_says(tmp_path: Path) -> None:
+    """docs/mnist-cpu/results.md (tenth pass) and docs/results.md compare the two searches at 0.09, seed by seed: the
+    gaps are recomputed from both archives' tuned.json (each score is itself recomputed from its run above)."""
+    import json
+
+    scores = {}
+    for algorithm in ("fedavg", "fedent"):
+        pages = _tuning_archive(f"{algorithm}-tune-2seeds-logs.tar.gz", tmp_path / algorithm)
+        tuned = json.loads((tmp_path / algorithm / "tuned.json").read_text(encoding="utf-8"))
+        scores[algorithm] = dict(tuned["algorithms"][algorithm]["knobs"][0]["per_seed"])[0.09]
+    pairs = zip(scores["fedent"], scores["fedavg"], strict=True)
+    gap = [f"{100 * (e - a):+.2f}".replace("-", "\u2212") for e, a in pairs]
+    drop = {k: f"{100 * (v[0] - v[1]):.2f}" for k, v in scores.items()}
+    mnist_cpu, results = (text for _, text in pages)
+    assert f"({gap[0]} on seed 0, {gap[1]} on seed 1: two seeds, no interval)" in mnist_cpu
+    assert f"{drop['fedent']} points below the first for FedEnt and {drop['fedavg']} for FedAvg" in mnist_cpu
+    assert f"at 0.09 FedEnt is {gap[0]} and {gap[1]} points from FedAvg on seeds 0 and 1, no interval" in results
 
 
 def _point_dir(values: dict[str, float]) -> str:
