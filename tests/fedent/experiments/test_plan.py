@@ -114,16 +114,20 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
 
 def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:
     plan = build_plan(get_profile("mnist"), [0, 1, 2], tmp_path, CONFIGS)
-    assert len(plan.runs) == 51 and {s.seed for s in plan.runs} == {0, 1, 2}
+    assert len(plan.runs) == 54 and {s.seed for s in plan.runs} == {0, 1, 2}
     assert {s.row for s in plan.runs} == SEVEN | {"fedent-shuffled", "fedent-fixed", "fedent-cap-none",
                                                  "fedavg-replay-mean", "fedavg-replay", "fedavg-lr9", "fedent-lr9",
-                                                 "fedadam-lr3", "feddyn-lr9-alpha0.01", "fedprox-lr9-mu0.0001"}
+                                                 "fedadam-lr3", "feddyn-lr9-alpha0.01", "fedprox-lr9-mu0.0001",
+                                                 "fedcos-lr9"}
     dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-lr9-alpha0.01-s2").config
     plain_dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-s2").config
     assert (dyn["train"]["lr"], dyn["algorithm"]) == (pytest.approx(0.09), {**plain_dyn["algorithm"], "alpha": 0.01})
     prox = next(s for s in plan.runs if s.key == "mnist-pathological/fedprox-lr9-mu0.0001-s0").config
     plain_prox = next(s for s in plan.runs if s.key == "mnist-pathological/fedprox-s0").config
     assert (prox["train"]["lr"], prox["algorithm"]) == (pytest.approx(0.09), {**plain_prox["algorithm"], "mu": 0.0001})
+    cos = next(s for s in plan.runs if s.key == "mnist-pathological/fedcos-lr9-s1").config
+    plain_cos = next(s for s in plan.runs if s.key == "mnist-pathological/fedcos-s1").config
+    assert (cos["train"]["lr"], cos["algorithm"]) == (pytest.approx(0.09), plain_cos["algorithm"])
     adam = next(s for s in plan.runs if s.key == "mnist-pathological/fedadam-lr3-s1").config
     plain_adam = next(s for s in plan.runs if s.key == "mnist-pathological/fedadam-s1").config
     assert adam["train"]["lr"] == 0.03 and adam["algorithm"] == plain_adam["algorithm"]  # server rate: the paper's
