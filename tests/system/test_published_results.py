@@ -44,7 +44,7 @@ PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
-                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001", 42,
+                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9", 45,
          "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
@@ -348,7 +348,10 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          ("feddyn-lr9-alpha0.01", "feddyn"), ("fedadam-lr3", "feddyn-lr9-alpha0.01"),
                          # FedProx at its validation-searched values
                          ("fedprox-lr9-mu0.0001", "fedent-lr9"), ("fedprox-lr9-mu0.0001", "fedavg-lr9"),
-                         ("fedprox-lr9-mu0.0001", "fedprox")):
+                         ("fedprox-lr9-mu0.0001", "fedprox"),
+                         # FedCos at its validation-searched rate
+                         ("fedcos-lr9", "fedent-lr9"), ("fedcos-lr9", "fedavg-lr9"), ("fedcos-lr9", "fedcos"),
+                         ("fedcos-lr9", "fedent")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -685,7 +688,9 @@ class BaselineSearch:
 BASELINE_SEARCHES = {"feddyn": BaselineSearch("baselines-tune-logs.tar.gz", {"algorithm.alpha": 0.001}, "FedDyn"),
                      "fedadam": BaselineSearch("baselines-tune-logs.tar.gz", {"algorithm.server_lr": 0.01},
                                                "FedAdam"),
-                     "fedprox": BaselineSearch("fedprox-tune-logs.tar.gz", {"algorithm.mu": 0.01}, "FedProx")}
+                     "fedprox": BaselineSearch("fedprox-tune-logs.tar.gz", {"algorithm.mu": 0.01}, "FedProx"),
+                     "fedcos": BaselineSearch("cosnorm-tune-logs.tar.gz", {}, "FedCos"),
+                     "fednorm": BaselineSearch("cosnorm-tune-logs.tar.gz", {}, "FedNorm")}
 
 
 def _baseline_searches(into: Path) -> tuple[list[tuple[Path, str]], dict[str, Path]]:
@@ -701,7 +706,8 @@ def _baseline_searches(into: Path) -> tuple[list[tuple[Path, str]], dict[str, Pa
 
 def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md and docs/results.md: FedDyn's, FedAdam's and FedProx's knobs searched in turn on the
-    real-MNIST row (rate, then FedDyn's α, FedAdam's server rate or FedProx's μ at the chosen rate), seed 0, the
+    real-MNIST row (rate, then FedDyn's α, FedAdam's server rate or FedProx's μ at the chosen rate), and FedCos's and
+    FedNorm's rate (their only knob `fedent tune` searches; FedNorm's β and γ held at the config's), seed 0, the
     validation split, test set sealed, by the same search as FedAvg's and FedEnt's. Every point's run is the one its
     values name, on the row's problem; scores, choices and brackets are recomputed from the runs; each archive holds
     its algorithms' runs and no other; the pages quote every tried value, and the gaps they give to the tuned
@@ -743,14 +749,18 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
                 f"FedAdam +{100 * (best['FedAdam'] - best['FedEnt']):.2f} and FedDyn "
                 f"+{100 * (best['FedDyn'] - best['FedEnt']):.2f} points above FedEnt",
                 f"FedProx {100 * best['FedProx']:.2f}% ({100 * (best['FedProx'] - best['FedAvg']):+.2f} points from "
-                f"FedAvg's, {100 * (best['FedProx'] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−")]
+                f"FedAvg's, {100 * (best['FedProx'] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−"),
+                *(f"{name} {100 * best[name]:.2f}% ({100 * (best[name] - best['FedAvg']):+.2f} points from FedAvg's, "
+                  f"{100 * (best[name] - best['FedEnt']):+.2f} from FedEnt's)".replace("-", "−")
+                  for name in ("FedCos", "FedNorm"))]
     for page, text in pages:
         for phrase in phrases:
             assert phrase in text.replace("\n", " "), (page, phrase)
 
 
 # The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
-BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001"}
+BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001",
+                 "fedcos": "fedcos-lr9"}
 
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
@@ -822,5 +832,6 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         leads[algorithm] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
     assert f"is {leads['fedadam']} (FedAdam) and {leads['feddyn']} (FedDyn) on seeds 0, 1, 2" in page, leads
-    said = f"FedProx's end point against `fedent-lr9` is {leads['fedprox'].replace('-', '−')} on seeds 0, 1, 2"
-    assert said in page, leads
+    for name, algorithm in (("FedProx", "fedprox"), ("FedCos", "fedcos")):
+        said = f"{name}'s end point against `fedent-lr9` is {leads[algorithm].replace('-', '−')} on seeds 0, 1, 2"
+        assert said in page, leads
