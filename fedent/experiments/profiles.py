@@ -348,8 +348,10 @@ MNIST_TUNED_FEDPROX = Row("fedprox-lr9-mu0.0001", "fedprox", (("mu", 0.0001),), 
 # FedCos the same way (its rate, the only knob `fedent tune` searches for it; docs/mnist-cpu/results/
 # cosnorm-tune-logs.tar.gz): 0.09 = 9 × the base rate (0.03 scored lower, 0.27 diverged in round 1).
 MNIST_TUNED_FEDCOS = Row("fedcos-lr9", "fedcos", lr_scale=9.0)
+# FedNorm from the same search: 0.09 (0.03 scored lower, 0.27 diverged in round 1; one seed).
+MNIST_TUNED_FEDNORM = Row("fednorm-lr9", "fednorm", lr_scale=9.0)
 MNIST_TUNED = (MNIST_TUNED_FEDAVG, MNIST_TUNED_FEDENT, MNIST_TUNED_FEDADAM, MNIST_TUNED_FEDDYN, MNIST_TUNED_FEDPROX,
-               MNIST_TUNED_FEDCOS)
+               MNIST_TUNED_FEDCOS, MNIST_TUNED_FEDNORM)
 MNIST_ROWS = (*BASELINES, "fedent", "fedent-shuffled", "fedent-fixed", "fedent-cap-none", "fedavg-replay-mean",
               "fedavg-replay", *(r.label for r in MNIST_TUNED))
 
