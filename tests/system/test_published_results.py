@@ -44,7 +44,7 @@ PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
-                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9", 45,
+                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9,fednorm-lr9", 48,
          "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
@@ -351,7 +351,10 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          ("fedprox-lr9-mu0.0001", "fedprox"),
                          # FedCos at its validation-searched rate
                          ("fedcos-lr9", "fedent-lr9"), ("fedcos-lr9", "fedavg-lr9"), ("fedcos-lr9", "fedcos"),
-                         ("fedcos-lr9", "fedent")):
+                         ("fedcos-lr9", "fedent"),
+                         # FedNorm at its validation-searched rate
+                         ("fednorm-lr9", "fedent-lr9"), ("fednorm-lr9", "fedavg-lr9"), ("fednorm-lr9", "fednorm"),
+                         ("fednorm-lr9", "fedent")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -459,16 +462,17 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
 
 
-@pytest.mark.parametrize(("tuned_row", "archive"), [(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz"),
-                                                     (TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz")],
+@pytest.mark.parametrize(("tuned_row", "archive", "first"),
+                         [(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
+                          (TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz")],
                          ids=["fedavg", "fedent"])
 def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, tuned_row: TunedRow,
-                                                                   archive: str) -> None:
+                                                                   archive: str, first: str) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99) and
-    docs/results.md: a rate searched again on tuning seeds 0 and 1 of the real-MNIST row's validation split. Seed 0's
-    runs are the first search's (tune-logs.tar.gz), read back, not trained again; every seed's score is recomputed
-    from its run, the mean decides, and tune.md's per-seed table and each seed's own choice are what the runs give;
-    the pages quote those scores and choices."""
+    docs/results.md: a rate searched again on tuning seeds 0 and 1 of the
+    real-MNIST row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not
+    trained again; every seed's score is recomputed from its run, the mean decides, and tune.md's per-seed table and
+    each seed's own choice are what the runs give; the pages quote those scores and choices."""
     import json
     import statistics
 
@@ -478,7 +482,7 @@ def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path
 
     algorithm = tuned_row.algorithm
     pages = _tuning_archive(archive, tmp_path / "two")
-    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / "tune-logs.tar.gz") as tar:
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / first) as tar:
         tar.extractall(tmp_path / "one", filter="data")
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0, 1] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
@@ -760,7 +764,7 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
 
 # The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
 BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001",
-                 "fedcos": "fedcos-lr9"}
+                 "fedcos": "fedcos-lr9", "fednorm": "fednorm-lr9"}
 
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
@@ -832,6 +836,6 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         leads[algorithm] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
     assert f"is {leads['fedadam']} (FedAdam) and {leads['feddyn']} (FedDyn) on seeds 0, 1, 2" in page, leads
-    for name, algorithm in (("FedProx", "fedprox"), ("FedCos", "fedcos")):
+    for name, algorithm in (("FedProx", "fedprox"), ("FedCos", "fedcos"), ("FedNorm", "fednorm")):
         said = f"{name}'s end point against `fedent-lr9` is {leads[algorithm].replace('-', '−')} on seeds 0, 1, 2"
         assert said in page, leads
