@@ -468,13 +468,18 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
                           (TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                            "cosnorm-tune-logs.tar.gz"),
                           (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
-                           "cosnorm-tune-logs.tar.gz")],
-                         ids=["fedavg", "fedent", "fedcos", "fednorm"])
+                           "cosnorm-tune-logs.tar.gz"),
+                          (TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
+                           "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
+                          (TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),)),
+                           "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz")],
+                         ids=["fedavg", "fedent", "fedcos", "fednorm", "feddyn", "fedprox"])
 def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, tuned_row: TunedRow,
                                                                    archive: str, first: str) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
-    thirteenth: FedCos's and FedNorm's rates) and docs/results.md: a rate searched again on tuning seeds 0 and 1 of
-    the real-MNIST row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not
+    thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held
+    while searching the rate) and docs/results.md: a rate searched again on tuning seeds 0 and 1 of the real-MNIST
+    row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not
     trained again; every seed's score is recomputed from its run, the mean decides, and tune.md's per-seed table and
     each seed's own choice are what the runs give; the pages quote those scores and choices."""
     import json
