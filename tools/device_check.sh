@@ -34,8 +34,8 @@
 #                `fedent data fetch mnist`)
 #   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
 #                TUNE_ALGOS (default FedAdam, FedDyn and FedProx, whose second knob (server rate, α, μ) the CPU
-#                searched with tuning seed 0 only: docs/mnist-cpu/results.md; the rates of FedAvg, FedCos and
-#                FedNorm and FedEnt's base rate have two seeds there) on Table IV's
+#                searched with tuning seed 0 only: docs/mnist-cpu/results.md; every rate there but FedAdam's has
+#                two seeds) on Table IV's
 #                MNIST row, 50 rounds, tuning seeds TUNE_SEEDS (default 1: does a second seed choose as seed 0
 #                did?), --workers TUNE_WORKERS, into results/mnist-tune
 #                (a warm machine's next call resumes it: finished points are read back, a point cut short goes on

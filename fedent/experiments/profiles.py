@@ -346,9 +346,10 @@ MNIST_TUNED_FEDDYN = Row("feddyn-lr9-alpha0.01", "feddyn", (("alpha", 0.01),), l
 # points below it, one seed: μ barely matters here).
 MNIST_TUNED_FEDPROX = Row("fedprox-lr9-mu0.0001", "fedprox", (("mu", 0.0001),), lr_scale=9.0)
 # FedCos the same way (its rate, the only knob `fedent tune` searches for it; docs/mnist-cpu/results/
-# cosnorm-tune-logs.tar.gz): 0.09 = 9 × the base rate (0.03 scored lower, 0.27 diverged in round 1).
+# cosnorm-tune-logs.tar.gz): 0.09 = 9 × the base rate (0.03 scored lower, 0.27 diverged in round 1). FedNorm from the
+# same search: also 0.09. A second tuning seed chose 0.09 for both (cosnorm-tune-2seeds-logs.tar.gz), as it did for
+# the rates of FedAvg, FedEnt, FedDyn and FedProx above (fedavg-, fedent-, dynprox-tune-2seeds-logs.tar.gz).
 MNIST_TUNED_FEDCOS = Row("fedcos-lr9", "fedcos", lr_scale=9.0)
-# FedNorm from the same search: 0.09 (0.03 scored lower, 0.27 diverged in round 1; one seed).
 MNIST_TUNED_FEDNORM = Row("fednorm-lr9", "fednorm", lr_scale=9.0)
 MNIST_TUNED = (MNIST_TUNED_FEDAVG, MNIST_TUNED_FEDENT, MNIST_TUNED_FEDADAM, MNIST_TUNED_FEDDYN, MNIST_TUNED_FEDPROX,
                MNIST_TUNED_FEDCOS, MNIST_TUNED_FEDNORM)

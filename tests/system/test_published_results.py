@@ -376,8 +376,9 @@ def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
 
 @dataclass(frozen=True)
 class TunedRow:
-    """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/tune-logs.tar.gz) and the profile
-    row that tests it: FedAvg's rate, FedEnt's base rate η_i(−1) (``--knobs train.lr``: β and γ held at 0.99)."""
+    """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/*tune*-logs.tar.gz) and the profile
+    row that tests it: FedAvg's rate, FedEnt's base rate η_i(−1) (``--knobs train.lr``: β and γ held at 0.99), and
+    the baselines' rates, each other knob held at the value its search held while searching the rate."""
 
     algorithm: str
     row: str
