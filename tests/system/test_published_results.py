@@ -463,26 +463,51 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
 
 
-@pytest.mark.parametrize(("tuned_row", "archive", "first"),
-                         [(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
-                          (TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
-                          (TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
-                           "cosnorm-tune-logs.tar.gz"),
-                          (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
-                           "cosnorm-tune-logs.tar.gz"),
-                          (TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
-                           "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
-                          (TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),)),
-                           "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz")],
-                         ids=["fedavg", "fedent", "fedcos", "fednorm", "feddyn", "fedprox"])
-def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, tuned_row: TunedRow,
-                                                                   archive: str, first: str) -> None:
+def _point_run(values: dict[str, float], seed: int) -> str:
+    """A tuning run's directory name: every knob's value at that point, by key, then the seed."""
+    return "_".join(f"{k.split('.')[-1]}{v:g}" for k, v in sorted(values.items())) + f"-s{seed}"
+
+
+@dataclass(frozen=True)
+class TwoSeedSearch:
+    """A search run again on tuning seeds 0 and 1 (archive ``archive``), seed 0's runs read back from the first
+    search's archive ``first``. ``searched``: the knobs searched after the rate (each at the values chosen before
+    it); the knobs of ``row.held`` not in it stayed at the config's value (``--knobs train.lr``). ``rates``: an
+    earlier two-seed search of the rate alone whose seed-1 runs were read back too."""
+
+    row: TunedRow
+    archive: str
+    first: str
+    searched: tuple[str, ...] = ()
+    rates: str | None = None
+
+
+TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
+                     TwoSeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
+                                   "cosnorm-tune-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
+                                   "cosnorm-tune-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
+                                   "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),)),
+                                   "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
+                                   "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                                   ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz")]
+
+
+@pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
+                         ids=[f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
+                              for s in TWO_SEED_SEARCHES])
+def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, search: TwoSeedSearch) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held
-    while searching the rate) and docs/results.md: a rate searched again on tuning seeds 0 and 1 of the real-MNIST
-    row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not
-    trained again; every seed's score is recomputed from its run, the mean decides, and tune.md's per-seed table and
-    each seed's own choice are what the runs give; the pages quote those scores and choices."""
+    while searching the rate) and docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST
+    row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not trained
+    again; every seed's score is recomputed from its run, the mean decides each knob in turn (a later knob searched
+    at the values chosen before it), and tune.md's per-seed table and each seed's own choice are what the runs
+    give; the pages quote those scores and choices."""
     import json
     import statistics
 
@@ -490,54 +515,70 @@ def test_a_rate_searched_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path
 
     from fedent import runlog
 
+    tuned_row = search.row
     algorithm = tuned_row.algorithm
-    pages = _tuning_archive(archive, tmp_path / "two")
-    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / first) as tar:
+    pages = _tuning_archive(search.archive, tmp_path / "two")
+    read_back = {0: tmp_path / "one"}  # seed -> where its runs of the rate search were first trained
+    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.first) as tar:
         tar.extractall(tmp_path / "one", filter="data")
+    if search.rates is not None:
+        with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.rates) as tar:
+            tar.extractall(tmp_path / "rates", filter="data")
+        read_back[1] = tmp_path / "rates"
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0, 1] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    knob, *held = tuned["algorithms"][algorithm]["knobs"]
-    assert [(k["key"], k["tuned"], k["tried"]) for k in held] == [(k, False, []) for k, _ in tuned_row.held]
-    per_seed = {v: scores for v, scores in knob["per_seed"]}
-    runs = tmp_path / "two" / "runs" / algorithm
-    assert {d.name for d in runs.iterdir()} == {tuned_row.run_name(v, s) for v in per_seed for s in (0, 1)}
-    row = _row_config(tuned_row.row, tmp_path / "plan")
-    for v, scores in per_seed.items():
-        for seed, score in zip((0, 1), scores, strict=True):
-            run = runs / tuned_row.run_name(v, seed)
-            cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-            assert (cfg["train"]["lr"], cfg["train"]["seed"], cfg["train"]["evaluate_test"]) == (v, seed, False)
-            assert cfg["data"]["validation_fraction"] == 0.1 and cfg["algorithm"]["name"] == algorithm
-            assert all(cfg["algorithm"][k.split(".")[-1]] == at for k, at in tuned_row.held)
-            for key in ("rounds", "fraction", "local_epochs", "batch_size"):
-                assert cfg["train"][key] == row["train"][key], key
-            if seed == 0:  # the first search's run, read back
-                first = tmp_path / "one" / "runs" / algorithm / run.name
-                kept = sorted(f.name for f in first.iterdir())
-                assert "status.json" in kept and kept == sorted(f.name for f in run.iterdir())
-                assert all((run / f).read_bytes() == (first / f).read_bytes() for f in kept)
-            if score is None:
-                status = json.loads((run / "status.json").read_text(encoding="utf-8"))
-                assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
-                continue
-            recs = runlog.read_metrics(run / "metrics.jsonl")
-            assert [r["round"] for r in recs] == list(range(1, 51)) and all(r["test_acc"] is None for r in recs)
-            assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
-    means = {v: None if None in sc else statistics.fmean(sc) for v, sc in per_seed.items()}
-    assert {v: s for v, s in knob["tried"]} == pytest.approx(means)
-    finite = {v: m for v, m in means.items() if m is not None}
-    best = max(finite, key=lambda v: finite[v])
-    assert tuned["algorithms"][algorithm]["chosen"]["train.lr"] == best == knob["best"]
-    alone = [max((v for v in per_seed if per_seed[v][j] is not None), key=lambda v: per_seed[v][j]) for j in (0, 1)]
+    knobs = tuned["algorithms"][algorithm]["knobs"]
+    assert [k["key"] for k in knobs] == ["train.lr", *(k for k, _ in tuned_row.held)]
+    assert [k["key"] for k in knobs if k["tuned"]] == ["train.lr", *search.searched]
+    assert all(k["tried"] == [] for k in knobs if not k["tuned"])
     md = (tmp_path / "two" / "tune.md").read_text(encoding="utf-8")
-    chooses = " | ".join(f"**{c:g}**" for c in alone)
-    assert f"| {algorithm} | train.lr | alone chooses | {chooses} | **{best:g}** |" in md
-    said = ", ".join(f"{v:g} (" + ("diverged on both seeds" if all(x is None for x in sc) else
-                                   " and ".join(f"{100 * x:.2f}%" for x in sc if x is not None)) + ")"
-                     for v, sc in sorted(per_seed.items()))
-    for page, text in pages:
-        assert said in text, (page, said)
-        assert f"each seed alone chooses {alone[0]:g} and {alone[1]:g}" in text, page
+    runs = tmp_path / "two" / "runs" / algorithm
+    row = _row_config(tuned_row.row, tmp_path / "plan")
+    at = dict(tuned_row.held)  # every knob's value while the next is searched: the config's until chosen
+    kept = set()
+    for knob in (k for k in knobs if k["tuned"]):
+        per_seed = {v: scores for v, scores in knob["per_seed"]}
+        for v, scores in per_seed.items():
+            point = {**at, knob["key"]: v}
+            for seed, score in zip((0, 1), scores, strict=True):
+                run = runs / _point_run(point, seed)
+                kept.add(run.name)
+                cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+                assert (cfg["train"]["seed"], cfg["train"]["evaluate_test"]) == (seed, False)
+                assert cfg["data"]["validation_fraction"] == 0.1 and cfg["algorithm"]["name"] == algorithm
+                assert all(cfg[k.split(".")[0]][k.split(".")[1]] == x for k, x in point.items()), point
+                for key in ("rounds", "fraction", "local_epochs", "batch_size"):
+                    assert cfg["train"][key] == row["train"][key], key
+                if seed == 0 or (seed in read_back and knob["key"] == "train.lr"):  # an earlier search's, read back
+                    first = read_back[seed] / "runs" / algorithm / run.name
+                    files = sorted(f.name for f in first.iterdir())
+                    assert "status.json" in files and files == sorted(f.name for f in run.iterdir())
+                    assert all((run / f).read_bytes() == (first / f).read_bytes() for f in files)
+                if score is None:
+                    status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+                    assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+                    continue
+                recs = runlog.read_metrics(run / "metrics.jsonl")
+                assert [r["round"] for r in recs] == list(range(1, 51)) and all(r["test_acc"] is None for r in recs)
+                assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+        means = {v: None if None in sc else statistics.fmean(sc) for v, sc in per_seed.items()}
+        assert {v: s for v, s in knob["tried"]} == pytest.approx(means)
+        finite = {v: m for v, m in means.items() if m is not None}
+        best = max(finite, key=lambda v: finite[v])
+        assert tuned["algorithms"][algorithm]["chosen"][knob["key"]] == best == knob["best"]
+        alone = [max((v for v in per_seed if per_seed[v][j] is not None), key=lambda v: per_seed[v][j])
+                 for j in (0, 1)]
+        chooses = " | ".join(f"**{c:g}**" for c in alone)
+        assert f"| {algorithm} | {knob['key']} | alone chooses | {chooses} | **{best:g}** |" in md
+        said = ", ".join(f"{v:g} (" + ("diverged on both seeds" if all(x is None for x in sc) else
+                                       " and ".join(f"{100 * x:.2f}%" if x is not None else "diverged"
+                                                    for x in sc)) + ")"
+                         for v, sc in sorted(per_seed.items()))
+        for page, text in pages:
+            assert said in text, (page, said)
+            assert f"each seed alone chooses {alone[0]:g} and {alone[1]:g}" in text, page
+        at[knob["key"]] = best
+    assert {d.name for d in runs.iterdir()} == kept  # no other run kept
 
 
 def test_fedent_against_fedavg_at_the_rate_both_two_seed_searches_chose_is_what_the_page_says(tmp_path: Path) -> None:
