@@ -473,13 +473,15 @@ class TwoSeedSearch:
     """A search run again on tuning seeds 0 and 1 (archive ``archive``), seed 0's runs read back from the first
     search's archive ``first``. ``searched``: the knobs searched after the rate (each at the values chosen before
     it); the knobs of ``row.held`` not in it stayed at the config's value (``--knobs train.lr``). ``rates``: an
-    earlier two-seed search of the rate alone whose seed-1 runs were read back too."""
+    earlier two-seed search of the rate alone whose seed-1 runs were read back too. ``fresh``: seed-0 runs the
+    first search never trained (an extension of the grid that only the seeds' mean asked for)."""
 
     row: TunedRow
     archive: str
     first: str
     searched: tuple[str, ...] = ()
     rates: str | None = None
+    fresh: tuple[str, ...] = ()
 
 
 TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
@@ -494,7 +496,10 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                                    "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
                      TwoSeedSearch(TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
                                    "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
-                                   ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz")]
+                                   ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),)),
+                                   "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                                   fresh=("server_lr0.01_lr0.27-s0",))]
 
 
 @pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
@@ -549,8 +554,10 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
                 assert all(cfg[k.split(".")[0]][k.split(".")[1]] == x for k, x in point.items()), point
                 for key in ("rounds", "fraction", "local_epochs", "batch_size"):
                     assert cfg["train"][key] == row["train"][key], key
-                if seed == 0 or (seed in read_back and knob["key"] == "train.lr"):  # an earlier search's, read back
-                    first = read_back[seed] / "runs" / algorithm / run.name
+                first = read_back.get(seed, tmp_path / "none") / "runs" / algorithm / run.name
+                if run.name in search.fresh:  # trained by this search: the first one never tried that point
+                    assert seed == 0 and not first.exists()
+                elif seed == 0 or (seed in read_back and knob["key"] == "train.lr"):  # an earlier search's, read back
                     files = sorted(f.name for f in first.iterdir())
                     assert "status.json" in files and files == sorted(f.name for f in run.iterdir())
                     assert all((run / f).read_bytes() == (first / f).read_bytes() for f in files)
@@ -579,6 +586,7 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
             assert f"each seed alone chooses {alone[0]:g} and {alone[1]:g}" in text, page
         at[knob["key"]] = best
     assert {d.name for d in runs.iterdir()} == kept  # no other run kept
+    assert set(search.fresh) <= kept
 
 
 def test_fedent_against_fedavg_at_the_rate_both_two_seed_searches_chose_is_what_the_page_says(tmp_path: Path) -> None:
