@@ -501,7 +501,11 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                                    "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    fresh=("server_lr0.01_lr0.27-s0",)),
                      TwoSeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz",
-                                   ("algorithm.beta", "algorithm.gamma"), "fedent-tune-2seeds-logs.tar.gz")]
+                                   ("algorithm.beta", "algorithm.gamma"), "fedent-tune-2seeds-logs.tar.gz"),
+                     TwoSeedSearch(TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),)),
+                                   "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                                   ("algorithm.server_lr",), "fedadam-tune-2seeds-logs.tar.gz",
+                                   ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0"))]
 
 
 @pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
@@ -510,12 +514,12 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
 def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, search: TwoSeedSearch) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held
-    while searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate, FedEnt's base rate, β and γ) and
-    docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST row's validation split. Seed 0's
-    runs are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
-    score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values
-    chosen before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the pages
-    quote those scores and choices."""
+    while searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base
+    rate, β and γ) and docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST row's
+    validation split. Seed 0's runs are the first search's (archive ``first``), read back, not trained again (but
+    ``fresh``); every seed's score is recomputed from its run, the mean decides each knob in turn (a later knob
+    searched at the values chosen before it), and tune.md's per-seed table and each seed's own choice are what the
+    runs give; the pages quote those scores and choices."""
     import json
     import statistics
 
