@@ -374,6 +374,11 @@ def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
     return pages
 
 
+def _point_run(values: dict[str, float], seed: int) -> str:
+    """A tuning run's directory name: every knob's value at that point, by key, then the seed."""
+    return "_".join(f"{k.split('.')[-1]}{v:g}" for k, v in sorted(values.items())) + f"-s{seed}"
+
+
 @dataclass(frozen=True)
 class TunedRow:
     """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/*tune*-logs.tar.gz) and the profile
@@ -385,7 +390,7 @@ class TunedRow:
     held: tuple[tuple[str, float], ...] = ()  # knobs not tuned, at the config's value: named in each run's dir
 
     def run_name(self, lr: float, seed: int = 0) -> str:
-        return "_".join([*(f"{k.split('.')[-1]}{v:g}" for k, v in self.held), f"lr{lr:g}"]) + f"-s{seed}"
+        return _point_run({**dict(self.held), "train.lr": lr}, seed)
 
 
 TUNED_ROWS = [TunedRow("fedavg", "fedavg-lr9"),
@@ -463,11 +468,6 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
         assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["lr"] == best
 
 
-def _point_run(values: dict[str, float], seed: int) -> str:
-    """A tuning run's directory name: every knob's value at that point, by key, then the seed."""
-    return "_".join(f"{k.split('.')[-1]}{v:g}" for k, v in sorted(values.items())) + f"-s{seed}"
-
-
 @dataclass(frozen=True)
 class TwoSeedSearch:
     """A search run again on tuning seeds 0 and 1 (archive ``archive``), seed 0's runs read back from the first
@@ -484,26 +484,24 @@ class TwoSeedSearch:
     fresh: tuple[str, ...] = ()
 
 
+FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),))
+FEDADAM_ROW = TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),))
 TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                      TwoSeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                      TwoSeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                                    "cosnorm-tune-logs.tar.gz"),
                      TwoSeedSearch(TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                                    "cosnorm-tune-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
-                                   "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
+                     TwoSeedSearch(FEDDYN_ROW, "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
                      TwoSeedSearch(TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),)),
                                    "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),)),
-                                   "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     TwoSeedSearch(FEDDYN_ROW, "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),)),
-                                   "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     TwoSeedSearch(FEDADAM_ROW, "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    fresh=("server_lr0.01_lr0.27-s0",)),
                      TwoSeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz",
                                    ("algorithm.beta", "algorithm.gamma"), "fedent-tune-2seeds-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),)),
-                                   "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     TwoSeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.server_lr",), "fedadam-tune-2seeds-logs.tar.gz",
                                    ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0"))]
 
