@@ -486,6 +486,7 @@ class TwoSeedSearch:
 
 FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),))
 FEDADAM_ROW = TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),))
+FEDPROX_ROW = TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),))
 TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                      TwoSeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                      TwoSeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
@@ -493,8 +494,7 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                      TwoSeedSearch(TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                                    "cosnorm-tune-logs.tar.gz"),
                      TwoSeedSearch(FEDDYN_ROW, "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),)),
-                                   "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
+                     TwoSeedSearch(FEDPROX_ROW, "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
                      TwoSeedSearch(FEDDYN_ROW, "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz"),
                      TwoSeedSearch(FEDADAM_ROW, "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
@@ -503,7 +503,9 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                                    ("algorithm.beta", "algorithm.gamma"), "fedent-tune-2seeds-logs.tar.gz"),
                      TwoSeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.server_lr",), "fedadam-tune-2seeds-logs.tar.gz",
-                                   ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0"))]
+                                   ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0")),
+                     TwoSeedSearch(FEDPROX_ROW, "fedprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz",
+                                   ("algorithm.mu",), "dynprox-tune-2seeds-logs.tar.gz")]
 
 
 @pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
@@ -511,13 +513,13 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                               for s in TWO_SEED_SEARCHES])
 def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, search: TwoSeedSearch) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
-    thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held
-    while searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base
-    rate, β and γ) and docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST row's
-    validation split. Seed 0's runs are the first search's (archive ``first``), read back, not trained again (but
-    ``fresh``); every seed's score is recomputed from its run, the mean decides each knob in turn (a later knob
-    searched at the values chosen before it), and tune.md's per-seed table and each seed's own choice are what the
-    runs give; the pages quote those scores and choices."""
+    thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
+    searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
+    fifteenth: FedProx's rate and μ) and docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST
+    row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not trained again (but
+    ``fresh``); every seed's score is recomputed from its run, the mean decides each knob in turn (a later knob searched
+    at the values chosen before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the
+    pages quote those scores and choices."""
     import json
     import statistics
 
@@ -829,14 +831,16 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
 # The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
 BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001",
                  "fedcos": "fedcos-lr9", "fednorm": "fednorm-lr9"}
+# Rows at the point a two-seed search chose where that differs from the first search's (row -> its search's archive).
+TWO_SEED_ROWS: dict[str, tuple[str, str]] = {}
 
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
-    """docs/mnist-cpu/results.md: each baseline's test-set row is the values its search chose (every knob of
-    tuned.json, on the row's problem), each of its 3 runs trained at them to round 50, and every process that trained
-    its rounds started after that algorithm's last tuning run ended: status.json's start for the last process, the
-    provenance's ``started_at`` for each earlier one that records it, and for an earlier one that predates
-    ``started_at`` (runs resumed across sessions) the commit time of the code it ran, which it cannot have run
+    """docs/mnist-cpu/results.md: each baseline's test-set row is the values its search chose (every knob of tuned.json,
+    on the row's problem; ``fedadam-lr9``: the two-seed search's), each of its 3 runs trained at them to round 50, and
+    every process that trained its rounds started after that algorithm's last tuning run ended: status.json's start for
+    the last process, the provenance's ``started_at`` for each earlier one that records it, and for an earlier one that
+    predates ``started_at`` (runs resumed across sessions) the commit time of the code it ran, which it cannot have run
     before; the page names those processes with their rounds and commits."""
     import json
     import subprocess
@@ -860,14 +864,17 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                                    "metrics.jsonl")
         return 100 * sum(r["test_acc"] for r in recs[-5:]) / 5
 
+    rows = [(algorithm, label, searches[algorithm]) for algorithm, label in BASELINE_ROWS.items()]
+    for label, (algorithm, archive) in TWO_SEED_ROWS.items():
+        _tuning_archive(archive, tmp_path / label)
+        rows.append((algorithm, label, tmp_path / label))
     leads: dict[str, str] = {}
-    for algorithm, label in BASELINE_ROWS.items():
-        tuned = json.loads((searches[algorithm] / "tuned.json").read_text(encoding="utf-8"))
+    for algorithm, label, search in rows:
+        tuned = json.loads((search / "tuned.json").read_text(encoding="utf-8"))
         chosen = tuned["algorithms"][algorithm]["chosen"]
         ended = max(json.loads(s.read_text(encoding="utf-8"))["updated_at"]
-                    for s in (searches[algorithm] / "runs" / algorithm).glob("*/status.json"))
-        tuning = yaml.safe_load(next((searches[algorithm] / "runs" / algorithm).glob("*/config.yaml")).read_text(
-            encoding="utf-8"))
+                    for s in (search / "runs" / algorithm).glob("*/status.json"))
+        tuning = yaml.safe_load(next((search / "runs" / algorithm).glob("*/config.yaml")).read_text(encoding="utf-8"))
         unrecorded = []
         for seed in (0, 1, 2):
             run = tmp_path / "study" / "runs" / "mnist-pathological" / f"{label}-s{seed}"
@@ -897,9 +904,9 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         if unrecorded:
             said = f"`{label}`: {', '.join(unrecorded)} (seeds 0, 1, 2)"
             assert len(unrecorded) == 3 and said in page, said
-        leads[algorithm] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
+        leads[label] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
-    assert f"is {leads['fedadam']} (FedAdam) and {leads['feddyn']} (FedDyn) on seeds 0, 1, 2" in page, leads
-    for name, algorithm in (("FedProx", "fedprox"), ("FedCos", "fedcos"), ("FedNorm", "fednorm")):
-        said = f"{name}'s end point against `fedent-lr9` is {leads[algorithm].replace('-', '−')} on seeds 0, 1, 2"
+    assert f"is {leads['fedadam-lr3']} (FedAdam) and {leads['feddyn-lr9-alpha0.01']} (FedDyn) on seeds 0, 1, 2" in page
+    for name, label in (("FedProx", "fedprox-lr9-mu0.0001"), ("FedCos", "fedcos-lr9"), ("FedNorm", "fednorm-lr9")):
+        said = f"{name}'s end point against `fedent-lr9` is {leads[label].replace('-', '−')} on seeds 0, 1, 2"
         assert said in page, leads
