@@ -44,8 +44,8 @@ PAGES = [
     Page("mnist", "fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled,fedent-fixed,fedent-cap-none", 24,
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
-                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9,fednorm-lr9", 48,
-         "mnist-pathological",
+                  "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9,fednorm-lr9,fedadam-lr9",
+         51, "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
@@ -354,12 +354,40 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          ("fedcos-lr9", "fedent"),
                          # FedNorm at its validation-searched rate
                          ("fednorm-lr9", "fedent-lr9"), ("fednorm-lr9", "fedavg-lr9"), ("fednorm-lr9", "fednorm"),
-                         ("fednorm-lr9", "fedent")):
+                         ("fednorm-lr9", "fedent"),
+                         # FedAdam at the point its two-seed search chose
+                         ("fedadam-lr9", "fedadam-lr3"), ("fedadam-lr9", "fedent-lr9"), ("fedadam-lr9", "fedavg-lr9"),
+                         ("fedadam-lr9", "fedadam"), ("fedadam-lr9", "feddyn-lr9-alpha0.01")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
         for page in (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md"):
             assert said in page.read_text(encoding="utf-8").replace("\n  ", " "), (page, said)
+
+
+def test_the_cpu_rows_of_the_real_mnist_table_are_the_generated_pages(tmp_path: Path) -> None:
+    """docs/results.md's real-MNIST table copies each CPU row (named by its label) from docs/mnist-cpu/results.md's
+    generated tables: final (mean ± std), end point and Δ against FedEnt, as that page's regenerated block prints
+    them (the block itself: ``test_the_page_is_what_its_run_logs_generate``)."""
+    generated = _generated((ROOT / "docs" / "mnist-cpu" / "results.md").read_text(encoding="utf-8"))
+    rows: dict[str, list[list[str]]] = {}  # label -> its rows in the block: the accuracy table's, then the paired one's
+    for line in generated.splitlines():
+        if line.startswith("| "):
+            row = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows.setdefault(row[0].split(" (")[0], []).append(row)
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    table = text.split("## Real MNIST, Table IV's pathological row", 1)[1].split("\n\n| row |", 1)[1].split("\n\n")[0]
+    checked = []
+    for line in table.splitlines():
+        row = [c.strip() for c in line.strip().strip("|").split("|")]
+        label = re.search(r"\(`([a-z0-9.-]+)`[^)]*; CPU", row[0])
+        if label is None:
+            continue
+        main, paired_row = rows[label[1]][:2]
+        said = [c.replace("\u2212", "-") for c in row[1:4]]
+        assert said == [main[1], paired_row[1], paired_row[2].split(" (n")[0]], label[1]
+        checked.append(label[1])
+    assert {"fedavg-lr9", "fedent-lr9", "fedadam-lr3", "fedadam-lr9", "fednorm-lr9"} <= set(checked), checked
 
 
 def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
@@ -832,7 +860,7 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
 BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001",
                  "fedcos": "fedcos-lr9", "fednorm": "fednorm-lr9"}
 # Rows at the point a two-seed search chose where that differs from the first search's (row -> its search's archive).
-TWO_SEED_ROWS: dict[str, tuple[str, str]] = {}
+TWO_SEED_ROWS = {"fedadam-lr9": ("fedadam", "fedadam-knobs-tune-2seeds-logs.tar.gz")}
 
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
@@ -907,6 +935,7 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         leads[label] = ", ".join(f"{end(label, seed) - end('fedent-lr9', seed):+.2f}" for seed in (0, 1, 2))
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
     assert f"is {leads['fedadam-lr3']} (FedAdam) and {leads['feddyn-lr9-alpha0.01']} (FedDyn) on seeds 0, 1, 2" in page
-    for name, label in (("FedProx", "fedprox-lr9-mu0.0001"), ("FedCos", "fedcos-lr9"), ("FedNorm", "fednorm-lr9")):
+    for name, label in (("FedProx", "fedprox-lr9-mu0.0001"), ("FedCos", "fedcos-lr9"), ("FedNorm", "fednorm-lr9"),
+                        ("`fedadam-lr9`", "fedadam-lr9")):
         said = f"{name}'s end point against `fedent-lr9` is {leads[label].replace('-', '−')} on seeds 0, 1, 2"
         assert said in page, leads
