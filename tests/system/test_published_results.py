@@ -502,7 +502,8 @@ class TwoSeedSearch:
     search's archive ``first``. ``searched``: the knobs searched after the rate (each at the values chosen before
     it); the knobs of ``row.held`` not in it stayed at the config's value (``--knobs train.lr``). ``rates``: an
     earlier two-seed search of the rate alone whose seed-1 runs were read back too. ``fresh``: seed-0 runs the
-    first search never trained (an extension of the grid that only the seeds' mean asked for)."""
+    first search never trained (an extension of the grid that only the seeds' mean asked for). ``seeds``: the tuning
+    seeds of this search; ``read``: those whose runs (every knob's) came from ``first``."""
 
     row: TunedRow
     archive: str
@@ -510,6 +511,13 @@ class TwoSeedSearch:
     searched: tuple[str, ...] = ()
     rates: str | None = None
     fresh: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0, 1)
+    read: tuple[int, ...] = (0,)
+
+
+def _listed(items: list[str]) -> str:
+    """Items as the pages list them: "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),))
@@ -538,16 +546,18 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
 
 @pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
                          ids=[f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
-                              for s in TWO_SEED_SEARCHES])
-def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, search: TwoSeedSearch) -> None:
+                              + ("" if len(s.seeds) == 2 else f"-{len(s.seeds)}seeds") for s in TWO_SEED_SEARCHES])
+def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp_path: Path,
+                                                                             search: TwoSeedSearch) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
-    fifteenth: FedProx's rate and μ) and docs/results.md: a search run again on tuning seeds 0 and 1 of the real-MNIST
-    row's validation split. Seed 0's runs are the first search's (archive ``first``), read back, not trained again (but
-    ``fresh``); every seed's score is recomputed from its run, the mean decides each knob in turn (a later knob searched
-    at the values chosen before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the
-    pages quote those scores and choices."""
+    fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2) and docs/results.md: a search run again on
+    tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds ``read`` are
+    the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's score is
+    recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen before it),
+    and tune.md's per-seed table and each seed's own choice are what the runs give; the pages quote those scores and
+    choices."""
     import json
     import statistics
 
@@ -558,7 +568,7 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
     tuned_row = search.row
     algorithm = tuned_row.algorithm
     pages = _tuning_archive(search.archive, tmp_path / "two")
-    read_back = {0: tmp_path / "one"}  # seed -> where its runs of the rate search were first trained
+    read_back = {seed: tmp_path / "one" for seed in search.read}  # seed -> where its earlier runs were trained
     with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.first) as tar:
         tar.extractall(tmp_path / "one", filter="data")
     if search.rates is not None:
@@ -566,7 +576,7 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
             tar.extractall(tmp_path / "rates", filter="data")
         read_back[1] = tmp_path / "rates"
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
-    assert tuned["seeds"] == [0, 1] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    assert tuned["seeds"] == list(search.seeds) and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
     knobs = tuned["algorithms"][algorithm]["knobs"]
     assert [k["key"] for k in knobs] == ["train.lr", *(k for k, _ in tuned_row.held)]
     assert [k["key"] for k in knobs if k["tuned"]] == ["train.lr", *search.searched]
@@ -580,7 +590,7 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
         per_seed = {v: scores for v, scores in knob["per_seed"]}
         for v, scores in per_seed.items():
             point = {**at, knob["key"]: v}
-            for seed, score in zip((0, 1), scores, strict=True):
+            for seed, score in zip(search.seeds, scores, strict=True):
                 run = runs / _point_run(point, seed)
                 kept.add(run.name)
                 cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
@@ -591,8 +601,8 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
                     assert cfg["train"][key] == row["train"][key], key
                 first = read_back.get(seed, tmp_path / "none") / "runs" / algorithm / run.name
                 if run.name in search.fresh:  # trained by this search: the first one never tried that point
-                    assert seed == 0 and not first.exists()
-                elif seed == 0 or (seed in read_back and knob["key"] == "train.lr"):  # an earlier search's, read back
+                    assert seed in search.read and not first.exists()
+                elif seed in search.read or (seed in read_back and knob["key"] == "train.lr"):  # read back
                     files = sorted(f.name for f in first.iterdir())
                     assert "status.json" in files and files == sorted(f.name for f in run.iterdir())
                     assert all((run / f).read_bytes() == (first / f).read_bytes() for f in files)
@@ -609,16 +619,16 @@ def test_a_search_run_on_two_seeds_is_what_its_kept_runs_score(tmp_path: Path, s
         best = max(finite, key=lambda v: finite[v])
         assert tuned["algorithms"][algorithm]["chosen"][knob["key"]] == best == knob["best"]
         alone = [max((v for v in per_seed if per_seed[v][j] is not None), key=lambda v: per_seed[v][j])
-                 for j in (0, 1)]
+                 for j in range(len(search.seeds))]
         chooses = " | ".join(f"**{c:g}**" for c in alone)
         assert f"| {algorithm} | {knob['key']} | alone chooses | {chooses} | **{best:g}** |" in md
-        said = ", ".join(f"{v:g} (" + ("diverged on both seeds" if all(x is None for x in sc) else
-                                       " and ".join(f"{100 * x:.2f}%" if x is not None else "diverged"
-                                                    for x in sc)) + ")"
+        every = {2: "both seeds", 3: "all three seeds"}[len(search.seeds)]
+        said = ", ".join(f"{v:g} (" + (f"diverged on {every}" if all(x is None for x in sc) else
+                                       _listed([f"{100 * x:.2f}%" if x is not None else "diverged" for x in sc])) + ")"
                          for v, sc in sorted(per_seed.items()))
         for page, text in pages:
             assert said in text, (page, said)
-            assert f"each seed alone chooses {alone[0]:g} and {alone[1]:g}" in text, page
+            assert f"each seed alone chooses {_listed([f'{c:g}' for c in alone])}" in text, page
         at[knob["key"]] = best
     assert {d.name for d in runs.iterdir()} == kept  # no other run kept
     assert set(search.fresh) <= kept
