@@ -541,7 +541,9 @@ TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.g
                                    ("algorithm.server_lr",), "fedadam-tune-2seeds-logs.tar.gz",
                                    ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0")),
                      TwoSeedSearch(FEDPROX_ROW, "fedprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz",
-                                   ("algorithm.mu",), "dynprox-tune-2seeds-logs.tar.gz")]
+                                   ("algorithm.mu",), "dynprox-tune-2seeds-logs.tar.gz"),
+                     TwoSeedSearch(FEDADAM_ROW, "fedadam-tune-3seeds-logs.tar.gz", "fedadam-tune-2seeds-logs.tar.gz",
+                                   seeds=(0, 1, 2), read=(0, 1))]
 
 
 @pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
