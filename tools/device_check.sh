@@ -35,8 +35,8 @@
 #   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
 #                TUNE_ALGOS (default FedDyn and FedEnt: every knob on the CPU has tuning seeds 0 and 1,
 #                docs/mnist-cpu/results.md, and those two disagree on FedDyn's α and FedEnt's γ; FedAdam's
-#                rate has a third) on Table IV's MNIST row, 50 rounds, tuning seeds TUNE_SEEDS (default 2: which of the two
-#                does a third seed side with?), --workers TUNE_WORKERS, into results/mnist-tune
+#                rate has a third) on Table IV's MNIST row, 50 rounds, tuning seeds TUNE_SEEDS (default 2:
+#                which of the two does a third seed side with?), --workers TUNE_WORKERS, into results/mnist-tune
 #                (a warm machine's next call resumes it: finished points are read back, a point cut short goes on
 #                from its checkpoint); then, in the time left,
 #                the tuned rows with 3 seeds: reproduce --profile mnist --tuned mnist-pathological=.../tuned.json

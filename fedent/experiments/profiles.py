@@ -341,7 +341,8 @@ MNIST_TUNED_FEDADAM = Row("fedadam-lr3", "fedadam", lr_scale=3.0)
 # FedAdam at the point the two-seed search chose (tuning seeds 0 and 1: docs/mnist-cpu/results/fedadam-tune-2seeds-
 # logs.tar.gz, fedadam-knobs-tune-2seeds-logs.tar.gz): rate 0.09 = 9 x the base rate (their mean beat 0.03 by 0.02
 # points; each seed alone chose a different one), server rate 0.01 (both seeds). Run next to fedadam-lr3 on the test
-# set so that the undecided choice is reported at both rates rather than at the one seed 0 chose.
+# set so that the undecided choice is reported at both rates rather than at the one seed 0 chose. A third tuning seed
+# (fedadam-tune-3seeds-logs.tar.gz) also chose 0.09 for the rate.
 MNIST_TUNED_FEDADAM_2SEEDS = Row("fedadam-lr9", "fedadam", lr_scale=9.0)
 # FedDyn the same way (its rate, then α at the chosen rate): rate 0.09 = 9 × the base rate, α 0.01 (the config's
 # 0.001 and 0.0001 scored lower, 0.1 diverged).

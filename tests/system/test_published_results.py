@@ -497,13 +497,14 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
 
 
 @dataclass(frozen=True)
-class TwoSeedSearch:
-    """A search run again on tuning seeds 0 and 1 (archive ``archive``), seed 0's runs read back from the first
-    search's archive ``first``. ``searched``: the knobs searched after the rate (each at the values chosen before
-    it); the knobs of ``row.held`` not in it stayed at the config's value (``--knobs train.lr``). ``rates``: an
-    earlier two-seed search of the rate alone whose seed-1 runs were read back too. ``fresh``: seed-0 runs the
-    first search never trained (an extension of the grid that only the seeds' mean asked for). ``seeds``: the tuning
-    seeds of this search; ``read``: those whose runs (every knob's) came from ``first``."""
+class SeedSearch:
+    """A search run again on more tuning seeds, 0 and 1 unless ``seeds`` says otherwise (archive ``archive``), the runs
+    of the seeds ``read`` (seed 0's by default) read back from the first search's archive ``first``. ``searched``: the
+    knobs searched after the rate (each at the values chosen before it); the knobs of ``row.held`` not in it stayed at
+    the config's value (``--knobs train.lr``). ``rates``: an earlier two-seed search of the rate alone whose seed-1 runs
+    were read back too. ``fresh``: seed-0 runs the first search never trained (an extension of the grid that only the
+    seeds' mean asked for). ``seeds``: the tuning seeds of this search; ``read``: those whose runs (every knob's) came
+    from ``first``."""
 
     row: TunedRow
     archive: str
@@ -523,34 +524,34 @@ def _listed(items: list[str]) -> str:
 FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),))
 FEDADAM_ROW = TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),))
 FEDPROX_ROW = TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),))
-TWO_SEED_SEARCHES = [TwoSeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
-                     TwoSeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
+SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
+                     SeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
+                     SeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                                    "cosnorm-tune-logs.tar.gz"),
-                     TwoSeedSearch(TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
+                     SeedSearch(TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
                                    "cosnorm-tune-logs.tar.gz"),
-                     TwoSeedSearch(FEDDYN_ROW, "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
-                     TwoSeedSearch(FEDPROX_ROW, "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
-                     TwoSeedSearch(FEDDYN_ROW, "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     SeedSearch(FEDDYN_ROW, "dynprox-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz"),
+                     SeedSearch(FEDPROX_ROW, "dynprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz"),
+                     SeedSearch(FEDDYN_ROW, "feddyn-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.alpha",), "dynprox-tune-2seeds-logs.tar.gz"),
-                     TwoSeedSearch(FEDADAM_ROW, "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     SeedSearch(FEDADAM_ROW, "fedadam-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    fresh=("server_lr0.01_lr0.27-s0",)),
-                     TwoSeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz",
+                     SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz",
                                    ("algorithm.beta", "algorithm.gamma"), "fedent-tune-2seeds-logs.tar.gz"),
-                     TwoSeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
+                     SeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-2seeds-logs.tar.gz", "baselines-tune-logs.tar.gz",
                                    ("algorithm.server_lr",), "fedadam-tune-2seeds-logs.tar.gz",
                                    ("server_lr0.01_lr0.27-s0", "server_lr0.001_lr0.09-s0", "server_lr0.1_lr0.09-s0")),
-                     TwoSeedSearch(FEDPROX_ROW, "fedprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz",
+                     SeedSearch(FEDPROX_ROW, "fedprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz",
                                    ("algorithm.mu",), "dynprox-tune-2seeds-logs.tar.gz"),
-                     TwoSeedSearch(FEDADAM_ROW, "fedadam-tune-3seeds-logs.tar.gz", "fedadam-tune-2seeds-logs.tar.gz",
+                     SeedSearch(FEDADAM_ROW, "fedadam-tune-3seeds-logs.tar.gz", "fedadam-tune-2seeds-logs.tar.gz",
                                    seeds=(0, 1, 2), read=(0, 1))]
 
 
-@pytest.mark.parametrize("search", TWO_SEED_SEARCHES,
+@pytest.mark.parametrize("search", SEED_SEARCHES,
                          ids=[f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
-                              + ("" if len(s.seeds) == 2 else f"-{len(s.seeds)}seeds") for s in TWO_SEED_SEARCHES])
+                              + ("" if len(s.seeds) == 2 else f"-{len(s.seeds)}seeds") for s in SEED_SEARCHES])
 def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp_path: Path,
-                                                                             search: TwoSeedSearch) -> None:
+                                                                             search: SeedSearch) -> None:
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
