@@ -501,10 +501,10 @@ class SeedSearch:
     """A search run again on more tuning seeds, 0 and 1 unless ``seeds`` says otherwise (archive ``archive``), the runs
     of the seeds ``read`` (seed 0's by default) read back from the first search's archive ``first``. ``searched``: the
     knobs searched after the rate (each at the values chosen before it); the knobs of ``row.held`` not in it stayed at
-    the config's value (``--knobs train.lr``). ``rates``: an earlier two-seed search of the rate alone whose seed-1 runs
-    were read back too. ``fresh``: seed-0 runs the first search never trained (an extension of the grid that only the
-    seeds' mean asked for). ``seeds``: the tuning seeds of this search; ``read``: those whose runs (every knob's) came
-    from ``first``."""
+    the config's value (``--knobs train.lr``). ``rates``: an earlier search of the rate alone whose runs of the seed
+    ``rates_seed`` (1 by default) were read back too. ``fresh``: seed-0 runs the first search never trained (an
+    extension of the grid that only the seeds' mean asked for). ``seeds``: the tuning seeds of this search; ``read``:
+    those whose runs (every knob's) came from ``first``."""
 
     row: TunedRow
     archive: str
@@ -514,6 +514,7 @@ class SeedSearch:
     fresh: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0, 1)
     read: tuple[int, ...] = (0,)
+    rates_seed: int = 1
 
 
 def _listed(items: list[str]) -> str:
@@ -544,7 +545,11 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                      SeedSearch(FEDPROX_ROW, "fedprox-tune-2seeds-logs.tar.gz", "fedprox-tune-logs.tar.gz",
                                    ("algorithm.mu",), "dynprox-tune-2seeds-logs.tar.gz"),
                      SeedSearch(FEDADAM_ROW, "fedadam-tune-3seeds-logs.tar.gz", "fedadam-tune-2seeds-logs.tar.gz",
-                                   seeds=(0, 1, 2), read=(0, 1))]
+                                   seeds=(0, 1, 2), read=(0, 1)),
+                     SeedSearch(FEDDYN_ROW, "dynent-tune-3seeds-logs.tar.gz", "feddyn-tune-2seeds-logs.tar.gz",
+                                   ("algorithm.alpha",), seeds=(0, 1, 2), read=(0, 1)),
+                     SeedSearch(TUNED_ROWS[1], "dynent-tune-3seeds-logs.tar.gz", "fedent-knobs-tune-2seeds-logs.tar.gz",
+                                   ("algorithm.beta", "algorithm.gamma"), seeds=(0, 1, 2), read=(0, 1))]
 
 
 @pytest.mark.parametrize("search", SEED_SEARCHES,
@@ -555,12 +560,13 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     """docs/mnist-cpu/results.md (ninth pass: FedAvg's rate; tenth: FedEnt's base rate, β and γ held at 0.99;
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
-    fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2) and docs/results.md: a search run again on
-    tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds ``read`` are
-    the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's score is
-    recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen before it),
-    and tune.md's per-seed table and each seed's own choice are what the runs give; the pages quote those scores and
-    choices."""
+    fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
+    base rate, β and γ, each on seeds 0, 1 and 2) and docs/results.md: a search run
+    again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
+    ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
+    score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
+    before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the pages quote those
+    scores and choices."""
     import json
     import statistics
 
@@ -577,7 +583,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     if search.rates is not None:
         with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.rates) as tar:
             tar.extractall(tmp_path / "rates", filter="data")
-        read_back[1] = tmp_path / "rates"
+        read_back[search.rates_seed] = tmp_path / "rates"
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == list(search.seeds) and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
     knobs = tuned["algorithms"][algorithm]["knobs"]
