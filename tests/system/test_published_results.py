@@ -549,7 +549,10 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                      SeedSearch(FEDDYN_ROW, "dynent-tune-3seeds-logs.tar.gz", "feddyn-tune-2seeds-logs.tar.gz",
                                    ("algorithm.alpha",), seeds=(0, 1, 2), read=(0, 1)),
                      SeedSearch(TUNED_ROWS[1], "dynent-tune-3seeds-logs.tar.gz", "fedent-knobs-tune-2seeds-logs.tar.gz",
-                                   ("algorithm.beta", "algorithm.gamma"), seeds=(0, 1, 2), read=(0, 1))]
+                                   ("algorithm.beta", "algorithm.gamma"), seeds=(0, 1, 2), read=(0, 1)),
+                     SeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-3seeds-logs.tar.gz",
+                                   "fedadam-knobs-tune-2seeds-logs.tar.gz", ("algorithm.server_lr",),
+                                   "fedadam-tune-3seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), rates_seed=2)]
 
 
 @pytest.mark.parametrize("search", SEED_SEARCHES,
@@ -561,7 +564,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
     fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
-    base rate, β and γ, each on seeds 0, 1 and 2) and docs/results.md: a search run
+    base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
@@ -594,7 +597,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     runs = tmp_path / "two" / "runs" / algorithm
     row = _row_config(tuned_row.row, tmp_path / "plan")
     at = dict(tuned_row.held)  # every knob's value while the next is searched: the config's until chosen
-    kept = set()
+    kept, compared = set(), set()  # compared: the seeds whose runs were checked against an earlier archive's
     for knob in (k for k in knobs if k["tuned"]):
         per_seed = {v: scores for v, scores in knob["per_seed"]}
         for v, scores in per_seed.items():
@@ -615,6 +618,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
                     files = sorted(f.name for f in first.iterdir())
                     assert "status.json" in files and files == sorted(f.name for f in run.iterdir())
                     assert all((run / f).read_bytes() == (first / f).read_bytes() for f in files)
+                    compared.add(seed)
                 if score is None:
                     status = json.loads((run / "status.json").read_text(encoding="utf-8"))
                     assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
@@ -640,6 +644,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
             assert f"each seed alone chooses {_listed([f'{c:g}' for c in alone])}" in text, page
         at[knob["key"]] = best
     assert {d.name for d in runs.iterdir()} == kept  # no other run kept
+    assert compared == set(read_back)  # every archive said to hold earlier runs held some
     assert set(search.fresh) <= kept
 
 
