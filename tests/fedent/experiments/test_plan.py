@@ -114,11 +114,11 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
 
 def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:
     plan = build_plan(get_profile("mnist"), [0, 1, 2], tmp_path, CONFIGS)
-    assert len(plan.runs) == 60 and {s.seed for s in plan.runs} == {0, 1, 2}
+    assert len(plan.runs) == 63 and {s.seed for s in plan.runs} == {0, 1, 2}
     assert {s.row for s in plan.runs} == SEVEN | {"fedent-shuffled", "fedent-fixed", "fedent-cap-none",
                                                  "fedavg-replay-mean", "fedavg-replay", "fedavg-lr9", "fedent-lr9",
                                                  "fedadam-lr3", "feddyn-lr9-alpha0.01", "fedprox-lr9-mu0.0001",
-                                                 "fedcos-lr9", "fednorm-lr9", "fedadam-lr9"}
+                                                 "fedcos-lr9", "fednorm-lr9", "fedadam-lr9", "fedent-lr9-gamma0.999"}
     dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-lr9-alpha0.01-s2").config
     plain_dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-s2").config
     assert (dyn["train"]["lr"], dyn["algorithm"]) == (pytest.approx(0.09), {**plain_dyn["algorithm"], "alpha": 0.01})
@@ -143,6 +143,9 @@ def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_p
     tuned_fedent = next(s for s in plan.runs if s.key == "mnist-pathological/fedent-lr9-s0").config
     assert tuned_fedent["algorithm"] == plain["algorithm"] == {"name": "fedent"}  # β, γ: the paper's (untuned)
     assert {**tuned_fedent["train"], "lr": 0.01} == plain["train"]  # the base rate is all that differs
+    gamma = next(s for s in plan.runs if s.key == "mnist-pathological/fedent-lr9-gamma0.999-s1").config
+    assert gamma["train"] == tuned_fedent["train"] | {"seed": 1}  # fedent-lr9's base rate, seed 1
+    assert gamma["algorithm"] == {"name": "fedent", "gamma": 0.999}  # β the paper's, as fedent-lr9's
     for replay in (s for s in plan.runs if s.row.startswith("fedavg-replay")):  # FedEnt's rates, same seed
         assert replay.after == (f"mnist-pathological/fedent-s{replay.seed}",)
         assert replay.config["algorithm"]["replay"] == ("round_mean" if replay.row.endswith("mean") else "per_client")
