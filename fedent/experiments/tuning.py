@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fedent import runlog
-from fedent.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict
+from fedent.config import ConfigError, ExperimentConfig, TrainConfig, apply_overrides, config_from_dict, options_class
 from fedent.experiments import paired
 from fedent.inputs import RunInputs, load_inputs
 
@@ -138,7 +138,7 @@ class AlgorithmTuning:
 def knobs_for(algorithm: str, grids: Mapping[str, Sequence[float]] | None = None) -> tuple[Knob, ...]:
     """The algorithm's knobs; ``grids`` replaces starting grids: ``train.lr`` (every algorithm) or
     ``fedprox.algorithm.mu`` (one algorithm; wins over the plain key). A key the algorithm does not tune by
-    default becomes a knob of its own (log scale, factor 3)."""
+    default becomes a knob of its own (log scale, factor 3, inside the option's declared range: ``_grid_knob``)."""
     mine: dict[str, tuple[float, ...]] = {}
     for key, values in (grids or {}).items():
         head, _, rest = key.partition(".")
@@ -148,10 +148,8 @@ def knobs_for(algorithm: str, grids: Mapping[str, Sequence[float]] | None = None
             mine[rest] = tuple(sorted(values))
     own = KNOBS.get(algorithm, (_rate(),))
     out = [dataclasses.replace(k, grid=mine.pop(k.key)) if k.key in mine else k for k in own]
-    out += [Knob(key, values) for key, values in mine.items()]
+    out += [_grid_knob(algorithm, key, values) for key, values in mine.items()]
     for k in out:
-        if not k.key.startswith(("train.", "algorithm.")):
-            raise ConfigError(f"--grid {k.key}: tune train.* or algorithm.* keys")
         if len(k.grid) < 2 or len(set(k.grid)) != len(k.grid) or any(not k.inside(v) for v in k.grid):
             raise ConfigError(f"--grid {algorithm}.{k.key}: needs at least two distinct values inside "
                               f"({k.lo:g}, {k.hi:g})")
@@ -518,6 +516,25 @@ class Tuner:
             section, _, name = k.key.partition(".")
             out[k.key] = float(raw[section][name])
         return out
+
+
+def _grid_knob(algorithm: str, key: str, values: tuple[float, ...]) -> Knob:
+    """A knob only ``--grid`` names (FedAdam's β1, FedNorm's γ): its domain is the option's declared range, so an
+    extension past an edge stops at what the config accepts instead of failing mid-search (β1 0.99 × 3 would be
+    2.97); a range ending at 1 whose grid lies in [0.5, 1) is a decay, stepped on the near-one scale as β, γ are."""
+    section, _, name = key.partition(".")
+    if section not in ("train", "algorithm"):
+        raise ConfigError(f"--grid {key}: tune train.* or algorithm.* keys")
+    declared = options_class(algorithm) if section == "algorithm" else TrainConfig
+    meta = {f.name: f.metadata for f in dataclasses.fields(declared)}.get(name)
+    if meta is None:
+        raise ConfigError(f"--grid {algorithm}.{key}: {algorithm} has no option {key!r}")
+    lows = [b for b in (meta.get("gt"), meta.get("ge")) if b is not None]
+    highs = [b for b in (meta.get("lt"), meta.get("le")) if b is not None]
+    lo, hi = max([0.0, *lows]), min([math.inf, *highs])
+    if hi == 1.0 and all(v >= 0.5 for v in values):
+        return Knob(key, values, "log1m", 10.0, lo, hi)
+    return Knob(key, values, lo=lo, hi=hi)
 
 
 def check_knobs(algorithms: Sequence[str], grids: Mapping[str, Sequence[float]] | None,

@@ -97,6 +97,38 @@ def test_grids_per_algorithm_and_their_checks() -> None:
         knobs_for("fedavg", {"train.lr": [0.1]})
 
 
+def test_a_knob_only_a_grid_names_keeps_to_its_options_declared_range() -> None:
+    beta1 = knobs_for("fedadam", {"fedadam.algorithm.beta1": [0.99, 0.9]})[-1]
+    assert (beta1.key, beta1.grid, beta1.scale, beta1.hi) == ("algorithm.beta1", (0.9, 0.99), "log1m", 1.0)
+    assert beta1.step(0.99, up=True) == 0.999  # on the log scale 0.99 × 3 = 2.97, which FedAdam refuses
+    tau = knobs_for("fedadam", {"algorithm.tau": [1e-3, 1e-2]})[-1]
+    assert (tau.scale, tau.lo, tau.hi) == ("log", 0.0, math.inf)
+    fraction = knobs_for("fedavg", {"train.fraction": [0.1, 0.2]})[-1]  # gt=0, le=1, not a decay
+    assert fraction.scale == "log" and fraction.inside(0.6) and not fraction.inside(1.8)
+    with pytest.raises(ConfigError, match=r"inside \(0, 1\)"):
+        knobs_for("fednorm", {"fednorm.algorithm.gamma": [0.9, 1.5]})
+    with pytest.raises(ConfigError, match="fedavg has no option 'algorithm.beta1'"):
+        knobs_for("fedavg", {"algorithm.beta1": [0.9, 0.99]})
+    with pytest.raises(ConfigError, match=r"tune train\.\* or algorithm\.\* keys"):
+        knobs_for("fedavg", {"fedavg.data.validation_fraction": [0.1, 0.2]})
+
+
+def test_an_extension_of_a_grid_only_knob_stops_at_its_domain(tmp_path: Path) -> None:
+    """Scored best at the top every time, β1's search climbs towards 1 on the near-one scale and ends at the limit
+    of extensions, every point a config FedAdam accepts (before, the first extension asked for β1 = 2.97)."""
+    asked: list[float] = []
+
+    def run(cfg: ExperimentConfig, run_dir: Path, inputs: RunInputs) -> Sequence[Mapping[str, Any]]:
+        beta1 = cfg.algorithm.options.beta1  # type: ignore[attr-defined]
+        asked.append(beta1)
+        return [{"val_acc": beta1}, {"val_acc": beta1}]
+
+    knob = knobs_for("fedadam", {"fedadam.algorithm.beta1": [0.9, 0.99]})[-1]
+    res = _tuner(tmp_path, run, max_extend=2).tune_knob("fedadam", knob, {})
+    assert asked == pytest.approx([0.9, 0.99, 0.999, 0.9999]) and res.best == pytest.approx(0.9999)
+    assert res.why == "best at the upper edge after 2 extension(s) (the limit)"
+
+
 def test_val_score_is_the_mean_of_the_last_k_validation_accuracies() -> None:
     recs = [{"val_acc": 0.1}, {"val_acc": None}, {"val_acc": 0.4}, {"val_acc": 0.6}]
     assert val_score(recs, 2) == pytest.approx(0.5) and val_score(recs, 9) == pytest.approx(1.1 / 3)
