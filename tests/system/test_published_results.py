@@ -557,7 +557,11 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                             ("algorithm.beta", "algorithm.gamma"), seeds=(0, 1, 2), read=(0, 1)),
                  SeedSearch(FEDADAM_ROW, "fedadam-knobs-tune-3seeds-logs.tar.gz",
                             "fedadam-knobs-tune-2seeds-logs.tar.gz", ("algorithm.server_lr",),
-                            "fedadam-tune-3seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), rates_seed=2)]
+                            "fedadam-tune-3seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), rates_seed=2),
+                 *(SeedSearch(row, "avgcosnorm-tune-3seeds-logs.tar.gz", first, seeds=(0, 1, 2), read=(0, 1))
+                   for row, first in ((TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz"),
+                                      (TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz"),
+                                      (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz")))]
 
 
 @pytest.mark.parametrize("search", SEED_SEARCHES,
@@ -569,7 +573,8 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     thirteenth: FedCos's and FedNorm's rates, and FedDyn's and FedProx's at the α and μ their first searches held while
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
     fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
-    base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2) and docs/results.md: a search run
+    base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2; seventeenth: FedAvg's, FedCos's
+    and FedNorm's rates on seeds 0, 1 and 2) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
