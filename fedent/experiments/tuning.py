@@ -61,8 +61,10 @@ class Knob:
     grid: tuple[float, ...]
     scale: Scale = "log"
     factor: float = 3.0  # the step when the grid is extended
-    lo: float = 0.0  # the open domain (lo, hi): an extension that leaves it is not made
+    lo: float = 0.0  # the domain (lo, hi), open unless closed_lo/closed_hi: an extension that leaves it is not made
     hi: float = math.inf
+    closed_lo: bool = False  # lo itself allowed (an option's ``ge`` above 0: train.local_epochs ≥ 1)
+    closed_hi: bool = False  # hi itself allowed (an option's ``le`` on the log scale: train.fraction ≤ 1)
 
     def step(self, value: float, up: bool) -> float:
         """The next value beyond ``value`` upwards or downwards on this knob's scale."""
@@ -72,7 +74,11 @@ class Knob:
         return round(nxt, 12)  # 1 − 0.1 × 10 is 0, not 2e-16: the domain test must see the limit
 
     def inside(self, value: float) -> bool:
-        return self.lo < value < self.hi
+        above = self.lo < value or (self.closed_lo and value == self.lo)
+        return above and (value < self.hi or (self.closed_hi and value == self.hi))
+
+    def domain(self) -> str:
+        return f"{'[' if self.closed_lo else '('}{self.lo:g}, {self.hi:g}{']' if self.closed_hi else ')'}"
 
 
 def _rate(values: tuple[float, ...] = (0.003, 0.01, 0.03)) -> Knob:
@@ -151,8 +157,7 @@ def knobs_for(algorithm: str, grids: Mapping[str, Sequence[float]] | None = None
     out += [_grid_knob(algorithm, key, values) for key, values in mine.items()]
     for k in out:
         if len(k.grid) < 2 or len(set(k.grid)) != len(k.grid) or any(not k.inside(v) for v in k.grid):
-            raise ConfigError(f"--grid {algorithm}.{k.key}: needs at least two distinct values inside "
-                              f"({k.lo:g}, {k.hi:g})")
+            raise ConfigError(f"--grid {algorithm}.{k.key}: needs at least two distinct values inside {k.domain()}")
     return tuple(out)
 
 
@@ -521,7 +526,8 @@ class Tuner:
 def _grid_knob(algorithm: str, key: str, values: tuple[float, ...]) -> Knob:
     """A knob only ``--grid`` names (FedAdam's β1, FedNorm's γ): its domain is the option's declared range, so an
     extension past an edge stops at what the config accepts instead of failing mid-search (β1 0.99 × 3 would be
-    2.97); a range ending at 1 whose grid lies in [0.5, 1) is a decay, stepped on the near-one scale as β, γ are."""
+    2.97); a range ending at 1 whose grid lies in [0.5, 1) is a decay, stepped on the near-one scale as β, γ are.
+    An inclusive bound (``ge``, ``le``) stays in the domain where a step can leave it (not 0 on the log scale)."""
     section, _, name = key.partition(".")
     if section not in ("train", "algorithm"):
         raise ConfigError(f"--grid {key}: tune train.* or algorithm.* keys")
@@ -529,12 +535,13 @@ def _grid_knob(algorithm: str, key: str, values: tuple[float, ...]) -> Knob:
     meta = {f.name: f.metadata for f in dataclasses.fields(declared)}.get(name)
     if meta is None:
         raise ConfigError(f"--grid {algorithm}.{key}: {algorithm} has no option {key!r}")
-    lows = [b for b in (meta.get("gt"), meta.get("ge")) if b is not None]
-    highs = [b for b in (meta.get("lt"), meta.get("le")) if b is not None]
-    lo, hi = max([0.0, *lows]), min([math.inf, *highs])
-    if hi == 1.0 and all(v >= 0.5 for v in values):
-        return Knob(key, values, "log1m", 10.0, lo, hi)
-    return Knob(key, values, lo=lo, hi=hi)
+    gt, ge, lt, le = (meta.get(k) for k in ("gt", "ge", "lt", "le"))
+    lo = max([0.0, *(b for b in (gt, ge) if b is not None)])
+    hi = min([math.inf, *(b for b in (lt, le) if b is not None)])
+    closed_lo = ge is not None and ge == lo > 0  # 0 stays out: a log step cannot leave it
+    if hi == 1.0 and all(0.5 <= v < 1.0 for v in values):  # 1 stays out: a step on 1 − x cannot leave it
+        return Knob(key, values, "log1m", 10.0, lo, hi, closed_lo)
+    return Knob(key, values, lo=lo, hi=hi, closed_lo=closed_lo, closed_hi=le is not None and le == hi)
 
 
 def check_knobs(algorithms: Sequence[str], grids: Mapping[str, Sequence[float]] | None,

@@ -104,8 +104,14 @@ def test_a_knob_only_a_grid_names_keeps_to_its_options_declared_range() -> None:
     tau = knobs_for("fedadam", {"algorithm.tau": [1e-3, 1e-2]})[-1]
     assert (tau.scale, tau.lo, tau.hi) == ("log", 0.0, math.inf)
     fraction = knobs_for("fedavg", {"train.fraction": [0.1, 0.2]})[-1]  # gt=0, le=1, not a decay
-    assert fraction.scale == "log" and fraction.inside(0.6) and not fraction.inside(1.8)
-    with pytest.raises(ConfigError, match=r"inside \(0, 1\)"):
+    assert fraction.scale == "log" and fraction.inside(0.6) and fraction.inside(1.0) and not fraction.inside(1.8)
+    epochs = knobs_for("fedavg", {"train.local_epochs": [1, 3]})[-1]  # ge=1: one epoch is a valid point
+    assert epochs.domain() == "[1, inf)" and not epochs.inside(0.5)
+    gamma = knobs_for("fednorm", {"fednorm.algorithm.gamma": [0.9, 0.99]})[-1]  # le=1, but 1 − x cannot leave 1
+    assert (gamma.scale, gamma.domain()) == ("log1m", "(0, 1)")
+    with_one = knobs_for("fednorm", {"fednorm.algorithm.gamma": [0.9, 0.99, 1.0]})[-1]  # γ = 1 asked for: allowed
+    assert (with_one.scale, with_one.domain()) == ("log", "(0, 1]")
+    with pytest.raises(ConfigError, match=r"inside \(0, 1\]"):
         knobs_for("fednorm", {"fednorm.algorithm.gamma": [0.9, 1.5]})
     with pytest.raises(ConfigError, match="fedavg has no option 'algorithm.beta1'"):
         knobs_for("fedavg", {"algorithm.beta1": [0.9, 0.99]})
