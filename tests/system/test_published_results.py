@@ -564,6 +564,48 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                                       (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz")))]
 
 
+# docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
+GLANCE = {("fedavg", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
+          **{("fedent", k): "dynent-tune-3seeds-logs.tar.gz"
+             for k in ("train.lr", "algorithm.beta", "algorithm.gamma")},
+          **{("fedadam", k): "fedadam-knobs-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.server_lr")},
+          **{("feddyn", k): "dynent-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.alpha")},
+          **{("fedprox", k): "fedprox-tune-2seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
+          ("fedcos", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
+          ("fednorm", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz"}
+
+
+def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path) -> None:
+    """docs/results.md's "Tuning at a glance": one row per searched knob, each from the search with the most tuning
+    seeds in SEED_SEARCHES (so a newer search cannot leave the table stale), its values tried, number of seeds, each
+    seed's own choice (ties: the smaller value) and the mean's choice recomputed from that search's tuned.json."""
+    import json
+
+    names = {"fedavg": "FedAvg", "fedent": "FedEnt", "fedadam": "FedAdam", "feddyn": "FedDyn", "fedprox": "FedProx",
+             "fedcos": "FedCos", "fednorm": "FedNorm"}
+    knob_names = {"algorithm.beta": "β", "algorithm.gamma": "γ", "algorithm.server_lr": "server rate",
+                  "algorithm.alpha": "α", "algorithm.mu": "μ"}
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    table = text.split("**Tuning at a glance**", 1)[1].split("\n\n| algorithm |", 1)[1].split("\n\n")[0]
+    assert len(table.splitlines()) == 2 + len(GLANCE)  # the header, its rule, one row per knob: none untested
+    for (algorithm, key), archive in GLANCE.items():
+        searches = [srch for srch in SEED_SEARCHES if srch.row.algorithm == algorithm
+                    and key in ("train.lr", *srch.searched)]
+        assert archive in [srch.archive for srch in searches if len(srch.seeds) == max(len(x.seeds) for x in searches)]
+        _tuning_archive(archive, tmp_path / archive)
+        tuned = json.loads((tmp_path / archive / "tuned.json").read_text(encoding="utf-8"))
+        knob = next(k for k in tuned["algorithms"][algorithm]["knobs"] if k["key"] == key)
+        per_seed = [(v, scores) for v, scores in knob["per_seed"]]
+        alone = []
+        for j in range(len(tuned["seeds"])):
+            ok = {v: sc[j] for v, sc in per_seed if sc[j] is not None}
+            alone.append(min(v for v, x in ok.items() if x == max(ok.values())))
+        label = knob_names.get(key, "base rate" if algorithm == "fedent" else "rate")
+        row = (f"| {names[algorithm]} | {label} | {', '.join(f'{v:g}' for v, _ in per_seed)} | {len(alone)} | "
+               f"{', '.join(f'{c:g}' for c in alone)} | {knob['best']:g} |")
+        assert row in table, row
+
+
 @pytest.mark.parametrize("search", SEED_SEARCHES,
                          ids=[f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
                               + ("" if len(s.seeds) == 2 else f"-{len(s.seeds)}seeds") for s in SEED_SEARCHES])
