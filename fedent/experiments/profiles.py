@@ -354,7 +354,8 @@ MNIST_TUNED_FEDPROX = Row("fedprox-lr9-mu0.0001", "fedprox", (("mu", 0.0001),), 
 # FedCos the same way (its rate, the only knob `fedent tune` searches for it; docs/mnist-cpu/results/
 # cosnorm-tune-logs.tar.gz): 0.09 = 9 × the base rate (0.03 scored lower, 0.27 diverged in round 1). FedNorm from the
 # same search: also 0.09. A second tuning seed chose 0.09 for both (cosnorm-tune-2seeds-logs.tar.gz), as it did for
-# the rates of FedAvg, FedEnt, FedDyn and FedProx above (fedavg-, fedent-, dynprox-tune-2seeds-logs.tar.gz).
+# the rates of FedAvg, FedEnt, FedDyn and FedProx above (fedavg-, fedent-, dynprox-tune-2seeds-logs.tar.gz), and a
+# third chose 0.09 for FedAvg, FedCos and FedNorm (avgcosnorm-tune-3seeds-logs.tar.gz).
 MNIST_TUNED_FEDCOS = Row("fedcos-lr9", "fedcos", lr_scale=9.0)
 MNIST_TUNED_FEDNORM = Row("fednorm-lr9", "fednorm", lr_scale=9.0)
 # FedEnt at the γ two of three tuning seeds chose (docs/mnist-cpu/results/dynent-tune-3seeds-logs.tar.gz: seeds 1
