@@ -33,10 +33,10 @@
 #                next call resumes it (complete runs are skipped); carry data/mnist (the four IDX .gz of
 #                `fedent data fetch mnist`)
 #   tune         issue 29's fair tuning on the real MNIST: fedent tune (validation split, test set never read) of
-#                TUNE_ALGOS (default FedProx: every knob on the CPU has tuning seeds 0 and 1,
-#                docs/mnist-cpu/results.md, and every algorithm's but FedProx's has seed 2 too) on Table IV's
-#                MNIST row, 50 rounds, tuning seeds TUNE_SEEDS
-#                (default 2: does a third seed keep the choice two agreeing seeds made?), --workers
+#                TUNE_ALGOS (default FedEnt, FedAdam and FedDyn: every knob on the CPU has tuning seeds 0, 1
+#                and 2, docs/mnist-cpu/results.md, and those three seeds split on FedEnt's γ, FedAdam's rate and
+#                FedDyn's α) on Table IV's MNIST row, 50 rounds, tuning seeds TUNE_SEEDS
+#                (default 3: which side of each split does a fourth seed take?), --workers
 #                TUNE_WORKERS, into results/mnist-tune
 #                (a warm machine's next call resumes it: finished points are read back, a point cut short goes on
 #                from its checkpoint); then, in the time left,
@@ -59,8 +59,8 @@ STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
 STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
 STUDY_WORKERS=${STUDY_WORKERS:-6}
 STACK=${STACK:-1}  # --stack of the study and tune sections' commands (runs side by side per worker)
-TUNE_ALGOS=${TUNE_ALGOS:-fedprox}  # the CPU searched its knobs on two tuning seeds, the others' on three
-TUNE_SEEDS=${TUNE_SEEDS:-2}  # the CPU's searches used seeds 0 and 1 (docs/mnist-cpu/results.md)
+TUNE_ALGOS=${TUNE_ALGOS:-fedent,fedadam,feddyn}  # three CPU tuning seeds split on one knob of each
+TUNE_SEEDS=${TUNE_SEEDS:-3}  # the CPU's searches used seeds 0, 1 and 2 (docs/mnist-cpu/results.md)
 TUNE_WORKERS=${TUNE_WORKERS:-6}
 STUDY_RATE=${STUDY_RATE:-3000}  # client steps/s of the full pipeline, 6 runs sharing an H100 (2026-11-26)
 mkdir -p "$OUT/runs"

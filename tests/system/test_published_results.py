@@ -561,7 +561,9 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                  *(SeedSearch(row, "avgcosnorm-tune-3seeds-logs.tar.gz", first, seeds=(0, 1, 2), read=(0, 1))
                    for row, first in ((TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz"),
                                       (TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz"),
-                                      (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz")))]
+                                      (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz"))),
+                 SeedSearch(FEDPROX_ROW, "fedprox-tune-3seeds-logs.tar.gz", "fedprox-tune-2seeds-logs.tar.gz",
+                            ("algorithm.mu",), seeds=(0, 1, 2), read=(0, 1))]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -570,7 +572,7 @@ GLANCE = {("fedavg", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
              for k in ("train.lr", "algorithm.beta", "algorithm.gamma")},
           **{("fedadam", k): "fedadam-knobs-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.server_lr")},
           **{("feddyn", k): "dynent-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.alpha")},
-          **{("fedprox", k): "fedprox-tune-2seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
+          **{("fedprox", k): "fedprox-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
           ("fedcos", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
           ("fednorm", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz"}
 
@@ -616,7 +618,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
     fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
     base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2; seventeenth: FedAvg's, FedCos's
-    and FedNorm's rates on seeds 0, 1 and 2) and docs/results.md: a search run
+    and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
