@@ -114,11 +114,12 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
 
 def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:
     plan = build_plan(get_profile("mnist"), [0, 1, 2], tmp_path, CONFIGS)
-    assert len(plan.runs) == 63 and {s.seed for s in plan.runs} == {0, 1, 2}
+    assert len(plan.runs) == 66 and {s.seed for s in plan.runs} == {0, 1, 2}
     assert {s.row for s in plan.runs} == SEVEN | {"fedent-shuffled", "fedent-fixed", "fedent-cap-none",
                                                  "fedavg-replay-mean", "fedavg-replay", "fedavg-lr9", "fedent-lr9",
                                                  "fedadam-lr3", "feddyn-lr9-alpha0.01", "fedprox-lr9-mu0.0001",
-                                                 "fedcos-lr9", "fednorm-lr9", "fedadam-lr9", "fedent-lr9-gamma0.999"}
+                                                 "fedcos-lr9", "fednorm-lr9", "fedadam-lr9", "fedent-lr9-gamma0.999",
+                                                 "fedadam-lr9-tau0.0001"}
     dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-lr9-alpha0.01-s2").config
     plain_dyn = next(s for s in plan.runs if s.key == "mnist-pathological/feddyn-s2").config
     assert (dyn["train"]["lr"], dyn["algorithm"]) == (pytest.approx(0.09), {**plain_dyn["algorithm"], "alpha": 0.01})
@@ -136,6 +137,9 @@ def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_p
     assert adam["train"]["lr"] == 0.03 and adam["algorithm"] == plain_adam["algorithm"]  # server rate: the paper's
     adam9 = next(s for s in plan.runs if s.key == "mnist-pathological/fedadam-lr9-s2").config  # the two-seed point
     assert (adam9["train"]["lr"], adam9["algorithm"]) == (pytest.approx(0.09), plain_adam["algorithm"])
+    tau = next(s for s in plan.runs if s.key == "mnist-pathological/fedadam-lr9-tau0.0001-s0").config
+    assert tau["train"] == {**adam9["train"], "seed": 0}  # fedadam-lr9's rate and server rate, τ searched after
+    assert tau["algorithm"] == {**plain_adam["algorithm"], "tau": 1e-4}
     for algorithm in ("fedavg", "fedent"):  # the validation-tuned rates (FedEnt's: its base rate η_i(−1))
         tuned = next(s for s in plan.runs if s.key == f"mnist-pathological/{algorithm}-lr9-s2")
         assert (tuned.config["algorithm"]["name"], tuned.config["train"]["lr"]) == (algorithm, 0.09)
