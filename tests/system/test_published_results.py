@@ -509,7 +509,9 @@ class SeedSearch:
     the config's value (``--knobs train.lr``). ``rates``: an earlier search of the rate alone whose runs of the seed
     ``rates_seed`` (1 by default) were read back too. ``fresh``: seed-0 runs the first search never trained (an
     extension of the grid that only the seeds' mean asked for). ``seeds``: the tuning seeds of this search; ``read``:
-    those whose runs (every knob's) came from ``first``."""
+    those whose runs (every knob's) came from ``first``. ``named``: knobs (of ``row.held``) this search adds after
+    the first search's: each read-back run was copied in under a name with that knob at its config value (the
+    earlier run's files unchanged), and every point away from that value is trained by this search, on every seed."""
 
     row: TunedRow
     archive: str
@@ -520,6 +522,7 @@ class SeedSearch:
     seeds: tuple[int, ...] = (0, 1)
     read: tuple[int, ...] = (0,)
     rates_seed: int = 1
+    named: tuple[str, ...] = ()
 
 
 def _listed(items: list[str]) -> str:
@@ -530,6 +533,7 @@ def _listed(items: list[str]) -> str:
 FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.001),))
 FEDADAM_ROW = TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),))
 FEDPROX_ROW = TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),))
+FEDADAM_TAU_ROW = TunedRow("fedadam", "fedadam-lr9", (("algorithm.server_lr", 0.01), ("algorithm.tau", 0.001)))
 SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
@@ -563,14 +567,19 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                                       (TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz"),
                                       (TunedRow("fednorm", "fednorm-lr9"), "cosnorm-tune-2seeds-logs.tar.gz"))),
                  SeedSearch(FEDPROX_ROW, "fedprox-tune-3seeds-logs.tar.gz", "fedprox-tune-2seeds-logs.tar.gz",
-                            ("algorithm.mu",), seeds=(0, 1, 2), read=(0, 1))]
+                            ("algorithm.mu",), seeds=(0, 1, 2), read=(0, 1)),
+                 SeedSearch(FEDADAM_TAU_ROW, "fedadam-tau-tune-3seeds-logs.tar.gz",
+                            "fedadam-knobs-tune-3seeds-logs.tar.gz",
+                            ("algorithm.server_lr", "algorithm.tau"), seeds=(0, 1, 2), read=(0, 1, 2),
+                            named=("algorithm.tau",))]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
 GLANCE = {("fedavg", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
           **{("fedent", k): "dynent-tune-3seeds-logs.tar.gz"
              for k in ("train.lr", "algorithm.beta", "algorithm.gamma")},
-          **{("fedadam", k): "fedadam-knobs-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.server_lr")},
+          **{("fedadam", k): "fedadam-tau-tune-3seeds-logs.tar.gz"
+             for k in ("train.lr", "algorithm.server_lr", "algorithm.tau")},
           **{("feddyn", k): "dynent-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.alpha")},
           **{("fedprox", k): "fedprox-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
           ("fedcos", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
@@ -586,7 +595,7 @@ def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path
     names = {"fedavg": "FedAvg", "fedent": "FedEnt", "fedadam": "FedAdam", "feddyn": "FedDyn", "fedprox": "FedProx",
              "fedcos": "FedCos", "fednorm": "FedNorm"}
     knob_names = {"algorithm.beta": "β", "algorithm.gamma": "γ", "algorithm.server_lr": "server rate",
-                  "algorithm.alpha": "α", "algorithm.mu": "μ"}
+                  "algorithm.alpha": "α", "algorithm.mu": "μ", "algorithm.tau": "τ"}
     text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     table = text.split("**Tuning at a glance**", 1)[1].split("\n\n| algorithm |", 1)[1].split("\n\n")[0]
     assert len(table.splitlines()) == 2 + len(GLANCE)  # the header, its rule, one row per knob: none untested
@@ -618,7 +627,8 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     searching the rate; fourteenth: FedDyn's rate and α, FedAdam's rate and server rate, FedEnt's base rate, β and γ;
     fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
     base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2; seventeenth: FedAvg's, FedCos's
-    and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2) and docs/results.md: a search run
+    and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2; eighteenth: FedAdam's rate, server rate and τ,
+    its earlier runs copied in under names with τ) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
@@ -665,8 +675,11 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
                 assert all(cfg[k.split(".")[0]][k.split(".")[1]] == x for k, x in point.items()), point
                 for key in ("rounds", "fraction", "local_epochs", "batch_size"):
                     assert cfg["train"][key] == row["train"][key], key
-                first = read_back.get(seed, tmp_path / "none") / "runs" / algorithm / run.name
-                if run.name in search.fresh:  # trained by this search: the first one never tried that point
+                earlier = {k: x for k, x in point.items() if k not in search.named}  # the first search's name
+                first = read_back.get(seed, tmp_path / "none") / "runs" / algorithm / _point_run(earlier, seed)
+                if any(point[k] != dict(tuned_row.held)[k] for k in search.named):
+                    pass  # a point the first search could not name: trained by this search
+                elif run.name in search.fresh:  # trained by this search: the first one never tried that point
                     assert seed in search.read and not first.exists()
                 elif seed in search.read or (seed in read_back and knob["key"] == "train.lr"):  # read back
                     files = sorted(f.name for f in first.iterdir())
