@@ -45,7 +45,7 @@ PAGES = [
          "mnist-pathological", ("--set", "data.root=data/mnist")),
     Page("mnist", "fedavg,fedent,fedadam,feddyn,fedcos,fednorm,fedavg-replay-mean,fedavg-replay,fedavg-lr9,fedent-lr9,"
                   "fedadam-lr3,feddyn-lr9-alpha0.01,fedprox,fedprox-lr9-mu0.0001,fedcos-lr9,fednorm-lr9,fedadam-lr9,"
-                  "fedent-lr9-gamma0.999", 54, "mnist-pathological",
+                  "fedent-lr9-gamma0.999,fedadam-lr9-tau0.0001", 57, "mnist-pathological",
          ("--set", "data.root=data/mnist"),
          folder="mnist-cpu"),
     Page("medium", "fedent,fedavg,fedent-first,fedavg-replay-mean,fedavg-lr5,fedavg-lr10", 18, "pathological"),
@@ -361,7 +361,11 @@ def test_the_round_mean_replay_pairs_on_real_mnist_are_what_the_pages_say(tmp_pa
                          # FedEnt at the gamma two of three tuning seeds chose
                          ("fedent-lr9-gamma0.999", "fedent-lr9"), ("fedent-lr9-gamma0.999", "fedavg-lr9"),
                          ("fedent-lr9-gamma0.999", "fedent"), ("fedent-lr9-gamma0.999", "fedadam-lr9"),
-                         ("fedent-lr9-gamma0.999", "feddyn-lr9-alpha0.01")):
+                         ("fedent-lr9-gamma0.999", "feddyn-lr9-alpha0.01"),
+                         # FedAdam at the τ its search chose (rate and server rate as fedadam-lr9)
+                         ("fedadam-lr9-tau0.0001", "fedadam-lr9"), ("fedadam-lr9-tau0.0001", "fedent-lr9"),
+                         ("fedadam-lr9-tau0.0001", "fedavg-lr9"), ("fedadam-lr9-tau0.0001", "fedadam"),
+                         ("fedadam-lr9-tau0.0001", "feddyn-lr9-alpha0.01")):
         got = pair(setting, row, against)
         assert got is not None and got.n == 3
         said = paired.fmt(got).split(" (n")[0].replace("-", "−")  # e.g. "+0.12 [−0.06, +0.29]"
@@ -392,7 +396,7 @@ def test_the_cpu_rows_of_the_real_mnist_table_are_the_generated_pages(tmp_path: 
         assert said == [main[1], paired_row[1], paired_row[2].split(" (n")[0]], label[1]
         checked.append(label[1])
     assert {"fedavg-lr9", "fedent-lr9", "fedadam-lr3", "fedadam-lr9", "fednorm-lr9",
-            "fedent-lr9-gamma0.999"} <= set(checked), checked
+            "fedent-lr9-gamma0.999", "fedadam-lr9-tau0.0001"} <= set(checked), checked
 
 
 def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
@@ -950,8 +954,10 @@ def test_the_baselines_searches_on_real_mnist_are_what_their_kept_runs_score(tmp
 # The profile rows that read the baselines' chosen values on the test set, 3 seeds (docs/mnist-cpu's run logs).
 BASELINE_ROWS = {"fedadam": "fedadam-lr3", "feddyn": "feddyn-lr9-alpha0.01", "fedprox": "fedprox-lr9-mu0.0001",
                  "fedcos": "fedcos-lr9", "fednorm": "fednorm-lr9"}
-# Rows at the point a two-seed search chose where that differs from the first search's (row -> its search's archive).
-TWO_SEED_ROWS = {"fedadam-lr9": ("fedadam", "fedadam-knobs-tune-2seeds-logs.tar.gz")}
+# Rows at the point a later search chose where that differs from the first search's (row -> its algorithm, that
+# search's archive): FedAdam's rate on two tuning seeds, then its τ (searched after the rate and server rate).
+LATER_SEARCH_ROWS = {"fedadam-lr9": ("fedadam", "fedadam-knobs-tune-2seeds-logs.tar.gz"),
+                     "fedadam-lr9-tau0.0001": ("fedadam", "fedadam-tau-tune-3seeds-logs.tar.gz")}
 # Rows at the value most tuning seeds alone chose for one knob where their mean chose another (row -> its algorithm,
 # the search's archive, the knob): the value the seeds' mean leaves undecided, tested too.
 SEED_MAJORITY_ROWS = {"fedent-lr9-gamma0.999": ("fedent", "dynent-tune-3seeds-logs.tar.gz", "algorithm.gamma")}
@@ -969,7 +975,8 @@ def _seed_majority(knob: dict[str, Any]) -> float:
 
 def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_them(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md: each baseline's test-set row is the values its search chose (every knob of tuned.json,
-    on the row's problem; ``fedadam-lr9``: the two-seed search's; ``fedent-lr9-gamma0.999``: γ at the value two of three
+    on the row's problem; ``fedadam-lr9``: the two-seed search's; ``fedadam-lr9-tau0.0001``: the τ search's;
+    ``fedent-lr9-gamma0.999``: γ at the value two of three
     tuning seeds chose, not their mean's), each of its 3 runs trained at them to round 50, and
     every process that trained its rounds started after that algorithm's last tuning run ended: status.json's start for
     the last process, the provenance's ``started_at`` for each earlier one that records it, and for an earlier one that
@@ -998,7 +1005,7 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         return 100 * sum(r["test_acc"] for r in recs[-5:]) / 5
 
     rows = [(algorithm, label, searches[algorithm], "") for algorithm, label in BASELINE_ROWS.items()]
-    for label, (algorithm, archive) in TWO_SEED_ROWS.items():
+    for label, (algorithm, archive) in LATER_SEARCH_ROWS.items():
         _tuning_archive(archive, tmp_path / label)
         rows.append((algorithm, label, tmp_path / label, ""))
     for label, (algorithm, archive, knob) in SEED_MAJORITY_ROWS.items():
@@ -1023,8 +1030,9 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                 part, name = key.split(".")
                 assert cfg[part][name] == pytest.approx(value), (run.name, key)
             assert cfg["train"]["seed"] == seed and cfg["train"]["rounds"] == 50
-            for key in ("beta1", "beta2", "tau"):  # FedAdam's knobs the search does not tune: as in the search
-                assert cfg["algorithm"].get(key) == tuning["algorithm"].get(key), (run.name, key)
+            for key in ("beta1", "beta2", "tau"):  # FedAdam's knobs its search did not tune: as in the search
+                if f"algorithm.{key}" not in chosen:
+                    assert cfg["algorithm"].get(key) == tuning["algorithm"].get(key), (run.name, key)
             assert cfg["model"] == tuning["model"] and cfg["data"]["partition"] == tuning["data"]["partition"]
             assert [r["round"] for r in runlog.read_metrics(run / "metrics.jsonl")] == list(range(1, 51))
             status = json.loads((run / "status.json").read_text(encoding="utf-8"))
@@ -1048,6 +1056,7 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
     # the per-seed leads over the tuned FedEnt the page quotes (end point: mean test accuracy of the last 5 rounds)
     assert f"is {leads['fedadam-lr3']} (FedAdam) and {leads['feddyn-lr9-alpha0.01']} (FedDyn) on seeds 0, 1, 2" in page
     for name, label in (("FedProx", "fedprox-lr9-mu0.0001"), ("FedCos", "fedcos-lr9"), ("FedNorm", "fednorm-lr9"),
-                        ("`fedadam-lr9`", "fedadam-lr9"), ("`fedent-lr9-gamma0.999`", "fedent-lr9-gamma0.999")):
+                        ("`fedadam-lr9`", "fedadam-lr9"), ("`fedent-lr9-gamma0.999`", "fedent-lr9-gamma0.999"),
+                        ("`fedadam-lr9-tau0.0001`", "fedadam-lr9-tau0.0001")):
         said = f"{name}'s end point against `fedent-lr9` is {leads[label].replace('-', '−')} on seeds 0, 1, 2"
         assert said in page, leads
