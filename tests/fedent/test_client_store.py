@@ -169,13 +169,18 @@ def test_a_background_store_reads_its_own_writes_and_keeps_the_same_versions(tmp
 
 def test_a_failed_background_write_fails_the_next_flush_and_writes_nothing_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
     import fedent.client_store as cs
 
     store = ClientStateStore(tmp_path, background=True)
     real = cs.atomic_write_bytes
+    queued = threading.Event()  # client 2's write fails only once client 3's state is queued: else the writer
+    # thread may fail first and save(3) raise it (as designed), which failed a fresh-clone CI run here under load
 
     def full_disk(path: Path, data: bytes, mode: int | None = None) -> None:
         if "c000002" in Path(path).name:
+            assert queued.wait(timeout=60)
             raise OSError(28, "No space left on device")
         real(path, data, mode)
 
@@ -183,6 +188,7 @@ def test_a_failed_background_write_fails_the_next_flush_and_writes_nothing_after
     store.save(1, _state(1.0), 0)
     store.save(2, _state(2.0), 0)
     store.save(3, _state(3.0), 0)
+    queued.set()
     with pytest.raises(ClientStoreError, match="client 2's state of round 0 .*No space left on device"):
         store.flush()
     with pytest.raises(ClientStoreError, match="No space left"):
