@@ -538,6 +538,7 @@ FEDDYN_ROW = TunedRow("feddyn", "feddyn-lr9-alpha0.01", (("algorithm.alpha", 0.0
 FEDADAM_ROW = TunedRow("fedadam", "fedadam-lr3", (("algorithm.server_lr", 0.01),))
 FEDPROX_ROW = TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01),))
 FEDADAM_TAU_ROW = TunedRow("fedadam", "fedadam-lr9", (("algorithm.server_lr", 0.01), ("algorithm.tau", 0.001)))
+FEDNORM_BETA_ROW = TunedRow("fednorm", "fednorm-lr9", (("algorithm.beta", 0.99),))
 SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
@@ -575,7 +576,10 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                  SeedSearch(FEDADAM_TAU_ROW, "fedadam-tau-tune-3seeds-logs.tar.gz",
                             "fedadam-knobs-tune-3seeds-logs.tar.gz",
                             ("algorithm.server_lr", "algorithm.tau"), seeds=(0, 1, 2), read=(0, 1, 2),
-                            named=("algorithm.tau",))]
+                            named=("algorithm.tau",)),
+                 SeedSearch(FEDNORM_BETA_ROW, "fednorm-beta-tune-3seeds-logs.tar.gz",
+                            "avgcosnorm-tune-3seeds-logs.tar.gz", ("algorithm.beta",), seeds=(0, 1, 2),
+                            read=(0, 1, 2), named=("algorithm.beta",))]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -587,7 +591,7 @@ GLANCE = {("fedavg", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
           **{("feddyn", k): "dynent-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.alpha")},
           **{("fedprox", k): "fedprox-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
           ("fedcos", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
-          ("fednorm", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz"}
+          **{("fednorm", k): "fednorm-beta-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.beta")}}
 
 
 def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path) -> None:
@@ -632,7 +636,8 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     fifteenth: FedProx's rate and μ, and FedAdam's rate on seeds 0, 1 and 2; sixteenth: FedDyn's rate and α, FedEnt's
     base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2; seventeenth: FedAvg's, FedCos's
     and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2; eighteenth: FedAdam's rate, server rate and τ,
-    its earlier runs copied in under names with τ) and docs/results.md: a search run
+    its earlier runs copied in under names with τ; nineteenth: FedNorm's rate and β, its earlier runs copied in under
+    names with β) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
