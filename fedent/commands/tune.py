@@ -48,6 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="run the tuning in N worker processes: the algorithms at once, and a knob's untried values "
                         "(x the seeds) at once; each worker loads the data itself; the chosen values do not "
                         "depend on N (default 1: one run at a time in this process)")
+    p.add_argument("--reuse", action="append", default=[], metavar="DIR",
+                   help="an earlier search's --out (repeatable): a point whose run is absent here is read back from "
+                        "a finished or diverged run there with the same config (copied in, files unchanged), not "
+                        "trained; e.g. a search that adds a knob reuses the runs trained at its default")
     p.add_argument("--stack", type=int, default=1, metavar="K",
                    help="up to K runs of a knob's untried values (x the seeds) train side by side in one process, "
                         "their clients in one vectorised step (train.executor: vectorised); the scores do not "
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             set_threads(args.threads)
         tuner = Tuner(cfg, seeds, out, fraction=args.validation_fraction, tail_k=args.tail_k,
                       max_extend=args.max_extend, log=lambda line: print(line, file=sys.stderr, flush=True),
-                      pool=pool, stack=args.stack)
+                      pool=pool, stack=args.stack, reuse=[Path(d) for d in args.reuse])
         try:
             results = tuner.tune_all(algorithms, grids, knobs)
         except errors as e:

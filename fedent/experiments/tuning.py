@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from fedent import runlog
 from fedent.config import ConfigError, ExperimentConfig, TrainConfig, apply_overrides, config_from_dict, options_class
 from fedent.experiments import paired
+from fedent.experiments import reuse as earlier_runs
 from fedent.inputs import RunInputs, load_inputs
 
 if TYPE_CHECKING:
@@ -263,14 +264,19 @@ class Tuner:
     def __init__(self, base: ExperimentConfig, seeds: Sequence[int], out: Path, *, fraction: float = 0.1,
                  tail_k: int = paired.TAIL_K, max_extend: int = 2, run: RunFn = simulate_point,
                  inputs_for: InputsFor | None = None, log: Callable[[str], None] | None = None,
-                 pool: Executor | None = None, stack: int = 1) -> None:
+                 pool: Executor | None = None, stack: int = 1, reuse: Sequence[Path] = ()) -> None:
         """``inputs_for``: a run's data, partition and model (default: the configured ones, loaded once per seed,
         or once per worker with a ``pool``). ``pool``: run the points there (``run`` and ``inputs_for`` must
         then reach its workers: module-level functions for a process pool). ``stack``: up to this many runs of a
-        batch of points train side by side, their clients in one vectorised step (``run_stacked``)."""
+        batch of points train side by side, their clients in one vectorised step (``run_stacked``). ``reuse``:
+        earlier searches' output directories whose settled runs of a point's config are read back, not trained
+        (fedent.experiments.reuse)."""
         if stack < 1:
             raise ConfigError("--stack: must be >= 1")
-        self.stack = stack
+        for earlier in reuse:
+            if not (earlier / "runs").is_dir():
+                raise ConfigError(f"--reuse {earlier}: not a search's output directory (it has no runs/)")
+        self.stack, self.reuse = stack, [Path(p) for p in reuse]
         if not 0 < fraction < 1:
             raise ConfigError(f"--validation-fraction: must be in (0, 1), got {fraction}")
         if max_extend < 0:
@@ -293,11 +299,18 @@ class Tuner:
         return self._inputs[seed]
 
     def _point(self, algorithm: str, values: Mapping[str, float], seed: int) -> tuple[ExperimentConfig, Path]:
-        """One seed of a point: its config and run directory."""
+        """One seed of a point: its config and run directory (an earlier search's run of that config copied in
+        first when ``reuse`` holds one and the directory is absent)."""
         cfg = point_config(self.base, algorithm, values, self.fraction, tuning=True)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed),
                                   name=f"{self.base.name}-tune-{algorithm}")
-        return cfg, self.out / "runs" / algorithm / f"{_point_name(values)}-s{seed}"
+        run_dir = self.out / "runs" / algorithm / f"{_point_name(values)}-s{seed}"
+        if self.reuse and not run_dir.exists():
+            src = earlier_runs.adopt(run_dir, cfg.to_dict(), cfg.train.rounds,
+                                     earlier_runs.candidates(self.reuse, algorithm, seed))
+            if src is not None and self.log is not None:
+                self.log(f"tune {algorithm}: {run_dir.name}: read back from {src}")
+        return cfg, run_dir
 
     @property
     def runs(self) -> int:

@@ -49,6 +49,22 @@ def test_tune_writes_the_chosen_values_and_the_report(tmp_path: Path, capsys: py
     assert "| fedprox | algorithm.mu | not tuned (--knobs) |" in capsys.readouterr().out
 
 
+def test_tune_reuse_reads_an_earlier_searchs_runs_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_tiny_config_file(tmp_path / "tiny.yaml", rounds=1)
+    argv = ["tune", "--config", str(cfg), "--algorithms", "fedavg", "--grid", "train.lr=0.01,0.1", "--max-extend", "0",
+            "--tail-k", "1"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "b"), "--reuse", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    for lr in ("0.01", "0.1"):
+        assert f"tune fedavg: lr{lr}-s0: read back from {tmp_path / 'a' / 'runs' / 'fedavg' / f'lr{lr}-s0'}" in err
+        assert not (tmp_path / "b" / "runs" / "fedavg" / f"lr{lr}-s0" / "model_final.pt").exists()
+    assert (tmp_path / "a" / "tuned.json").read_text() == (tmp_path / "b" / "tuned.json").read_text()
+    assert main([*argv, "--out", str(tmp_path / "c"), "--reuse", str(tmp_path / "nowhere")]) == 2
+    assert "--reuse" in capsys.readouterr().err and not (tmp_path / "c" / "runs").exists()
+
+
 @pytest.mark.slow  # ~25 s on a loaded 2-core box: two spawned pools, each worker importing torch
 def test_tune_with_two_workers_writes_what_one_worker_writes(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
