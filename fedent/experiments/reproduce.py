@@ -73,8 +73,12 @@ def diverged(run_dir: Path) -> str | None:
 
 def settled(spec: RunSpec) -> bool:
     """Complete, or diverged, with this spec's config: nothing left to run."""
-    return ((is_complete(spec.run_dir, spec.rounds) or diverged(spec.run_dir) is not None)
-            and same_config(spec.run_dir, spec.config))
+    return settled_dir(spec.run_dir, spec.config, spec.rounds)
+
+
+def settled_dir(run_dir: Path, config: Mapping[str, Any], rounds: int) -> bool:
+    """The run in ``run_dir`` has ``config`` and is complete or diverged (``settled`` without a spec)."""
+    return (is_complete(run_dir, rounds) or diverged(run_dir) is not None) and same_config(run_dir, config)
 
 
 def finished(run_dir: Path) -> bool:

@@ -19,20 +19,15 @@ LOG_FILES = ("config.yaml", "metrics.jsonl", "partition.json", "provenance.json"
              "estimator.json")
 
 
-def settled_run(run_dir: Path, config: Mapping[str, Any], rounds: int) -> bool:
-    """The run at ``run_dir`` has ``config`` and has finished (every round) or diverged: nothing left to train."""
-    from fedent.experiments.reproduce import diverged, is_complete, same_config
-
-    return same_config(run_dir, config) and (is_complete(run_dir, rounds) or diverged(run_dir) is not None)
-
-
 def adopt(run_dir: Path, config: Mapping[str, Any], rounds: int, sources: Sequence[Path]) -> Path | None:
     """Copy into the absent ``run_dir`` the logs of the first settled run with this config found among the
     ``sources`` (run directories, in order); the source it came from, or None (nothing copied)."""
+    from fedent.experiments.reproduce import settled_dir
+
     if run_dir.exists():
         return None
     for src in sources:
-        if src.is_dir() and settled_run(src, config, rounds):
+        if src.is_dir() and settled_dir(src, config, rounds):
             tmp = run_dir.with_name(f".{run_dir.name}.adopting")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)

@@ -286,10 +286,10 @@ class Tuner:
         (fedent.experiments.reuse)."""
         if stack < 1:
             raise ConfigError("--stack: must be >= 1")
-        for earlier in reuse:
+        self.stack, self.reuse = stack, [Path(p) for p in reuse]
+        for earlier in self.reuse:
             if not (earlier / "runs").is_dir():
                 raise ConfigError(f"--reuse {earlier}: not a search's output directory (it has no runs/)")
-        self.stack, self.reuse = stack, [Path(p) for p in reuse]
         if not 0 < fraction < 1:
             raise ConfigError(f"--validation-fraction: must be in (0, 1), got {fraction}")
         if max_extend < 0:
