@@ -547,6 +547,9 @@ FEDPROX_ROW = TunedRow("fedprox", "fedprox-lr9-mu0.0001", (("algorithm.mu", 0.01
 FEDADAM_TAU_ROW = TunedRow("fedadam", "fedadam-lr9", (("algorithm.server_lr", 0.01), ("algorithm.tau", 0.001)))
 FEDNORM_BETA_ROW = TunedRow("fednorm", "fednorm-lr9", (("algorithm.beta", 0.99),))
 FEDNORM_GAMMA_ROW = TunedRow("fednorm", "fednorm-lr9", (("algorithm.beta", 0.99), ("algorithm.gamma", 0.99)))
+FEDADAM_BETAS_ROW = TunedRow("fedadam", "fedadam-lr9-tau0.0001",
+                             (("algorithm.server_lr", 0.01), ("algorithm.tau", 0.001), ("algorithm.beta1", 0.9),
+                              ("algorithm.beta2", 0.99)))
 SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TUNED_ROWS[1], "fedent-tune-2seeds-logs.tar.gz", "tune-logs.tar.gz"),
                  SeedSearch(TunedRow("fedcos", "fedcos-lr9"), "cosnorm-tune-2seeds-logs.tar.gz",
@@ -590,15 +593,19 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                             read=(0, 1, 2), named=("algorithm.beta",)),
                  SeedSearch(FEDNORM_GAMMA_ROW, "fednorm-knobs-tune-3seeds-logs.tar.gz",
                             "fednorm-beta-tune-3seeds-logs.tar.gz", ("algorithm.beta", "algorithm.gamma"),
-                            seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.gamma",))]
+                            seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.gamma",)),
+                 SeedSearch(FEDADAM_BETAS_ROW, "fedadam-betas-tune-3seeds-logs.tar.gz",
+                            "fedadam-tau-tune-3seeds-logs.tar.gz",
+                            ("algorithm.server_lr", "algorithm.tau", "algorithm.beta1", "algorithm.beta2"),
+                            seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2"))]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
 GLANCE = {("fedavg", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
           **{("fedent", k): "dynent-tune-3seeds-logs.tar.gz"
              for k in ("train.lr", "algorithm.beta", "algorithm.gamma")},
-          **{("fedadam", k): "fedadam-tau-tune-3seeds-logs.tar.gz"
-             for k in ("train.lr", "algorithm.server_lr", "algorithm.tau")},
+          **{("fedadam", k): "fedadam-betas-tune-3seeds-logs.tar.gz"
+             for k in ("train.lr", "algorithm.server_lr", "algorithm.tau", "algorithm.beta1", "algorithm.beta2")},
           **{("feddyn", k): "dynent-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.alpha")},
           **{("fedprox", k): "fedprox-tune-3seeds-logs.tar.gz" for k in ("train.lr", "algorithm.mu")},
           ("fedcos", "train.lr"): "avgcosnorm-tune-3seeds-logs.tar.gz",
@@ -615,7 +622,8 @@ def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path
     names = {"fedavg": "FedAvg", "fedent": "FedEnt", "fedadam": "FedAdam", "feddyn": "FedDyn", "fedprox": "FedProx",
              "fedcos": "FedCos", "fednorm": "FedNorm"}
     knob_names = {"algorithm.beta": "β", "algorithm.gamma": "γ", "algorithm.server_lr": "server rate",
-                  "algorithm.alpha": "α", "algorithm.mu": "μ", "algorithm.tau": "τ"}
+                  "algorithm.alpha": "α", "algorithm.mu": "μ", "algorithm.tau": "τ",
+                  "algorithm.beta1": "β1", "algorithm.beta2": "β2"}
     text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     table = text.split("**Tuning at a glance**", 1)[1].split("\n\n| algorithm |", 1)[1].split("\n\n")[0]
     assert len(table.splitlines()) == 2 + len(GLANCE)  # the header, its rule, one row per knob: none untested
@@ -649,7 +657,8 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     base rate, β and γ, and FedAdam's rate and server rate, each on seeds 0, 1 and 2; seventeenth: FedAvg's, FedCos's
     and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2; eighteenth: FedAdam's rate, server rate and τ,
     its earlier runs copied in under names with τ; nineteenth: FedNorm's rate and β, its earlier runs copied in under
-    names with β, then its rate, β and γ, those runs copied in under names with γ) and docs/results.md: a search run
+    names with β, then its rate, β and γ, those runs copied in under names with γ; twentieth: FedAdam's rate, server
+    rate, τ, β1 and β2, its τ search's runs copied in under names with β1 and β2) and docs/results.md: a search run
     again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
@@ -723,7 +732,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
                  for j in range(len(search.seeds))]
         chooses = " | ".join(f"**{c:g}**" for c in alone)
         assert f"| {algorithm} | {knob['key']} | alone chooses | {chooses} | **{best:g}** |" in md
-        every = {2: "both seeds", 3: "all three seeds"}[len(search.seeds)]
+        every = {2: "both seeds", 3: "all three seeds", 4: "all four seeds"}[len(search.seeds)]
         said = ", ".join(f"{v:g} (" + (f"diverged on {every}" if all(x is None for x in sc) else
                                        _listed([f"{100 * x:.2f}%" if x is not None else "diverged" for x in sc])) + ")"
                          for v, sc in sorted(per_seed.items()))
