@@ -1086,3 +1086,33 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
                         ("`fedadam-lr9-tau0.0001`", "fedadam-lr9-tau0.0001")):
         said = f"{name}'s end point against `fedent-lr9` is {leads[label].replace('-', '−')} on seeds 0, 1, 2"
         assert said in page, leads
+
+
+def _mechanism_rates(page: Path) -> dict[str, tuple[str, str, str]]:
+    """Each run's (mean η in the first round, in the last round, max η) from a page's generated mechanism tables."""
+    rates: dict[str, tuple[str, str, str]] = {}
+    for table in _generated(page.read_text(encoding="utf-8")).split("| run | solves |")[1:]:
+        header = ["run", "solves", *(c.strip() for c in table.split("\n", 1)[0].strip().strip("|").split("|"))]
+        first, last, top = (header.index(h) for h in ("mean η, first round", "mean η, last round", "max η"))
+        for line in table.split("\n")[2:]:
+            if not line.startswith("| "):
+                break
+            row = [c.strip() for c in line.strip().strip("|").split("|")]
+            rates[row[0]] = (row[first], row[last], row[top])
+    return rates
+
+
+def test_the_rates_first_and_last_round_means_quoted_in_prose_are_a_mechanism_table_row() -> None:
+    """Every "A in round 1 and/to B in round 50" the real-MNIST discussions quote is one run's θ-weighted mean rate in
+    its first and last round, as a generated mechanism table prints it (a sentence once quoted a run's largest rate
+    as its last round's mean)."""
+    rows = {**_mechanism_rates(ROOT / "docs" / "mnist" / "results.md"),
+            **_mechanism_rates(ROOT / "docs" / "mnist-cpu" / "results.md")}
+    pairs = {(first, last) for first, last, _ in rows.values()}
+    quoted = []
+    for page in (ROOT / "docs" / "results.md", ROOT / "docs" / "mnist-cpu" / "results.md"):
+        text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
+        for m in re.finditer(r"(\d\.\d+) in round 1 (?:and|to) (\d\.\d+) in round 50", text):
+            assert (m[1], m[2]) in pairs, (page.name, m[0], sorted(pairs))
+            quoted.append(m[0])
+    assert len(quoted) >= 5, quoted  # fedent, fedent-lr9 and fedent-lr9-gamma0.999, on both pages
