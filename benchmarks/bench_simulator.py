@@ -18,6 +18,11 @@ not count waiting for fsync, which the wall-time ratio on a quiet machine does.
     python benchmarks/bench_simulator.py                      # full data (600 samples per client)
     python benchmarks/bench_simulator.py --quick --rounds 2   # 12,000 samples, for CI-size machines
     python benchmarks/bench_simulator.py --device cuda --executors sequential,vectorised   # issue 16's ratios
+    python benchmarks/bench_simulator.py --algorithms fedavg --perf none,channels_last   # a train.perf lever on/off
+
+``--perf`` names lever sets (``none``, or levers joined by ``+``: ``channels_last``, ``autocast_bf16``,
+``eval_batched``, ``cudnn_benchmark``, ``compile``), each timed as its own simulator contender in the same
+alternation, with its model's largest difference from the lever-free simulator's after the timed rounds.
 """
 
 from __future__ import annotations
@@ -67,11 +72,29 @@ def make_inputs(max_train: int | None, root: str | None = None) -> RunInputs:
                      partition_info={"md5": part.md5()})
 
 
-def config(algorithm: str, rounds: int, device: str, executor: str = "sequential") -> ExperimentConfig:
+def perf_options(levers: str) -> dict[str, Any]:
+    """``train.perf`` for a ``--perf`` entry: ``none``, or lever names joined by ``+``."""
+    out: dict[str, Any] = {}
+    for lever in (s.strip() for s in levers.split("+")):
+        if lever in ("", "none"):
+            continue
+        if lever == "autocast_bf16":
+            out["autocast"] = "bf16"
+        elif lever in ("channels_last", "eval_batched", "cudnn_benchmark", "compile"):
+            out[lever] = True
+        else:
+            raise SystemExit(f"--perf: unknown lever {lever!r} (channels_last, autocast_bf16, eval_batched, "
+                             "cudnn_benchmark, compile)")
+    return out
+
+
+def config(algorithm: str, rounds: int, device: str, executor: str = "sequential",
+           perf: Mapping[str, Any] | None = None) -> ExperimentConfig:
     return config_from_dict({
         "name": "bench", "data": {"name": "fashion-mnist", "num_clients": NUM_CLIENTS, "partition": "pathological"},
         "train": {"rounds": rounds, "fraction": FRACTION, "local_epochs": EPOCHS, "batch_size": BATCH, "lr": LR,
-                  "eval_every": 10_000, "seed": SEED, "device": device, "executor": executor},
+                  "eval_every": 10_000, "seed": SEED, "device": device, "executor": executor,
+                  "perf": dict(perf or {})},
         "algorithm": {"name": algorithm},
     })
 
@@ -152,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-root", default=None, help="Fashion-MNIST files here (default: the system copy)")
     ap.add_argument("--executors", default="sequential",
                     help="comma-separated simulator executors to time (sequential, vectorised)")
+    ap.add_argument("--perf", default="none",
+                    help="comma-separated train.perf lever sets to time, each 'none' or levers joined by '+' "
+                         "(channels_last, autocast_bf16, eval_batched, cudnn_benchmark, compile)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,23 +191,32 @@ def main(argv: list[str] | None = None) -> int:
           f"threads {torch.get_num_threads()}, {args.rounds} timed rounds x {args.repeats} repeats")
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     execs = [e.strip() for e in args.executors.split(",") if e.strip()]
+    levers = [s.strip() for s in args.perf.split(",") if s.strip()] or ["none"]
+    perfs = {s: perf_options(s) for s in levers}
     bare: list[Timing] = []
-    sims: dict[tuple[str, str], list[Timing]] = {(a, e): [] for a in algos for e in execs}
+    keys = [(a, e, s) for a in algos for e in execs for s in levers]
+    sims: dict[tuple[str, str, str], list[Timing]] = {k: [] for k in keys}
+    finals: dict[tuple[str, str, str], list[Tensor]] = {}
     for _ in range(args.repeats):
         times, _ = bare_loop(inputs, rounds, dev)
         bare += times[1:]  # round 0 warms up
-        for a in algos:
-            for e in execs:
-                stimes, _ = sim_round_times(inputs, a, rounds, args.device, e)
-                sims[a, e] += stimes[1:]
+        for a, e, s in keys:
+            cfg = config(a, rounds, args.device, e, perfs[s])
+            stimes, finals[a, e, s] = sim_round_times(inputs, a, rounds, args.device, e, cfg)
+            sims[a, e, s] += stimes[1:]
     for clock in ("cpu", "wall"):
         b = statistics.median(getattr(t, clock) for t in bare)
         print(f"[{clock} time] bare loop                  : median {b:.3f} s/round (of {len(bare)} rounds)")
-        for a in algos:
-            for e in execs:
-                m = statistics.median(getattr(t, clock) for t in sims[a, e])
-                print(f"[{clock} time] simulator {a:<7} {e:<10}: median {m:.3f} s/round  ->  ratio {m / b:.3f}x "
-                      f"of bare, speed-up {b / m:.2f}x")
+        for a, e, s in keys:
+            m = statistics.median(getattr(t, clock) for t in sims[a, e, s])
+            tag = "" if len(levers) == 1 else f" {s:<14}"
+            print(f"[{clock} time] simulator {a:<7} {e:<10}{tag}: median {m:.3f} s/round  ->  ratio {m / b:.3f}x "
+                  f"of bare, speed-up {b / m:.2f}x")
+    for a, e, s in keys:
+        ref = finals.get((a, e, "none"))
+        if s != "none" and ref is not None:
+            diff = max(float((x.cpu() - y.cpu()).abs().max()) for x, y in zip(ref, finals[a, e, s], strict=True))
+            print(f"levers {s} ({a}, {e}): max |w - w(no levers)| after {rounds - 1} rounds = {diff:.2e}")
     for e in execs:
         check_same_model(inputs, dev, args.device, e)
     return 0
