@@ -48,6 +48,18 @@ class Plan:
     sections: tuple[Section, ...]
     runs: tuple[RunSpec, ...]  # in execution order: seed-major, then section order; no duplicates
     tuned: Mapping[str, Tuned] = field(default_factory=dict)  # setting -> the tuned.json its rows use (--tuned)
+    overrides: tuple[str, ...] = ()  # --set key=value, applied to every setting after its own overrides
+
+
+def effective_overrides(*lists: Sequence[str]) -> list[str]:
+    """``key=value`` lists applied in turn, as ``apply_overrides`` applies them: a later value of a key replaces an
+    earlier one in its place, so a report names what the runs were trained with (``--set train.local_eval=0``
+    over a setting's ``train.local_eval=5`` reads ``train.local_eval=0``)."""
+    out: dict[str, str] = {}
+    for items in lists:
+        for item in items:
+            out[item.split("=", 1)[0].strip()] = item
+    return list(out.values())
 
 
 # ---- building the plan -----------------------------------------------------------------------------------
@@ -159,7 +171,7 @@ def build_plan(profile: Profile, seeds: Sequence[int], out_dir: str | Path, conf
             for label in sec.rows_for(key):
                 add(key, label, seed)
     used = {k: t for k, t in tuned.items() if k in bases}
-    return Plan(profile, tuple(int(s) for s in seeds), sections, tuple(runs.values()), used)
+    return Plan(profile, tuple(int(s) for s in seeds), sections, tuple(runs.values()), used, tuple(overrides))
 
 
 def read_tuned(texts: Sequence[str], profile: Profile) -> dict[str, Tuned]:
@@ -251,7 +263,7 @@ def trim_plan(plan: Plan, budget_steps: int, cost: Callable[[RunSpec], int] | No
             break
         runs = [r for r in runs if (r.setting, r.seed) != unit]
         dropped.append(unit)
-    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs), plan.tuned), dropped
+    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs), plan.tuned, plan.overrides), dropped
 
 
 def validate_plan_configs(plan: Plan) -> None:

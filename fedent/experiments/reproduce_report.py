@@ -28,7 +28,7 @@ from fedent import provenance, runlog
 from fedent.experiments import paired, robustness
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
-from fedent.experiments.plan import Plan, RunSpec
+from fedent.experiments.plan import Plan, RunSpec, effective_overrides
 from fedent.experiments.reproduce import diverged, is_complete
 from fedent.plot_data import local_accuracies
 from fedent.plots import plot_acc_loss, plot_eta, plot_local_spread, plot_phi2
@@ -246,7 +246,7 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         st = prof.setting(key)
         cfg = next(iter(specs[key].values())).config
         settings[key] = {"title": st.title, "paper_ref": st.paper_ref, "base": st.base if isinstance(st.base, str)
-                         else "(inline)", "overrides": list(st.overrides),
+                         else "(inline)", "overrides": effective_overrides(st.overrides, plan.overrides),
                          "data": cfg["data"], "train": cfg["train"], "model": cfg["model"],
                          "privacy": cfg.get("privacy")}
     runs = [{"key": s.key, "complete": is_complete(s.run_dir, s.rounds), "diverged": diverged(s.run_dir),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedent.config import ConfigError
-from fedent.experiments.plan import build_plan, client_steps, drop_order, trim_plan
+from fedent.experiments.plan import build_plan, client_steps, drop_order, effective_overrides, trim_plan
 from fedent.experiments.profiles import get_profile
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -110,6 +110,21 @@ def test_set_overrides_every_setting_but_never_the_rows(tmp_path: Path) -> None:
                      ("train.conv=fft", "train.conv: must be one of direct, unfold, looped")):
         with pytest.raises(ConfigError, match=why):
             build_plan(get_profile("full"), [0], tmp_path, CONFIGS, only=["main"], overrides=[bad])
+
+
+def test_the_plan_keeps_its_set_overrides_and_a_later_value_of_a_key_replaces_the_earlier_in_place(
+        tmp_path: Path) -> None:
+    """What the report names as a setting's overrides: its own, then --set's, each key once with its last value."""
+    plan = build_plan(get_profile("full"), [0, 1], tmp_path, CONFIGS, only=["main"], rows=["fedavg"],
+                      settings=["pathological"], overrides=["train.local_eval=0", "train.conv=unfold"])
+    assert plan.overrides == ("train.local_eval=0", "train.conv=unfold")
+    assert all(s.config["train"]["local_eval"] == 0 for s in plan.runs)  # the profile's own value is 5
+    setting = get_profile("full").setting("pathological")
+    assert "train.local_eval=5" in setting.overrides
+    assert effective_overrides(setting.overrides, plan.overrides) == [
+        o.replace("local_eval=5", "local_eval=0") for o in setting.overrides] + ["train.conv=unfold"]
+    trimmed, dropped = trim_plan(plan, int(1.5 * client_steps(plan.runs[0].config)))
+    assert dropped and trimmed.overrides == plan.overrides
 
 
 def test_mnist_profile_is_the_papers_data_and_model_with_the_rate_controls(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The report's privacy table (issue 26): ε read from each run's own log beside the rows' final accuracy."""
+"""The report's privacy table (issue 26): ε read from each run's own log beside the rows' final accuracy; the
+settings line names the overrides the runs trained with."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ def test_the_privacy_section_is_one_table_of_epsilon_against_accuracy(tmp_path: 
             f"| {acc[('dp-central-z1', 'fedent')]:.2f} (n = 1) |") in report
     assert (f"| plain | none | — | — | {acc[('plain', 'fedavg')]:.2f} (n = 1) | "
             f"{acc[('plain', 'fedent')]:.2f} (n = 1) |") in report
+
+
+def test_the_settings_line_names_the_set_overrides_the_runs_trained_with(tmp_path: Path) -> None:
+    """``--set`` over a setting's own value of the same key: the report gives the value the runs trained with, once."""
+    base = {"name": "tiny", "data": {"name": "synthetic", "num_clients": 4, "partition": "iid"},
+            "train": {"rounds": 2, "fraction": 0.5, "local_epochs": 1, "batch_size": 4, "lr": 0.1, "device": "cpu"}}
+    prof = Profile("tiny", "test", (Setting("plain", "plain", base, ("train.local_eval=2", "train.lr=0.2")),),
+                   (Row("fedavg", "fedavg"),), (Section("main", "Main", ("plain",), ("fedavg",)),))
+    plan = build_plan(prof, [0], tmp_path / "out", CONFIGS, overrides=["train.local_eval=0"])
+    assert plan.runs[0].config["train"]["local_eval"] == 0
+    report = write_report(plan, tmp_path / "out", {"argv": ["fedent", "reproduce"], "machine": {}}).read_text()
+    assert "every setting also has `--set` `train.local_eval=0` `train.lr=0.2`):" in report
+    assert "local_eval=2" not in report
