@@ -54,6 +54,8 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
+    Page("full", "fedavg,fedent", 2, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
+         folder="full-cpu", seeds="0"),
 ]
 
 
@@ -1116,3 +1118,55 @@ def test_the_rates_first_and_last_round_means_quoted_in_prose_are_a_mechanism_ta
             assert (m[1], m[2]) in pairs, (page.name, m[0], sorted(pairs))
             quoted.append(m[0])
     assert len(quoted) >= 5, quoted  # fedent, fedent-lr9 and fedent-lr9-gamma0.999, on both pages
+
+
+def _main_rows(page: Path, heading: str) -> dict[str, list[str]]:
+    """Each row's cells in the page's first generated table after ``heading`` (a setting's bold line) whose header
+    starts with ``| row |``: the accuracy table; ``_paired_rows`` takes the one after it."""
+    block = _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1]
+    return _table_after(block, 1)
+
+
+def _paired_rows(page: Path, heading: str) -> dict[str, list[str]]:
+    return _table_after(_generated(page.read_text(encoding="utf-8")).split(heading, 1)[1], 2)
+
+
+def _table_after(block: str, nth: int) -> dict[str, list[str]]:
+    table = block.split("\n| row |", nth)[nth].split("\n\n", 1)[0]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip().strip("|").split("|")]
+                                          for line in table.splitlines()[2:])}
+
+
+def test_the_cpu_twin_replicates_the_unkept_h100_seed_as_its_page_says() -> None:
+    """docs/full-cpu/results.md: seed 0 of the pathological twin retrained on the CPU (logs kept) against the `full`
+    page's H100 seed 0 (logs lost): the finals within 0.02 points, FedEnt's mechanism row and the end points as
+    quoted, both pages' figures quoted as their tables print them."""
+    heading = "**MNIST-CNN, pathological, 20% of 100**"
+    cpu_page, h100_page = ROOT / "docs" / "full-cpu" / "results.md", ROOT / "docs" / "full" / "results.md"
+    cpu, h100 = _main_rows(cpu_page, heading), _main_rows(h100_page, heading)
+    text = re.sub(r"\s*\n\s*", " ", cpu_page.read_text(encoding="utf-8"))
+    final = {row: (float(cpu[row][1].split()[0]), float(h100[row][1].split()[0])) for row in ("fedavg", "fedent")}
+    assert all(abs(a - b) <= 0.02 for a, b in final.values()), final
+    (avg_cpu, avg_h100), (ent_cpu, ent_h100) = final["fedavg"], final["fedent"]
+    assert (f"ended FedAvg at {avg_h100:.2f}% and FedEnt at {ent_h100:.2f}%; here, in float32 on another machine, "
+            f"{avg_cpu:.2f}% and {ent_cpu:.2f}%") in text
+    assert "agrees with them to 0.02 points" in text
+
+    def mechanism(page: Path) -> list[str]:
+        row = next(line for line in _generated(page.read_text(encoding="utf-8")).splitlines()
+                   if line.startswith("| fedent | 1000 |"))
+        return [c.strip() for c in row.strip().strip("|").split("|")]
+
+    m_cpu, m_h100 = mechanism(cpu_page), mechanism(h100_page)
+    assert (f"η* = 0 in {m_cpu[2]} of the 1,000 solves (H100 {m_h100[2]}), at the cap in {m_cpu[3]} ({m_h100[3]})"
+            in text)
+    assert m_cpu[7:9] == m_h100[7:9]  # the θ-weighted mean rate in the first and last round: the same
+    assert f"{m_cpu[7]} in round 1 and {m_cpu[8]} in round 50 (the same on the H100)" in text
+    assert f"the largest rate {m_cpu[9]} ({m_h100[9]})" in text
+    paired = _paired_rows(cpu_page, heading)
+    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
+    delta = paired["fedavg"][2].split()[0].replace("-", "−")
+    said = f"end point (the mean of the last 5 rounds) {ends['fedent']}% against {ends['fedavg']}%, {delta} points"
+    assert said in text
+    to_target = {row: cpu[row][3].split()[0] for row in ("fedavg", "fedent")}
+    assert f"({float(to_target['fedent']):.0f} against {float(to_target['fedavg']):.0f})" in text
