@@ -197,10 +197,40 @@ def _log_covers_checkpoints(run_dir: Path) -> bool:
     return bool(found) and logged == list(range(1, len(logged) + 1)) and max(r for r, _ in found) < len(logged)
 
 
-def init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = ()) -> None:
-    """A pool worker's start: its GPU (``fedent.experiments.placement``: round-robin over ``gpus``), threads."""
+_POOL_STOP: Any = None  # in a pool worker: the pool's stop event (``process_pool``)
+
+
+class PoolStopping(RuntimeError):
+    """A task the pool had already handed to a worker's queue when it was told to stop: it is not started."""
+
+
+def _unless_stopped(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Every pool task's wrapper: once the pool is stopping, a task a worker takes from its queue does not start
+    (``cancel_futures`` cannot recall the few tasks a process pool queues ahead for its workers, and each would
+    otherwise begin a run, create its directory and take its lock, until the kill after the grace time)."""
+    if _POOL_STOP is not None and _POOL_STOP.is_set():
+        raise PoolStopping("not started: the pool was stopping")
+    return fn(*args, **kwargs)
+
+
+class _StoppablePool(ProcessPoolExecutor):
+    """A process pool whose tasks check the pool's stop event (``stop_workers`` sets it) before they start."""
+
+    def __init__(self, *args: Any, stop_event: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_event = stop_event
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return super().submit(_unless_stopped, fn, *args, **kwargs)
+
+
+def init_worker(threads: int, counter: Any = None, gpus: Sequence[str] = (), stop: Any = None) -> None:
+    """A pool worker's start: its GPU (``fedent.experiments.placement``: round-robin over ``gpus``), threads, and
+    the pool's stop event (``_unless_stopped``)."""
+    global _POOL_STOP
     from fedent.experiments.placement import take_slot
 
+    _POOL_STOP = stop
     take_slot(counter, gpus)
     import torch
 
@@ -219,8 +249,9 @@ def process_pool(workers: int, threads: int, gpus: Sequence[str] = (),
     in the main thread) it stops them instead (``stop_workers``): otherwise the command would hang until every
     running run had trained its last round."""
     ctx = get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
-                               initargs=(threads, ctx.Value("i", 0), tuple(gpus)))
+    stop = ctx.Event()
+    pool = _StoppablePool(max_workers=workers, mp_context=ctx, initializer=init_worker,
+                          initargs=(threads, ctx.Value("i", 0), tuple(gpus), stop), stop_event=stop)
     try:
         yield pool
     except BaseException:
@@ -230,9 +261,13 @@ def process_pool(workers: int, threads: int, gpus: Sequence[str] = (),
 
 
 def stop_workers(pool: ProcessPoolExecutor, grace_s: float) -> None:
-    """Stop the pool's runs as Ctrl-C stops one: nothing queued starts, each worker gets SIGINT (its round engine
-    writes status.json ``stopped`` and keeps its checkpoints, so the run resumes), and a worker still alive after
-    ``grace_s`` is killed."""
+    """Stop the pool's runs as Ctrl-C stops one: nothing queued starts (the futures not yet handed out are
+    cancelled, and a task already in a worker's queue finds the stop event set), each worker gets SIGINT (its round
+    engine writes status.json ``stopped`` and keeps its checkpoints, so the run resumes), and a worker still alive
+    after ``grace_s`` is killed."""
+    stop = getattr(pool, "stop_event", None)
+    if stop is not None:
+        stop.set()
     procs = list(getattr(pool, "_processes", {}).values())  # no public API stops a running task
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:

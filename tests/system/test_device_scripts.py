@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from datafiles import write_mnist_like
+from vectorised_support import TOL
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +106,9 @@ def test_the_device_check_dry_runs_its_step_and_levers_sections_with_the_looped_
 def test_the_device_check_dry_runs_its_stacked_section(tmp_path: Path) -> None:
     """Stacked runs (fedent reproduce --stack): the benchmark's table, stacked against one by one, and the full
     profile's pipeline with --stack 3; and the client-state benchmark (the state section): each a step that ends
-    well."""
+    well. Stacked runs agree with one by one to the stacking tests' tolerance (tests/fedent/rounds/test_stacking.py),
+    not bit for bit: a merged step convolves more clients in one grouped call, and on an AVX2 AMD EPYC box oneDNN's
+    kernel for it rounds differently (1.5e-8 after the benchmark's rounds), where an Intel box gave 0."""
     work, out = _scratch_repo(tmp_path), tmp_path / "out"
     write_mnist_like(work / "data" / "fashion-mnist", n_train=2000, n_test=200)  # what the pipeline reads
     _dry_run(work, out, SECTIONS="stacked state", PIPELINE_S="40")
@@ -121,7 +125,9 @@ def test_the_device_check_dry_runs_its_stacked_section(tmp_path: Path) -> None:
         statuses = [json.load(f) for n in names if n.startswith("./pipeline-stacked/runs/") and
                     n.endswith("/status.json") and (f := tar.extractfile(n)) is not None]
     assert "| one by one | 2 |" in table and "| stacked | 2 |" in table
-    assert "max |stacked - one by one| over the final models: 0.00e+00" in table
+    worst = re.search(r"max \|stacked - one by one\| over the final models: (\S+)\n", table)
+    assert worst is not None, table
+    assert float(worst[1]) <= TOL, worst[0]
     assert "| in the round |" in state_log and "| background |" in state_log
     assert "max |background - in the round| over the final models: 0.00e+00" in state_log
     assert "./pipeline-stacked/command.json" in names

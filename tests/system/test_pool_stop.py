@@ -69,3 +69,33 @@ def test_sigterm_stops_a_pooled_command_at_once_and_its_runs_resume(tmp_path: Pa
         assert 2 <= _lines(run / "metrics.jsonl") < ROUNDS
         written = config_from_dict(yaml.safe_load((run / "config.yaml").read_text()))
         assert prepare_run_dir(run, written, run.name) is True  # the same command goes on from its checkpoint
+
+
+def test_a_task_already_queued_for_a_worker_does_not_start_after_sigterm(tmp_path: Path) -> None:
+    """A process pool hands its workers one task more than they run, which ``cancel_futures`` cannot recall; it
+    used to start once the worker's run had stopped, creating its run directory and taking its lock until the kill
+    after the grace time (seen: `fedent reproduce` stopped by SIGTERM began seed 2's runs). Now it never starts."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("name: tiny\ndata: {name: synthetic, num_clients: 10, synthetic_train: 400, synthetic_test: 100}\n"
+                   f"train: {{rounds: {ROUNDS}, fraction: 0.3, local_epochs: 1, batch_size: 16, lr: 0.05, "
+                   "device: cpu}\nalgorithm: {name: fedavg}\n")
+    out = tmp_path / "compare"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fedent.cli", "compare", "--config", str(cfg), "--algorithms",
+                             "fedavg,fedprox,feddyn", "--seeds", "0", "--workers", "2", "--out", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first, queued = [out / "runs" / "fedavg-s0", out / "runs" / "fedprox-s0"], out / "runs" / "feddyn-s0"
+    try:
+        deadline = time.monotonic() + 300
+        while not all(_lines(r / "metrics.jsonl") >= 2 for r in first):  # both workers training
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-3000:])
+    assert all(json.loads((r / "status.json").read_text())["phase"] == "stopped" for r in first)
+    assert not queued.exists(), sorted(p.name for p in queued.iterdir())
