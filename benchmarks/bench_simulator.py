@@ -28,6 +28,7 @@ alternation, with its model's largest difference from the lever-free simulator's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from fedent.config import DataConfig, ExperimentConfig, config_from_dict
 from fedent.data import load_dataset, make_partition
 from fedent.inputs import RunInputs
 from fedent.models import build_model
+from fedent.perf import levers_named
 from fedent.rng import sample_clients, torch_generator
 from fedent.sim import run_simulation
 
@@ -74,18 +76,10 @@ def make_inputs(max_train: int | None, root: str | None = None) -> RunInputs:
 
 def perf_options(levers: str) -> dict[str, Any]:
     """``train.perf`` for a ``--perf`` entry: ``none``, or lever names joined by ``+``."""
-    out: dict[str, Any] = {}
-    for lever in (s.strip() for s in levers.split("+")):
-        if lever in ("", "none"):
-            continue
-        if lever == "autocast_bf16":
-            out["autocast"] = "bf16"
-        elif lever in ("channels_last", "eval_batched", "cudnn_benchmark", "compile"):
-            out[lever] = True
-        else:
-            raise SystemExit(f"--perf: unknown lever {lever!r} (channels_last, autocast_bf16, eval_batched, "
-                             "cudnn_benchmark, compile)")
-    return out
+    try:
+        return dataclasses.asdict(levers_named(levers.split("+")))
+    except ValueError as e:
+        raise SystemExit(f"--perf: {e}") from None
 
 
 def config(algorithm: str, rounds: int, device: str, executor: str = "sequential",

@@ -28,18 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedent.config import CONV_PATHS, PerfOptions  # noqa: E402
 from fedent.models import build_model  # noqa: E402
-from fedent.perf import apply_host, apply_trainer  # noqa: E402
+from fedent.perf import apply_host, apply_trainer, levers_named  # noqa: E402
 from fedent.trainer import LocalTrainer  # noqa: E402
 from fedent.vectorised_trainer import ClientRun, VectorisedTrainer  # noqa: E402
 
 
 def perf_options(spec: str) -> PerfOptions:
-    chosen = {s.strip() for s in spec.split(",") if s.strip()}
-    known = {"channels_last", "autocast_bf16", "compile", "cudnn_benchmark"}
-    if chosen - known:
-        raise SystemExit(f"--perf: unknown {sorted(chosen - known)}; known: {sorted(known)}")
-    return PerfOptions(cudnn_benchmark="cudnn_benchmark" in chosen, channels_last="channels_last" in chosen,
-                       autocast="bf16" if "autocast_bf16" in chosen else "off", compile="compile" in chosen)
+    try:
+        return levers_named(spec.split(","))
+    except ValueError as e:
+        raise SystemExit(f"--perf: {e}") from None
 
 
 def device_gaps(prof: profile) -> tuple[float, float]:

@@ -26,6 +26,20 @@ from fedent.config import PerfOptions
 from fedent.rounds.evaluation import ClientEval, FederatedEval, test_shards
 from fedent.trainer import LocalTrainer
 
+# the names apply_trainer and apply_host report, and eval_batched (applied where the simulator builds its evaluator)
+LEVERS = ("cudnn_benchmark", "channels_last", "autocast_bf16", "compile", "eval_batched")
+
+
+def levers_named(names: Sequence[str]) -> PerfOptions:
+    """``train.perf`` with the named levers on (the names ``apply_trainer`` and ``apply_host`` report, for the
+    benchmarks' ``--perf``); an unknown name is a ``ValueError`` naming the known ones."""
+    chosen = {n.strip() for n in names if n.strip() and n.strip() != "none"}
+    if unknown := sorted(chosen - set(LEVERS)):
+        raise ValueError(f"unknown lever {', '.join(unknown)}; known: {', '.join(LEVERS)}")
+    return PerfOptions(cudnn_benchmark="cudnn_benchmark" in chosen, channels_last="channels_last" in chosen,
+                       autocast="bf16" if "autocast_bf16" in chosen else "off", compile="compile" in chosen,
+                       eval_batched="eval_batched" in chosen)
+
 
 def autocast_forward(model: nn.Module, device_type: str) -> None:
     """``model``'s forward under bfloat16 autocast, its output back in float32 (losses and argmax in float32);

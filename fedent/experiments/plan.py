@@ -263,7 +263,7 @@ def trim_plan(plan: Plan, budget_steps: int, cost: Callable[[RunSpec], int] | No
             break
         runs = [r for r in runs if (r.setting, r.seed) != unit]
         dropped.append(unit)
-    return Plan(plan.profile, plan.seeds, plan.sections, tuple(runs), plan.tuned, plan.overrides), dropped
+    return dataclasses.replace(plan, runs=tuple(runs)), dropped
 
 
 def validate_plan_configs(plan: Plan) -> None:

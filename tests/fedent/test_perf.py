@@ -19,9 +19,9 @@ import torch
 from sim_support import tiny_config, tiny_inputs
 from torch import nn
 
-from fedent.config import ConfigError, config_from_dict
+from fedent.config import ConfigError, PerfOptions, config_from_dict
 from fedent.inputs import RunInputs
-from fedent.perf import evaluate_batched
+from fedent.perf import LEVERS, evaluate_batched, levers_named
 from fedent.rounds.evaluation import evaluate_shards
 from fedent.sim.simulator import SimResult, run_simulation
 from fedent.trainer import LocalTrainer
@@ -126,3 +126,19 @@ def test_bad_perf_options_name_their_key() -> None:
     raw["train"]["perf"] = {"channel_last": True}
     with pytest.raises(ConfigError, match=r"train\.perf: unknown key\(s\) channel_last \(did you mean channels_last"):
         config_from_dict(raw)
+
+
+def test_lever_names_turn_on_exactly_their_option_and_an_unknown_name_is_refused() -> None:
+    """The benchmarks' ``--perf`` names (bench_simulator, profile_step): each lever alone sets one option, ``none``
+    and blanks set none, and a misspelt lever is an error naming the known ones."""
+    off = PerfOptions()
+    assert levers_named(["none", " ", ""]) == off
+    changed = {name: {k for k, v in dataclasses.asdict(levers_named([name])).items() if v != getattr(off, k)}
+               for name in LEVERS}
+    assert changed == {"cudnn_benchmark": {"cudnn_benchmark"}, "channels_last": {"channels_last"},
+                       "autocast_bf16": {"autocast"}, "compile": {"compile"}, "eval_batched": {"eval_batched"}}
+    assert levers_named(["autocast_bf16"]).autocast == "bf16"
+    assert levers_named(list(LEVERS)) == PerfOptions(cudnn_benchmark=True, channels_last=True, autocast="bf16",
+                                                     compile=True, eval_batched=True)
+    with pytest.raises(ValueError, match="unknown lever channel_last; known: cudnn_benchmark, channels_last"):
+        levers_named(["channel_last"])

@@ -1090,27 +1090,30 @@ def test_the_baselines_test_rows_train_their_searches_choices_and_started_after_
         assert said in page, leads
 
 
-def _mechanism_rates(page: Path) -> dict[str, tuple[str, str, str]]:
-    """Each run's (mean η in the first round, in the last round, max η) from a page's generated mechanism tables."""
-    rates: dict[str, tuple[str, str, str]] = {}
-    for table in _generated(page.read_text(encoding="utf-8")).split("| run | solves |")[1:]:
+def _mechanism_rows(page: Path, heading: str | None = None) -> dict[str, dict[str, str]]:
+    """Each run's cells by column name (``η* = 0``, ``mean η, first round``, ``max η``, ...) from a page's
+    generated mechanism tables; with ``heading`` (a setting's bold line), that setting's alone."""
+    block = _generated(page.read_text(encoding="utf-8"))
+    if heading is not None:
+        block = block.split(heading, 1)[1].split("\n**", 1)[0]
+    rows: dict[str, dict[str, str]] = {}
+    for table in block.split("| run | solves |")[1:]:
         header = ["run", "solves", *(c.strip() for c in table.split("\n", 1)[0].strip().strip("|").split("|"))]
-        first, last, top = (header.index(h) for h in ("mean η, first round", "mean η, last round", "max η"))
         for line in table.split("\n")[2:]:
             if not line.startswith("| "):
                 break
-            row = [c.strip() for c in line.strip().strip("|").split("|")]
-            rates[row[0]] = (row[first], row[last], row[top])
-    return rates
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0]] = dict(zip(header, cells, strict=True))
+    return rows
 
 
 def test_the_rates_first_and_last_round_means_quoted_in_prose_are_a_mechanism_table_row() -> None:
     """Every "A in round 1 and/to B in round 50" the real-MNIST discussions quote is one run's θ-weighted mean rate in
     its first and last round, as a generated mechanism table prints it (a sentence once quoted a run's largest rate
     as its last round's mean)."""
-    rows = {**_mechanism_rates(ROOT / "docs" / "mnist" / "results.md"),
-            **_mechanism_rates(ROOT / "docs" / "mnist-cpu" / "results.md")}
-    pairs = {(first, last) for first, last, _ in rows.values()}
+    rows = {**_mechanism_rows(ROOT / "docs" / "mnist" / "results.md"),
+            **_mechanism_rows(ROOT / "docs" / "mnist-cpu" / "results.md")}
+    pairs = {(r["mean η, first round"], r["mean η, last round"]) for r in rows.values()}
     quoted = []
     for page in (ROOT / "docs" / "results.md", ROOT / "docs" / "mnist-cpu" / "results.md"):
         text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
@@ -1152,17 +1155,14 @@ def test_the_cpu_twin_replicates_the_unkept_h100_seed_as_its_page_says() -> None
             f"{avg_cpu:.2f}% and {ent_cpu:.2f}%") in text
     assert "agrees with them to 0.02 points" in text
 
-    def mechanism(page: Path) -> list[str]:
-        row = next(line for line in _generated(page.read_text(encoding="utf-8")).splitlines()
-                   if line.startswith("| fedent | 1000 |"))
-        return [c.strip() for c in row.strip().strip("|").split("|")]
-
-    m_cpu, m_h100 = mechanism(cpu_page), mechanism(h100_page)
-    assert (f"η* = 0 in {m_cpu[2]} of the 1,000 solves (H100 {m_h100[2]}), at the cap in {m_cpu[3]} ({m_h100[3]})"
-            in text)
-    assert m_cpu[7:9] == m_h100[7:9]  # the θ-weighted mean rate in the first and last round: the same
-    assert f"{m_cpu[7]} in round 1 and {m_cpu[8]} in round 50 (the same on the H100)" in text
-    assert f"the largest rate {m_cpu[9]} ({m_h100[9]})" in text
+    m_cpu, m_h100 = (_mechanism_rows(page, heading)["fedent"] for page in (cpu_page, h100_page))
+    zero, cap, first, last, top = "η* = 0", "η* at cap", "mean η, first round", "mean η, last round", "max η"
+    assert m_cpu["solves"] == m_h100["solves"] == "1000"
+    assert (f"η* = 0 in {m_cpu[zero]} of the 1,000 solves (H100 {m_h100[zero]}), at the cap in {m_cpu[cap]} "
+            f"({m_h100[cap]})") in text
+    assert (m_cpu[first], m_cpu[last]) == (m_h100[first], m_h100[last])  # the θ-weighted mean rates: the same
+    assert f"{m_cpu[first]} in round 1 and {m_cpu[last]} in round 50 (the same on the H100)" in text
+    assert f"the largest rate {m_cpu[top]} ({m_h100[top]})" in text
     paired = _paired_rows(cpu_page, heading)
     ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
     delta = paired["fedavg"][2].split()[0].replace("-", "−")
