@@ -4,7 +4,9 @@ Why: a generated report pairs every row against one reference (FedEnt), but a re
 "the tuned FedAvg beats FedAdam" needs the pair the sentence names. This reads the run directories a reproduce or
 compare run left (``<row>-s<seed>/metrics.jsonl``, ``partition.json``), pairs the end points (mean test accuracy
 of the last k evaluated rounds) seed by seed with :mod:`fedent.experiments.paired`, and prints a markdown table.
-A seed whose two runs were trained on different partitions is refused: such a pair is not a paired comparison.
+A seed whose two runs were trained on different partitions is refused: such a pair is not a paired comparison,
+and a run its status.json shows unfinished (still training, stopped, failed) is left out and named: the end point
+of a run cut short is not its row's.
 """
 
 from __future__ import annotations
@@ -25,16 +27,41 @@ class PairingError(ValueError):
     """Runs that cannot be paired (missing, or trained on different partitions)."""
 
 
-def runs_of(setting: Path, row: str) -> dict[int, Path]:
-    """``row``'s run directories under ``setting`` by seed (``<row>-s<seed>``; superseded copies skipped)."""
+def unfinished(run: Path) -> str | None:
+    """Why ``run`` is not a result yet: its status.json's phase is not ``done`` (kept logs without a status.json,
+    older archives, count as finished)."""
+    status = runlog.read_json(run / "status.json", default=None)
+    if isinstance(status, dict) and status.get("phase", "done") != "done":
+        return f"{run.name} ({status.get('phase')} at round {status.get('round')} of {status.get('rounds')})"
+    return None
+
+
+def _seeds(setting: Path, row: str) -> dict[int, Path]:
     out: dict[int, Path] = {}
     for d in sorted(setting.iterdir()) if setting.is_dir() else ():
         m = RUN.match(d.name)
         if d.is_dir() and m and m["row"] == row:
             out[int(m["seed"])] = d
-    if not out:
-        raise PairingError(f"no runs of row {row!r} in {setting} (expected {row}-s<seed> directories)")
     return out
+
+
+def runs_of(setting: Path, row: str) -> dict[int, Path]:
+    """``row``'s finished run directories under ``setting`` by seed (``<row>-s<seed>``; superseded copies and
+    unfinished runs skipped)."""
+    every = _seeds(setting, row)
+    if not every:
+        raise PairingError(f"no runs of row {row!r} in {setting} (expected {row}-s<seed> directories)")
+    out = {s: d for s, d in every.items() if unfinished(d) is None}
+    if not out:
+        raise PairingError(f"no finished runs of row {row!r} in {setting}: "
+                           + ", ".join(str(unfinished(d)) for d in every.values()))
+    return out
+
+
+def left_out(setting: Path, rows: Sequence[str]) -> list[str]:
+    """The unfinished runs of ``rows`` under ``setting``, as ``unfinished`` names them."""
+    return [why for row in dict.fromkeys(rows) for d in _seeds(setting, row).values()
+            if (why := unfinished(d)) is not None]
 
 
 def _md5(run: Path) -> str | None:
@@ -63,6 +90,8 @@ def table(setting: Path, rows: Sequence[str], against: Sequence[str], k: int = P
     for row in rows:
         for ref in against:
             lines.append(f"| {row} | {ref} | {P.fmt(pair(setting, row, ref, k))} |")
+    if cut := left_out(setting, [*rows, *against]):
+        lines += ["", f"Left out, unfinished: {', '.join(cut)}."]
     return "\n".join(lines) + "\n"
 
 

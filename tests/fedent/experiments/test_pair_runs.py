@@ -53,3 +53,22 @@ def test_runs_on_other_partitions_and_missing_rows_are_refused(tmp_path: Path,
         pair_runs.pair(s, "a", "b")
     assert pair_runs.main([str(s), "--rows", "a", "--against", "c"]) == 2
     assert "no runs of row 'c'" in capsys.readouterr().err
+
+
+def test_a_run_cut_short_is_left_out_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run still training (or stopped) has no end point of its row: pairing it would average a run's first rounds
+    with another's last (a reader paired a study's third seed two rounds into training)."""
+    s = tmp_path / "x"
+    _run(s, "a-s0", [0.4, 0.6])
+    _run(s, "b-s0", [0.3, 0.5])
+    _run(s, "a-s1", [0.1])
+    _run(s, "b-s1", [0.9])
+    (s / "a-s0" / "status.json").write_text(json.dumps({"phase": "done", "round": 2, "rounds": 2}))
+    (s / "a-s1" / "status.json").write_text(json.dumps({"phase": "training", "round": 1, "rounds": 2}))
+    p = pair_runs.pair(s, "a", "b", k=2)
+    assert p is not None and p.n == 1 and p.mean == pytest.approx(0.10)
+    assert pair_runs.table(s, ["a"], ["b"], k=2).splitlines()[-1] == \
+        "Left out, unfinished: a-s1 (training at round 1 of 2)."
+    (s / "a-s0" / "status.json").write_text(json.dumps({"phase": "failed", "round": 1, "rounds": 2}))
+    assert pair_runs.main([str(s), "--rows", "a", "--against", "b"]) == 2
+    assert "no finished runs of row 'a'" in capsys.readouterr().err
