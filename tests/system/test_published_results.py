@@ -25,11 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 class Page:
     profile: str
     rows: str
-    runs: int  # run directories in the archive: rows x seeds
-    setting: str
+    runs: int  # run directories in the archive: rows x seeds, over its settings
+    setting: str  # the settings the archive holds, comma-separated
     extra: tuple[str, ...] = ()
     folder: str | None = None  # under docs/; None: the profile's name ("": docs/results.md itself)
     seeds: str = "0,1,2"
+    archive: str | None = None  # its run logs under docs/, where another page's archive holds them
 
     @property
     def page(self) -> Path:
@@ -37,7 +38,7 @@ class Page:
 
     @property
     def logs(self) -> Path:
-        return self.page.parent / "results" / "run-logs.tar.gz"
+        return ROOT / "docs" / self.archive if self.archive else self.page.parent / "results" / "run-logs.tar.gz"
 
 
 PAGES = [
@@ -54,8 +55,11 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
-    Page("full", "fedavg,fedent", 2, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
-         folder="full-cpu", seeds="0"),
+    Page("full", "fedavg,fedent", 6, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
+         folder="full-cpu"),
+    # seed 0 alone, the counterpart of the `full` page's H100 seed 0, from the same archive
+    Page("full", "fedavg,fedent", 6, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
+         folder="full-cpu/seed0", seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
 
@@ -83,7 +87,7 @@ def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monk
     docs.mkdir()
     with tarfile.open(page.logs) as tar:
         tar.extractall(out, filter="data")
-    assert len(list((out / "runs" / page.setting).iterdir())) == page.runs
+    assert sum(len(list((out / "runs" / s).iterdir())) for s in page.setting.split(",")) == page.runs
     shutil.copyfile(page.page, docs / "results.md")
     rc = main(["reproduce", "--profile", page.profile, "--seeds", page.seeds, "--rows", page.rows, *page.extra,
                "--out", str(out), "--config-dir", str(ROOT / "configs"), "--report-only", "--publish", str(docs)])
@@ -1141,11 +1145,11 @@ def _table_after(block: str, nth: int) -> dict[str, list[str]]:
 
 
 def test_the_cpu_twin_replicates_the_unkept_h100_seed_as_its_page_says() -> None:
-    """docs/full-cpu/results.md: seed 0 of the pathological twin retrained on the CPU (logs kept) against the `full`
-    page's H100 seed 0 (logs lost): the finals within 0.02 points, FedEnt's mechanism row and the end points as
-    quoted, both pages' figures quoted as their tables print them."""
+    """docs/full-cpu/seed0/results.md: seed 0 of the pathological twin retrained on the CPU (logs kept) against the
+    `full` page's H100 seed 0 (logs lost): the finals within 0.02 points, FedEnt's mechanism row and the end points
+    as quoted, both pages' figures quoted as their tables print them."""
     heading = "**MNIST-CNN, pathological, 20% of 100**"
-    cpu_page, h100_page = ROOT / "docs" / "full-cpu" / "results.md", ROOT / "docs" / "full" / "results.md"
+    cpu_page, h100_page = ROOT / "docs" / "full-cpu" / "seed0" / "results.md", ROOT / "docs" / "full" / "results.md"
     cpu, h100 = _main_rows(cpu_page, heading), _main_rows(h100_page, heading)
     text = re.sub(r"\s*\n\s*", " ", cpu_page.read_text(encoding="utf-8"))
     final = {row: (float(cpu[row][1].split()[0]), float(h100[row][1].split()[0])) for row in ("fedavg", "fedent")}
@@ -1170,3 +1174,44 @@ def test_the_cpu_twin_replicates_the_unkept_h100_seed_as_its_page_says() -> None
     assert said in text
     to_target = {row: cpu[row][3].split()[0] for row in ("fedavg", "fedent")}
     assert f"({float(to_target['fedent']):.0f} against {float(to_target['fedavg']):.0f})" in text
+
+
+def test_the_cpu_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/results.md (3 seeds of the pathological twin, FedAvg and FedEnt at the paper's values): the
+    paired end points and their interval, each seed's difference ("on each of the 3 seeds", read from the kept logs),
+    the finals, rounds to target and the pooled mechanism figures as the page's tables print them; the seed-0 page
+    quotes the same interval."""
+    from fedent.experiments import pair_runs
+
+    heading = "**MNIST-CNN, pathological, 20% of 100**"
+    page = ROOT / "docs" / "full-cpu" / "results.md"
+    text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
+    main_rows, paired = _main_rows(page, heading), _paired_rows(page, heading)
+    assert "seeds 0, 1, 2;" in _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1].split("\n", 1)[0]
+    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
+    delta = paired["fedavg"][2].replace("-", "−")
+    assert delta.endswith("(n = 3)"), delta
+    interval = delta.removesuffix(" (n = 3)")
+    assert (f"end point (the mean of the last 5 rounds) {ends['fedent']}% against {ends['fedavg']}%, "
+            f"{interval.split(' [')[0]} points for FedAvg [{interval.split(' [')[1]}") in text
+    with tarfile.open(page.parent / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    setting = tmp_path / "runs" / "pathological"
+    avg, ent = (pair_runs.end_points(pair_runs.runs_of(setting, r), 5) for r in ("fedavg", "fedent"))
+    diffs = [100 * (avg[s] - ent[s]) for s in (0, 1, 2)]  # type: ignore[operator]
+    assert all(d < 0 for d in diffs)  # "FedEnt ends above FedAvg on each of the 3 seeds"
+    assert "seed by seed " + ", ".join(f"{d:.2f}".replace("-", "−") for d in diffs[:2]) + \
+        f" and {diffs[2]:.2f}".replace("-", "−") in text
+    assert "FedEnt ends above FedAvg on each of the 3 seeds" in text
+    assert f"Finals {main_rows['fedent'][1]}% against {main_rows['fedavg'][1]}%" in text
+    reach = paired["fedavg"][3].removesuffix(" (n = 3)")
+    lo, hi = (float(v) for v in reach.split("[")[1].rstrip("]").split(","))
+    assert lo < 0 < hi and f"show no difference ({reach.replace('-', '−')} rounds for FedAvg)" in text
+    m = _mechanism_rows(page, heading)["fedent"]
+    assert m["solves"] == "3000"
+    assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and at the cap in {m['η* at cap']}; the θ-weighted mean "
+            f"used rate {m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50") in text
+    logged = m["φ2' error (logged)"]
+    assert m["sign rule holds"].startswith("100.0%") and f"within a median {logged} as logged" in text
+    seed0 = re.sub(r"\s*\n\s*", " ", (page.parent / "seed0" / "results.md").read_text(encoding="utf-8"))
+    assert f"FedAvg ends {interval} points below FedEnt" in seed0
