@@ -55,11 +55,13 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
-    Page("full", "fedavg,fedent", 6, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
-         folder="full-cpu"),
-    # seed 0 alone, the counterpart of the `full` page's H100 seed 0, from the same archive
-    Page("full", "fedavg,fedent", 6, "pathological", ("--settings", "pathological", "--set", "train.local_eval=0"),
-         folder="full-cpu/seed0", seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
+    # the archive: 3 seeds of the pathological twin, and seed 0 of the EMNIST-L twin (on the seed-0 page only)
+    Page("full", "fedavg,fedent", 8, "pathological,emnist-dir1.0",
+         ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu"),
+    # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on both settings, from the same archive
+    Page("full", "fedavg,fedent", 8, "pathological,emnist-dir1.0",
+         ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu/seed0",
+         seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
 
@@ -1215,3 +1217,33 @@ def test_the_cpu_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_path:
     assert m["sign rule holds"].startswith("100.0%") and f"within a median {logged} as logged" in text
     seed0 = re.sub(r"\s*\n\s*", " ", (page.parent / "seed0" / "results.md").read_text(encoding="utf-8"))
     assert f"FedAvg ends {interval} points below FedEnt" in seed0
+
+
+def test_the_cpu_twin_replicates_the_unkept_h100_emnist_seed_as_its_page_says() -> None:
+    """docs/full-cpu/seed0/results.md, the EMNIST-L twin (α = 1.0): seed 0 of FedAvg and FedEnt retrained on the CPU
+    against the `full` page's H100 seed 0: the finals, the bound the page states on their distance, FedEnt's
+    mechanism figures and the end points, each as the two pages' tables print them."""
+    heading = "**EMNIST-L setting, α_d = 1.0**"
+    cpu_page, h100_page = ROOT / "docs" / "full-cpu" / "seed0" / "results.md", ROOT / "docs" / "full" / "results.md"
+    cpu, h100 = _main_rows(cpu_page, heading), _main_rows(h100_page, heading)
+    text = re.sub(r"\s*\n\s*", " ", cpu_page.read_text(encoding="utf-8"))
+    final = {row: (float(cpu[row][1].split()[0]), float(h100[row][1].split()[0])) for row in ("fedavg", "fedent")}
+    (avg_cpu, avg_h100), (ent_cpu, ent_h100) = final["fedavg"], final["fedent"]
+    assert (f"The H100 run of seed 0 ended FedAvg at {avg_h100:.2f}% and FedEnt at {ent_h100:.2f}%; here "
+            f"{avg_cpu:.2f}% and {ent_cpu:.2f}%") in text
+    m = re.search(r"the EMNIST-L finals are within (\d+\.\d+) points of the H100's", text)
+    assert m, "the page states how close the finals are"
+    gap = round(max(abs(a - b) for a, b in final.values()), 2)  # the tables print two decimals
+    assert gap <= float(m[1]) < gap + 0.011, (gap, m[1])
+
+    m_cpu, m_h100 = (_mechanism_rows(page, heading)["fedent"] for page in (cpu_page, h100_page))
+    zero, cap, first, last, top = "η* = 0", "η* at cap", "mean η, first round", "mean η, last round", "max η"
+    assert m_cpu["solves"] == m_h100["solves"] == "1000"
+    assert (f"η* = 0 in {m_cpu[zero]} of the 1,000 solves (H100 {m_h100[zero]}), at the cap in {m_cpu[cap]} "
+            f"({m_h100[cap]}), the θ-weighted mean rate {m_cpu[first]} in round 1 and {m_cpu[last]} in round 50 "
+            f"(H100 {m_h100[first]} and {m_h100[last]}), the largest rate {m_cpu[top]} ({m_h100[top]})") in text
+    paired = _paired_rows(cpu_page, heading)
+    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
+    delta = paired["fedavg"][2].split()[0].replace("-", "−")
+    assert (f"EMNIST-L end points (the mean of the last 5 rounds) FedEnt {ends['fedent']}% and FedAvg "
+            f"{ends['fedavg']}%, {delta} points for FedAvg") in text
