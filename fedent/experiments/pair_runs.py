@@ -29,8 +29,9 @@ class PairingError(ValueError):
 
 def unfinished(run: Path) -> str | None:
     """Why ``run`` is not a result yet: its status.json's phase is not ``done`` (kept logs without a status.json,
-    older archives, count as finished)."""
-    status = runlog.read_json(run / "status.json", default=None)
+    older archives, count as finished). Unlike ``reproduce.finished`` a diverged run is left out too: it has no end
+    point, as the generated reports print it."""
+    status = runlog.read_json(runlog.RunPaths(run).status, default=None)
     if isinstance(status, dict) and status.get("phase", "done") != "done":
         return f"{run.name} ({status.get('phase')} at round {status.get('round')} of {status.get('rounds')})"
     return None
