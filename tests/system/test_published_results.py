@@ -55,11 +55,11 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
-    # the archive: 3 seeds of the pathological twin, and seed 0 of the EMNIST-L twin (on the seed-0 page only)
-    Page("full", "fedavg,fedent", 8, "pathological,emnist-dir1.0",
-         ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu"),
+    # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0) twins
+    Page("full", "fedavg,fedent", 12, "pathological,emnist-dir1.0",
+         ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on both settings, from the same archive
-    Page("full", "fedavg,fedent", 8, "pathological,emnist-dir1.0",
+    Page("full", "fedavg,fedent", 12, "pathological,emnist-dir1.0",
          ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
 ]
@@ -95,6 +95,24 @@ def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monk
                "--out", str(out), "--config-dir", str(ROOT / "configs"), "--report-only", "--publish", str(docs)])
     assert rc == 0
     assert _generated((docs / "results.md").read_text(encoding="utf-8")) == _generated(page.page.read_text("utf-8"))
+
+
+# archives built by `python -m fedent.experiments.archive_runs` (the older ones were packed by hand)
+REBUILDABLE = ["full-cpu/results/run-logs.tar.gz"]
+
+
+@pytest.mark.parametrize("archive", REBUILDABLE)
+def test_the_archive_is_rebuilt_byte_for_byte_from_its_unpacked_logs(tmp_path: Path, archive: str) -> None:
+    """The page quotes the archive's sha256; unpacked and archived again it gives the same bytes, so the quoted
+    checksum names these logs and nothing the packing machine added."""
+    from fedent.experiments import archive_runs
+
+    kept = ROOT / "docs" / archive
+    with tarfile.open(kept) as tar:
+        tar.extractall(tmp_path / "out", filter="data")
+    again = archive_runs.archive(tmp_path / "out", tmp_path / "again.tar.gz")
+    assert again.left_out == ()
+    assert again.sha256 == hashlib.sha256(kept.read_bytes()).hexdigest()
 
 
 PHI2_LOGS = ROOT / "docs" / "results" / "phi2-offline-logs.tar.gz"
@@ -1247,3 +1265,45 @@ def test_the_cpu_twin_replicates_the_unkept_h100_emnist_seed_as_its_page_says() 
     delta = paired["fedavg"][2].split()[0].replace("-", "−")
     assert (f"EMNIST-L end points (the mean of the last 5 rounds) FedEnt {ends['fedent']}% and FedAvg "
             f"{ends['fedavg']}%, {delta} points for FedAvg") in text
+
+
+def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/results.md, the EMNIST-L twin (α = 1.0, 3 seeds, FedAvg and FedEnt at the paper's values): the
+    paired end points and interval, each seed's difference read from the kept logs ("on each of the 3 seeds"), the
+    finals, rounds to target and the pooled mechanism figures as the tables print them; the seed-0 page quotes the
+    same interval."""
+    from fedent.experiments import pair_runs
+
+    heading = "**EMNIST-L setting, α_d = 1.0**"
+    page = ROOT / "docs" / "full-cpu" / "results.md"
+    text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
+    main_rows, paired = _main_rows(page, heading), _paired_rows(page, heading)
+    assert "seeds 0, 1, 2;" in _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1].split("\n", 1)[0]
+    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
+    delta = paired["fedavg"][2]
+    assert delta.endswith("(n = 3)"), delta
+    interval = delta.removesuffix(" (n = 3)")
+    mean, bounds = interval.split(" [")
+    assert (f"end point (the mean of the last 5 rounds) {ends['fedavg']}% against {ends['fedent']}%, {mean} points "
+            f"for FedAvg [{bounds}") in text
+    lo, hi = (float(v) for v in bounds.rstrip("]").split(","))
+    assert 0 < lo < hi  # "FedAvg ends above FedEnt": the interval excludes no difference
+    with tarfile.open(page.parent / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    setting = tmp_path / "runs" / "emnist-dir1.0"
+    avg, ent = (pair_runs.end_points(pair_runs.runs_of(setting, r), 5) for r in ("fedavg", "fedent"))
+    diffs = [100 * (avg[s] - ent[s]) for s in (0, 1, 2)]  # type: ignore[operator]
+    assert all(d > 0 for d in diffs) and "FedAvg ends above FedEnt on each of the 3 seeds" in text
+    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in diffs[:2]) + f" and {diffs[2]:+.2f}" in text
+    assert f"Finals {main_rows['fedavg'][1]}% against {main_rows['fedent'][1]}%" in text
+    assert paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
+    m = _mechanism_rows(page, heading)["fedent"]
+    assert m["solves"] == "3000" and m["η* at cap"] == "0%" and m["sign rule holds"].startswith("100.0%")
+    assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and never at the cap; the θ-weighted mean used rate "
+            f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the base rate "
+            f"{m['base lr']} (largest {m['max η']})") in text
+    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
+    logged = m["φ2' error (logged)"]
+    assert f"within a median {logged} as logged" in text
+    seed0 = re.sub(r"\s*\n\s*", " ", (page.parent / "seed0" / "results.md").read_text(encoding="utf-8"))
+    assert f"FedAvg ends {interval} points above FedEnt" in seed0
