@@ -1196,45 +1196,66 @@ def test_the_cpu_twin_replicates_the_unkept_h100_seed_as_its_page_says() -> None
     assert f"({float(to_target['fedent']):.0f} against {float(to_target['fedavg']):.0f})" in text
 
 
+@dataclass(frozen=True)
+class ThreeSeeds:
+    """One setting of docs/full-cpu/results.md as its tables and kept logs give it (FedAvg against FedEnt)."""
+
+    text: str  # the page's prose, lines joined
+    seed0: str  # the seed-0 page's prose, lines joined
+    main: dict[str, list[str]]
+    paired: dict[str, list[str]]
+    mechanism: dict[str, str]
+    ends: dict[str, str]  # end points as the paired table prints them
+    interval: str  # FedAvg − FedEnt, "mean [lo, hi]", as printed
+    diffs: list[float]  # FedAvg − FedEnt per seed (points), read from the archive's logs
+
+
+def _joined(path: Path) -> str:
+    return re.sub(r"\s*\n\s*", " ", path.read_text(encoding="utf-8"))
+
+
+def _three_seeds(tmp_path: Path, heading: str, setting: str) -> ThreeSeeds:
+    from fedent.experiments import pair_runs
+
+    page = ROOT / "docs" / "full-cpu" / "results.md"
+    paired = _paired_rows(page, heading)
+    assert "seeds 0, 1, 2;" in _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1].split("\n", 1)[0]
+    delta = paired["fedavg"][2]
+    assert delta.endswith("(n = 3)"), delta
+    with tarfile.open(page.parent / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    runs = tmp_path / "runs" / setting
+    avg, ent = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent"))
+    return ThreeSeeds(_joined(page), _joined(page.parent / "seed0" / "results.md"), _main_rows(page, heading), paired,
+                      _mechanism_rows(page, heading)["fedent"],
+                      {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}, delta.removesuffix(" (n = 3)"),
+                      [100 * (avg[s] - ent[s]) for s in (0, 1, 2)])  # type: ignore[operator]
+
+
 def test_the_cpu_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
     """docs/full-cpu/results.md (3 seeds of the pathological twin, FedAvg and FedEnt at the paper's values): the
     paired end points and their interval, each seed's difference ("on each of the 3 seeds", read from the kept logs),
     the finals, rounds to target and the pooled mechanism figures as the page's tables print them; the seed-0 page
     quotes the same interval."""
-    from fedent.experiments import pair_runs
-
-    heading = "**MNIST-CNN, pathological, 20% of 100**"
-    page = ROOT / "docs" / "full-cpu" / "results.md"
-    text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
-    main_rows, paired = _main_rows(page, heading), _paired_rows(page, heading)
-    assert "seeds 0, 1, 2;" in _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1].split("\n", 1)[0]
-    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
-    delta = paired["fedavg"][2].replace("-", "−")
-    assert delta.endswith("(n = 3)"), delta
-    interval = delta.removesuffix(" (n = 3)")
-    assert (f"end point (the mean of the last 5 rounds) {ends['fedent']}% against {ends['fedavg']}%, "
+    t = _three_seeds(tmp_path, "**MNIST-CNN, pathological, 20% of 100**", "pathological")
+    text, paired, m = t.text, t.paired, t.mechanism
+    interval = t.interval.replace("-", "−")
+    assert (f"end point (the mean of the last 5 rounds) {t.ends['fedent']}% against {t.ends['fedavg']}%, "
             f"{interval.split(' [')[0]} points for FedAvg [{interval.split(' [')[1]}") in text
-    with tarfile.open(page.parent / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    setting = tmp_path / "runs" / "pathological"
-    avg, ent = (pair_runs.end_points(pair_runs.runs_of(setting, r), 5) for r in ("fedavg", "fedent"))
-    diffs = [100 * (avg[s] - ent[s]) for s in (0, 1, 2)]  # type: ignore[operator]
-    assert all(d < 0 for d in diffs)  # "FedEnt ends above FedAvg on each of the 3 seeds"
-    assert "seed by seed " + ", ".join(f"{d:.2f}".replace("-", "−") for d in diffs[:2]) + \
-        f" and {diffs[2]:.2f}".replace("-", "−") in text
+    assert all(d < 0 for d in t.diffs)  # "FedEnt ends above FedAvg on each of the 3 seeds"
+    assert "seed by seed " + ", ".join(f"{d:.2f}".replace("-", "−") for d in t.diffs[:2]) + \
+        f" and {t.diffs[2]:.2f}".replace("-", "−") in text
     assert "FedEnt ends above FedAvg on each of the 3 seeds" in text
-    assert f"Finals {main_rows['fedent'][1]}% against {main_rows['fedavg'][1]}%" in text
+    assert f"Finals {t.main['fedent'][1]}% against {t.main['fedavg'][1]}%" in text
     reach = paired["fedavg"][3].removesuffix(" (n = 3)")
     lo, hi = (float(v) for v in reach.split("[")[1].rstrip("]").split(","))
     assert lo < 0 < hi and f"show no difference ({reach.replace('-', '−')} rounds for FedAvg)" in text
-    m = _mechanism_rows(page, heading)["fedent"]
     assert m["solves"] == "3000"
     assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and at the cap in {m['η* at cap']}; the θ-weighted mean "
             f"used rate {m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50") in text
     logged = m["φ2' error (logged)"]
     assert m["sign rule holds"].startswith("100.0%") and f"within a median {logged} as logged" in text
-    seed0 = re.sub(r"\s*\n\s*", " ", (page.parent / "seed0" / "results.md").read_text(encoding="utf-8"))
-    assert f"FedAvg ends {interval} points below FedEnt" in seed0
+    assert f"FedAvg ends {interval} points below FedEnt" in t.seed0
 
 
 def test_the_cpu_twin_replicates_the_unkept_h100_emnist_seed_as_its_page_says() -> None:
@@ -1272,32 +1293,17 @@ def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_pa
     paired end points and interval, each seed's difference read from the kept logs ("on each of the 3 seeds"), the
     finals, rounds to target and the pooled mechanism figures as the tables print them; the seed-0 page quotes the
     same interval."""
-    from fedent.experiments import pair_runs
-
-    heading = "**EMNIST-L setting, α_d = 1.0**"
-    page = ROOT / "docs" / "full-cpu" / "results.md"
-    text = re.sub(r"\s*\n\s*", " ", page.read_text(encoding="utf-8"))
-    main_rows, paired = _main_rows(page, heading), _paired_rows(page, heading)
-    assert "seeds 0, 1, 2;" in _generated(page.read_text(encoding="utf-8")).split(heading, 1)[1].split("\n", 1)[0]
-    ends = {row: paired[row][1].split()[0] for row in ("fedavg", "fedent")}
-    delta = paired["fedavg"][2]
-    assert delta.endswith("(n = 3)"), delta
-    interval = delta.removesuffix(" (n = 3)")
-    mean, bounds = interval.split(" [")
-    assert (f"end point (the mean of the last 5 rounds) {ends['fedavg']}% against {ends['fedent']}%, {mean} points "
-            f"for FedAvg [{bounds}") in text
+    t = _three_seeds(tmp_path, "**EMNIST-L setting, α_d = 1.0**", "emnist-dir1.0")
+    text, m = t.text, t.mechanism
+    mean, bounds = t.interval.split(" [")
+    assert (f"end point (the mean of the last 5 rounds) {t.ends['fedavg']}% against {t.ends['fedent']}%, {mean} "
+            f"points for FedAvg [{bounds}") in text
     lo, hi = (float(v) for v in bounds.rstrip("]").split(","))
     assert 0 < lo < hi  # "FedAvg ends above FedEnt": the interval excludes no difference
-    with tarfile.open(page.parent / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    setting = tmp_path / "runs" / "emnist-dir1.0"
-    avg, ent = (pair_runs.end_points(pair_runs.runs_of(setting, r), 5) for r in ("fedavg", "fedent"))
-    diffs = [100 * (avg[s] - ent[s]) for s in (0, 1, 2)]  # type: ignore[operator]
-    assert all(d > 0 for d in diffs) and "FedAvg ends above FedEnt on each of the 3 seeds" in text
-    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in diffs[:2]) + f" and {diffs[2]:+.2f}" in text
-    assert f"Finals {main_rows['fedavg'][1]}% against {main_rows['fedent'][1]}%" in text
-    assert paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
-    m = _mechanism_rows(page, heading)["fedent"]
+    assert all(d > 0 for d in t.diffs) and "FedAvg ends above FedEnt on each of the 3 seeds" in text
+    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in t.diffs[:2]) + f" and {t.diffs[2]:+.2f}" in text
+    assert f"Finals {t.main['fedavg'][1]}% against {t.main['fedent'][1]}%" in text
+    assert t.paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
     assert m["solves"] == "3000" and m["η* at cap"] == "0%" and m["sign rule holds"].startswith("100.0%")
     assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and never at the cap; the θ-weighted mean used rate "
             f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the base rate "
@@ -1305,5 +1311,4 @@ def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_pa
     assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
     logged = m["φ2' error (logged)"]
     assert f"within a median {logged} as logged" in text
-    seed0 = re.sub(r"\s*\n\s*", " ", (page.parent / "seed0" / "results.md").read_text(encoding="utf-8"))
-    assert f"FedAvg ends {interval} points above FedEnt" in seed0
+    assert f"FedAvg ends {t.interval} points above FedEnt" in t.seed0
