@@ -55,12 +55,13 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
-    # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0) twins
-    Page("full", "fedavg,fedent", 12, "pathological,emnist-dir1.0",
+    # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0) twins, seed 0 of EMNIST-L at α = 0.5
+    Page("full", "fedavg,fedent", 14, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu"),
-    # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on both settings, from the same archive
-    Page("full", "fedavg,fedent", 12, "pathological,emnist-dir1.0",
-         ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu/seed0",
+    # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
+    Page("full", "fedavg,fedent", 14, "pathological,emnist-dir1.0,emnist-dir0.5",
+         ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
+         folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
@@ -1312,3 +1313,28 @@ def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_pa
     logged = m["φ2' error (logged)"]
     assert f"within a median {logged} as logged" in text
     assert f"FedAvg ends {t.interval} points above FedEnt" in t.seed0
+
+
+def test_the_first_emnist_alpha_half_seed_says_what_its_tables_show() -> None:
+    """docs/full-cpu/seed0/results.md, the EMNIST-L twin at α = 0.5 (one seed, no H100 counterpart): finals, end
+    points, rounds to target and FedEnt's mechanism figures as the tables print them, and "n = 1" said."""
+    heading = "**EMNIST-L setting, α_d = 0.5**"
+    page = ROOT / "docs" / "full-cpu" / "seed0" / "results.md"
+    text = _joined(page)
+    main_rows, paired = _main_rows(page, heading), _paired_rows(page, heading)
+    m = _mechanism_rows(page, heading)["fedent"]
+    final = {row: main_rows[row][1].removesuffix(" (n = 1)") for row in ("fedavg", "fedent")}
+    ends = {row: paired[row][1].removesuffix(" (n = 1)") for row in ("fedavg", "fedent")}
+    delta = paired["fedavg"][2]
+    assert delta.endswith("(n = 1, no interval)"), delta
+    assert (f"Finals FedAvg {final['fedavg']}% and FedEnt {final['fedent']}%; end points (the mean of the last 5 "
+            f"rounds) {ends['fedavg']}% and {ends['fedent']}%, {delta.split()[0]} points for FedAvg: one seed, no "
+            "interval, no difference shown") in text
+    reach = {row: float(main_rows[row][3].split()[0]) for row in ("fedavg", "fedent")}
+    assert (f"FedEnt reaches the 79% target in round {reach['fedent']:.0f}, FedAvg in round {reach['fedavg']:.0f}"
+            in text)
+    assert m["solves"] == "1000" and m["sign rule holds"].startswith("100.0%")
+    assert (f"η* = 0 in {m['η* = 0']} of the 1,000 solves, at the cap in {m['η* at cap']}, the θ-weighted mean rate "
+            f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the base rate "
+            f"{m['base lr']}, the largest rate {m['max η']}") in text
+    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
