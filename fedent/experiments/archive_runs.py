@@ -20,7 +20,6 @@ import argparse
 import gzip
 import hashlib
 import io
-import os
 import sys
 import tarfile
 from collections.abc import Iterable, Sequence
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedent import runlog
-from fedent.experiments.reproduce import finished
+from fedent.experiments.reproduce import SUPERSEDED, finished
 
 CALL_FILES = ("command.json", "commands.jsonl", "tune.md", "tuned.json")
 _LAYOUT = runlog.RunPaths(Path("."))
@@ -53,18 +52,18 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def _why_left_out(run: Path, root: Path) -> str | None:
-    rel = run.relative_to(root).as_posix()
-    if any(".superseded-" in part for part in run.relative_to(root).parts):
-        return f"{rel} (superseded copy)"
+    rel = run.relative_to(root)
+    if any(SUPERSEDED in part for part in rel.parts):
+        return f"{rel.as_posix()} (superseded copy)"
     if not finished(run):
         status = runlog.read_json(runlog.RunPaths(run).status, default=None)
         phase = status.get("phase") if isinstance(status, dict) else "unreadable status.json"
-        return f"{rel} ({phase}, not finished)"
+        return f"{rel.as_posix()} ({phase}, not finished)"
     return None
 
 
 def members(root: Path) -> tuple[list[Path], list[str], list[str]]:
-    """The files to archive (sorted, below ``root``), the runs they hold and the runs left out with why."""
+    """The files to archive (below ``root``), the runs they hold and the runs left out with why."""
     files = [root / name for name in CALL_FILES if (root / name).is_file()]
     kept: list[str] = []
     left_out: list[str] = []
@@ -75,7 +74,7 @@ def members(root: Path) -> tuple[list[Path], list[str], list[str]]:
             continue
         kept.append(run.relative_to(root).as_posix())
         files += [run / name for name in RUN_FILES if (run / name).is_file()]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix()), kept, left_out
+    return files, kept, left_out
 
 
 def _dirs_of(names: Iterable[str]) -> list[str]:
@@ -95,7 +94,7 @@ def _info(name: str, size: int, directory: bool) -> tarfile.TarInfo:
 
 
 def tar_bytes(root: Path, files: Sequence[Path]) -> bytes:
-    """The gzip'd tar of ``files`` (paths below ``root``), the same bytes for the same files on any machine."""
+    """The gzip'd tar of ``files`` (paths below ``root``, any order), the same bytes for the same files anywhere."""
     names = [f.relative_to(root).as_posix() for f in files]
     entries: list[tuple[str, Path | None]] = [(d, None) for d in _dirs_of(names)]
     entries = sorted(entries + list(zip(names, files, strict=True)), key=lambda e: e[0])
@@ -122,10 +121,7 @@ def archive(root: Path, dest: Path) -> Archived:
         raise ValueError(f"{root}: no finished run to archive"
                          + (f" (left out: {', '.join(left_out)})" if left_out else ""))
     data = tar_bytes(root, files)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
+    runlog.atomic_write_bytes(dest, data)
     return Archived(hashlib.sha256(data).hexdigest(), tuple(kept), tuple(left_out))
 
 

@@ -89,10 +89,13 @@ def finished(run_dir: Path) -> bool:
     return (isinstance(status, dict) and status.get("phase") == "done") or diverged(run_dir) is not None
 
 
+SUPERSEDED = ".superseded-"  # a set-aside run directory's name: ``<run>.superseded-<n>``
+
+
 def set_aside(run_dir: Path) -> Path:
     """Move ``run_dir`` to a free ``<name>.superseded-<n>`` beside it; returns where it went."""
     n = 1
-    while (kept := run_dir.with_name(f"{run_dir.name}.superseded-{n}")).exists():
+    while (kept := run_dir.with_name(f"{run_dir.name}{SUPERSEDED}{n}")).exists():
         n += 1
     os.replace(run_dir, kept)
     return kept
