@@ -55,11 +55,11 @@ PAGES = [
     Page("cpu", "fedavg,fedprox,fedadam,feddyn,fedcos,fednorm,fedent,fedavg-replay-mean", 40, "pathological",
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
-    # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0) twins, seed 0 of EMNIST-L at α = 0.5
-    Page("full", "fedavg,fedent", 14, "pathological,emnist-dir1.0,emnist-dir0.5",
-         ("--settings", "pathological,emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu"),
+    # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0 and α = 0.5) twins
+    Page("full", "fedavg,fedent", 18, "pathological,emnist-dir1.0,emnist-dir0.5",
+         ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
-    Page("full", "fedavg,fedent", 14, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 18, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
          folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
@@ -1313,6 +1313,30 @@ def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_pa
     logged = m["φ2' error (logged)"]
     assert f"within a median {logged} as logged" in text
     assert f"FedAvg ends {t.interval} points above FedEnt" in t.seed0
+
+
+def test_the_emnist_alpha_half_three_seeds_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/results.md, the EMNIST-L twin at α = 0.5 (3 seeds): the paired end points and an interval that
+    spans zero ("no difference shown"), each seed's difference read from the kept logs, the finals, rounds to target
+    and the pooled mechanism figures as the tables print them; the seed-0 page quotes the same interval."""
+    t = _three_seeds(tmp_path, "**EMNIST-L setting, α_d = 0.5**", "emnist-dir0.5")
+    text, m = t.text, t.mechanism
+    mean, bounds = t.interval.split(" [")
+    lo, hi = (float(v) for v in bounds.rstrip("]").split(","))
+    assert lo < 0 < hi and "**No difference shown:**" in text
+    assert (f"end point (the mean of the last 5 rounds) {t.ends['fedavg']}% against {t.ends['fedent']}%, {mean} "
+            f"points for FedAvg [{bounds.replace('-', '−')}") in text
+    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in t.diffs[:2]) + f" and {t.diffs[2]:+.2f}" in text
+    assert f"Finals {t.main['fedavg'][1]}% against {t.main['fedent'][1]}%" in text
+    assert t.paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
+    assert m["solves"] == "3000" and m["sign rule holds"].startswith("100.0%")
+    assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and at the cap in {m['η* at cap']}; the θ-weighted mean "
+            f"used rate {m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the "
+            f"base rate {m['base lr']} (largest {m['max η']})") in text
+    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
+    logged = m["φ2' error (logged)"]
+    assert f"within a median {logged} as logged" in text
+    assert f"FedAvg ends {t.interval.replace('-', '−')} points from FedEnt" in t.seed0
 
 
 def test_the_first_emnist_alpha_half_seed_says_what_its_tables_show() -> None:
