@@ -1289,6 +1289,22 @@ def test_the_cpu_twin_replicates_the_unkept_h100_emnist_seed_as_its_page_says() 
             f"{ends['fedavg']}%, {delta} points for FedAvg") in text
 
 
+def _assert_emnist_seeds_finals_and_rounds(t: ThreeSeeds) -> None:
+    """Each seed's difference (from the logs), the finals and "the same round on every seed", as an EMNIST-L 3-seed
+    section quotes them."""
+    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in t.diffs[:2]) + f" and {t.diffs[2]:+.2f}" in t.text
+    assert f"Finals {t.main['fedavg'][1]}% against {t.main['fedent'][1]}%" in t.text
+    assert t.paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in t.text
+
+
+def _assert_rate_below_base_and_phi2_quoted(t: ThreeSeeds) -> None:
+    """FedEnt's round-mean rate below its base rate in the first and last round, and φ2's logged error quoted."""
+    m = t.mechanism
+    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
+    logged = m["φ2' error (logged)"]
+    assert f"within a median {logged} as logged" in t.text
+
+
 def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
     """docs/full-cpu/results.md, the EMNIST-L twin (α = 1.0, 3 seeds, FedAvg and FedEnt at the paper's values): the
     paired end points and interval, each seed's difference read from the kept logs ("on each of the 3 seeds"), the
@@ -1302,16 +1318,12 @@ def test_the_emnist_twins_three_seeds_say_what_their_tables_and_logs_show(tmp_pa
     lo, hi = (float(v) for v in bounds.rstrip("]").split(","))
     assert 0 < lo < hi  # "FedAvg ends above FedEnt": the interval excludes no difference
     assert all(d > 0 for d in t.diffs) and "FedAvg ends above FedEnt on each of the 3 seeds" in text
-    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in t.diffs[:2]) + f" and {t.diffs[2]:+.2f}" in text
-    assert f"Finals {t.main['fedavg'][1]}% against {t.main['fedent'][1]}%" in text
-    assert t.paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
+    _assert_emnist_seeds_finals_and_rounds(t)
     assert m["solves"] == "3000" and m["η* at cap"] == "0%" and m["sign rule holds"].startswith("100.0%")
     assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and never at the cap; the θ-weighted mean used rate "
             f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the base rate "
             f"{m['base lr']} (largest {m['max η']})") in text
-    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
-    logged = m["φ2' error (logged)"]
-    assert f"within a median {logged} as logged" in text
+    _assert_rate_below_base_and_phi2_quoted(t)
     assert f"FedAvg ends {t.interval} points above FedEnt" in t.seed0
 
 
@@ -1326,16 +1338,12 @@ def test_the_emnist_alpha_half_three_seeds_say_what_their_tables_and_logs_show(t
     assert lo < 0 < hi and "**No difference shown:**" in text
     assert (f"end point (the mean of the last 5 rounds) {t.ends['fedavg']}% against {t.ends['fedent']}%, {mean} "
             f"points for FedAvg [{bounds.replace('-', '−')}") in text
-    assert "seed by seed " + ", ".join(f"{d:+.2f}" for d in t.diffs[:2]) + f" and {t.diffs[2]:+.2f}" in text
-    assert f"Finals {t.main['fedavg'][1]}% against {t.main['fedent'][1]}%" in text
-    assert t.paired["fedavg"][3] == "+0.0 [+0.0, +0.0] (n = 3)" and "in the same round on every seed" in text
+    _assert_emnist_seeds_finals_and_rounds(t)
     assert m["solves"] == "3000" and m["sign rule holds"].startswith("100.0%")
     assert (f"η* = 0 in {m['η* = 0']} of the 3,000 solves and at the cap in {m['η* at cap']}; the θ-weighted mean "
             f"used rate {m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50, below the "
             f"base rate {m['base lr']} (largest {m['max η']})") in text
-    assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
-    logged = m["φ2' error (logged)"]
-    assert f"within a median {logged} as logged" in text
+    _assert_rate_below_base_and_phi2_quoted(t)
     assert f"FedAvg ends {t.interval.replace('-', '−')} points from FedEnt" in t.seed0
 
 
