@@ -1379,7 +1379,8 @@ def test_the_first_emnist_alpha_half_seed_says_what_its_tables_show() -> None:
 def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Path) -> None:
     """docs/full-cpu/replay/results.md (FedAvg at FedEnt's round-mean rate, 3 seeds): its end point and interval
     against FedEnt as the paired table prints them, "no difference shown" only where that interval spans zero, each
-    seed's difference and the pair against FedAvg as the kept logs give them, and the seed-0 final against the H100's."""
+    seed's difference and the pair against FedAvg as the kept logs give them, and seed 0's final against the H100's.
+    """
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
