@@ -1390,7 +1390,9 @@ def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Pa
     with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     runs = tmp_path / "runs" / "pathological"
-    vs_ent, vs_avg = (pair_runs.pair(runs, "fedavg-replay-mean", ref) for ref in ("fedent", "fedavg"))
+    rm, ent, avg = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5)
+                    for r in ("fedavg-replay-mean", "fedent", "fedavg"))
+    vs_ent, vs_avg = P.paired(rm, ent), P.paired(rm, avg)
     assert vs_ent is not None and vs_avg is not None and vs_ent.n == vs_avg.n == 3
     assert paired["fedavg-replay-mean"][2] == P.fmt(vs_ent)  # the table's pair is the logs' pair
     assert vs_ent.lo is not None and vs_ent.hi is not None and vs_ent.lo < 0 < vs_ent.hi  # "no difference shown"
@@ -1398,8 +1400,6 @@ def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Pa
     ends = {row: paired[row][1].split()[0] for row in ("fedavg-replay-mean", "fedent")}
     assert (f"end point (the mean of the last 5 rounds) {ends['fedavg-replay-mean']}% against FedEnt's "
             f"{ends['fedent']}%, {mean} points [{bounds}") in text and "no difference shown" in text
-    rm, ent, avg = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5)
-                    for r in ("fedavg-replay-mean", "fedent", "fedavg"))
     d_ent = [f"{100 * (rm[s] - ent[s]):+.2f}".replace("-", "−") for s in (0, 1, 2)]  # type: ignore[operator]
     d_avg = [100 * (rm[s] - avg[s]) for s in (0, 1, 2)]  # type: ignore[operator]
     assert f"seed by seed {d_ent[0]}, {d_ent[1]} and {d_ent[2]}" in text
