@@ -56,16 +56,20 @@ PAGES = [
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
     # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0 and α = 0.5) twins
-    Page("full", "fedavg,fedent", 21, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 24, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
-    Page("full", "fedavg,fedent", 21, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 24, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
          folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
     # the pathological twin's round-mean replay control (3 seeds) beside FedAvg and FedEnt, from the same archive
-    Page("full", "fedavg,fedent,fedavg-replay-mean", 9, "pathological",
+    Page("full", "fedavg,fedent,fedavg-replay-mean", 12, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/replay",
+         archive="full-cpu/results/run-logs.tar.gz"),
+    # the pathological twin's shuffled-rates control (3 seeds) beside FedAvg and FedEnt, from the same archive
+    Page("full", "fedavg,fedent,fedent-shuffled", 12, "pathological",
+         ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/controls",
          archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
@@ -1411,6 +1415,48 @@ def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Pa
     h100_final = h100[next(k for k in h100 if k.startswith("fedavg-replay-mean"))][1].split()[0]
     cpu_final = f"{100 * _final_acc(runs / 'fedavg-replay-mean-s0'):.2f}"
     assert f"this replay's seed 0 ends at {cpu_final}% (final), the H100's at {h100_final}%" in text
+
+
+
+def test_the_pathological_shuffled_control_says_what_its_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/controls/results.md (FedEnt's rates shuffled across a round's clients, 3 seeds): its end point
+    and interval against FedEnt as the paired table prints them, "no difference shown" only where that interval spans
+    zero, each seed's difference, the pairs against FedAvg and the round-mean replay as the kept logs give them, and
+    the mechanism figures it quotes as its table prints them.
+    """
+    from fedent.experiments import pair_runs
+    from fedent.experiments import paired as P
+
+    heading = "**MNIST-CNN, pathological, 20% of 100**"
+    page = ROOT / "docs" / "full-cpu" / "controls" / "results.md"
+    text, paired, main_rows = _joined(page), _paired_rows(page, heading), _main_rows(page, heading)
+    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    runs = tmp_path / "runs" / "pathological"
+    sh, ent, avg, rm = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5)
+                        for r in ("fedent-shuffled", "fedent", "fedavg", "fedavg-replay-mean"))
+    vs_ent, vs_avg, vs_rm = P.paired(sh, ent), P.paired(sh, avg), P.paired(sh, rm)
+    assert vs_ent is not None and vs_avg is not None and vs_rm is not None and vs_ent.n == vs_avg.n == vs_rm.n == 3
+    assert paired["fedent-shuffled"][2] == P.fmt(vs_ent)  # the table's pair is the logs' pair
+    assert vs_ent.lo is not None and vs_ent.hi is not None and vs_ent.lo < 0 < vs_ent.hi  # "no difference shown"
+    assert vs_rm.lo is not None and vs_rm.hi is not None and vs_rm.lo < 0 < vs_rm.hi
+    mean, bounds = P.fmt(vs_ent).removesuffix(" (n = 3)").replace("-", "−").split(" [")
+    ends = {row: paired[row][1].split()[0] for row in ("fedent-shuffled", "fedent")}
+    assert (f"end point (the mean of the last 5 rounds) {ends['fedent-shuffled']}% against FedEnt's "
+            f"{ends['fedent']}%, {mean} points [{bounds}") in text and "no difference shown" in text
+    d_ent = [f"{100 * (sh[s] - ent[s]):+.2f}".replace("-", "−") for s in (0, 1, 2)]  # type: ignore[operator]
+    d_avg = [100 * (sh[s] - avg[s]) for s in (0, 1, 2)]  # type: ignore[operator]
+    assert f"seed by seed {d_ent[0]}, {d_ent[1]} and {d_ent[2]}" in text
+    assert all(d > 0 for d in d_avg) and "above it on each seed (" + ", ".join(f"{d:+.2f}" for d in d_avg) in text
+    assert vs_avg.lo is not None and vs_avg.lo > 0 and f"{P.fmt(vs_avg).removesuffix(' (n = 3)')} (n = 3)" in text
+    assert f"{P.fmt(vs_rm).removesuffix(' (n = 3)').replace('-', '−')} from FedAvg at FedEnt's round-mean rate" in text
+    row = next(k for k in main_rows if k.startswith("fedent-shuffled"))
+    assert f"Finals {main_rows[row][1]}% against {main_rows['fedent'][1]}%" in text
+    m, f = _mechanism_rows(page)["fedent-shuffled"], _mechanism_rows(page)["fedent"]
+    assert (f"η* = 0 in {m['η* = 0']} of the {int(m['solves']):,} solves and at the cap in {m['η* at cap']} "
+            f"(FedEnt {f['η* = 0']} and {f['η* at cap']})") in text
+    assert (f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50 "
+            f"(FedEnt {f['mean η, first round']} and {f['mean η, last round']};") in text
 
 
 def _final_acc(run: Path) -> float:
