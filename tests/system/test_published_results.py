@@ -56,19 +56,19 @@ PAGES = [
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
     # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0 and α = 0.5) twins
-    Page("full", "fedavg,fedent", 24, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 27, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
-    Page("full", "fedavg,fedent", 24, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 27, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
          folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
     # the pathological twin's round-mean replay control (3 seeds) beside FedAvg and FedEnt, from the same archive
-    Page("full", "fedavg,fedent,fedavg-replay-mean", 12, "pathological",
+    Page("full", "fedavg,fedent,fedavg-replay-mean", 15, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/replay",
          archive="full-cpu/results/run-logs.tar.gz"),
-    # the pathological twin's shuffled-rates control (3 seeds) beside FedAvg and FedEnt, from the same archive
-    Page("full", "fedavg,fedent,fedent-shuffled", 12, "pathological",
+    # the pathological twin's shuffled-rates and uncapped controls (3 seeds each) beside FedAvg and FedEnt
+    Page("full", "fedavg,fedent,fedent-shuffled,fedent-cap-none", 15, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/controls",
          archive="full-cpu/results/run-logs.tar.gz"),
 ]
@@ -1457,6 +1457,49 @@ def test_the_pathological_shuffled_control_says_what_its_tables_and_logs_show(tm
             f"(FedEnt {f['η* = 0']} and {f['η* at cap']})") in text
     assert (f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50 "
             f"(FedEnt {f['mean η, first round']} and {f['mean η, last round']};") in text
+
+
+
+def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path: Path) -> None:
+    """docs/full-cpu/controls/results.md, row fedent-cap-none: the round and clients it names for each seed are the
+    ones the archived status.json records, every seed diverged (the table says 3/3) while FedEnt's own runs finished
+    all 50 rounds, and the pooled solve figures it quotes are what the mechanism command prints for those logs."""
+    from fedent import runlog
+    from fedent.experiments import mechanism, reproduce
+
+    heading = "**MNIST-CNN, pathological, 20% of 100**"
+    page = ROOT / "docs" / "full-cpu" / "controls" / "results.md"
+    text, main_rows = _joined(page), _main_rows(page, heading)
+    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    runs = tmp_path / "runs" / "pathological"
+    row = next(k for k in main_rows if k.startswith("fedent-cap-none"))
+    assert main_rows[row][1] == "diverged (3/3 seeds)"
+    said = []
+    for seed in (0, 1, 2):
+        error = reproduce.diverged(runs / f"fedent-cap-none-s{seed}")
+        assert error is not None, seed
+        rnd = re.search(r"round (\d+) missed", error)
+        cids = re.search(r"client\(s\) \[([\d, ]+)\]", error)
+        assert rnd and cids, error
+        ids = [c.strip() for c in cids[1].split(",")]
+        who = f"client {ids[0]}" if len(ids) == 1 else f"clients {', '.join(ids[:-1])} and {ids[-1]}"
+        said.append(f"round {rnd[1]} (seed {seed}, {who})")
+        assert len(runlog.read_metrics(runs / f"fedent-s{seed}" / "metrics.jsonl")) == 50
+    assert f"in {said[0]}, {said[1]} and {said[2]}" in text
+    capless = mechanism.solve_stats([runlog.read_metrics(runs / f"fedent-cap-none-s{s}" / "metrics.jsonl")
+                                     for s in (0, 1, 2)])
+    assert capless is not None
+    cells = dict(zip(mechanism.stats_table({"x": capless})[0].strip("|").split("|"),
+                     mechanism.stats_table({"x": capless})[2].strip("|").split("|"), strict=True))
+    cells = {k.strip(): v.strip() for k, v in cells.items()}
+    fedent = _mechanism_rows(page)["fedent"]
+    assert (f"Over the {int(cells['solves'])} solves of the {int(cells['solves']) // 20} rounds that finished, η* "
+            f"was 0 in {cells['η* = 0']} (FedEnt {fedent['η* = 0']} of its {int(fedent['solves']):,})") in text
+    assert cells["η* at cap"] == "0%" and "never at its bound B" in text
+    assert (f"the θ-weighted mean rate {cells['mean η, first round']} in round 1 (FedEnt "
+            f"{fedent['mean η, first round']}:") in text
+    assert f"the largest rate used {cells['max η']}, against FedEnt's {fedent['max η']} over all 50 rounds" in text
 
 
 def _final_acc(run: Path) -> float:
