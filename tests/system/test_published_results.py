@@ -1502,6 +1502,66 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
     assert f"the largest rate used {cells['max η']}, against FedEnt's {fedent['max η']} over all 50 rounds" in text
 
 
+
+def test_fedavgs_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md: ``fedent tune`` searched FedAvg's rate on a validation split of the pathological twin
+    with the test set sealed. The page states the archive's sha256; each tried rate's score is recomputed from its
+    kept run (mean validation accuracy of the last 5 rounds) and quoted as the page quotes it, a diverged point failed
+    on a non-finite model in the round the page names, the runs are the `full` profile's FedAvg row on that setting
+    (the validation split aside), and the chosen rate and whether the grid brackets it are what the runs give."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+    from fedent.experiments.plan import build_plan
+    from fedent.experiments.profiles import get_profile
+
+    page = ROOT / "docs" / "full-cpu" / "tuning.md"
+    archive = ROOT / "docs" / "full-cpu" / "results" / "tune-logs.tar.gz"
+    text = _joined(page)
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() in page.read_text(encoding="utf-8").replace("\n  ", "")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tune", filter="data")
+    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    (knob,) = tuned["algorithms"]["fedavg"]["knobs"]
+    tried = sorted(knob["tried"])
+    assert knob["key"] == "train.lr" and knob["tuned"] and len(tried) == 3
+    plan = build_plan(get_profile("full"), [0], tmp_path / "plan", ROOT / "configs", rows=["fedavg"],
+                      settings=["pathological"], overrides=["train.local_eval=0"])
+    (row,) = plan.runs
+    said = []
+    for lr, score in tried:
+        run = tmp_path / "tune" / "runs" / "fedavg" / _point_run({"train.lr": lr}, 0)
+        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+        status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == ("fedavg", lr)
+        assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
+        assert status["state"]["evaluation"] == "sealed"
+        for part in ("data", "model"):
+            want = {k: v for k, v in row.config[part].items() if k not in ("root", "validation_fraction")}
+            assert {k: cfg[part][k] for k in want} == want, part
+        for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed", "local_eval"):
+            assert cfg["train"][key] == row.config["train"][key], key
+        if score is None:
+            assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+            said.append(f"{lr:g} (diverged in round {status['round']})")
+            continue
+        recs = runlog.read_metrics(run / "metrics.jsonl")
+        assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
+        assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+        said.append(f"{lr:g} ({100 * score:.2f}%)")
+    assert "Tried (validation accuracy): " + ", ".join(said) + "." in text
+    finite = [s for _, s in tried if s is not None]
+    at = [s for _, s in tried].index(max(finite))
+    best = tried[at][0]
+    assert tuned["algorithms"]["fedavg"]["chosen"]["train.lr"] == best == knob["best"]
+    bracketed = 0 < at < len(tried) - 1
+    assert (f"chose {best:g}, bracketed" if bracketed else f"chose {best:g}, not bracketed") in text
+
+
 def _final_acc(run: Path) -> float:
     from fedent import runlog
 
