@@ -451,6 +451,38 @@ def _point_run(values: dict[str, float], seed: int) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:g}" for k, v in sorted(values.items())) + f"-s{seed}"
 
 
+def _a_sealed_search_point(run: Path, algorithm: str, lr: float, score: float | None, row: Mapping[str, Any],
+                           also: tuple[str, ...] = ()) -> str:
+    """One point of a rate search, checked against its kept run: that algorithm at that rate on the row's problem
+    (the validation split and the data root aside; train keys ``also`` too), the test set sealed, and its score (the
+    mean validation accuracy of the last 5 of 50 rounds) or its divergence on a non-finite model. Returns the point
+    as the pages quote it: "0.09 (97.69%)" or "0.27 (diverged in round 1)"."""
+    import json
+    import statistics
+
+    import yaml
+
+    from fedent import runlog
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+    assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == (algorithm, lr)
+    assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
+    assert status["state"]["evaluation"] == "sealed"
+    for part in ("data", "model"):
+        want = {k: v for k, v in row[part].items() if k not in ("root", "validation_fraction")}
+        assert {k: cfg[part][k] for k in want} == want, part
+    for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed", *also):  # tf32 is a no-op on CPU
+        assert cfg["train"][key] == row["train"][key], key
+    if score is None:
+        assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
+        return f"{lr:g} (diverged in round {status['round']})"
+    recs = runlog.read_metrics(run / "metrics.jsonl")
+    assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
+    assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
+    return f"{lr:g} ({100 * score:.2f}%)"
+
+
 @dataclass(frozen=True)
 class TunedRow:
     """A rate ``fedent tune`` chose on the real-MNIST row (docs/mnist-cpu/results/*tune*-logs.tar.gz) and the profile
@@ -477,11 +509,9 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
     recomputed, the knobs not tuned stayed at the config's value in every run, the diverged run failed on a
     non-finite model, and the row's test runs started after the tuning ended."""
     import json
-    import statistics
 
     import yaml
 
-    from fedent import runlog
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
@@ -502,26 +532,11 @@ def test_a_rate_tuned_on_real_mnist_is_the_rate_its_row_tests(tmp_path: Path, tu
     said, ended = [], 0.0
     for lr, score in tried:
         run = runs / tuned_row.run_name(lr)
-        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
         status = json.loads((run / "status.json").read_text(encoding="utf-8"))
         ended = max(ended, status["updated_at"])
-        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == (algorithm, lr)
+        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
         assert all(cfg["algorithm"][k.split(".")[-1]] == v for k, v in tuned_row.held)
-        assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
-        assert status["state"]["evaluation"] == "sealed"
-        for part in ("data", "model"):  # the row's problem (the validation split and the data root aside)
-            want = {k: v for k, v in row.config[part].items() if k not in ("root", "validation_fraction")}
-            assert {k: cfg[part][k] for k in want} == want, part
-        for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed"):  # precision: tf32 is a no-op on CPU
-            assert cfg["train"][key] == row.config["train"][key], key
-        if score is None:
-            assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
-            said.append(f"{lr:g} (diverged in round {status['round']})")
-            continue
-        recs = runlog.read_metrics(run / "metrics.jsonl")
-        assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
-        assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
-        said.append(f"{lr:g} ({100 * score:.2f}%)")
+        said.append(_a_sealed_search_point(run, algorithm, lr, score, row.config))
     finite = [s for _, s in tried if s is not None]
     at = [s for _, s in tried].index(max(finite))
     assert 0 < at < len(tried) - 1  # bracketed: a tried value on each side, each worse or diverged
@@ -1380,84 +1395,67 @@ def test_the_first_emnist_alpha_half_seed_says_what_its_tables_show() -> None:
     assert max(float(m["mean η, first round"]), float(m["mean η, last round"])) < float(m["base lr"])
 
 
-def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Path) -> None:
-    """docs/full-cpu/replay/results.md (FedAvg at FedEnt's round-mean rate, 3 seeds): its end point and interval
-    against FedEnt as the paired table prints them, "no difference shown" only where that interval spans zero, each
-    seed's difference and the pair against FedAvg as the kept logs give them, and seed 0's final against the H100's.
-    """
+def _a_pathological_control_says_what_its_logs_show(tmp_path: Path, folder: str, row: str) -> tuple[str, Path, dict]:
+    """A control page of the pathological twin (docs/full-cpu/FOLDER/results.md, row ROW, 3 seeds): its end point and
+    interval against FedEnt as the paired table prints them, "no difference shown" only where that interval spans
+    zero, each seed's difference, the pair against FedAvg (above it on each seed) as the kept logs give them, and the
+    finals as the accuracy table prints them. Returns the page's joined text, the unpacked runs and ROW's end points."""
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
     heading = "**MNIST-CNN, pathological, 20% of 100**"
-    page = ROOT / "docs" / "full-cpu" / "replay" / "results.md"
+    page = ROOT / "docs" / "full-cpu" / folder / "results.md"
     text, paired, main_rows = _joined(page), _paired_rows(page, heading), _main_rows(page, heading)
     with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     runs = tmp_path / "runs" / "pathological"
-    rm, ent, avg = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5)
-                    for r in ("fedavg-replay-mean", "fedent", "fedavg"))
-    vs_ent, vs_avg = P.paired(rm, ent), P.paired(rm, avg)
+    ctl, ent, avg = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in (row, "fedent", "fedavg"))
+    vs_ent, vs_avg = P.paired(ctl, ent), P.paired(ctl, avg)
     assert vs_ent is not None and vs_avg is not None and vs_ent.n == vs_avg.n == 3
-    assert paired["fedavg-replay-mean"][2] == P.fmt(vs_ent)  # the table's pair is the logs' pair
+    assert paired[row][2] == P.fmt(vs_ent)  # the table's pair is the logs' pair
     assert vs_ent.lo is not None and vs_ent.hi is not None and vs_ent.lo < 0 < vs_ent.hi  # "no difference shown"
     mean, bounds = P.fmt(vs_ent).removesuffix(" (n = 3)").replace("-", "−").split(" [")
-    ends = {row: paired[row][1].split()[0] for row in ("fedavg-replay-mean", "fedent")}
-    assert (f"end point (the mean of the last 5 rounds) {ends['fedavg-replay-mean']}% against FedEnt's "
+    ends = {r: paired[r][1].split()[0] for r in (row, "fedent")}
+    assert (f"end point (the mean of the last 5 rounds) {ends[row]}% against FedEnt's "
             f"{ends['fedent']}%, {mean} points [{bounds}") in text and "no difference shown" in text
-    d_ent = [f"{100 * (rm[s] - ent[s]):+.2f}".replace("-", "−") for s in (0, 1, 2)]  # type: ignore[operator]
-    d_avg = [100 * (rm[s] - avg[s]) for s in (0, 1, 2)]  # type: ignore[operator]
+    d_ent = [f"{100 * (ctl[s] - ent[s]):+.2f}".replace("-", "−") for s in (0, 1, 2)]  # type: ignore[operator]
+    d_avg = [100 * (ctl[s] - avg[s]) for s in (0, 1, 2)]  # type: ignore[operator]
     assert f"seed by seed {d_ent[0]}, {d_ent[1]} and {d_ent[2]}" in text
     assert all(d > 0 for d in d_avg) and "above it on each seed (" + ", ".join(f"{d:+.2f}" for d in d_avg) in text
     assert vs_avg.lo is not None and vs_avg.lo > 0 and f"{P.fmt(vs_avg).removesuffix(' (n = 3)')} (n = 3)" in text
-    row = next(k for k in main_rows if k.startswith("fedavg-replay-mean"))
-    assert f"Finals {main_rows[row][1]}% against {main_rows['fedent'][1]}%" in text
-    h100 = _main_rows(ROOT / "docs" / "full" / "results.md", heading)
+    label = next(k for k in main_rows if k.startswith(row))
+    assert f"Finals {main_rows[label][1]}% against {main_rows['fedent'][1]}%" in text
+    return text, runs, ctl
+
+
+def test_the_pathological_replay_says_what_its_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/replay/results.md (FedAvg at FedEnt's round-mean rate, 3 seeds): what every control page says
+    against FedEnt and FedAvg, and seed 0's final against the H100's."""
+    text, runs, _ = _a_pathological_control_says_what_its_logs_show(tmp_path, "replay", "fedavg-replay-mean")
+    h100 = _main_rows(ROOT / "docs" / "full" / "results.md", "**MNIST-CNN, pathological, 20% of 100**")
     h100_final = h100[next(k for k in h100 if k.startswith("fedavg-replay-mean"))][1].split()[0]
     cpu_final = f"{100 * _final_acc(runs / 'fedavg-replay-mean-s0'):.2f}"
     assert f"this replay's seed 0 ends at {cpu_final}% (final), the H100's at {h100_final}%" in text
 
 
-
 def test_the_pathological_shuffled_control_says_what_its_tables_and_logs_show(tmp_path: Path) -> None:
-    """docs/full-cpu/controls/results.md (FedEnt's rates shuffled across a round's clients, 3 seeds): its end point
-    and interval against FedEnt as the paired table prints them, "no difference shown" only where that interval spans
-    zero, each seed's difference, the pairs against FedAvg and the round-mean replay as the kept logs give them, and
-    the mechanism figures it quotes as its table prints them.
-    """
+    """docs/full-cpu/controls/results.md (FedEnt's rates shuffled across a round's clients, 3 seeds): what every
+    control page says against FedEnt and FedAvg, the pair against the round-mean replay ("no difference shown"
+    only where it spans zero), and the mechanism figures it quotes as its table prints them."""
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
-    heading = "**MNIST-CNN, pathological, 20% of 100**"
     page = ROOT / "docs" / "full-cpu" / "controls" / "results.md"
-    text, paired, main_rows = _joined(page), _paired_rows(page, heading), _main_rows(page, heading)
-    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    runs = tmp_path / "runs" / "pathological"
-    sh, ent, avg, rm = (pair_runs.end_points(pair_runs.runs_of(runs, r), 5)
-                        for r in ("fedent-shuffled", "fedent", "fedavg", "fedavg-replay-mean"))
-    vs_ent, vs_avg, vs_rm = P.paired(sh, ent), P.paired(sh, avg), P.paired(sh, rm)
-    assert vs_ent is not None and vs_avg is not None and vs_rm is not None and vs_ent.n == vs_avg.n == vs_rm.n == 3
-    assert paired["fedent-shuffled"][2] == P.fmt(vs_ent)  # the table's pair is the logs' pair
-    assert vs_ent.lo is not None and vs_ent.hi is not None and vs_ent.lo < 0 < vs_ent.hi  # "no difference shown"
-    assert vs_rm.lo is not None and vs_rm.hi is not None and vs_rm.lo < 0 < vs_rm.hi
-    mean, bounds = P.fmt(vs_ent).removesuffix(" (n = 3)").replace("-", "−").split(" [")
-    ends = {row: paired[row][1].split()[0] for row in ("fedent-shuffled", "fedent")}
-    assert (f"end point (the mean of the last 5 rounds) {ends['fedent-shuffled']}% against FedEnt's "
-            f"{ends['fedent']}%, {mean} points [{bounds}") in text and "no difference shown" in text
-    d_ent = [f"{100 * (sh[s] - ent[s]):+.2f}".replace("-", "−") for s in (0, 1, 2)]  # type: ignore[operator]
-    d_avg = [100 * (sh[s] - avg[s]) for s in (0, 1, 2)]  # type: ignore[operator]
-    assert f"seed by seed {d_ent[0]}, {d_ent[1]} and {d_ent[2]}" in text
-    assert all(d > 0 for d in d_avg) and "above it on each seed (" + ", ".join(f"{d:+.2f}" for d in d_avg) in text
-    assert vs_avg.lo is not None and vs_avg.lo > 0 and f"{P.fmt(vs_avg).removesuffix(' (n = 3)')} (n = 3)" in text
+    text, runs, sh = _a_pathological_control_says_what_its_logs_show(tmp_path, "controls", "fedent-shuffled")
+    vs_rm = P.paired(sh, pair_runs.end_points(pair_runs.runs_of(runs, "fedavg-replay-mean"), 5))
+    assert vs_rm is not None and vs_rm.n == 3 and vs_rm.lo is not None and vs_rm.hi is not None
+    assert vs_rm.lo < 0 < vs_rm.hi
     assert f"{P.fmt(vs_rm).removesuffix(' (n = 3)').replace('-', '−')} from FedAvg at FedEnt's round-mean rate" in text
-    row = next(k for k in main_rows if k.startswith("fedent-shuffled"))
-    assert f"Finals {main_rows[row][1]}% against {main_rows['fedent'][1]}%" in text
     m, f = _mechanism_rows(page)["fedent-shuffled"], _mechanism_rows(page)["fedent"]
     assert (f"η* = 0 in {m['η* = 0']} of the {int(m['solves']):,} solves and at the cap in {m['η* at cap']} "
             f"(FedEnt {f['η* = 0']} and {f['η* at cap']})") in text
     assert (f"{m['mean η, first round']} in round 1 and {m['mean η, last round']} in round 50 "
             f"(FedEnt {f['mean η, first round']} and {f['mean η, last round']};") in text
-
 
 
 def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path: Path) -> None:
@@ -1502,7 +1500,6 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
     assert f"the largest rate used {cells['max η']}, against FedEnt's {fedent['max η']} over all 50 rounds" in text
 
 
-
 def test_fedavgs_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
     """docs/full-cpu/tuning.md: ``fedent tune`` searched FedAvg's rate on a validation split of the pathological twin
     with the test set sealed. The page states the archive's sha256; each tried rate's score is recomputed from its
@@ -1510,11 +1507,7 @@ def test_fedavgs_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
     on a non-finite model in the round the page names, the runs are the `full` profile's FedAvg row on that setting
     (the validation split aside), and the chosen rate and whether the grid brackets it are what the runs give."""
     import json
-    import statistics
 
-    import yaml
-
-    from fedent import runlog
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
@@ -1535,24 +1528,7 @@ def test_fedavgs_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
     said = []
     for lr, score in tried:
         run = tmp_path / "tune" / "runs" / "fedavg" / _point_run({"train.lr": lr}, 0)
-        cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-        status = json.loads((run / "status.json").read_text(encoding="utf-8"))
-        assert (cfg["algorithm"]["name"], cfg["train"]["lr"]) == ("fedavg", lr)
-        assert cfg["train"]["evaluate_test"] is False and cfg["data"]["validation_fraction"] == 0.1
-        assert status["state"]["evaluation"] == "sealed"
-        for part in ("data", "model"):
-            want = {k: v for k, v in row.config[part].items() if k not in ("root", "validation_fraction")}
-            assert {k: cfg[part][k] for k in want} == want, part
-        for key in ("rounds", "fraction", "local_epochs", "batch_size", "seed", "local_eval"):
-            assert cfg["train"][key] == row.config["train"][key], key
-        if score is None:
-            assert status["phase"] == "failed" and "not finite" in status["state"]["error"]
-            said.append(f"{lr:g} (diverged in round {status['round']})")
-            continue
-        recs = runlog.read_metrics(run / "metrics.jsonl")
-        assert len(recs) == 50 and all(r["test_acc"] is None for r in recs)  # the test set was never evaluated
-        assert statistics.fmean(r["val_acc"] for r in recs[-5:]) == pytest.approx(score, abs=1e-12)
-        said.append(f"{lr:g} ({100 * score:.2f}%)")
+        said.append(_a_sealed_search_point(run, "fedavg", lr, score, row.config, ("local_eval",)))
     assert "Tried (validation accuracy): " + ", ".join(said) + "." in text
     finite = [s for _, s in tried if s is not None]
     at = [s for _, s in tried].index(max(finite))
