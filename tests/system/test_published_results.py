@@ -1500,42 +1500,60 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
     assert f"the largest rate used {cells['max η']}, against FedEnt's {fedent['max η']} over all 50 rounds" in text
 
 
-def test_fedavgs_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
-    """docs/full-cpu/tuning.md: ``fedent tune`` searched FedAvg's rate on a validation split of the pathological twin
-    with the test set sealed. The page states the archive's sha256; each tried rate's score is recomputed from its
-    kept run (mean validation accuracy of the last 5 rounds) and quoted as the page quotes it, a diverged point failed
-    on a non-finite model in the round the page names, the runs are the `full` profile's FedAvg row on that setting
-    (the validation split aside), and the chosen rate and whether the grid brackets it are what the runs give."""
+@dataclass(frozen=True)
+class TwinSearch:
+    """A rate search on the pathological twin (docs/full-cpu/tuning.md), its logs in docs/full-cpu/results/ARCHIVE:
+    the page's paragraph on it starts with ``label``; ``held``: knobs not tuned, at the config's value."""
+
+    algorithm: str
+    archive: str
+    label: str
+    held: tuple[tuple[str, float], ...] = ()
+
+
+TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**")]
+
+
+@pytest.mark.parametrize("search", TWIN_SEARCHES, ids=lambda s: s.algorithm)
+def test_a_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path,
+                                                                            search: TwinSearch) -> None:
+    """docs/full-cpu/tuning.md: ``fedent tune`` searched a rate on a validation split of the pathological twin with
+    the test set sealed. The page states the archive's sha256; each tried rate's score is recomputed from its kept
+    run (mean validation accuracy of the last 5 rounds) and quoted as the page quotes it, a diverged point failed on
+    a non-finite model in the round the page names, the runs are the `full` profile's row of that algorithm on that
+    setting (the validation split aside), the knobs not searched stayed at the config's value, and the chosen rate
+    and whether the grid brackets it are what the runs give."""
     import json
 
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
     page = ROOT / "docs" / "full-cpu" / "tuning.md"
-    archive = ROOT / "docs" / "full-cpu" / "results" / "tune-logs.tar.gz"
+    archive = ROOT / "docs" / "full-cpu" / "results" / search.archive
     text = _joined(page)
     assert hashlib.sha256(archive.read_bytes()).hexdigest() in page.read_text(encoding="utf-8").replace("\n  ", "")
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path / "tune", filter="data")
     tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
     assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    (knob,) = tuned["algorithms"]["fedavg"]["knobs"]
+    knob, *held = tuned["algorithms"][search.algorithm]["knobs"]
+    assert [(k["key"], k["tuned"], k["tried"]) for k in held] == [(k, False, []) for k, _ in search.held]
     tried = sorted(knob["tried"])
     assert knob["key"] == "train.lr" and knob["tuned"] and len(tried) == 3
-    plan = build_plan(get_profile("full"), [0], tmp_path / "plan", ROOT / "configs", rows=["fedavg"],
+    plan = build_plan(get_profile("full"), [0], tmp_path / "plan", ROOT / "configs", rows=[search.algorithm],
                       settings=["pathological"], overrides=["train.local_eval=0"])
     (row,) = plan.runs
     said = []
     for lr, score in tried:
-        run = tmp_path / "tune" / "runs" / "fedavg" / _point_run({"train.lr": lr}, 0)
-        said.append(_a_sealed_search_point(run, "fedavg", lr, score, row.config, ("local_eval",)))
-    assert "Tried (validation accuracy): " + ", ".join(said) + "." in text
+        run = tmp_path / "tune" / "runs" / search.algorithm / _point_run({**dict(search.held), "train.lr": lr}, 0)
+        said.append(_a_sealed_search_point(run, search.algorithm, lr, score, row.config, ("local_eval",)))
     finite = [s for _, s in tried if s is not None]
     at = [s for _, s in tried].index(max(finite))
     best = tried[at][0]
-    assert tuned["algorithms"]["fedavg"]["chosen"]["train.lr"] == best == knob["best"]
-    bracketed = 0 < at < len(tried) - 1
-    assert (f"chose {best:g}, bracketed" if bracketed else f"chose {best:g}, not bracketed") in text
+    assert tuned["algorithms"][search.algorithm]["chosen"]["train.lr"] == best == knob["best"]
+    bracketed = "bracketed" if 0 < at < len(tried) - 1 else "not bracketed"
+    paragraph = f"{search.label} Tried (validation accuracy): {', '.join(said)}."
+    assert f"{paragraph} The search chose {best:g}, {bracketed}" in text
 
 
 def _final_acc(run: Path) -> float:
