@@ -1511,7 +1511,9 @@ class TwinSearch:
     held: tuple[tuple[str, float], ...] = ()
 
 
-TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**")]
+TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**"),
+                 TwinSearch("fedent", "fedent-tune-logs.tar.gz", "**FedEnt's base rate.**",
+                            (("algorithm.beta", 0.99), ("algorithm.gamma", 0.99)))]
 
 
 @pytest.mark.parametrize("search", TWIN_SEARCHES, ids=lambda s: s.algorithm)
