@@ -1488,9 +1488,9 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
     capless = mechanism.solve_stats([runlog.read_metrics(runs / f"fedent-cap-none-s{s}" / "metrics.jsonl")
                                      for s in (0, 1, 2)])
     assert capless is not None
-    cells = dict(zip(mechanism.stats_table({"x": capless})[0].strip("|").split("|"),
-                     mechanism.stats_table({"x": capless})[2].strip("|").split("|"), strict=True))
-    cells = {k.strip(): v.strip() for k, v in cells.items()}
+    header, _, line = mechanism.stats_table({"x": capless})
+    cells = {k.strip(): v.strip()
+             for k, v in zip(header.strip("|").split("|"), line.strip("|").split("|"), strict=True)}
     fedent = _mechanism_rows(page)["fedent"]
     assert (f"Over the {int(cells['solves'])} solves of the {int(cells['solves']) // 20} rounds that finished, η* "
             f"was 0 in {cells['η* = 0']} (FedEnt {fedent['η* = 0']} of its {int(fedent['solves']):,})") in text
