@@ -56,20 +56,24 @@ PAGES = [
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
     # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0 and α = 0.5) twins
-    Page("full", "fedavg,fedent", 27, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 33, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
-    Page("full", "fedavg,fedent", 27, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 33, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
          folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
     # the pathological twin's round-mean replay control (3 seeds) beside FedAvg and FedEnt, from the same archive
-    Page("full", "fedavg,fedent,fedavg-replay-mean", 15, "pathological",
+    Page("full", "fedavg,fedent,fedavg-replay-mean", 21, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/replay",
          archive="full-cpu/results/run-logs.tar.gz"),
     # the pathological twin's shuffled-rates and uncapped controls (3 seeds each) beside FedAvg and FedEnt
-    Page("full", "fedavg,fedent,fedent-shuffled,fedent-cap-none", 15, "pathological",
+    Page("full", "fedavg,fedent,fedent-shuffled,fedent-cap-none", 21, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/controls",
+         archive="full-cpu/results/run-logs.tar.gz"),
+    # the pathological twin's FedAvg and FedEnt at the rate their validation searches chose (3 seeds each)
+    Page("full", "fedavg,fedent,fedavg-lr9,fedent-lr9", 21, "pathological",
+         ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/tuned",
          archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
@@ -1562,3 +1566,118 @@ def _final_acc(run: Path) -> float:
     from fedent import runlog
 
     return float(runlog.read_metrics(run / "metrics.jsonl")[-1]["test_acc"])
+
+
+def _verdict(p: Any, above: str, below: str) -> str:
+    """How the tuned twin page reads a paired interval: "no difference shown" only where it spans zero."""
+    assert p is not None and p.lo is not None and p.hi is not None
+    return "no difference shown" if p.lo < 0 < p.hi else (above if p.lo > 0 else below)
+
+
+def _diverged_at(run: Path) -> str:
+    """A diverged run as the twin pages name it, "round R (seed S, client C)", from the error its status.json keeps."""
+    from fedent.experiments import reproduce
+
+    error = reproduce.diverged(run)
+    assert error is not None, run.name
+    rnd, cids = re.search(r"round (\d+) missed", error), re.search(r"client\(s\) \[([\d, ]+)\]", error)
+    assert rnd and cids, error
+    ids = [c.strip() for c in cids[1].split(",")]
+    who = f"client {ids[0]}" if len(ids) == 1 else f"clients {', '.join(ids[:-1])} and {ids[-1]}"
+    seed = run.name.rsplit("-s", 1)[1]
+    return f"round {rnd[1]} (seed {seed}, {who})"
+
+
+def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended(tmp_path: Path) -> None:
+    """docs/full-cpu/tuned/results.md: rows fedavg-lr9 and fedent-lr9 on the pathological twin are the FedAvg and
+    FedEnt runs of the same seeds with one change, train.lr at the rate each one's search on the validation split
+    chose (docs/full-cpu/tuning.md's tuned.json), trained by processes that started after that search's last run
+    ended (the test set was read once, after the choice); each ran 50 rounds or diverged where the page says."""
+    import json
+
+    import yaml
+
+    from fedent import runlog
+
+    text = _joined(ROOT / "docs" / "full-cpu" / "tuned" / "results.md")
+    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "study", filter="data")
+    runs = tmp_path / "study" / "runs" / "pathological"
+    for search in TWIN_SEARCHES:
+        tune = tmp_path / search.algorithm
+        with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / search.archive) as tar:
+            tar.extractall(tune, filter="data")
+        chosen = json.loads((tune / "tuned.json").read_text(encoding="utf-8"))["algorithms"][search.algorithm]
+        assert chosen["chosen"] == {"train.lr": pytest.approx(0.09), **dict(search.held)}  # held knobs at 0.99
+        ended = max(json.loads(s.read_text(encoding="utf-8"))["updated_at"]
+                    for s in (tune / "runs" / search.algorithm).glob("*/status.json"))
+        blew = []
+        for seed in (0, 1, 2):
+            run, base = runs / f"{search.algorithm}-lr9-s{seed}", runs / f"{search.algorithm}-s{seed}"
+            cfg, ref = (yaml.safe_load((r / "config.yaml").read_text(encoding="utf-8")) for r in (run, base))
+            assert cfg["train"]["lr"] == pytest.approx(chosen["chosen"]["train.lr"]) and ref["train"]["lr"] == 0.01
+            for part in ("data", "model", "algorithm", "train"):  # the rate is the one change from the paper's row
+                assert {k: v for k, v in cfg[part].items() if k != "lr"} == \
+                    {k: v for k, v in ref[part].items() if k != "lr"}, (run.name, part)
+            for key, value in search.held:
+                part, name = key.split(".")
+                assert cfg[part][name] == value
+            assert cfg["train"]["seed"] == seed and cfg["train"]["rounds"] == 50
+            assert json.loads((run / "partition.json").read_text()) == json.loads((base / "partition.json").read_text())
+            status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+            assert status["started_at"] > ended, run.name
+            prov = json.loads((run / "provenance.json").read_text(encoding="utf-8"))
+            assert all(e.get("started_at", 0) > ended for e in prov.get("earlier", [])), run.name
+            rounds = [r["round"] for r in runlog.read_metrics(run / "metrics.jsonl")]
+            if status["phase"] == "done":
+                assert rounds == list(range(1, 51)), run.name
+            else:  # diverged: every round before the one that failed is logged, and the page names it
+                assert status["phase"] == "failed" and rounds == list(range(1, status["round"])), run.name
+                blew.append(_diverged_at(run))
+        name = {"fedavg": "FedAvg", "fedent": "FedEnt"}[search.algorithm]
+        if blew:
+            assert f"{name} at 0.09 diverged in {' and '.join(blew)}" in text, blew
+        else:
+            assert f"{name} at 0.09 ran all 50 rounds on each of the 3 seeds" in text
+
+
+def test_the_twins_tuned_rows_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
+    """docs/full-cpu/tuned/results.md: FedEnt at its tuned base rate against FedAvg at its tuned rate (the pair the
+    generated table, referenced on FedEnt at the paper's values, does not print), and each tuned row against the
+    paper's rows, over the seeds both finished, as the kept logs give them; every verdict follows its interval."""
+    from fedent.experiments import pair_runs
+    from fedent.experiments import paired as P
+
+    heading = "**MNIST-CNN, pathological, 20% of 100**"
+    page = ROOT / "docs" / "full-cpu" / "tuned" / "results.md"
+    text, table = _joined(page), _paired_rows(page, heading)
+    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    runs = tmp_path / "runs" / "pathological"
+    end = {r: pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent", "fedavg-lr9",
+                                                                             "fedent-lr9")}
+
+    def said(p: Any) -> str:
+        return P.fmt(p).removesuffix(f" (n = {p.n})").replace("-", "−")
+
+    head = P.paired(end["fedent-lr9"], end["fedavg-lr9"])
+    assert head is not None and head.n >= 2
+    both = sorted(end["fedent-lr9"].keys() & end["fedavg-lr9"].keys())
+    diffs = [f"{100 * (end['fedent-lr9'][s] - end['fedavg-lr9'][s]):+.2f}".replace("-", "−")  # type: ignore[operator]
+             for s in both]
+    mean = {r: f"{100 * sum(end[r][s] for s in both) / len(both):.2f}" for r in ("fedent-lr9", "fedavg-lr9")}  # type: ignore[misc]
+    seeds = ", ".join(str(s) for s in both)
+    assert (f"end points (the mean of the last 5 rounds) {mean['fedent-lr9']}% against {mean['fedavg-lr9']}% on "
+            f"seeds {seeds}, {said(head)} points (95% t-interval of the paired difference, n = {head.n}): "
+            f"{_verdict(head, 'FedEnt above', 'FedEnt below')}; seed by seed {', '.join(diffs)}") in text
+    for row, ref, label, above, below in (
+            ("fedavg-lr9", "fedent", "**FedAvg at its tuned rate against FedEnt at the paper's values:**",
+             "FedAvg above", "FedAvg below"),
+            ("fedavg-lr9", "fedavg", "**Tuning FedAvg's rate:**", "a gain", "a loss"),
+            ("fedent-lr9", "fedent", "**FedEnt's base rate tuned, against FedEnt at the paper's:**", "a gain",
+             "a loss")):
+        p = P.paired(end[row], end[ref])
+        assert p is not None and p.n >= 2
+        if ref == "fedent":  # the generated table's own pair
+            assert table[row][2] == P.fmt(p)
+        assert f"{label} {said(p)} (n = {p.n}), {_verdict(p, above, below)}" in text, (row, ref)
