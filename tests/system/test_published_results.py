@@ -1467,26 +1467,15 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
     ones the archived status.json records, every seed diverged (the table says 3/3) while FedEnt's own runs finished
     all 50 rounds, and the pooled solve figures it quotes are what the mechanism command prints for those logs."""
     from fedent import runlog
-    from fedent.experiments import mechanism, reproduce
+    from fedent.experiments import mechanism
 
-    heading = "**MNIST-CNN, pathological, 20% of 100**"
-    page = ROOT / "docs" / "full-cpu" / "controls" / "results.md"
-    text, main_rows = _joined(page), _main_rows(page, heading)
-    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    runs = tmp_path / "runs" / "pathological"
+    page, text, runs = _pathological_twin_page(tmp_path, "controls")
+    main_rows = _main_rows(page, TWIN_HEADING)
     row = next(k for k in main_rows if k.startswith("fedent-cap-none"))
     assert main_rows[row][1] == "diverged (3/3 seeds)"
     said = []
     for seed in (0, 1, 2):
-        error = reproduce.diverged(runs / f"fedent-cap-none-s{seed}")
-        assert error is not None, seed
-        rnd = re.search(r"round (\d+) missed", error)
-        cids = re.search(r"client\(s\) \[([\d, ]+)\]", error)
-        assert rnd and cids, error
-        ids = [c.strip() for c in cids[1].split(",")]
-        who = f"client {ids[0]}" if len(ids) == 1 else f"clients {', '.join(ids[:-1])} and {ids[-1]}"
-        said.append(f"round {rnd[1]} (seed {seed}, {who})")
+        said.append(_diverged_at(runs / f"fedent-cap-none-s{seed}"))
         assert len(runlog.read_metrics(runs / f"fedent-s{seed}" / "metrics.jsonl")) == 50
     assert f"in {said[0]}, {said[1]} and {said[2]}" in text
     capless = mechanism.solve_stats([runlog.read_metrics(runs / f"fedent-cap-none-s{s}" / "metrics.jsonl")
@@ -1566,6 +1555,18 @@ def _final_acc(run: Path) -> float:
     from fedent import runlog
 
     return float(runlog.read_metrics(run / "metrics.jsonl")[-1]["test_acc"])
+
+
+TWIN_HEADING = "**MNIST-CNN, pathological, 20% of 100**"
+
+
+def _pathological_twin_page(tmp_path: Path, folder: str) -> tuple[Path, str, Path]:
+    """docs/full-cpu/FOLDER/results.md, its text with the lines joined, and the pathological twin's runs of the
+    shared archive unpacked under ``tmp_path``."""
+    page = ROOT / "docs" / "full-cpu" / folder / "results.md"
+    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return page, _joined(page), tmp_path / "runs" / "pathological"
 
 
 def _verdict(p: Any, above: str, below: str) -> str:
@@ -1648,12 +1649,8 @@ def test_the_twins_tuned_rows_say_what_their_tables_and_logs_show(tmp_path: Path
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
-    heading = "**MNIST-CNN, pathological, 20% of 100**"
-    page = ROOT / "docs" / "full-cpu" / "tuned" / "results.md"
-    text, table = _joined(page), _paired_rows(page, heading)
-    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    runs = tmp_path / "runs" / "pathological"
+    page, text, runs = _pathological_twin_page(tmp_path, "tuned")
+    table = _paired_rows(page, TWIN_HEADING)
     end = {r: pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent", "fedavg-lr9",
                                                                              "fedent-lr9")}
 
