@@ -1600,10 +1600,7 @@ def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended
 
     from fedent import runlog
 
-    text = _joined(ROOT / "docs" / "full-cpu" / "tuned" / "results.md")
-    with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
-        tar.extractall(tmp_path / "study", filter="data")
-    runs = tmp_path / "study" / "runs" / "pathological"
+    _, text, runs = _pathological_twin_page(tmp_path / "study", "tuned")
     for search in TWIN_SEARCHES:
         tune = tmp_path / search.algorithm
         with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / search.archive) as tar:
