@@ -438,12 +438,18 @@ def test_the_cpu_rows_of_the_real_mnist_table_are_the_generated_pages(tmp_path: 
             "fedent-lr9-gamma0.999", "fedadam-lr9-tau0.0001"} <= set(checked), checked
 
 
-def _tuning_archive(name: str, into: Path) -> list[tuple[Path, str]]:
-    """docs/mnist-cpu/results/NAME unpacked into ``into``, after checking the page states its sha256; the two pages
-    that quote it, as (path, text with the bullets' continuation lines joined)."""
-    archive = ROOT / "docs" / "mnist-cpu" / "results" / name
+SEARCH_PAGES = {"mnist-cpu": "results.md", "full-cpu": "tuning.md"}  # folder -> the page that records its searches
+
+
+def _tuning_archive(name: str, into: Path, folder: str = "mnist-cpu") -> list[tuple[Path, str]]:
+    """docs/FOLDER/results/NAME unpacked into ``into``, after checking the folder's search page states its sha256;
+    the two pages that quote it (that page and docs/results.md), as (path, text with the bullets' continuation lines
+    joined)."""
+    archive = ROOT / "docs" / folder / "results" / name
     pages = [(p, p.read_text(encoding="utf-8").replace("\n  ", " ")) for p in
-             (ROOT / "docs" / "mnist-cpu" / "results.md", ROOT / "docs" / "results.md")]
+             (ROOT / "docs" / folder / SEARCH_PAGES[folder], ROOT / "docs" / "results.md")]
+    if folder == "full-cpu":  # tuning.md's paragraphs wrap anywhere, not only in bullets
+        pages[0] = (pages[0][0], re.sub(r"\s*\n\s*", " ", pages[0][1]))
     assert hashlib.sha256(archive.read_bytes()).hexdigest() in pages[0][1].replace("\n", "")
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
@@ -569,7 +575,9 @@ class SeedSearch:
     extension of the grid that only the seeds' mean asked for). ``seeds``: the tuning seeds of this search; ``read``:
     those whose runs (every knob's) came from ``first``. ``named``: knobs (of ``row.held``) this search adds after
     the first search's: each read-back run was copied in under a name with that knob at its config value (the
-    earlier run's files unchanged), and every point away from that value is trained by this search, on every seed."""
+    earlier run's files unchanged), and every point away from that value is trained by this search, on every seed.
+    ``folder``: where the archives and the page recording the search live (docs/mnist-cpu: the real-MNIST row;
+    docs/full-cpu: the pathological twin)."""
 
     row: TunedRow
     archive: str
@@ -581,6 +589,7 @@ class SeedSearch:
     read: tuple[int, ...] = (0,)
     rates_seed: int = 1
     named: tuple[str, ...] = ()
+    folder: str = "mnist-cpu"
 
 
 def _chosen(scores: dict[float, float]) -> float:
@@ -651,7 +660,11 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                  SeedSearch(FEDADAM_BETAS_ROW, "fedadam-betas-tune-3seeds-logs.tar.gz",
                             "fedadam-tau-tune-3seeds-logs.tar.gz",
                             ("algorithm.server_lr", "algorithm.tau", "algorithm.beta1", "algorithm.beta2"),
-                            seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2"))]
+                            seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2")),
+                 # the pathological twin (docs/full-cpu/tuning.md): FedAvg's rate and FedEnt's base rate on seeds 0, 1
+                 SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "tune-2seeds-logs.tar.gz", "tune-logs.tar.gz",
+                            folder="full-cpu"),
+                 SeedSearch(TUNED_ROWS[1], "tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz", folder="full-cpu")]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -682,7 +695,7 @@ def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path
     table = text.split("**Tuning at a glance**", 1)[1].split("\n\n| algorithm |", 1)[1].split("\n\n")[0]
     assert len(table.splitlines()) == 2 + len(GLANCE)  # the header, its rule, one row per knob: none untested
     for (algorithm, key), archive in GLANCE.items():
-        searches = [srch for srch in SEED_SEARCHES if srch.row.algorithm == algorithm
+        searches = [srch for srch in SEED_SEARCHES if srch.row.algorithm == algorithm and srch.folder == "mnist-cpu"
                     and key in ("train.lr", *srch.searched)]
         assert archive in [srch.archive for srch in searches if len(srch.seeds) == max(len(x.seeds) for x in searches)]
         _tuning_archive(archive, tmp_path / archive)
@@ -700,7 +713,8 @@ def test_the_tuning_at_a_glance_table_is_each_knobs_latest_search(tmp_path: Path
 
 
 @pytest.mark.parametrize("search", SEED_SEARCHES,
-                         ids=[f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
+                         ids=[("twin-" if s.folder == "full-cpu" else "")
+                              + f"{s.row.algorithm}-{'-'.join(k.split('.')[-1] for k in ('lr', *s.searched))}"
                               + ("" if len(s.seeds) == 2 else f"-{len(s.seeds)}seeds") for s in SEED_SEARCHES])
 def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp_path: Path,
                                                                              search: SeedSearch) -> None:
@@ -712,8 +726,9 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     and FedNorm's rates, and FedProx's rate and μ, on seeds 0, 1 and 2; eighteenth: FedAdam's rate, server rate and τ,
     its earlier runs copied in under names with τ; nineteenth: FedNorm's rate and β, its earlier runs copied in under
     names with β, then its rate, β and γ, those runs copied in under names with γ; twentieth: FedAdam's rate, server
-    rate, τ, β1 and β2, its τ search's runs copied in under names with β1 and β2) and docs/results.md: a search run
-    again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's validation split. The runs of the seeds
+    rate, τ, β1 and β2, its τ search's runs copied in under names with β1 and β2), docs/full-cpu/tuning.md (FedAvg's
+    rate and FedEnt's base rate on the pathological twin) and docs/results.md: a search run again on tuning seeds 0
+    and 1 (or 0, 1 and 2) of the real-MNIST row's (or the twin's) validation split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
     before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the pages quote those
@@ -727,12 +742,12 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
 
     tuned_row = search.row
     algorithm = tuned_row.algorithm
-    pages = _tuning_archive(search.archive, tmp_path / "two")
+    pages = _tuning_archive(search.archive, tmp_path / "two", search.folder)
     read_back = {seed: tmp_path / "one" for seed in search.read}  # seed -> where its earlier runs were trained
-    with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.first) as tar:
+    with tarfile.open(ROOT / "docs" / search.folder / "results" / search.first) as tar:
         tar.extractall(tmp_path / "one", filter="data")
     if search.rates is not None:
-        with tarfile.open(ROOT / "docs" / "mnist-cpu" / "results" / search.rates) as tar:
+        with tarfile.open(ROOT / "docs" / search.folder / "results" / search.rates) as tar:
             tar.extractall(tmp_path / "rates", filter="data")
         read_back[search.rates_seed] = tmp_path / "rates"
     tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
@@ -743,7 +758,7 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     assert all(k["tried"] == [] for k in knobs if not k["tuned"])
     md = (tmp_path / "two" / "tune.md").read_text(encoding="utf-8")
     runs = tmp_path / "two" / "runs" / algorithm
-    row = _row_config(tuned_row.row, tmp_path / "plan")
+    row = _row_config(tuned_row.row, tmp_path / "plan", search.folder)
     at = dict(tuned_row.held)  # every knob's value while the next is searched: the config's until chosen
     kept, compared = set(), set()  # compared: the seeds whose runs were checked against an earlier archive's
     for knob in (k for k in knobs if k["tuned"]):
@@ -823,12 +838,18 @@ def _point_dir(values: dict[str, float]) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) + "-s0"
 
 
-def _row_config(row: str, out: Path) -> dict[str, Any]:
-    """The mnist profile's config of ``row``, seed 0: the problem a search on the real-MNIST row tunes for."""
+def _row_config(row: str, out: Path, folder: str = "mnist-cpu") -> dict[str, Any]:
+    """The config of ``row``, seed 0, that a search of FOLDER tunes for: the mnist profile's (the real-MNIST row) or
+    the `full` profile's on the pathological twin (docs/full-cpu)."""
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
-    (spec,) = build_plan(get_profile("mnist"), [0], out, ROOT / "configs", rows=[row]).runs
+    if folder == "full-cpu":
+        plan = build_plan(get_profile("full"), [0], out, ROOT / "configs", rows=[row], settings=["pathological"],
+                          overrides=["train.local_eval=0"])
+    else:
+        plan = build_plan(get_profile("mnist"), [0], out, ROOT / "configs", rows=[row])
+    (spec,) = plan.runs
     return dict(spec.config)
 
 
@@ -1549,6 +1570,94 @@ def test_a_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tm
     bracketed = "bracketed" if 0 < at < len(tried) - 1 else "not bracketed"
     paragraph = f"{search.label} Tried (validation accuracy): {', '.join(said)}."
     assert f"{paragraph} The search chose {best:g}, {bracketed}" in text
+
+
+def test_the_twins_second_tuning_seed_says_what_its_scores_give(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md, the second tuning seed: the means it quotes for the chosen rate against the other
+    point of each search, and FedEnt's gap to FedAvg at that rate on each seed, are tuned.json's, and the claim that
+    FedEnt at 0.09 ran 50 rounds on both tuning seeds is the runs' (the test-set run on seed 0 diverged)."""
+    import json
+
+    pages = _tuning_archive("tune-2seeds-logs.tar.gz", tmp_path / "two", "full-cpu")
+    text = pages[0][1]
+    tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
+    per = {a: dict((v, sc) for v, sc in tuned["algorithms"][a]["knobs"][0]["per_seed"]) for a in ("fedavg", "fedent")}
+    for algorithm in ("fedavg", "fedent"):
+        mean = {v: sum(sc) / len(sc) for v, sc in per[algorithm].items() if None not in sc}
+        assert max(mean, key=mean.__getitem__) == 0.09
+        assert f"so does their mean ({100 * mean[0.09]:.2f}% against {100 * mean[0.03]:.2f}%)" in text, algorithm
+    gaps = [100 * (e - a) for e, a in zip(per["fedent"][0.09], per["fedavg"][0.09], strict=True)]
+    words = [f"{abs(g):.2f} {'above' if g > 0 else 'below'}" for g in gaps]
+    assert (f"At 0.09 FedEnt scores {words[0].replace('above', 'points above FedAvg')} on seed 0 and {words[1]} on "
+            "seed 1 (two seeds: no interval, no difference shown)") in text
+    for seed in (0, 1):
+        run = tmp_path / "two" / "runs" / "fedent" / _point_run({"algorithm.beta": 0.99, "algorithm.gamma": 0.99,
+                                                                 "train.lr": 0.09}, seed)
+        assert json.loads((run / "status.json").read_text(encoding="utf-8"))["phase"] == "done"
+    assert "FedEnt at 0.09 ran all 50 rounds on both tuning seeds" in text
+
+
+def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's base rate and then β at the chosen rate searched on the
+    pathological twin's validation split, tuning seed 0, test set sealed, γ held at the paper's 0.99. The base rate's
+    points are the first search's runs (read back, files unchanged); every β point's run is the one its values name,
+    on the `full` profile's FedEnt row of that setting; each score, the choice and its bracket are recomputed from
+    the runs; no other run is kept; the pages quote every tried β; and the mechanism the page gives (η* over every
+    solve of each β run, and the rates used) is the runs'."""
+    import json
+    import statistics
+
+    from fedent import runlog
+
+    pages = _tuning_archive("fedent-beta-tune-logs.tar.gz", tmp_path / "tune", "full-cpu")
+    _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "first", "full-cpu")
+    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    first = json.loads((tmp_path / "first" / "tuned.json").read_text(encoding="utf-8"))
+    assert list(tuned["algorithms"]) == ["fedent"]
+    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    fedent = tuned["algorithms"]["fedent"]
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
+                                                       ("algorithm.gamma", False)]
+    assert knobs[2]["tried"] == []
+    assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    chosen, names, texts = _check_search(runs, knobs[:2], {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu"))
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    for value, _ in knobs[0]["tried"]:  # the base rate's runs: the first search's files
+        name = _point_dir({"train.lr": value, "algorithm.beta": 0.99, "algorithm.gamma": 0.99})
+        earlier = tmp_path / "first" / "runs" / "fedent" / name
+        files = sorted(f.name for f in earlier.iterdir())
+        assert files == sorted(f.name for f in (runs / name).iterdir())
+        assert all((runs / name / f).read_bytes() == (earlier / f).read_bytes() for f in files)
+    for page, text in pages:
+        assert f"Tried for β at base rate {chosen['train.lr']:g} (validation accuracy): {texts['algorithm.beta']}." \
+            in text, page
+        bracketed = "bracketed" if knobs[1]["bracketed"] else "not bracketed"
+        assert f"the search chose β = {chosen['algorithm.beta']:g}, {bracketed}" in text, page
+
+    def solves(beta: float) -> tuple[list[float], list[float]]:
+        name = _point_dir({"train.lr": chosen["train.lr"], "algorithm.beta": beta, "algorithm.gamma": 0.99})
+        got = [c for r in runlog.read_metrics(runs / name / "metrics.jsonl") for c in r["fedent"]["clients"]]
+        return [c["eta_star"] for c in got], [c["eta"] for c in got]
+
+    text = pages[0][1].replace("\n", " ")
+    for beta, _ in knobs[1]["tried"]:
+        stars, rates = solves(beta)
+        at_cap = sum(e >= 1.0 for e in stars) / len(stars)
+        said = (f"β = {beta:g}: η*'s median {statistics.median(stars):.4f}, at the cap in {100 * at_cap:.1f}% of "
+                f"{len(stars)} solves, rates {min(rates):.3f}–{max(rates):.3f}")
+        assert said in text, said
+
+    # β = 0.999 diverged in the round and on the client where the test-set run at β = 0.99 diverged on seed 0
+    edge = _diverged_at(runs / _point_dir({"train.lr": chosen["train.lr"], "algorithm.beta": 0.999,
+                                           "algorithm.gamma": 0.99}))
+    assert _diverged_at(_pathological_twin_page(tmp_path / "twin", "tuned")[2] / "fedent-lr9-s0") == edge
+    rnd, who = re.fullmatch(r"round (\d+) \(seed 0, (client \d+)\)", edge).groups()  # type: ignore[union-attr]
+    assert (f"the rates climb until {who}'s local model is not finite in round {rnd}: the round and client of the "
+            "test-set run at β = 0.99 that diverged on seed 0") in text
 
 
 def _final_acc(run: Path) -> float:
