@@ -906,6 +906,21 @@ def _check_search(runs: Path, knobs: list[dict[str, Any]], chosen: dict[str, flo
     return chosen, names, texts
 
 
+def _fedent_search(name: str, first: str, into: Path, folder: str = "mnist-cpu"
+                   ) -> tuple[list[tuple[Path, str]], dict[str, Any], dict[str, Any]]:
+    """A FedEnt-only search of seed 0 (archive NAME) and the earlier search it read runs back from (FIRST), both
+    unpacked under ``into`` ("tune", "first"): the pages quoting NAME, its FedEnt entry and FIRST's tuned.json."""
+    import json
+
+    pages = _tuning_archive(name, into / "tune", folder)
+    _tuning_archive(first, into / "first", folder)
+    tuned = json.loads((into / "tune" / "tuned.json").read_text(encoding="utf-8"))
+    earlier = json.loads((into / "first" / "tuned.json").read_text(encoding="utf-8"))
+    assert list(tuned["algorithms"]) == ["fedent"]
+    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
+    return pages, tuned["algorithms"]["fedent"], earlier
+
+
 def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path: Path) -> None:
     """docs/mnist-cpu/results.md and docs/results.md: FedEnt's knobs searched in turn on the real-MNIST row (base rate,
     then β at the chosen rate, then γ at both chosen), seed 0, validation split, test set sealed. Every point's run
@@ -913,18 +928,11 @@ def test_fedents_full_search_on_real_mnist_is_what_its_kept_runs_score(tmp_path:
     bracketed where tuned.json says so (else at the domain's edge), the base rate's points are the first search's
     runs with the same scores, no other run is kept, the pages quote every tried β and γ value, and the mechanism
     (η* and the logged rates over every solve of each β run) and score gaps the page gives are the runs'."""
-    import json
     import statistics
 
     from fedent import runlog
 
-    pages = _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "tune")
-    _tuning_archive("tune-logs.tar.gz", tmp_path / "first")
-    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
-    first = json.loads((tmp_path / "first" / "tuned.json").read_text(encoding="utf-8"))
-    assert list(tuned["algorithms"]) == ["fedent"]
-    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    fedent = tuned["algorithms"]["fedent"]
+    pages, fedent, first = _fedent_search("fedent-tune-logs.tar.gz", "tune-logs.tar.gz", tmp_path)
     knobs = fedent["knobs"]
     assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
                                                                               "algorithm.gamma")]
@@ -1604,18 +1612,12 @@ def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
     on the `full` profile's FedEnt row of that setting; each score, the choice and its bracket are recomputed from
     the runs; no other run is kept; the pages quote every tried β; and the mechanism the page gives (η* over every
     solve of each β run, and the rates used) is the runs'."""
-    import json
     import statistics
 
     from fedent import runlog
 
-    pages = _tuning_archive("fedent-beta-tune-logs.tar.gz", tmp_path / "tune", "full-cpu")
-    _tuning_archive("fedent-tune-logs.tar.gz", tmp_path / "first", "full-cpu")
-    tuned = json.loads((tmp_path / "tune" / "tuned.json").read_text(encoding="utf-8"))
-    first = json.loads((tmp_path / "first" / "tuned.json").read_text(encoding="utf-8"))
-    assert list(tuned["algorithms"]) == ["fedent"]
-    assert tuned["seeds"] == [0] and tuned["validation_fraction"] == 0.1 and tuned["tail_k"] == 5
-    fedent = tuned["algorithms"]["fedent"]
+    pages, fedent, first = _fedent_search("fedent-beta-tune-logs.tar.gz", "fedent-tune-logs.tar.gz", tmp_path,
+                                          "full-cpu")
     knobs = fedent["knobs"]
     assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
                                                        ("algorithm.gamma", False)]
