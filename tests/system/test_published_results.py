@@ -1605,6 +1605,13 @@ def test_the_twins_second_tuning_seed_says_what_its_scores_give(tmp_path: Path) 
     assert "FedEnt at 0.09 ran all 50 rounds on both tuning seeds" in text
 
 
+def _assert_read_back(run: Path, earlier: Path) -> None:
+    """A run a search read back from an earlier one: the same files, byte for byte (not trained again)."""
+    files = sorted(f.name for f in earlier.iterdir())
+    assert files == sorted(f.name for f in run.iterdir()), run.name
+    assert all((run / f).read_bytes() == (earlier / f).read_bytes() for f in files), run.name
+
+
 def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
     """docs/full-cpu/tuning.md and docs/results.md: FedEnt's base rate and then β at the chosen rate searched on the
     pathological twin's validation split, tuning seed 0, test set sealed, γ held at the paper's 0.99. The base rate's
@@ -1630,10 +1637,7 @@ def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
     assert {d.name for d in runs.iterdir()} == names  # no other run kept
     for value, _ in knobs[0]["tried"]:  # the base rate's runs: the first search's files
         name = _point_dir({"train.lr": value, "algorithm.beta": 0.99, "algorithm.gamma": 0.99})
-        earlier = tmp_path / "first" / "runs" / "fedent" / name
-        files = sorted(f.name for f in earlier.iterdir())
-        assert files == sorted(f.name for f in (runs / name).iterdir())
-        assert all((runs / name / f).read_bytes() == (earlier / f).read_bytes() for f in files)
+        _assert_read_back(runs / name, tmp_path / "first" / "runs" / "fedent" / name)
     for page, text in pages:
         assert f"Tried for β at base rate {chosen['train.lr']:g} (validation accuracy): {texts['algorithm.beta']}." \
             in text, page
