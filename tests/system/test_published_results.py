@@ -1666,6 +1666,47 @@ def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
             "test-set run at β = 0.99 that diverged on seed 0") in text
 
 
+def test_fedents_gamma_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's γ searched on the pathological twin's validation split at
+    the base rate and β the search chose before, tuning seed 0, test set sealed. The base rate's and β's points are
+    the β search's runs (read back, files unchanged, the same scores); every γ point's run is the one its values
+    name; each score, the choice and its bracket are recomputed from the runs; no other run is kept; the pages quote
+    every tried γ; and the rates and the divergence the page gives are the runs'."""
+    from fedent import runlog
+
+    pages, fedent, first = _fedent_search("fedent-knobs-tune-logs.tar.gz", "fedent-beta-tune-logs.tar.gz", tmp_path,
+                                          "full-cpu")
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
+                                                                              "algorithm.gamma")]
+    before = first["algorithms"]["fedent"]["knobs"]
+    assert [k["tried"] for k in knobs[:2]] == [k["tried"] for k in before[:2]]  # the same runs, read back
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu"))
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    earlier = sorted((tmp_path / "first" / "runs" / "fedent").iterdir())
+    assert len(earlier) == 5
+    for run in earlier:
+        _assert_read_back(runs / run.name, run)
+    lr, beta, gamma = (chosen[k] for k in ("train.lr", "algorithm.beta", "algorithm.gamma"))
+    bracketed = "bracketed" if knobs[2]["bracketed"] else "not bracketed"
+    for page, text in pages:
+        assert (f"Tried for γ at base rate {lr:g} and β = {beta:g} (validation accuracy): "
+                f"{texts['algorithm.gamma']}.") in text, page
+        assert f"the search chose γ = {gamma:g}, {bracketed}" in text, page
+
+    text = pages[0][1]
+    for value, score in knobs[2]["tried"]:
+        run = runs / _point_dir({"train.lr": lr, "algorithm.beta": beta, "algorithm.gamma": value})
+        rates = [c["eta"] for r in runlog.read_metrics(run / "metrics.jsonl") for c in r["fedent"]["clients"]]
+        said = f"γ = {value:g}: rates {min(rates):.3f}–{max(rates):.3f}"
+        if score is None:
+            said += f" until {_diverged_at(run)}"
+        assert said in text, said
+
+
 def _final_acc(run: Path) -> float:
     from fedent import runlog
 
