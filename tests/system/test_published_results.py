@@ -661,10 +661,13 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                             "fedadam-tau-tune-3seeds-logs.tar.gz",
                             ("algorithm.server_lr", "algorithm.tau", "algorithm.beta1", "algorithm.beta2"),
                             seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2")),
-                 # the pathological twin (docs/full-cpu/tuning.md): FedAvg's rate and FedEnt's base rate on seeds 0, 1
+                 # the pathological twin (docs/full-cpu/tuning.md): FedAvg's rate and FedEnt's base rate on seeds 0, 1,
+                 # then FedEnt's base rate, β and γ on seeds 0, 1 (seed 1's base-rate runs: the rate search's)
                  SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "tune-2seeds-logs.tar.gz", "tune-logs.tar.gz",
                             folder="full-cpu"),
-                 SeedSearch(TUNED_ROWS[1], "tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz", folder="full-cpu")]
+                 SeedSearch(TUNED_ROWS[1], "tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz", folder="full-cpu"),
+                 SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-knobs-tune-logs.tar.gz",
+                            ("algorithm.beta", "algorithm.gamma"), "tune-2seeds-logs.tar.gz", folder="full-cpu")]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -727,8 +730,9 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
     its earlier runs copied in under names with τ; nineteenth: FedNorm's rate and β, its earlier runs copied in under
     names with β, then its rate, β and γ, those runs copied in under names with γ; twentieth: FedAdam's rate, server
     rate, τ, β1 and β2, its τ search's runs copied in under names with β1 and β2), docs/full-cpu/tuning.md (FedAvg's
-    rate and FedEnt's base rate on the pathological twin) and docs/results.md: a search run again on tuning seeds 0
-    and 1 (or 0, 1 and 2) of the real-MNIST row's (or the twin's) validation split. The runs of the seeds
+    rate and FedEnt's base rate on the pathological twin, then FedEnt's base rate, β and γ) and docs/results.md: a
+    search run again on tuning seeds 0 and 1 (or 0, 1 and 2) of the real-MNIST row's (or the twin's) validation
+    split. The runs of the seeds
     ``read`` are the first search's (archive ``first``), read back, not trained again (but ``fresh``); every seed's
     score is recomputed from its run, the mean decides each knob in turn (a later knob searched at the values chosen
     before it), and tune.md's per-seed table and each seed's own choice are what the runs give; the pages quote those
@@ -1705,6 +1709,40 @@ def test_fedents_gamma_searched_on_the_pathological_twin_is_what_its_kept_runs_s
         if score is None:
             said += f" until {_diverged_at(run)}"
         assert said in text, said
+
+
+def test_fedents_beta_and_gamma_on_the_twins_second_tuning_seed_say_what_the_runs_did(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md, β and γ on tuning seeds 0 and 1: the mean it quotes for the chosen β against the
+    other finite point is tuned.json's, β's margin on seed 1 alone is that seed's scores', and each divergence it
+    names on seed 1 (β = 0.999, γ = 0.9) is the one its run's status.json keeps, next to seed 0's round."""
+    import json
+
+    pages = _tuning_archive("fedent-knobs-tune-2seeds-logs.tar.gz", tmp_path / "two", "full-cpu")
+    text = pages[0][1]
+    tuned = json.loads((tmp_path / "two" / "tuned.json").read_text(encoding="utf-8"))
+    beta, gamma = (dict((v, sc) for v, sc in k["per_seed"]) for k in tuned["algorithms"]["fedent"]["knobs"][1:])
+    mean = {v: sum(sc) / len(sc) for v, sc in beta.items() if None not in sc}
+    assert sorted(mean) == [0.9, 0.99] and max(mean, key=mean.__getitem__) == 0.99
+    assert f"the mean chooses 0.99 ({100 * mean[0.99]:.2f}% against {100 * mean[0.9]:.2f}%), bracketed" in text
+    edge_by = 100 * (beta[0.9][1] - beta[0.99][1])
+    assert f"seed 1 alone would take the grid's lower edge, by {edge_by:.2f} points" in text
+    slow = {v: sum(sc) / len(sc) for v, sc in gamma.items() if None not in sc}
+    assert sorted(slow) == [0.99, 0.999] and max(slow, key=slow.__getitem__) == 0.99
+    assert (f"and the mean chooses 0.99 ({100 * slow[0.99]:.2f}% against {100 * slow[0.999]:.2f}%), bracketed: seed 1 "
+            f"alone would take 0.999, by {100 * (gamma[0.999][1] - gamma[0.99][1]):.2f} points") in text
+    margins = [mean[0.99] - mean[0.9], slow[0.99] - slow[0.999]]
+    assert all(0 < m < 0.003 for m in margins)
+    assert ("the paper's β and γ stand on the mean of two seeds, each by under 0.3 points (no interval)"
+            in pages[1][1])
+    runs = tmp_path / "two" / "runs" / "fedent"
+    at = {"train.lr": 0.09, "algorithm.beta": 0.99, "algorithm.gamma": 0.99}
+    edge = {s: _diverged_at(runs / _point_run({**at, "algorithm.beta": 0.999}, s)) for s in (0, 1)}
+    rounds = {s: int(re.match(r"round (\d+)", e)[1]) for s, e in edge.items()}  # type: ignore[index]
+    assert rounds[1] == rounds[0] - 1
+    assert f"β = 0.999 diverged on seed 1 too, in {edge[1]}, one round before seed 0's" in text
+    fast = {s: _diverged_at(runs / _point_run({**at, "algorithm.gamma": 0.9}, s)) for s in (0, 1)}
+    assert gamma[0.9] == [None, None]
+    assert f"γ = 0.9 diverged in {fast[1]}, where seed 0's diverged in {fast[0].split(' (')[0]}" in text
 
 
 def _final_acc(run: Path) -> float:
