@@ -662,12 +662,15 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                             ("algorithm.server_lr", "algorithm.tau", "algorithm.beta1", "algorithm.beta2"),
                             seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2")),
                  # the pathological twin (docs/full-cpu/tuning.md): FedAvg's rate and FedEnt's base rate on seeds 0, 1,
-                 # then FedEnt's base rate, β and γ on seeds 0, 1 (seed 1's base-rate runs: the rate search's)
+                 # then FedEnt's base rate, β and γ on seeds 0, 1 (seed 1's base-rate runs: the rate search's), then
+                 # FedEnt's base rate on seeds 0, 1, 2
                  SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "tune-2seeds-logs.tar.gz", "tune-logs.tar.gz",
                             folder="full-cpu"),
                  SeedSearch(TUNED_ROWS[1], "tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz", folder="full-cpu"),
                  SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-knobs-tune-logs.tar.gz",
-                            ("algorithm.beta", "algorithm.gamma"), "tune-2seeds-logs.tar.gz", folder="full-cpu")]
+                            ("algorithm.beta", "algorithm.gamma"), "tune-2seeds-logs.tar.gz", folder="full-cpu"),
+                 SeedSearch(TUNED_ROWS[1], "fedent-tune-3seeds-logs.tar.gz", "tune-2seeds-logs.tar.gz",
+                            seeds=(0, 1, 2), read=(0, 1), folder="full-cpu")]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -1743,6 +1746,29 @@ def test_fedents_beta_and_gamma_on_the_twins_second_tuning_seed_say_what_the_run
     fast = {s: _diverged_at(runs / _point_run({**at, "algorithm.gamma": 0.9}, s)) for s in (0, 1)}
     assert gamma[0.9] == [None, None]
     assert f"γ = 0.9 diverged in {fast[1]}, where seed 0's diverged in {fast[0].split(' (')[0]}" in text
+
+
+def test_the_twins_third_tuning_seed_says_how_far_fedent_at_its_base_rate_ran(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md, FedEnt's base rate on tuning seeds 0, 1 and 2: the mean it quotes for the chosen rate
+    against the other finite point is tuned.json's, and what it says of FedEnt at 0.09 on seed 2 (50 rounds, or the
+    round it diverged in) is that run's status.json."""
+    import json
+
+    pages = _tuning_archive("fedent-tune-3seeds-logs.tar.gz", tmp_path / "three", "full-cpu")
+    text = pages[0][1]
+    tuned = json.loads((tmp_path / "three" / "tuned.json").read_text(encoding="utf-8"))
+    per = dict((v, sc) for v, sc in tuned["algorithms"]["fedent"]["knobs"][0]["per_seed"])
+    mean = {v: sum(sc) / len(sc) for v, sc in per.items() if None not in sc}
+    best = max(mean, key=mean.__getitem__)
+    other = min(mean, key=mean.__getitem__)
+    assert f"the mean chooses {best:g} ({100 * mean[best]:.2f}% against {100 * mean[other]:.2f}%)" in text
+    run = tmp_path / "three" / "runs" / "fedent" / _point_run({"algorithm.beta": 0.99, "algorithm.gamma": 0.99,
+                                                               "train.lr": 0.09}, 2)
+    status = json.loads((run / "status.json").read_text(encoding="utf-8"))
+    if status["phase"] == "done":
+        assert "FedEnt at 0.09 ran all 50 rounds on all three tuning seeds" in text
+    else:
+        assert f"FedEnt at 0.09 diverged on tuning seed 2, in {_diverged_at(run)}" in text
 
 
 def _final_acc(run: Path) -> float:
