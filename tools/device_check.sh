@@ -16,8 +16,8 @@
 #                <= 8 s), FedAvg under bf16 autocast (its final accuracy against float32's: the lever's accuracy
 #                check on a full run) and FedAvg with train.conv looped (default TABLE4="fedavg looped fedent bf16")
 #   step         step.log: benchmarks/bench_vectorised_step.py (goal: >= 25,000 client steps/s on an H100)
-#   pipeline     pipeline.log: fedent reproduce --profile full for PIPELINE_S seconds (--budget-s), 6 workers on
-#                the card; its measured client steps/s (goal: >= 15,000)
+#   pipeline     pipeline.log: fedent reproduce --profile full (PIPE_PROFILE, data PIPE_DATA) for PIPELINE_S seconds
+#                (--budget-s), 6 workers on the card; its measured client steps/s (goal: >= 15,000)
 #   stacked      stacked.log: benchmarks/bench_stacked.py, 6 rates of FedAvg on 100 clients (20 a round), stacked in
 #                one vectorised step against one by one (fedent reproduce --stack); pipeline-stacked.log: the pipeline
 #                section's command with --workers 2 --stack 3 (its measured client steps/s against the pipeline's)
@@ -54,6 +54,10 @@ DEADLINE_S=${DEADLINE_S:-570}
 DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
 PIPELINE_S=${PIPELINE_S:-150}
+# the pipeline sections' profile and data (PIPE_PROFILE=mnist PIPE_DATA=data/mnist-gz: the real MNIST row, whose four
+# .gz files weigh 11 MB against Fashion-MNIST's 30: the tree, .devdeps and both would pass the tool's 64 MiB)
+PIPE_PROFILE=${PIPE_PROFILE:-full}
+PIPE_DATA=${PIPE_DATA:-data/fashion-mnist}
 TABLE4=${TABLE4:-fedavg looped fedent bf16}
 STUDY_ROWS=${STUDY_ROWS:-fedavg,fedent,fedadam,fedprox,feddyn,fedent-shuffled}
 STUDY_SEEDS=${STUDY_SEEDS:-0,1,2}
@@ -162,8 +166,8 @@ section_step() {
 
 section_pipeline() {  # pipeline NAME WORKERS STACK: the full profile's pipeline for PIPELINE_S seconds
   local name=${1:-pipeline} workers=${2:-6} stack=${3:-1}
-  guarded "$name" $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile full --seeds "$PIPE_SEEDS" \
-    "${PIPE_ROUNDS[@]}" --set data.root=data/fashion-mnist --set train.device="$DEVICE" \
+  guarded "$name" $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile "$PIPE_PROFILE" --seeds "$PIPE_SEEDS" \
+    "${PIPE_ROUNDS[@]}" --set data.root="$PIPE_DATA" --set train.device="$DEVICE" \
     --set train.executor=vectorised --set train.precision=tf32 --workers "$workers" --stack "$stack" --gpus auto \
     --budget-s "$PIPELINE_S" --steps-per-s 3000 --out "$OUT/$name"
   "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); print(sys.argv[2], "measured_steps_per_s",
