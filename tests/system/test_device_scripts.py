@@ -132,3 +132,30 @@ def test_the_device_check_dry_runs_its_stacked_section(tmp_path: Path) -> None:
     assert "max |background - in the round| over the final models: 0.00e+00" in state_log
     assert "./pipeline-stacked/command.json" in names
     assert any(st["state"].get("stacked_runs") == 3 for st in statuses)  # the pipeline's runs did stack
+
+
+@pytest.mark.parametrize(("env", "profile", "root"), [
+    ({}, "full", "data/fashion-mnist"),
+    ({"PIPE_PROFILE": "mnist", "PIPE_DATA": "data/mnist-gz"}, "mnist", "data/mnist-gz"),
+])
+def test_the_pipeline_sections_run_the_profile_and_data_they_are_given(tmp_path: Path, env: dict[str, str],
+                                                                       profile: str, root: str) -> None:
+    """The device tool takes 64 MiB with the tracked tree: a call that carries the real MNIST's 11 MB instead of
+    Fashion-MNIST's 30 runs the pipeline sections on the `mnist` profile and that data (PIPE_PROFILE, PIPE_DATA);
+    unset, they stay the `full` profile on Fashion-MNIST. A stand-in python records each command it is given."""
+    work, out = tmp_path / "repo", tmp_path / "out"
+    work.mkdir()
+    (work / "tools").symlink_to(ROOT / "tools")
+    calls = tmp_path / "calls.txt"
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    stub.chmod(0o755)
+    done = subprocess.run(["bash", "tools/device_check.sh"], cwd=work, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT": str(out), "PY": str(stub), "SECTIONS": "pipeline stacked",
+                               "DEADLINE_S": "1000", **env})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    reproduce = [c for c in calls.read_text().splitlines() if " reproduce " in f" {c} "]
+    assert len(reproduce) == 2, reproduce  # the pipeline section's, and the stacked section's --stack 3
+    for command in reproduce:
+        assert f"--profile {profile} " in command and f"--set data.root={root} " in command, command
+    assert "--stack 3" in reproduce[1]
