@@ -663,14 +663,21 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                             seeds=(0, 1, 2), read=(0, 1, 2), named=("algorithm.beta1", "algorithm.beta2")),
                  # the pathological twin (docs/full-cpu/tuning.md): FedAvg's rate and FedEnt's base rate on seeds 0, 1,
                  # then FedEnt's base rate, β and γ on seeds 0, 1 (seed 1's base-rate runs: the rate search's), then
-                 # FedEnt's base rate on seeds 0, 1, 2
+                 # FedEnt's base rate on seeds 0, 1, 2, then FedAvg's rate on seeds 0, 1, 2, then FedEnt's base rate,
+                 # β and γ on seeds 0, 1, 2 (seed 2's base-rate runs: the 3-seed rate search's)
                  SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "tune-2seeds-logs.tar.gz", "tune-logs.tar.gz",
                             folder="full-cpu"),
                  SeedSearch(TUNED_ROWS[1], "tune-2seeds-logs.tar.gz", "fedent-tune-logs.tar.gz", folder="full-cpu"),
                  SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-2seeds-logs.tar.gz", "fedent-knobs-tune-logs.tar.gz",
                             ("algorithm.beta", "algorithm.gamma"), "tune-2seeds-logs.tar.gz", folder="full-cpu"),
                  SeedSearch(TUNED_ROWS[1], "fedent-tune-3seeds-logs.tar.gz", "tune-2seeds-logs.tar.gz",
-                            seeds=(0, 1, 2), read=(0, 1), folder="full-cpu")]
+                            seeds=(0, 1, 2), read=(0, 1), folder="full-cpu"),
+                 SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "fedavg-tune-3seeds-logs.tar.gz",
+                            "tune-2seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), folder="full-cpu"),
+                 SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-3seeds-logs.tar.gz",
+                            "fedent-knobs-tune-2seeds-logs.tar.gz", ("algorithm.beta", "algorithm.gamma"),
+                            "fedent-tune-3seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), rates_seed=2,
+                            folder="full-cpu")]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -813,7 +820,8 @@ def test_a_search_run_again_on_more_tuning_seeds_is_what_its_kept_runs_score(tmp
                          for v, sc in sorted(per_seed.items()))
         for page, text in pages:
             assert said in text, (page, said)
-            assert f"each seed alone chooses {_listed([f'{c:g}' for c in alone])}" in text, page
+            chose = f"each seed alone chooses {_listed([f'{c:g}' for c in alone])}"
+            assert re.search(re.escape(chose) + r"(?![\d.])", text), (page, chose)  # not "0.9" inside "0.99"
         at[knob["key"]] = best
     assert {d.name for d in runs.iterdir()} == kept  # no other run kept
     assert compared == set(read_back)  # every archive said to hold earlier runs held some
@@ -1530,13 +1538,15 @@ def test_the_pathological_uncapped_control_says_how_each_seed_diverged(tmp_path:
 
 @dataclass(frozen=True)
 class TwinSearch:
-    """A rate search on the pathological twin (docs/full-cpu/tuning.md), its logs in docs/full-cpu/results/ARCHIVE:
-    the page's paragraph on it starts with ``label``; ``held``: knobs not tuned, at the config's value."""
+    """A rate search on a twin (docs/full-cpu/tuning.md), its logs in docs/full-cpu/results/ARCHIVE: the page's
+    paragraph on it starts with ``label``; ``held``: knobs not tuned, at the config's value; ``setting``: the `full`
+    profile's setting searched (the pathological twin unless named)."""
 
     algorithm: str
     archive: str
     label: str
     held: tuple[tuple[str, float], ...] = ()
+    setting: str = "pathological"
 
 
 TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**"),
@@ -1544,7 +1554,8 @@ TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**"),
                             (("algorithm.beta", 0.99), ("algorithm.gamma", 0.99)))]
 
 
-@pytest.mark.parametrize("search", TWIN_SEARCHES, ids=lambda s: s.algorithm)
+@pytest.mark.parametrize("search", TWIN_SEARCHES,
+                         ids=lambda s: s.algorithm + ("" if s.setting == "pathological" else f"-{s.setting}"))
 def test_a_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path,
                                                                             search: TwinSearch) -> None:
     """docs/full-cpu/tuning.md: ``fedent tune`` searched a rate on a validation split of the pathological twin with
@@ -1569,9 +1580,9 @@ def test_a_rate_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tm
     knob, *held = tuned["algorithms"][search.algorithm]["knobs"]
     assert [(k["key"], k["tuned"], k["tried"]) for k in held] == [(k, False, []) for k, _ in search.held]
     tried = sorted(knob["tried"])
-    assert knob["key"] == "train.lr" and knob["tuned"] and len(tried) == 3
+    assert knob["key"] == "train.lr" and knob["tuned"] and len(tried) >= 3
     plan = build_plan(get_profile("full"), [0], tmp_path / "plan", ROOT / "configs", rows=[search.algorithm],
-                      settings=["pathological"], overrides=["train.local_eval=0"])
+                      settings=[search.setting], overrides=["train.local_eval=0"])
     (row,) = plan.runs
     said = []
     for lr, score in tried:
@@ -1752,26 +1763,33 @@ def test_fedents_beta_and_gamma_on_the_twins_second_tuning_seed_say_what_the_run
     assert f"γ = 0.9 diverged in {fast[1]}, where seed 0's diverged in {fast[0].split(' (')[0]}" in text
 
 
-def test_the_twins_third_tuning_seed_says_how_far_fedent_at_its_base_rate_ran(tmp_path: Path) -> None:
-    """docs/full-cpu/tuning.md, FedEnt's base rate on tuning seeds 0, 1 and 2: the mean it quotes for the chosen rate
-    against the other finite point is tuned.json's, and FedEnt at 0.09 ran 50 rounds on every tuning seed, as the
-    page says (its test-set run on seed 0 diverged)."""
+@pytest.mark.parametrize(("archive", "algorithm", "held"), [
+    ("fedent-tune-3seeds-logs.tar.gz", "fedent", {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}),
+    ("fedavg-tune-3seeds-logs.tar.gz", "fedavg", {}),
+], ids=["fedent", "fedavg"])
+def test_the_twins_third_tuning_seed_says_how_far_each_algorithm_at_its_chosen_rate_ran(
+        tmp_path: Path, archive: str, algorithm: str, held: dict[str, float]) -> None:
+    """docs/full-cpu/tuning.md, FedEnt's base rate and FedAvg's rate on tuning seeds 0, 1 and 2: the mean it quotes
+    for the chosen rate against the other finite point is tuned.json's, and the algorithm at 0.09 ran 50 rounds on
+    every tuning seed, as the page says (FedEnt's test-set run on seed 0 diverged)."""
     import json
 
-    pages = _tuning_archive("fedent-tune-3seeds-logs.tar.gz", tmp_path / "three", "full-cpu")
+    pages = _tuning_archive(archive, tmp_path / "three", "full-cpu")
     text = pages[0][1]
     tuned = json.loads((tmp_path / "three" / "tuned.json").read_text(encoding="utf-8"))
-    per = dict((v, sc) for v, sc in tuned["algorithms"]["fedent"]["knobs"][0]["per_seed"])
+    per = dict((v, sc) for v, sc in tuned["algorithms"][algorithm]["knobs"][0]["per_seed"])
     mean = _finite_means(per)
     best = max(mean, key=mean.__getitem__)
     other = min(mean, key=mean.__getitem__)
-    assert f"the mean chooses {best:g} ({100 * mean[best]:.2f}% against {100 * mean[other]:.2f}%)" in text
+    assert (best, tuned["algorithms"][algorithm]["chosen"]["train.lr"]) == (0.09, 0.09)
+    name = {"fedent": "FedEnt", "fedavg": "FedAvg"}[algorithm]
+    (paragraph,) = [p for p in text.split("**") if f"(results/{archive})" in p]  # the one that links the archive
+    assert f"the mean chooses {best:g} ({100 * mean[best]:.2f}% against {100 * mean[other]:.2f}%)" in paragraph
     for seed in (0, 1, 2):
-        run = tmp_path / "three" / "runs" / "fedent" / _point_run({"algorithm.beta": 0.99, "algorithm.gamma": 0.99,
-                                                                   "train.lr": 0.09}, seed)
+        run = tmp_path / "three" / "runs" / algorithm / _point_run({**held, "train.lr": 0.09}, seed)
         status = json.loads((run / "status.json").read_text(encoding="utf-8"))
         assert (status["phase"], status["round"]) == ("done", 50), seed
-    assert "FedEnt at 0.09 ran all 50 rounds on all three tuning seeds" in text
+    assert f"{name} at 0.09 ran all 50 rounds on all three tuning seeds" in paragraph
 
 
 def _final_acc(run: Path) -> float:
