@@ -55,7 +55,7 @@ DEVICE=${DEVICE:-cuda}
 QUICK=${QUICK:-}
 PIPELINE_S=${PIPELINE_S:-150}
 # the pipeline sections' profile and data (PIPE_PROFILE=mnist PIPE_DATA=data/mnist-gz: the real MNIST row, whose four
-# .gz files weigh 11 MB against Fashion-MNIST's 30: the tree, .devdeps and both would pass the tool's 64 MiB)
+# .gz files weigh 11 MB; the tree, .devdeps and Fashion-MNIST's 30 MB together exceed the tool's 64 MiB)
 PIPE_PROFILE=${PIPE_PROFILE:-full}
 PIPE_DATA=${PIPE_DATA:-data/fashion-mnist}
 TABLE4=${TABLE4:-fedavg looped fedent bf16}
@@ -164,7 +164,7 @@ section_step() {
   guarded step 240 "$PY" benchmarks/bench_vectorised_step.py --device "$DEVICE" "${STEP_ARGS[@]}"
 }
 
-section_pipeline() {  # pipeline NAME WORKERS STACK: the full profile's pipeline for PIPELINE_S seconds
+section_pipeline() {  # pipeline NAME WORKERS STACK: PIPE_PROFILE's pipeline for PIPELINE_S seconds
   local name=${1:-pipeline} workers=${2:-6} stack=${3:-1}
   guarded "$name" $((PIPELINE_S + 60)) "${FEDENT[@]}" reproduce --profile "$PIPE_PROFILE" --seeds "$PIPE_SEEDS" \
     "${PIPE_ROUNDS[@]}" --set data.root="$PIPE_DATA" --set train.device="$DEVICE" \

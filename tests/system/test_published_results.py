@@ -1557,9 +1557,9 @@ TWIN_SEARCHES = [TwinSearch("fedavg", "tune-logs.tar.gz", "**FedAvg's rate.**"),
                          ids=lambda s: s.algorithm + ("" if s.setting == "pathological" else f"-{s.setting}"))
 def test_a_rate_searched_on_a_twin_is_what_its_kept_runs_score(tmp_path: Path, search: TwinSearch) -> None:
     """docs/full-cpu/tuning.md: ``fedent tune`` searched a rate on a validation split of a twin (the pathological or
-    the EMNIST-L) with
-    the test set sealed. The page states the archive's sha256; each tried rate's score is recomputed from its kept
-    run (mean validation accuracy of the last 5 rounds) and quoted as the page quotes it, a diverged point failed on
+    the EMNIST-L) with the test set sealed. The page states the archive's sha256; each tried rate's score is
+    recomputed from its kept run (mean validation accuracy of the last 5 rounds) and quoted as the page quotes it, a
+    diverged point failed on
     a non-finite model in the round the page names, the runs are the `full` profile's row of that algorithm on that
     setting (the validation split aside), the knobs not searched stayed at the config's value, and the chosen rate
     and whether the grid brackets it are what the runs give."""
