@@ -103,3 +103,20 @@ def test_issue_29_rate_controls_vary_one_thing_each() -> None:
     assert changed == {"fedent-shuffled": {"rates": "shuffled"}, "fedent-fixed": {"rates": "fixed"},
                        "fedent-cap-none": {"eta_max": None}, "fedent-cap2": {"eta_max": 2.0}}
     assert base.options_dict() == {} and all(prof.row(r).lr_scale == 1.0 for r in RATE_CONTROL_ROWS)
+
+
+def test_the_emnist_twins_tuned_fedent_row_runs_at_twice_the_base_rate_on_that_twin_only(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md: on the EMNIST-L twin FedAvg's and FedEnt's searches both chose 0.2 = 2 × Table IV's
+    0.1. FedEnt's row at that base rate (β, γ as the search held them) is planned on that setting and no other, and
+    FedAvg's is the rate sweep's fedavg-lr2, on the same partition."""
+    configs = Path(__file__).resolve().parents[3] / "configs"
+    plan = build_plan(get_profile("full"), [0], tmp_path, configs, rows=["fedent-lr2", "fedavg-lr2", "fedent"])
+    where = {s.setting for s in plan.runs if s.row == "fedent-lr2"}
+    assert where == {"emnist-dir1.0"}
+    by = {s.key: s.config for s in plan.runs}
+    tuned, paper, avg = (by[f"emnist-dir1.0/{r}-s0"] for r in ("fedent-lr2", "fedent", "fedavg-lr2"))
+    assert tuned["train"]["lr"] == 0.2 == avg["train"]["lr"] and paper["train"]["lr"] == 0.1
+    assert tuned["algorithm"] == paper["algorithm"] and tuned["algorithm"]["name"] == "fedent"
+    assert {k: v for k, v in tuned["train"].items() if k != "lr"} == {k: v for k, v in paper["train"].items()
+                                                                        if k != "lr"}
+    assert tuned["data"] == paper["data"] == avg["data"]
