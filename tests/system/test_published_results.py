@@ -56,10 +56,10 @@ PAGES = [
          ("--only", "main,controls", "--settings", "pathological", "--tuned",
           "pathological=docs/cpu-tuned/results/tuned.json"), folder="cpu-tuned", seeds="0,1,2,3,4"),
     # the archive: 3 seeds of the pathological and the EMNIST-L (α = 1.0 and α = 0.5) twins
-    Page("full", "fedavg,fedent", 33, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 39, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"), folder="full-cpu"),
     # seed 0 alone, the counterpart of the `full` page's H100 seed 0 on two settings, from the same archive
-    Page("full", "fedavg,fedent", 33, "pathological,emnist-dir1.0,emnist-dir0.5",
+    Page("full", "fedavg,fedent", 39, "pathological,emnist-dir1.0,emnist-dir0.5",
          ("--settings", "pathological,emnist-dir1.0,emnist-dir0.5", "--set", "train.local_eval=0"),
          folder="full-cpu/seed0",
          seeds="0", archive="full-cpu/results/run-logs.tar.gz"),
@@ -74,6 +74,10 @@ PAGES = [
     # the pathological twin's FedAvg and FedEnt at the rate their validation searches chose (3 seeds each)
     Page("full", "fedavg,fedent,fedavg-lr9,fedent-lr9", 21, "pathological",
          ("--settings", "pathological", "--set", "train.local_eval=0"), folder="full-cpu/tuned",
+         archive="full-cpu/results/run-logs.tar.gz"),
+    # the EMNIST-L twin's (α = 1.0) FedAvg and FedEnt at the rate their validation searches chose (3 seeds each)
+    Page("full", "fedavg,fedent,fedavg-lr2,fedent-lr2", 12, "emnist-dir1.0",
+         ("--settings", "emnist-dir1.0", "--set", "train.local_eval=0"), folder="full-cpu/tuned-emnist",
          archive="full-cpu/results/run-logs.tar.gz"),
 ]
 
@@ -1865,31 +1869,64 @@ def _diverged_at(run: Path) -> str:
     return f"round {rnd[1]} (seed {seed}, {who})"
 
 
-def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended(tmp_path: Path) -> None:
-    """docs/full-cpu/tuned/results.md: rows fedavg-lr9 and fedent-lr9 on the pathological twin are the FedAvg and
-    FedEnt runs of the same seeds with one change, train.lr at the rate each one's search on the validation split
-    chose (docs/full-cpu/tuning.md's tuned.json), trained by processes that started after that search's last run
-    ended (the test set was read once, after the choice); each ran 50 rounds or diverged where the page says."""
+@dataclass(frozen=True)
+class TunedTwin:
+    """A twin's tuned rows on the test set (docs/full-cpu/FOLDER/results.md, runs in the shared archive): FedAvg and
+    FedEnt at the rate both searches (``TWIN_SEARCHES`` of that setting) chose, ``rate`` = ``scale`` × the paper's
+    ``base``; the rows ``fedavg-lrK`` and ``fedent-lrK`` (K = ``scale``); ``heading``: the generated table's."""
+
+    folder: str
+    setting: str
+    base: float
+    scale: int
+    heading: str
+
+    @property
+    def rate(self) -> float:
+        return self.base * self.scale
+
+
+TUNED_TWINS = [TunedTwin("tuned", "pathological", 0.01, 9, TWIN_HEADING),
+               TunedTwin("tuned-emnist", "emnist-dir1.0", 0.1, 2, "**EMNIST-L setting, α_d = 1.0**")]
+
+
+def _tuned_twin_page(tmp_path: Path, twin: TunedTwin) -> tuple[Path, str, Path]:
+    page, text, runs = _pathological_twin_page(tmp_path, twin.folder)
+    return page, text, runs.parent / twin.setting
+
+
+@pytest.mark.parametrize("twin", TUNED_TWINS, ids=lambda t: t.setting)
+def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended(tmp_path: Path,
+                                                                                 twin: TunedTwin) -> None:
+    """docs/full-cpu/tuned/results.md (the pathological twin) and docs/full-cpu/tuned-emnist/results.md (the EMNIST-L
+    twin): rows fedavg-lrK and fedent-lrK are the FedAvg and FedEnt runs of the same seeds with one change, train.lr
+    at the rate each one's search on the validation split chose (docs/full-cpu/tuning.md's tuned.json), trained by
+    processes that started after that search's last run ended (the test set was read once, after the choice); each
+    ran 50 rounds or diverged where the page says."""
     import json
 
     import yaml
 
     from fedent import runlog
 
-    _, text, runs = _pathological_twin_page(tmp_path / "study", "tuned")
-    for search in (s for s in TWIN_SEARCHES if s.setting == "pathological"):  # the tuned rows are of that twin
+    _, text, runs = _tuned_twin_page(tmp_path / "study", twin)
+    searches = [s for s in TWIN_SEARCHES if s.setting == twin.setting]
+    assert sorted(s.algorithm for s in searches) == ["fedavg", "fedent"]
+    for search in searches:
         tune = tmp_path / search.algorithm
         with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / search.archive) as tar:
             tar.extractall(tune, filter="data")
         chosen = json.loads((tune / "tuned.json").read_text(encoding="utf-8"))["algorithms"][search.algorithm]
-        assert chosen["chosen"] == {"train.lr": pytest.approx(0.09), **dict(search.held)}  # held knobs at 0.99
+        assert chosen["chosen"] == {"train.lr": pytest.approx(twin.rate), **dict(search.held)}  # held knobs at 0.99
         ended = max(json.loads(s.read_text(encoding="utf-8"))["updated_at"]
                     for s in (tune / "runs" / search.algorithm).glob("*/status.json"))
         blew = []
         for seed in (0, 1, 2):
-            run, base = runs / f"{search.algorithm}-lr9-s{seed}", runs / f"{search.algorithm}-s{seed}"
+            run = runs / f"{search.algorithm}-lr{twin.scale}-s{seed}"
+            base = runs / f"{search.algorithm}-s{seed}"
             cfg, ref = (yaml.safe_load((r / "config.yaml").read_text(encoding="utf-8")) for r in (run, base))
-            assert cfg["train"]["lr"] == pytest.approx(chosen["chosen"]["train.lr"]) and ref["train"]["lr"] == 0.01
+            assert cfg["train"]["lr"] == pytest.approx(chosen["chosen"]["train.lr"])
+            assert ref["train"]["lr"] == twin.base
             for part in ("data", "model", "algorithm", "train"):  # the rate is the one change from the paper's row
                 assert {k: v for k, v in cfg[part].items() if k != "lr"} == \
                     {k: v for k, v in ref[part].items() if k != "lr"}, (run.name, part)
@@ -1910,41 +1947,43 @@ def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended
                 blew.append(_diverged_at(run))
         name = {"fedavg": "FedAvg", "fedent": "FedEnt"}[search.algorithm]
         if blew:
-            assert f"{name} at 0.09 diverged in {' and '.join(blew)}" in text, blew
+            assert f"{name} at {twin.rate:g} diverged in {' and '.join(blew)}" in text, blew
         else:
-            assert f"{name} at 0.09 ran all 50 rounds on each of the 3 seeds" in text
+            assert f"{name} at {twin.rate:g} ran all 50 rounds on each of the 3 seeds" in text
 
 
-def test_the_twins_tuned_rows_say_what_their_tables_and_logs_show(tmp_path: Path) -> None:
-    """docs/full-cpu/tuned/results.md: FedEnt at its tuned base rate against FedAvg at its tuned rate (the pair the
-    generated table, referenced on FedEnt at the paper's values, does not print), and each tuned row against the
-    paper's rows, over the seeds both finished, as the kept logs give them; every verdict follows its interval."""
+@pytest.mark.parametrize("twin", TUNED_TWINS, ids=lambda t: t.setting)
+def test_the_twins_tuned_rows_say_what_their_tables_and_logs_show(tmp_path: Path, twin: TunedTwin) -> None:
+    """docs/full-cpu/tuned/results.md and docs/full-cpu/tuned-emnist/results.md: FedEnt at its tuned base rate
+    against FedAvg at its tuned rate (the pair the generated table, referenced on FedEnt at the paper's values, does
+    not print), and each tuned row against the paper's rows, over the seeds both finished, as the kept logs give
+    them; every verdict follows its interval."""
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
-    page, text, runs = _pathological_twin_page(tmp_path, "tuned")
-    table = _paired_rows(page, TWIN_HEADING)
-    end = {r: pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent", "fedavg-lr9",
-                                                                             "fedent-lr9")}
+    page, text, runs = _tuned_twin_page(tmp_path, twin)
+    table = _paired_rows(page, twin.heading)
+    avg, ent = f"fedavg-lr{twin.scale}", f"fedent-lr{twin.scale}"
+    end = {r: pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent", avg, ent)}
 
     def said(p: Any) -> str:
         return P.fmt(p).removesuffix(f" (n = {p.n})").replace("-", "−")
 
-    head = P.paired(end["fedent-lr9"], end["fedavg-lr9"])
+    head = P.paired(end[ent], end[avg])
     assert head is not None and head.n >= 2
-    both = sorted(end["fedent-lr9"].keys() & end["fedavg-lr9"].keys())
-    diffs = [f"{100 * (end['fedent-lr9'][s] - end['fedavg-lr9'][s]):+.2f}".replace("-", "−")  # type: ignore[operator]
+    both = sorted(end[ent].keys() & end[avg].keys())
+    diffs = [f"{100 * (end[ent][s] - end[avg][s]):+.2f}".replace("-", "−")  # type: ignore[operator]
              for s in both]
-    mean = {r: f"{100 * sum(end[r][s] for s in both) / len(both):.2f}" for r in ("fedent-lr9", "fedavg-lr9")}  # type: ignore[misc]
+    mean = {r: f"{100 * sum(end[r][s] for s in both) / len(both):.2f}" for r in (ent, avg)}  # type: ignore[misc]
     seeds = ", ".join(str(s) for s in both)
-    assert (f"end points (the mean of the last 5 rounds) {mean['fedent-lr9']}% against {mean['fedavg-lr9']}% on "
+    assert (f"end points (the mean of the last 5 rounds) {mean[ent]}% against {mean[avg]}% on "
             f"seeds {seeds}, {said(head)} points (95% t-interval of the paired difference, n = {head.n}): "
             f"{_verdict(head, 'FedEnt above', 'FedEnt below')}; seed by seed {', '.join(diffs)}") in text
     for row, ref, label, above, below in (
-            ("fedavg-lr9", "fedent", "**FedAvg at its tuned rate against FedEnt at the paper's values:**",
+            (avg, "fedent", "**FedAvg at its tuned rate against FedEnt at the paper's values:**",
              "FedAvg above", "FedAvg below"),
-            ("fedavg-lr9", "fedavg", "**Tuning FedAvg's rate:**", "a gain", "a loss"),
-            ("fedent-lr9", "fedent", "**FedEnt's base rate tuned, against FedEnt at the paper's:**", "a gain",
+            (avg, "fedavg", "**Tuning FedAvg's rate:**", "a gain", "a loss"),
+            (ent, "fedent", "**FedEnt's base rate tuned, against FedEnt at the paper's:**", "a gain",
              "a loss")):
         p = P.paired(end[row], end[ref])
         assert p is not None and p.n >= 2
