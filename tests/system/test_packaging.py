@@ -187,3 +187,13 @@ def test_an_installed_fedent_has_its_configs_and_makes_a_project_that_runs(tmp_p
     assert res.returncode == 0, res.stderr[-2000:]
     (run,) = (proj / "runs").iterdir()
     assert '"algorithm":"my-fedavg"' in (run / "metrics.jsonl").read_text()
+
+
+def test_grpcio_tools_is_pinned_to_the_version_that_generated_the_checked_in_code() -> None:
+    """make proto-check regenerates fedentrpc/v1 and compares bytes; the grpc stubs carry the generator's version,
+    so any other grpcio-tools (a newer one on the index) fails it on a fresh machine: the dev extra pins it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [d for d in project["optional-dependencies"]["dev"] if d.startswith("grpcio-tools")]
+    stub = (ROOT / "fedentrpc" / "v1" / "aggregator_pb2_grpc.py").read_text()
+    generated = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", stub)
+    assert generated is not None and pins == [f"grpcio-tools=={generated.group(1)}"]
