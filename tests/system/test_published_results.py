@@ -1840,13 +1840,13 @@ def _final_acc(run: Path) -> float:
 TWIN_HEADING = "**MNIST-CNN, pathological, 20% of 100**"
 
 
-def _pathological_twin_page(tmp_path: Path, folder: str) -> tuple[Path, str, Path]:
-    """docs/full-cpu/FOLDER/results.md, its text with the lines joined, and the pathological twin's runs of the
-    shared archive unpacked under ``tmp_path``."""
+def _pathological_twin_page(tmp_path: Path, folder: str, setting: str = "pathological") -> tuple[Path, str, Path]:
+    """docs/full-cpu/FOLDER/results.md, its text with the lines joined, and one twin's runs (the pathological twin's
+    unless ``setting`` says otherwise) of the shared archive unpacked under ``tmp_path``."""
     page = ROOT / "docs" / "full-cpu" / folder / "results.md"
     with tarfile.open(ROOT / "docs" / "full-cpu" / "results" / "run-logs.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
-    return page, _joined(page), tmp_path / "runs" / "pathological"
+    return page, _joined(page), tmp_path / "runs" / setting
 
 
 def _verdict(p: Any, above: str, below: str) -> str:
@@ -1890,11 +1890,6 @@ TUNED_TWINS = [TunedTwin("tuned", "pathological", 0.01, 9, TWIN_HEADING),
                TunedTwin("tuned-emnist", "emnist-dir1.0", 0.1, 2, "**EMNIST-L setting, α_d = 1.0**")]
 
 
-def _tuned_twin_page(tmp_path: Path, twin: TunedTwin) -> tuple[Path, str, Path]:
-    page, text, runs = _pathological_twin_page(tmp_path, twin.folder)
-    return page, text, runs.parent / twin.setting
-
-
 @pytest.mark.parametrize("twin", TUNED_TWINS, ids=lambda t: t.setting)
 def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended(tmp_path: Path,
                                                                                  twin: TunedTwin) -> None:
@@ -1909,7 +1904,7 @@ def test_the_twins_tuned_rows_train_their_searches_rate_after_the_searches_ended
 
     from fedent import runlog
 
-    _, text, runs = _tuned_twin_page(tmp_path / "study", twin)
+    _, text, runs = _pathological_twin_page(tmp_path / "study", twin.folder, twin.setting)
     searches = [s for s in TWIN_SEARCHES if s.setting == twin.setting]
     assert sorted(s.algorithm for s in searches) == ["fedavg", "fedent"]
     for search in searches:
@@ -1961,7 +1956,7 @@ def test_the_twins_tuned_rows_say_what_their_tables_and_logs_show(tmp_path: Path
     from fedent.experiments import pair_runs
     from fedent.experiments import paired as P
 
-    page, text, runs = _tuned_twin_page(tmp_path, twin)
+    page, text, runs = _pathological_twin_page(tmp_path, twin.folder, twin.setting)
     table = _paired_rows(page, twin.heading)
     avg, ent = f"fedavg-lr{twin.scale}", f"fedent-lr{twin.scale}"
     end = {r: pair_runs.end_points(pair_runs.runs_of(runs, r), 5) for r in ("fedavg", "fedent", avg, ent)}

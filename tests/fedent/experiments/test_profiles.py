@@ -109,8 +109,7 @@ def test_the_emnist_twins_tuned_fedent_row_runs_at_twice_the_base_rate_on_that_t
     """docs/full-cpu/tuning.md: on the EMNIST-L twin FedAvg's and FedEnt's searches both chose 0.2 = 2 × Table IV's
     0.1. FedEnt's row at that base rate (β, γ as the search held them) is planned on that setting and no other, and
     FedAvg's is the rate sweep's fedavg-lr2, on the same partition."""
-    configs = Path(__file__).resolve().parents[3] / "configs"
-    plan = build_plan(get_profile("full"), [0], tmp_path, configs, rows=["fedent-lr2", "fedavg-lr2", "fedent"])
+    plan = build_plan(get_profile("full"), [0], tmp_path, CONFIGS, rows=["fedent-lr2", "fedavg-lr2", "fedent"])
     where = {s.setting for s in plan.runs if s.row == "fedent-lr2"}
     assert where == {"emnist-dir1.0"}
     by = {s.key: s.config for s in plan.runs}
