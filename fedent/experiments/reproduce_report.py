@@ -10,7 +10,7 @@ Every row is also compared with a reference row (FedEnt where present, else the 
 the mean per-seed difference and its 95% t-interval, for the end point (mean of the last ``paired.TAIL_K``
 evaluated rounds) and for rounds to target (``fedent.experiments.paired``).
 
-Why ~570 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
+Why ~600 lines in one module: the tables, figures and markdown all read the one summary that ``collect``
 builds (also written as summary.json); kept together, its shape is defined and read in one place.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedent import provenance, runlog
-from fedent.experiments import paired, robustness
+from fedent.experiments import call_records, paired, robustness
 from fedent.experiments.compare import rounds_to_target, sampling_identical
 from fedent.experiments.mechanism import scale_response, scale_table, solve_stats, stats_table
 from fedent.experiments.plan import Plan, RunSpec, effective_overrides
@@ -261,6 +261,7 @@ def collect(plan: Plan, out: Path, meta: Mapping[str, Any]) -> dict[str, Any]:
         "sections": [{"key": s.key, "title": s.title, "settings": [st for st in s.settings if st in specs],
                       "rows": {st: list(s.rows_for(st)) for st in s.settings if st in specs}} for s in plan.sections],
         "tables": tables, "figures": figures, "runs": runs, "tuned": tuned_summary(plan, specs),
+        "trained_by": call_records.credit(call_records.read_calls(out), runs),
     }
 
 
@@ -302,6 +303,27 @@ def _tuned_lines(tuned: Mapping[str, Any]) -> list[str]:
             vals = ", ".join(f"{k} {v:g}" + (f" (x {r['lr_scale']:g})" if k == "train.lr" and r["lr_scale"] != 1
                                               else "") for k, v in r["values"].items())
             lines.append(f"  - {label}: {vals or 'untuned (its algorithm has no tuned entry)'}")
+    return lines
+
+
+def _trained_by_lines(trained_by: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> list[str]:
+    """The calls that started this report's runs (``call_records``), each with its runs; without that record (a
+    summary.json from before it), the out dir's latest call, as reports did then."""
+    if trained_by is None:
+        return [f"- command: `{' '.join(meta.get('argv', []))}` (workers {meta.get('workers')}, torch threads per "
+                f"worker {meta.get('threads')}); git commit {meta.get('commit') or 'not recorded'}; trained on: "
+                f"{_machine(meta.get('machine', {}))}"]
+    if not trained_by["calls"] and not trained_by["unrecorded"]:
+        return ["- trained by: no call yet (no run shown here has started)"]
+    lines = ["- trained by (the out dir's record of its calls, commands.jsonl or command.json; each call with the "
+             "runs shown here that it started):"]
+    for c in trained_by["calls"]:
+        lines.append(f"  - `{' '.join(c.get('argv') or [])}` (workers {c.get('workers')}, torch threads per worker "
+                     f"{c.get('threads')}; git commit {c.get('commit') or 'not recorded'}; trained on: "
+                     f"{_machine(c.get('machine') or {})}): {_run_keys(c['runs'])}")
+    if trained_by["unrecorded"]:
+        lines.append(f"  - by no call recorded there (their run provenance below says where they trained): "
+                     f"{_run_keys(trained_by['unrecorded'])}")
     return lines
 
 
@@ -370,15 +392,12 @@ def _run_keys(keys: list[str]) -> str:
 def render_markdown(data: Mapping[str, Any], fig_prefix: str) -> str:
     """The generated report (tables + figures) as markdown; figure links are ``fig_prefix``/NAME."""
     meta, prof = data["meta"], data["profile"]
-    m = meta.get("machine", {})
     lines = [
         f"Profile **{prof['name']}**: {prof['description']}. Seeds requested: "
         f"{', '.join(map(str, data['seeds']))}.",
         "",
-        f"- command: `{' '.join(meta.get('argv', []))}` (workers {meta.get('workers')}, torch threads per worker "
-        f"{meta.get('threads')})",
-        f"- git commit: {meta.get('commit') or 'not recorded'} (report written at {meta.get('report_commit')})",
-        f"- trained on: {_machine(m)}",
+        *_trained_by_lines(data.get("trained_by"), meta),
+        f"- tables and figures: generated from the run logs (report written at {meta.get('report_commit')})",
         *[f"- run provenance (provenance.json): {line}" for line in _provenance_lines(data["runs"])],
         "- accuracy: final = global test accuracy after the last round, best = the highest measured; mean ± "
         "sample std over the seeds that completed every row of the table; rounds to target = rounds until "

@@ -102,9 +102,9 @@ def test_the_command_reports_a_budget_that_holds_nothing(tmp_path: Path, capsys:
     report = (out / "report.md").read_text()
     assert "Dropped to fit the time budget" in report and "not started" in report
     # where the runs trained is recorded when training starts, and a later --report-only keeps it
-    assert command["machine"]["cores"] >= 1 and f"trained on: {command['machine']['cpu']}" in report
+    assert command["machine"]["cores"] >= 1 and "- trained by: no call yet (no run shown here has started)" in report
     assert main([*argv, "--report-only"]) == 0
-    assert f"trained on: {command['machine']['cpu']}" in (out / "report.md").read_text()
+    assert "- trained by: no call yet (no run shown here has started)" in (out / "report.md").read_text()
     # every call that trained is kept in commands.jsonl (a report-only pass is none); command.json is the latest
     history = [json.loads(line) for line in (out / "commands.jsonl").read_text().splitlines()]
     assert len(history) == 1 and history[0]["not_run"] == command["not_run"]
