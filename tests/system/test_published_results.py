@@ -115,7 +115,8 @@ def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monk
 
 
 # archives built by `python -m fedent.experiments.archive_runs` (the older ones were packed by hand)
-REBUILDABLE = ["full-cpu/results/run-logs.tar.gz"]
+REBUILDABLE = ["full-cpu/results/run-logs.tar.gz", "full-cpu/results/fedent-knobs-tune-3seeds-logs.tar.gz",
+               "full-cpu/results/emnist-fedent-beta-tune-logs.tar.gz"]
 
 
 @pytest.mark.parametrize("archive", REBUILDABLE)
@@ -676,7 +677,12 @@ SEED_SEARCHES = [SeedSearch(TUNED_ROWS[0], "fedavg-tune-2seeds-logs.tar.gz", "tu
                  SeedSearch(TUNED_ROWS[1], "fedent-tune-3seeds-logs.tar.gz", "tune-2seeds-logs.tar.gz",
                             seeds=(0, 1, 2), read=(0, 1), folder="full-cpu"),
                  SeedSearch(TunedRow("fedavg", "fedavg-lr9"), "fedavg-tune-3seeds-logs.tar.gz",
-                            "tune-2seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), folder="full-cpu")]
+                            "tune-2seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), folder="full-cpu"),
+                 # then FedEnt's base rate, β and γ on seeds 0, 1, 2 (seed 2's base-rate runs: its rate search's)
+                 SeedSearch(TUNED_ROWS[1], "fedent-knobs-tune-3seeds-logs.tar.gz",
+                            "fedent-knobs-tune-2seeds-logs.tar.gz", ("algorithm.beta", "algorithm.gamma"),
+                            "fedent-tune-3seeds-logs.tar.gz", seeds=(0, 1, 2), read=(0, 1), rates_seed=2,
+                            folder="full-cpu")]
 
 
 # docs/results.md's "Tuning at a glance": each searched knob of the real-MNIST row -> the archive of its latest search.
@@ -851,14 +857,14 @@ def _point_dir(values: dict[str, float]) -> str:
     return "_".join(f"{k.split('.')[-1]}{v:.6g}" for k, v in sorted(values.items())) + "-s0"
 
 
-def _row_config(row: str, out: Path, folder: str = "mnist-cpu") -> dict[str, Any]:
+def _row_config(row: str, out: Path, folder: str = "mnist-cpu", setting: str = "pathological") -> dict[str, Any]:
     """The config of ``row``, seed 0, that a search of FOLDER tunes for: the mnist profile's (the real-MNIST row) or
-    the `full` profile's on the pathological twin (docs/full-cpu)."""
+    the `full` profile's on a twin (docs/full-cpu; the pathological unless ``setting`` names another)."""
     from fedent.experiments.plan import build_plan
     from fedent.experiments.profiles import get_profile
 
     if folder == "full-cpu":
-        plan = build_plan(get_profile("full"), [0], out, ROOT / "configs", rows=[row], settings=["pathological"],
+        plan = build_plan(get_profile("full"), [0], out, ROOT / "configs", rows=[row], settings=[setting],
                           overrides=["train.local_eval=0"])
     else:
         plan = build_plan(get_profile("mnist"), [0], out, ROOT / "configs", rows=[row])
@@ -1625,6 +1631,42 @@ def test_the_twins_second_tuning_seed_says_what_its_scores_give(tmp_path: Path) 
     assert "FedEnt at 0.09 ran all 50 rounds on both tuning seeds" in text
 
 
+def test_fedents_beta_and_gamma_on_the_twins_third_tuning_seed_say_what_the_runs_did(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md, β and γ on tuning seeds 0, 1 and 2: the means it quotes for each chosen value against
+    the runner-up are tuned.json's, seed 2's margins are that seed's scores', each divergence it names (β = 0.999 on
+    every seed, γ = 0.9 on seed 2) is the one its run's status.json keeps, and η* at the cap for β = 0.999 on seed 2
+    is its run's."""
+    import json
+
+    from fedent import runlog
+
+    pages = _tuning_archive("fedent-knobs-tune-3seeds-logs.tar.gz", tmp_path / "three", "full-cpu")
+    text = pages[0][1]
+    tuned = json.loads((tmp_path / "three" / "tuned.json").read_text(encoding="utf-8"))
+    beta, gamma = (dict((v, sc) for v, sc in k["per_seed"]) for k in tuned["algorithms"]["fedent"]["knobs"][1:])
+    mb, mg = _finite_means(beta), _finite_means(gamma)
+    assert sorted(mb) == [0.9, 0.99] and sorted(mg) == [0.99, 0.999]
+    assert max(mb, key=mb.__getitem__) == 0.99 == max(mg, key=mg.__getitem__)
+    assert (f"the mean chooses 0.99 ({100 * mb[0.99]:.2f}% against {100 * mb[0.9]:.2f}%), bracketed: seed 2 sides "
+            f"with seed 0, by {100 * (beta[0.99][2] - beta[0.9][2]):.2f} points") in text
+    assert (f"the mean chooses 0.99 ({100 * mg[0.99]:.2f}% against {100 * mg[0.999]:.2f}%), bracketed: two of the "
+            f"three seeds alone would take 0.999, seed 2 by {100 * (gamma[0.999][2] - gamma[0.99][2]):.2f} points, "
+            f"and the mean keeps the paper's 0.99 by {100 * (mg[0.99] - mg[0.999]):.2f} points") in text
+    assert [g1 > g0 for g0, g1 in zip(gamma[0.99], gamma[0.999], strict=True)] == [False, True, True]
+    assert all(0 < m < 0.002 for m in (mb[0.99] - mb[0.9], mg[0.99] - mg[0.999]))  # "each by under 0.2 points"
+    runs = tmp_path / "three" / "runs" / "fedent"
+    at = {"train.lr": 0.09, "algorithm.beta": 0.99, "algorithm.gamma": 0.99}
+    edges = [_diverged_at(runs / _point_run({**at, "algorithm.beta": 0.999}, seed)) for seed in (0, 1, 2)]
+    earlier = [re.match(r"round (\d+)", e)[1] for e in edges[:2]]  # type: ignore[index]
+    assert f"β = 0.999 diverged on seed 2 in {edges[2]}, where seeds 0 and 1 diverged in rounds {earlier[0]} and " \
+        f"{earlier[1]}" in text
+    run = runs / _point_run({**at, "algorithm.beta": 0.999}, 2)
+    stars = [c["eta_star"] for r in runlog.read_metrics(run / "metrics.jsonl") for c in r["fedent"]["clients"]]
+    assert f"η* sat at the cap in {100 * sum(e >= 1.0 for e in stars) / len(stars):.1f}% of its {len(stars)} solves" \
+        in text
+    assert f"γ = 0.9 diverged in {_diverged_at(runs / _point_run({**at, 'algorithm.gamma': 0.9}, 2))}" in text
+
+
 def _finite_means(per_seed: dict[float, list[float | None]]) -> dict[float, float]:
     """Each point's mean score over the tuning seeds, for the points that diverged on no seed."""
     return {v: sum(sc) / len(sc) for v, sc in per_seed.items() if None not in sc}  # type: ignore[arg-type]
@@ -1729,6 +1771,51 @@ def test_fedents_gamma_searched_on_the_pathological_twin_is_what_its_kept_runs_s
         said = f"γ = {value:g}: rates {min(rates):.3f}–{max(rates):.3f}"
         if score is None:
             said += f" until {_diverged_at(run)}"
+        assert said in text, said
+
+
+def test_fedents_beta_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's β searched on the EMNIST-L twin's (α = 1.0) validation
+    split at the base rate that twin's rate search chose, tuning seed 0, test set sealed, γ held at the paper's 0.99.
+    The base rate's points are the rate search's runs (read back, files unchanged); every β point's run is the one
+    its values name, on the `full` profile's FedEnt row of that setting; each score, the choice and its bracket are
+    recomputed from the runs; no other run is kept; the pages quote every tried β; and η* over every solve of each β
+    run, as the page gives it, is the runs'."""
+    import statistics
+
+    from fedent import runlog
+
+    pages, fedent, first = _fedent_search("emnist-fedent-beta-tune-logs.tar.gz", "emnist-tune-logs.tar.gz", tmp_path,
+                                          "full-cpu")
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
+                                                       ("algorithm.gamma", False)]
+    assert knobs[2]["tried"] == []
+    assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    held = {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}
+    chosen, names, texts = _check_search(runs, knobs[:2], held,
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu", "emnist-dir1.0"))
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    for value, _ in knobs[0]["tried"]:  # the base rate's runs: the rate search's files
+        name = _point_dir({**held, "train.lr": value})
+        _assert_read_back(runs / name, tmp_path / "first" / "runs" / "fedent" / name)
+    bracketed = "bracketed" if knobs[1]["bracketed"] else "not bracketed"
+    for page, text in pages:
+        assert (f"Tried for β on the EMNIST-L twin at base rate {chosen['train.lr']:g} (validation accuracy): "
+                f"{texts['algorithm.beta']}.") in text, page
+        assert f"the EMNIST-L twin's search chose β = {chosen['algorithm.beta']:g}, {bracketed}" in text, page
+    text = pages[0][1].replace("\n", " ")
+    scores = dict(knobs[1]["tried"])
+    assert f"0.9 scores {100 * (scores[0.99] - scores[0.9]):.2f} points below it" in text
+    for beta, _ in knobs[1]["tried"]:
+        name = _point_dir({**held, "train.lr": chosen["train.lr"], "algorithm.beta": beta})
+        got = [c for r in runlog.read_metrics(runs / name / "metrics.jsonl") for c in r["fedent"]["clients"]]
+        stars, rates = [c["eta_star"] for c in got], [c["eta"] for c in got]
+        at_cap = sum(e >= 1.0 for e in stars) / len(stars)
+        said = (f"β = {beta:g}: η*'s median {statistics.median(stars):.4f}, at the cap in {100 * at_cap:.1f}% of "
+                f"{len(stars)} solves, rates {min(rates):.3f}–{max(rates):.3f}")
         assert said in text, said
 
 
