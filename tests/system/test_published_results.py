@@ -116,7 +116,8 @@ def test_the_page_is_what_its_run_logs_generate(tmp_path: Path, page: Page, monk
 
 # archives built by `python -m fedent.experiments.archive_runs` (the older ones were packed by hand)
 REBUILDABLE = ["full-cpu/results/run-logs.tar.gz", "full-cpu/results/fedent-knobs-tune-3seeds-logs.tar.gz",
-               "full-cpu/results/emnist-fedent-beta-tune-logs.tar.gz"]
+               "full-cpu/results/emnist-fedent-beta-tune-logs.tar.gz",
+               "full-cpu/results/emnist-fedent-knobs-tune-logs.tar.gz"]
 
 
 @pytest.mark.parametrize("archive", REBUILDABLE)
@@ -1816,6 +1817,46 @@ def test_fedents_beta_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tm
         at_cap = sum(e >= 1.0 for e in stars) / len(stars)
         said = (f"β = {beta:g}: η*'s median {statistics.median(stars):.4f}, at the cap in {100 * at_cap:.1f}% of "
                 f"{len(stars)} solves, rates {min(rates):.3f}–{max(rates):.3f}")
+        assert said in text, said
+
+
+def test_fedents_gamma_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
+    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's γ searched on the EMNIST-L twin's validation split at the
+    base rate and β that twin's β search chose, tuning seed 0, test set sealed. The base rate's and β's points are the
+    β search's runs (read back, files unchanged, the same scores); every γ point's run is the one its values name, on
+    the `full` profile's FedEnt row of that setting; each score, the choice and its bracket are recomputed from the
+    runs; no other run is kept; the pages quote every tried γ; and the rates the page gives are the runs'."""
+    from fedent import runlog
+
+    pages, fedent, first = _fedent_search("emnist-fedent-knobs-tune-logs.tar.gz", "emnist-fedent-beta-tune-logs.tar.gz",
+                                          tmp_path, "full-cpu")
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
+                                                                              "algorithm.gamma")]
+    before = first["algorithms"]["fedent"]["knobs"]
+    assert [k["tried"] for k in knobs[:2]] == [k["tried"] for k in before[:2]]  # the same runs, read back
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu", "emnist-dir1.0"))
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    earlier = sorted((tmp_path / "first" / "runs" / "fedent").iterdir())
+    assert len(earlier) == 6
+    for run in earlier:
+        _assert_read_back(runs / run.name, run)
+    lr, beta, gamma = (chosen[k] for k in ("train.lr", "algorithm.beta", "algorithm.gamma"))
+    bracketed = "bracketed" if knobs[2]["bracketed"] else "not bracketed"
+    for page, text in pages:
+        assert (f"Tried for γ on the EMNIST-L twin at base rate {lr:g} and β = {beta:g} (validation accuracy): "
+                f"{texts['algorithm.gamma']}.") in text, page
+        assert f"the EMNIST-L twin's search chose γ = {gamma:g}, {bracketed}" in text, page
+    text = pages[0][1].replace("\n", " ")
+    for value, score in knobs[2]["tried"]:
+        run = runs / _point_dir({"train.lr": lr, "algorithm.beta": beta, "algorithm.gamma": value})
+        rates = [c["eta"] for r in runlog.read_metrics(run / "metrics.jsonl") for c in r["fedent"]["clients"]]
+        said = f"γ = {value:g}: rates {min(rates):.3f}–{max(rates):.3f}"
+        if score is None:
+            said += f" until {_diverged_at(run)}"
         assert said in text, said
 
 
