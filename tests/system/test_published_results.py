@@ -1734,16 +1734,37 @@ def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
             "test-set run at β = 0.99 that diverged on seed 0") in text
 
 
-def test_fedents_gamma_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
-    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's γ searched on the pathological twin's validation split at
-    the base rate and β the search chose before, tuning seed 0, test set sealed. The base rate's and β's points are
-    the β search's runs (read back, files unchanged, the same scores); every γ point's run is the one its values
-    name; each score, the choice and its bracket are recomputed from the runs; no other run is kept; the pages quote
-    every tried γ; and the rates and the divergence the page gives are the runs'."""
+@dataclass(frozen=True)
+class GammaSearch:
+    """FedEnt's γ searched on a twin after its base rate and β (docs/full-cpu/tuning.md): the archive, the β search's
+    archive it read its runs back from (``first``, ``earlier`` runs), the `full` profile's setting, and how the pages
+    name it (``where`` after "Tried for γ", ``chose`` before "chose γ")."""
+
+    archive: str
+    first: str
+    setting: str
+    earlier: int
+    where: str
+    chose: str
+
+
+GAMMA_SEARCHES = [GammaSearch("fedent-knobs-tune-logs.tar.gz", "fedent-beta-tune-logs.tar.gz", "pathological", 5, "",
+                              "the search"),
+                  GammaSearch("emnist-fedent-knobs-tune-logs.tar.gz", "emnist-fedent-beta-tune-logs.tar.gz",
+                              "emnist-dir1.0", 6, " on the EMNIST-L twin", "the EMNIST-L twin's search")]
+
+
+@pytest.mark.parametrize("search", GAMMA_SEARCHES, ids=lambda g: g.setting)
+def test_fedents_gamma_searched_on_a_twin_is_what_its_kept_runs_score(tmp_path: Path, search: GammaSearch) -> None:
+    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's γ searched on a twin's validation split (the
+    pathological, then the EMNIST-L) at the base rate and β the search chose before, tuning seed 0, test set sealed.
+    The base rate's and β's points are the β search's runs (read back, files unchanged, the same scores); every γ
+    point's run is the one its values name, on the `full` profile's FedEnt row of that setting; each score, the
+    choice and its bracket are recomputed from the runs; no other run is kept; the pages quote every tried γ; and the
+    rates and any divergence the page gives are the runs'."""
     from fedent import runlog
 
-    pages, fedent, first = _fedent_search("fedent-knobs-tune-logs.tar.gz", "fedent-beta-tune-logs.tar.gz", tmp_path,
-                                          "full-cpu")
+    pages, fedent, first = _fedent_search(search.archive, search.first, tmp_path, "full-cpu")
     knobs = fedent["knobs"]
     assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
                                                                               "algorithm.gamma")]
@@ -1751,19 +1772,19 @@ def test_fedents_gamma_searched_on_the_pathological_twin_is_what_its_kept_runs_s
     assert [k["tried"] for k in knobs[:2]] == [k["tried"] for k in before[:2]]  # the same runs, read back
     runs = tmp_path / "tune" / "runs" / "fedent"
     chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
-                                         _row_config("fedent", tmp_path / "plan", "full-cpu"))
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu", search.setting))
     assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
     assert {d.name for d in runs.iterdir()} == names  # no other run kept
     earlier = sorted((tmp_path / "first" / "runs" / "fedent").iterdir())
-    assert len(earlier) == 5
+    assert len(earlier) == search.earlier
     for run in earlier:
         _assert_read_back(runs / run.name, run)
     lr, beta, gamma = (chosen[k] for k in ("train.lr", "algorithm.beta", "algorithm.gamma"))
     bracketed = "bracketed" if knobs[2]["bracketed"] else "not bracketed"
     for page, text in pages:
-        assert (f"Tried for γ at base rate {lr:g} and β = {beta:g} (validation accuracy): "
+        assert (f"Tried for γ{search.where} at base rate {lr:g} and β = {beta:g} (validation accuracy): "
                 f"{texts['algorithm.gamma']}.") in text, page
-        assert f"the search chose γ = {gamma:g}, {bracketed}" in text, page
+        assert f"{search.chose} chose γ = {gamma:g}, {bracketed}" in text, page
 
     text = pages[0][1]
     for value, score in knobs[2]["tried"]:
@@ -1817,46 +1838,6 @@ def test_fedents_beta_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tm
         at_cap = sum(e >= 1.0 for e in stars) / len(stars)
         said = (f"β = {beta:g}: η*'s median {statistics.median(stars):.4f}, at the cap in {100 * at_cap:.1f}% of "
                 f"{len(stars)} solves, rates {min(rates):.3f}–{max(rates):.3f}")
-        assert said in text, said
-
-
-def test_fedents_gamma_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
-    """docs/full-cpu/tuning.md and docs/results.md: FedEnt's γ searched on the EMNIST-L twin's validation split at the
-    base rate and β that twin's β search chose, tuning seed 0, test set sealed. The base rate's and β's points are the
-    β search's runs (read back, files unchanged, the same scores); every γ point's run is the one its values name, on
-    the `full` profile's FedEnt row of that setting; each score, the choice and its bracket are recomputed from the
-    runs; no other run is kept; the pages quote every tried γ; and the rates the page gives are the runs'."""
-    from fedent import runlog
-
-    pages, fedent, first = _fedent_search("emnist-fedent-knobs-tune-logs.tar.gz", "emnist-fedent-beta-tune-logs.tar.gz",
-                                          tmp_path, "full-cpu")
-    knobs = fedent["knobs"]
-    assert [(k["key"], k["tuned"]) for k in knobs] == [(k, True) for k in ("train.lr", "algorithm.beta",
-                                                                              "algorithm.gamma")]
-    before = first["algorithms"]["fedent"]["knobs"]
-    assert [k["tried"] for k in knobs[:2]] == [k["tried"] for k in before[:2]]  # the same runs, read back
-    runs = tmp_path / "tune" / "runs" / "fedent"
-    chosen, names, texts = _check_search(runs, knobs, {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
-                                         _row_config("fedent", tmp_path / "plan", "full-cpu", "emnist-dir1.0"))
-    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
-    assert {d.name for d in runs.iterdir()} == names  # no other run kept
-    earlier = sorted((tmp_path / "first" / "runs" / "fedent").iterdir())
-    assert len(earlier) == 6
-    for run in earlier:
-        _assert_read_back(runs / run.name, run)
-    lr, beta, gamma = (chosen[k] for k in ("train.lr", "algorithm.beta", "algorithm.gamma"))
-    bracketed = "bracketed" if knobs[2]["bracketed"] else "not bracketed"
-    for page, text in pages:
-        assert (f"Tried for γ on the EMNIST-L twin at base rate {lr:g} and β = {beta:g} (validation accuracy): "
-                f"{texts['algorithm.gamma']}.") in text, page
-        assert f"the EMNIST-L twin's search chose γ = {gamma:g}, {bracketed}" in text, page
-    text = pages[0][1].replace("\n", " ")
-    for value, score in knobs[2]["tried"]:
-        run = runs / _point_dir({"train.lr": lr, "algorithm.beta": beta, "algorithm.gamma": value})
-        rates = [c["eta"] for r in runlog.read_metrics(run / "metrics.jsonl") for c in r["fedent"]["clients"]]
-        said = f"γ = {value:g}: rates {min(rates):.3f}–{max(rates):.3f}"
-        if score is None:
-            said += f" until {_diverged_at(run)}"
         assert said in text, said
 
 
