@@ -1680,6 +1680,31 @@ def _assert_read_back(run: Path, earlier: Path) -> None:
     assert all((run / f).read_bytes() == (earlier / f).read_bytes() for f in files), run.name
 
 
+def _twin_beta_search(archive: str, first: str, setting: str, tmp_path: Path
+                      ) -> tuple[list[tuple[Path, str]], list[dict[str, Any]], Path, dict[str, float], dict[str, str]]:
+    """FedEnt's base rate and then β searched on a twin's validation split (archive ARCHIVE), γ held at 0.99, its
+    base-rate runs read back from the rate search FIRST: the knobs tuned.json records are those, every point's run is
+    the one its values name on the `full` profile's FedEnt row of SETTING with each score recomputed
+    (``_check_search``), no other run is kept, and the base rate's runs are FIRST's files. Returns the pages, the
+    knobs, the runs' folder, the values chosen and each knob's tried values as the pages quote them."""
+    pages, fedent, earlier = _fedent_search(archive, first, tmp_path, "full-cpu")
+    knobs = fedent["knobs"]
+    assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
+                                                       ("algorithm.gamma", False)]
+    assert knobs[2]["tried"] == []
+    assert knobs[0]["tried"] == earlier["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
+    runs = tmp_path / "tune" / "runs" / "fedent"
+    held = {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}
+    chosen, names, texts = _check_search(runs, knobs[:2], held,
+                                         _row_config("fedent", tmp_path / "plan", "full-cpu", setting))
+    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
+    assert {d.name for d in runs.iterdir()} == names  # no other run kept
+    for value, _ in knobs[0]["tried"]:  # the base rate's runs: the rate search's files
+        name = _point_dir({**held, "train.lr": value})
+        _assert_read_back(runs / name, tmp_path / "first" / "runs" / "fedent" / name)
+    return pages, knobs, runs, chosen, texts
+
+
 def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_score(tmp_path: Path) -> None:
     """docs/full-cpu/tuning.md and docs/results.md: FedEnt's base rate and then β at the chosen rate searched on the
     pathological twin's validation split, tuning seed 0, test set sealed, γ held at the paper's 0.99. The base rate's
@@ -1691,21 +1716,8 @@ def test_fedents_beta_searched_on_the_pathological_twin_is_what_its_kept_runs_sc
 
     from fedent import runlog
 
-    pages, fedent, first = _fedent_search("fedent-beta-tune-logs.tar.gz", "fedent-tune-logs.tar.gz", tmp_path,
-                                          "full-cpu")
-    knobs = fedent["knobs"]
-    assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
-                                                       ("algorithm.gamma", False)]
-    assert knobs[2]["tried"] == []
-    assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
-    runs = tmp_path / "tune" / "runs" / "fedent"
-    chosen, names, texts = _check_search(runs, knobs[:2], {"algorithm.beta": 0.99, "algorithm.gamma": 0.99},
-                                         _row_config("fedent", tmp_path / "plan", "full-cpu"))
-    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
-    assert {d.name for d in runs.iterdir()} == names  # no other run kept
-    for value, _ in knobs[0]["tried"]:  # the base rate's runs: the first search's files
-        name = _point_dir({"train.lr": value, "algorithm.beta": 0.99, "algorithm.gamma": 0.99})
-        _assert_read_back(runs / name, tmp_path / "first" / "runs" / "fedent" / name)
+    pages, knobs, runs, chosen, texts = _twin_beta_search("fedent-beta-tune-logs.tar.gz", "fedent-tune-logs.tar.gz",
+                                                          "pathological", tmp_path)
     for page, text in pages:
         assert f"Tried for β at base rate {chosen['train.lr']:g} (validation accuracy): {texts['algorithm.beta']}." \
             in text, page
@@ -1807,22 +1819,9 @@ def test_fedents_beta_searched_on_the_emnist_twin_is_what_its_kept_runs_score(tm
 
     from fedent import runlog
 
-    pages, fedent, first = _fedent_search("emnist-fedent-beta-tune-logs.tar.gz", "emnist-tune-logs.tar.gz", tmp_path,
-                                          "full-cpu")
-    knobs = fedent["knobs"]
-    assert [(k["key"], k["tuned"]) for k in knobs] == [("train.lr", True), ("algorithm.beta", True),
-                                                       ("algorithm.gamma", False)]
-    assert knobs[2]["tried"] == []
-    assert knobs[0]["tried"] == first["algorithms"]["fedent"]["knobs"][0]["tried"]  # the same runs, read back
-    runs = tmp_path / "tune" / "runs" / "fedent"
+    pages, knobs, runs, chosen, texts = _twin_beta_search("emnist-fedent-beta-tune-logs.tar.gz",
+                                                          "emnist-tune-logs.tar.gz", "emnist-dir1.0", tmp_path)
     held = {"algorithm.beta": 0.99, "algorithm.gamma": 0.99}
-    chosen, names, texts = _check_search(runs, knobs[:2], held,
-                                         _row_config("fedent", tmp_path / "plan", "full-cpu", "emnist-dir1.0"))
-    assert fedent["chosen"] == chosen and fedent["runs"] == len(names)
-    assert {d.name for d in runs.iterdir()} == names  # no other run kept
-    for value, _ in knobs[0]["tried"]:  # the base rate's runs: the rate search's files
-        name = _point_dir({**held, "train.lr": value})
-        _assert_read_back(runs / name, tmp_path / "first" / "runs" / "fedent" / name)
     bracketed = "bracketed" if knobs[1]["bracketed"] else "not bracketed"
     for page, text in pages:
         assert (f"Tried for β on the EMNIST-L twin at base rate {chosen['train.lr']:g} (validation accuracy): "
