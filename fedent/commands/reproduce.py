@@ -222,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"fedent reproduce: {len(plan.runs)} runs, profile {profile.name}, {args.workers} worker(s) x "
               f"{args.threads} thread(s), out {out}", flush=True)
         not_run: dict[str, str] = {}
+        started_runs: list[str] = []  # kept with the call in commands.jsonl: what it trained (reports credit it)
         try:
             for i, o in enumerate(outcomes(args, plan, out, budget), start=1):
                 acc = "—" if o.final_acc is None else f"{o.final_acc:.4f}"
                 extra = f" {o.error}" if o.error else ""
+                if o.status not in ("not run", "skipped"):
+                    started_runs.append(o.key)
                 if o.status == "not run":
                     not_run[o.key] = str(o.error)
                     continue  # summarised below: with a tight budget these are most of the plan
@@ -257,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
         # command.json is the latest call; the history of every call that trained into --out (a GPU study resumed
         # over several device calls) is kept beside it, so no call's measured rate or budget is overwritten
         command["ended"] = time.time()
+        command["started_runs"] = started_runs
         with open(out / "commands.jsonl", "a", encoding="utf-8") as history:
             history.write(json.dumps(runlog.jsonable(command), sort_keys=True) + "\n")
     trained = runlog.read_json(out / "command.json", default=None)

@@ -3,7 +3,8 @@
 An output directory collects runs from many calls (rows added later, on another machine, or resumed), and
 ``command.json`` holds only the latest. A report that printed it as "the command" would credit every row to one
 call, so the report's header names, per call kept in ``commands.jsonl`` (older directories: ``command.json``
-only), the runs it started. A call *started* a run when its selection (``--settings``, ``--rows``, ``--seeds``;
+only), the runs it started. A call records them itself (``started_runs``); for a call recorded before it did,
+they are inferred: a call *started* a run when its selection (``--settings``, ``--rows``, ``--seeds``;
 a flag left out selects everything) includes the run and one of the run's processes (provenance.json's
 ``started_at``, its ``earlier`` entries' for a resumed run) began while the call ran. A run without a recorded
 start time is credited to every call whose selection includes it; a run no call can have started is listed as
@@ -67,20 +68,25 @@ def credit(calls: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
     the order they ran, and the runs none of them can have started."""
     credited: list[list[str]] = [[] for _ in calls]
     unrecorded: list[str] = []
+    selections = [selection(call.get("argv") or ()) for call in calls]
     for run in runs:
-        setting, row, seed = _split_key(str(run["key"]))
+        key = str(run["key"])
+        setting, row, seed = _split_key(key)
         starts = _starts(run.get("provenance"))
         hit = False
         for i, call in enumerate(calls):
-            if not _selects(selection(call.get("argv") or ()), setting, row, seed):
-                continue
-            began = call.get("started")
-            ended = math.inf if call.get("ended") is None else float(call["ended"])
-            if starts is None or began is None or any(began <= t <= ended for t in starts):
-                credited[i].append(str(run["key"]))
+            if call.get("started_runs") is not None:  # the call's own record (a replay row's source run included)
+                started = key in call["started_runs"]
+            else:
+                began = call.get("started")
+                ended = math.inf if call.get("ended") is None else float(call["ended"])
+                started = _selects(selections[i], setting, row, seed) and (
+                    starts is None or began is None or any(began <= t <= ended for t in starts))
+            if started:
+                credited[i].append(key)
                 hit = True
         if not hit:
-            unrecorded.append(str(run["key"]))
+            unrecorded.append(key)
     keep = ("argv", "workers", "threads", "commit", "machine", "started")
     return {"calls": [{**{k: call.get(k) for k in keep}, "runs": keys}
                       for call, keys in zip(calls, credited, strict=True) if keys],

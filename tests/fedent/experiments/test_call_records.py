@@ -108,3 +108,22 @@ def test_a_summary_from_before_the_record_shows_the_latest_call(tmp_path: Path) 
     text = render_markdown(data, "figures")
     assert ("- command: `fedent reproduce --seeds 0` (workers 1, torch threads per worker 2); git commit abc; "
             "trained on: Old CPU, 4 cores, python None, torch None") in text
+
+
+def test_a_call_keeps_the_runs_it_started_and_its_record_outranks_the_inference(tmp_path: Path) -> None:
+    from fedent.cli import main
+
+    out = tmp_path / "out"
+    argv = ["reproduce", "--profile", "cpu", "--only", "main", "--settings", "pathological", "--rows", "fedavg",
+            "--seeds", "0", "--rounds", "1", "--out", str(out), "--workers", "1"]
+    assert main(argv) == 0
+    assert main(argv) == 0  # everything complete: skipped, so this call started nothing
+    history = call_records.read_calls(out)
+    assert [h["started_runs"] for h in history] == [["pathological/fedavg-s0"], []]
+    report = (out / "report.md").read_text()
+    # in process the argv is not sys.argv: one call line, the first call's, not the second's
+    assert report.count("  - `fedent reproduce` (workers 1") == 1 and "by no call recorded there" not in report
+    # a recorded list wins over the selection: a replay row's call also trains the row it replays
+    calls = [_call("--rows fedavg-replay-mean", 100, 200, started_runs=["p/fedent-s0"])]
+    got = call_records.credit(calls, [_run("p/fedent-s0", 1e9), _run("p/fedavg-replay-mean-s0", 150)])
+    assert [c["runs"] for c in got["calls"]] == [["p/fedent-s0"]] and got["unrecorded"] == ["p/fedavg-replay-mean-s0"]
